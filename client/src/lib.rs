@@ -1,0 +1,230 @@
+//! The typed client of the `app` HTTP API.
+//!
+//! The worker, the CLI and the server's own integration tests all talk to the server through
+//! this one client, so the API is exercised the way it is used. Errors separate what is worth
+//! retrying (the server is unreachable or failed: [`ClientError::is_retryable`]) from what
+//! the server refused (4xx, with its message).
+
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use shared::api::*;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No answer: connection refused, reset, timed out.
+    #[error("cannot reach the server at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The server answered 5xx.
+    #[error("server error ({status}) at {url}: {message}")]
+    Server { url: String, status: u16, message: String },
+    /// The server refused the request (4xx); `message` says why.
+    #[error("{message}")]
+    Rejected { status: u16, message: String },
+    /// The server answered something this client does not understand.
+    #[error("unexpected answer from {url}: {reason}")]
+    Decode { url: String, reason: String },
+}
+
+impl ClientError {
+    /// Worth trying again later: the server is down, restarting or overloaded.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ClientError::Unreachable { .. } | ClientError::Server { .. })
+    }
+
+    /// The HTTP status, when the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Server { status, .. } | ClientError::Rejected { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type ClientResult<T> = Result<T, ClientError>;
+
+/// Time allowed for an ordinary request; a claim adds its long-poll wait.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client of the server at `base_url` (e.g. `http://127.0.0.1:8000`).
+    pub fn new(base_url: &str) -> ClientResult<Client> {
+        let base = base_url.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(ClientError::Rejected {
+                status: 0,
+                message: format!("server URL `{base_url}` must start with http:// or https://"),
+            });
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(50))
+            .build()
+            .map_err(|error| ClientError::Unreachable { url: base.clone(), reason: error.to_string() })?;
+        Ok(Client { base, http })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, path: &str) -> (String, RequestBuilder) {
+        let url = format!("{}{}", self.base, path);
+        let builder = self.http.request(method, &url).timeout(REQUEST_TIMEOUT);
+        (url, builder)
+    }
+
+    async fn send<T: DeserializeOwned>(url: String, builder: RequestBuilder) -> ClientResult<T> {
+        let response = builder
+            .send()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes)
+                .map_err(|error| ClientError::Decode { url, reason: error.to_string() });
+        }
+        let message = serde_json::from_slice::<ErrorBody>(&bytes)
+            .map(|body| body.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).trim().to_string());
+        if status.is_server_error() {
+            Err(ClientError::Server { url, status: status.as_u16(), message })
+        } else {
+            Err(ClientError::Rejected { status: status.as_u16(), message: rejection_message(status, message) })
+        }
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> ClientResult<T> {
+        let (url, builder) = self.request(Method::GET, path);
+        Self::send(url, builder).await
+    }
+
+    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> ClientResult<T> {
+        let (url, builder) = self.request(Method::POST, path);
+        Self::send(url, builder.json(body)).await
+    }
+
+    pub async fn health(&self) -> ClientResult<Health> {
+        self.get("/api/health").await
+    }
+
+    /// Submits a sweep file (or, with `query.dry_run`, only validates and counts it).
+    pub async fn submit(&self, yaml: &str, query: &SubmitQuery) -> ClientResult<SubmitResponse> {
+        let (url, builder) = self.request(Method::POST, "/api/sweeps");
+        let builder =
+            builder.query(query).header(reqwest::header::CONTENT_TYPE, "application/yaml").body(yaml.to_string());
+        Self::send(url, builder).await
+    }
+
+    pub async fn sweeps(&self) -> ClientResult<Vec<SweepInfo>> {
+        self.get("/api/sweeps").await
+    }
+
+    /// A sweep by id or name.
+    pub async fn sweep(&self, key: &str) -> ClientResult<SweepDetail> {
+        self.get(&format!("/api/sweeps/{}", encode(key))).await
+    }
+
+    pub async fn cancel_sweep(&self, key: &str) -> ClientResult<CancelResponse> {
+        self.post(&format!("/api/sweeps/{}/cancel", encode(key)), &()).await
+    }
+
+    pub async fn jobs(&self, query: &JobQuery) -> ClientResult<JobPage> {
+        let (url, builder) = self.request(Method::GET, "/api/jobs");
+        Self::send(url, builder.query(query)).await
+    }
+
+    pub async fn job(&self, id: JobId) -> ClientResult<Job> {
+        self.get(&format!("/api/jobs/{id}")).await
+    }
+
+    pub async fn job_events(&self, id: JobId) -> ClientResult<Vec<JobEvent>> {
+        self.get(&format!("/api/jobs/{id}/events")).await
+    }
+
+    pub async fn cancel_job(&self, id: JobId) -> ClientResult<CancelResponse> {
+        self.post(&format!("/api/jobs/{id}/cancel"), &()).await
+    }
+
+    pub async fn retry_job(&self, id: JobId) -> ClientResult<Job> {
+        self.post(&format!("/api/jobs/{id}/retry"), &()).await
+    }
+
+    pub async fn set_priority(&self, id: JobId, priority: i64) -> ClientResult<Job> {
+        self.post(&format!("/api/jobs/{id}/priority"), &PriorityRequest { priority }).await
+    }
+
+    pub async fn register(&self, request: &RegisterRequest) -> ClientResult<RegisterResponse> {
+        self.post("/api/workers", request).await
+    }
+
+    pub async fn workers(&self) -> ClientResult<Vec<WorkerInfo>> {
+        self.get("/api/workers").await
+    }
+
+    /// Asks for work; the server answers at once when something fits, otherwise waits up to
+    /// `request.wait_ms` for a job to arrive.
+    pub async fn claim(&self, worker: WorkerId, request: &ClaimRequest) -> ClientResult<ClaimResponse> {
+        let (url, builder) = self.request(Method::POST, &format!("/api/workers/{worker}/claim"));
+        let builder = builder.timeout(REQUEST_TIMEOUT + Duration::from_millis(request.wait_ms)).json(request);
+        Self::send(url, builder).await
+    }
+
+    pub async fn heartbeat(&self, worker: WorkerId, request: &HeartbeatRequest) -> ClientResult<HeartbeatResponse> {
+        self.post(&format!("/api/workers/{worker}/heartbeat"), request).await
+    }
+
+    /// Reports how an attempt ended. A 409 means the attempt is stale (the lease was lost and
+    /// the job requeued): the report changed nothing and should be dropped.
+    pub async fn report(&self, job: JobId, request: &ReportRequest) -> ClientResult<ReportResponse> {
+        self.post(&format!("/api/jobs/{job}/report"), request).await
+    }
+}
+
+/// Percent-encodes a path segment (sweep names are plain, but ids typed by users may not be).
+fn encode(segment: &str) -> String {
+    let mut encoded = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.') {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+fn rejection_message(status: StatusCode, message: String) -> String {
+    if message.is_empty() {
+        format!("request refused ({status})")
+    } else {
+        message
+    }
+}
+
+/// reqwest's Display hides the cause ("error sending request"); the cause is what people need.
+fn describe(error: &reqwest::Error) -> String {
+    let mut text = if error.is_timeout() { "timed out".to_string() } else { String::new() };
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    let mut last = String::new();
+    while let Some(cause) = source {
+        last = cause.to_string();
+        source = cause.source();
+    }
+    if text.is_empty() {
+        text = last;
+    }
+    text
+}

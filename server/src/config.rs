@@ -1,0 +1,102 @@
+//! Server settings: defaults, overridden by a TOML file, overridden by the command line.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything the server can be told. Durations are in seconds in the file.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Holds `queue.db` (and, later, results).
+    pub data_dir: PathBuf,
+    /// A running job whose worker has not heartbeated for this long goes back to the queue.
+    pub lease: Duration,
+    /// How often a worker should heartbeat (told to it at registration).
+    pub heartbeat: Duration,
+    /// How often the reaper looks for expired leases.
+    pub reaper_interval: Duration,
+    /// A job lost this many times fails with `worker_lost`.
+    pub max_crashes: u32,
+    /// The largest sweep accepted, in jobs.
+    pub max_jobs_per_sweep: u64,
+    /// The largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// The longest a claim waits for work.
+    pub max_long_poll: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("app-data"),
+            lease: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(5),
+            reaper_interval: Duration::from_secs(1),
+            max_crashes: 3,
+            max_jobs_per_sweep: 100_000,
+            max_body_bytes: 4 << 20,
+            max_long_poll: Duration::from_secs(25),
+        }
+    }
+}
+
+/// The `[server]` table of a config file (configs/server.example.toml); every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    pub bind: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub lease_secs: Option<f64>,
+    pub heartbeat_secs: Option<f64>,
+    pub max_crashes: Option<u32>,
+    pub max_jobs_per_sweep: Option<u64>,
+    pub max_body_bytes: Option<usize>,
+    pub max_long_poll_secs: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub server: ServerFile,
+}
+
+impl ConfigFile {
+    pub fn load(path: &Path) -> anyhow::Result<ConfigFile> {
+        use anyhow::Context;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
+    }
+}
+
+impl ServerConfig {
+    /// Applies the keys a config file sets.
+    pub fn apply_file(&mut self, file: &ServerFile) -> anyhow::Result<()> {
+        let seconds = |value: f64, key: &str| -> anyhow::Result<Duration> {
+            Duration::try_from_secs_f64(value)
+                .map_err(|_| anyhow::anyhow!("`{key}` must be a positive number of seconds"))
+        };
+        if let Some(dir) = &file.data_dir {
+            self.data_dir = dir.clone();
+        }
+        if let Some(value) = file.lease_secs {
+            self.lease = seconds(value, "lease_secs")?;
+        }
+        if let Some(value) = file.heartbeat_secs {
+            self.heartbeat = seconds(value, "heartbeat_secs")?;
+        }
+        if let Some(value) = file.max_long_poll_secs {
+            self.max_long_poll = seconds(value, "max_long_poll_secs")?;
+        }
+        if let Some(value) = file.max_crashes {
+            self.max_crashes = value.max(1);
+        }
+        if let Some(value) = file.max_jobs_per_sweep {
+            self.max_jobs_per_sweep = value;
+        }
+        if let Some(value) = file.max_body_bytes {
+            self.max_body_bytes = value;
+        }
+        Ok(())
+    }
+}

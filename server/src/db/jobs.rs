@@ -1,0 +1,344 @@
+//! `jobs`: reads for the API and the guarded state changes of the job lifecycle.
+//!
+//! Every state change is one UPDATE guarded by the state it expects (`WHERE id = ? AND
+//! status = ? AND attempt = ?`); callers check `rows_affected` (or the returned rows) to learn
+//! whether it applied. The `jobs_record_transition` trigger writes the history.
+
+use super::Tx;
+use shared::api::{Job, JobAttempt, JobId, JobPage, SweepId, WorkerId};
+use shared::job::{Finish, JobStatus, LeaseExpiry};
+use shared::sweep::Resources;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+
+const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name
+     FROM jobs j JOIN sweeps s ON s.id = j.sweep_id LEFT JOIN workers w ON w.id = j.worker_id";
+
+fn status_of(row: &SqliteRow) -> anyhow::Result<JobStatus> {
+    let text: String = row.try_get("status")?;
+    text.parse().map_err(anyhow::Error::msg)
+}
+
+pub fn resources_of(row: &SqliteRow) -> sqlx::Result<Resources> {
+    Ok(Resources {
+        gpus: row.try_get("gpus")?,
+        gpu_memory: row.try_get::<Option<i64>, _>("gpu_memory")?.map(|bytes| bytes as u64),
+        exclusive: row.try_get("exclusive")?,
+    })
+}
+
+fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
+    let params: String = row.try_get("params")?;
+    Ok(Job {
+        id: row.try_get("id")?,
+        sweep_id: row.try_get("sweep_id")?,
+        sweep: row.try_get("sweep_name")?,
+        index: row.try_get::<i64, _>("idx")? as u64,
+        params: serde_json::from_str(&params)?,
+        command: row.try_get("command")?,
+        status: status_of(row)?,
+        priority: row.try_get("priority")?,
+        attempt: row.try_get("attempt")?,
+        crash_count: row.try_get("crash_count")?,
+        retries_left: row.try_get("retries_left")?,
+        resources: resources_of(row)?,
+        timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
+        worker_id: row.try_get("worker_id")?,
+        worker: row.try_get("worker_name")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        cancel_requested: row.try_get("cancel_requested")?,
+        exit_code: row.try_get("exit_code")?,
+        reason: row.try_get("reason")?,
+        created_at: row.try_get("created_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+pub async fn get(pool: &SqlitePool, id: JobId) -> anyhow::Result<Option<Job>> {
+    let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = ?")).bind(id).fetch_optional(pool).await?;
+    row.as_ref().map(job_from_row).transpose()
+}
+
+/// Resolved filters of a job listing.
+#[derive(Debug, Default)]
+pub struct JobFilter {
+    pub status: Option<JobStatus>,
+    pub sweep_id: Option<SweepId>,
+    pub worker_id: Option<WorkerId>,
+}
+
+fn push_filter<'a>(query: &mut QueryBuilder<'a, Sqlite>, filter: &'a JobFilter) {
+    query.push(" WHERE 1 = 1");
+    if let Some(status) = filter.status {
+        query.push(" AND j.status = ").push_bind(status.as_str());
+    }
+    if let Some(sweep_id) = filter.sweep_id {
+        query.push(" AND j.sweep_id = ").push_bind(sweep_id);
+    }
+    if let Some(worker_id) = filter.worker_id {
+        query.push(" AND j.worker_id = ").push_bind(worker_id);
+    }
+}
+
+/// One page of jobs in id order, and how many match in all.
+pub async fn list(pool: &SqlitePool, filter: &JobFilter, limit: u32, offset: u64) -> anyhow::Result<JobPage> {
+    let mut count = QueryBuilder::new("SELECT count(*) FROM jobs j");
+    push_filter(&mut count, filter);
+    let total: i64 = count.build_query_scalar().fetch_one(pool).await?;
+    let mut page = QueryBuilder::new(JOB_SELECT);
+    push_filter(&mut page, filter);
+    page.push(" ORDER BY j.id LIMIT ").push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
+    let rows = page.build().fetch_all(pool).await?;
+    let jobs = rows.iter().map(job_from_row).collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(JobPage { total: total as u64, jobs })
+}
+
+/// The fields a state change decides on.
+#[derive(Debug, Clone)]
+pub struct JobState {
+    pub id: JobId,
+    pub status: JobStatus,
+    pub attempt: u32,
+    pub worker_id: Option<WorkerId>,
+    pub retries_left: u32,
+    pub crash_count: u32,
+    pub cancel_requested: bool,
+}
+
+fn state_from_row(row: &SqliteRow) -> anyhow::Result<JobState> {
+    Ok(JobState {
+        id: row.try_get("id")?,
+        status: status_of(row)?,
+        attempt: row.try_get("attempt")?,
+        worker_id: row.try_get("worker_id")?,
+        retries_left: row.try_get("retries_left")?,
+        crash_count: row.try_get("crash_count")?,
+        cancel_requested: row.try_get("cancel_requested")?,
+    })
+}
+
+const STATE_COLUMNS: &str = "id, status, attempt, worker_id, retries_left, crash_count, cancel_requested";
+
+pub async fn state(tx: &mut Tx<'_>, id: JobId) -> anyhow::Result<Option<JobState>> {
+    let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = ?"))
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.as_ref().map(state_from_row).transpose()
+}
+
+/// Running jobs whose lease ran out before `now`.
+pub async fn expired(tx: &mut Tx<'_>, now: i64) -> anyhow::Result<Vec<JobState>> {
+    let rows =
+        sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE status = 'running' AND lease_expires_at < ?"))
+            .bind(now)
+            .fetch_all(&mut **tx)
+            .await?;
+    rows.iter().map(state_from_row).collect()
+}
+
+/// Running jobs the server believes `worker_id` holds.
+pub async fn running_on(tx: &mut Tx<'_>, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
+    let rows = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE status = 'running' AND worker_id = ?"))
+        .bind(worker_id)
+        .fetch_all(&mut **tx)
+        .await?;
+    rows.iter().map(state_from_row).collect()
+}
+
+/// A queued job the claim may hand out.
+pub struct Candidate {
+    pub id: JobId,
+    pub resources: Resources,
+}
+
+/// Queued jobs in dispatch order (priority, then age) that could fit a worker with `gpus`
+/// GPUs, the largest having `max_free_memory` bytes free. The caller places them exactly.
+pub async fn queued_candidates(
+    tx: &mut Tx<'_>,
+    gpus: u32,
+    max_free_memory: u64,
+    limit: u32,
+) -> anyhow::Result<Vec<Candidate>> {
+    let rows = sqlx::query(
+        "SELECT id, gpus, gpu_memory, exclusive FROM jobs
+         WHERE status = 'queued' AND (gpus IS NULL OR gpus <= ?) AND (gpu_memory IS NULL OR gpu_memory <= ?)
+         ORDER BY priority DESC, id LIMIT ?",
+    )
+    .bind(gpus)
+    .bind(max_free_memory.min(i64::MAX as u64) as i64)
+    .bind(limit)
+    .fetch_all(&mut **tx)
+    .await?;
+    rows.iter().map(|row| Ok(Candidate { id: row.try_get("id")?, resources: resources_of(row)? })).collect()
+}
+
+/// `queued -> running` for `worker_id`; returns the claimed row, or `None` if the job was no
+/// longer queued.
+pub async fn mark_running(
+    tx: &mut Tx<'_>,
+    id: JobId,
+    worker_id: WorkerId,
+    lease_until: i64,
+    now: i64,
+) -> sqlx::Result<Option<SqliteRow>> {
+    sqlx::query(
+        "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker_id = ?, lease_expires_at = ?,
+                started_at = ?, finished_at = NULL, exit_code = NULL, reason = NULL, cancel_requested = 0
+         WHERE id = ? AND status = 'queued'
+         RETURNING id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
+                   timeout_secs, lease_expires_at",
+    )
+    .bind(worker_id)
+    .bind(lease_until)
+    .bind(now)
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`.
+pub async fn finish(
+    tx: &mut Tx<'_>,
+    attempt: JobAttempt,
+    worker_id: WorkerId,
+    decision: &Finish,
+    now: i64,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE jobs SET status = ?, retries_left = ?, exit_code = ?, reason = ?, lease_expires_at = NULL,
+                finished_at = CASE WHEN ? THEN ? ELSE NULL END
+         WHERE id = ? AND status = 'running' AND attempt = ? AND worker_id = ?",
+    )
+    .bind(decision.status.as_str())
+    .bind(decision.retries_left)
+    .bind(decision.exit_code)
+    .bind(decision.reason.as_deref())
+    .bind(decision.status.is_terminal())
+    .bind(now)
+    .bind(attempt.job_id)
+    .bind(attempt.attempt)
+    .bind(worker_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Applies a lease expiry decision to the attempt `(id, attempt)` if it is still running.
+pub async fn expire(tx: &mut Tx<'_>, attempt: JobAttempt, decision: &LeaseExpiry, now: i64) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE jobs SET status = ?, crash_count = ?, reason = ?, lease_expires_at = NULL,
+                finished_at = CASE WHEN ? THEN ? ELSE NULL END
+         WHERE id = ? AND status = 'running' AND attempt = ?",
+    )
+    .bind(decision.status.as_str())
+    .bind(decision.crash_count)
+    .bind(decision.reason)
+    .bind(decision.status.is_terminal())
+    .bind(now)
+    .bind(attempt.job_id)
+    .bind(attempt.attempt)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Extends the leases of the listed attempts that `worker_id` really holds; returns those
+/// attempts with their cancel flag.
+pub async fn extend_leases(
+    tx: &mut Tx<'_>,
+    worker_id: WorkerId,
+    attempts: &[JobAttempt],
+    lease_until: i64,
+) -> anyhow::Result<Vec<(JobAttempt, bool)>> {
+    if attempts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pairs = serde_json::to_string(&attempts.iter().map(|a| [a.job_id, a.attempt as i64]).collect::<Vec<_>>())?;
+    let rows = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = ?
+         WHERE status = 'running' AND worker_id = ?
+           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))
+         RETURNING id, attempt, cancel_requested",
+    )
+    .bind(lease_until)
+    .bind(worker_id)
+    .bind(pairs)
+    .fetch_all(&mut **tx)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let attempt = JobAttempt { job_id: row.try_get("id")?, attempt: row.try_get("attempt")? };
+            Ok((attempt, row.try_get("cancel_requested")?))
+        })
+        .collect()
+}
+
+/// `queued -> cancelled`.
+pub async fn cancel_queued(tx: &mut Tx<'_>, id: JobId, now: i64) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
+         WHERE id = ? AND status = 'queued'",
+    )
+    .bind(now)
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Flags a running attempt for its worker to kill.
+pub async fn request_cancel(tx: &mut Tx<'_>, attempt: JobAttempt) -> sqlx::Result<bool> {
+    let done = sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'running' AND attempt = ?")
+        .bind(attempt.job_id)
+        .bind(attempt.attempt)
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Cancels a whole sweep: queued jobs now, running ones flagged. Returns both counts.
+pub async fn cancel_sweep(tx: &mut Tx<'_>, sweep_id: SweepId, now: i64) -> sqlx::Result<(u64, u64)> {
+    let cancelled = sqlx::query(
+        "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
+         WHERE sweep_id = ? AND status = 'queued'",
+    )
+    .bind(now)
+    .bind(sweep_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    let requested = sqlx::query(
+        "UPDATE jobs SET cancel_requested = 1 WHERE sweep_id = ? AND status = 'running' AND cancel_requested = 0",
+    )
+    .bind(sweep_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok((cancelled, requested))
+}
+
+/// `failed | cancelled -> queued`, by hand.
+pub async fn retry(tx: &mut Tx<'_>, id: JobId, from: JobStatus) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE jobs SET status = 'queued', reason = 'retried', exit_code = NULL, finished_at = NULL,
+                lease_expires_at = NULL, cancel_requested = 0, crash_count = 0
+         WHERE id = ? AND status = ?",
+    )
+    .bind(id)
+    .bind(from.as_str())
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub async fn set_priority(tx: &mut Tx<'_>, id: JobId, from: JobStatus, priority: i64) -> sqlx::Result<bool> {
+    let done = sqlx::query("UPDATE jobs SET priority = ? WHERE id = ? AND status = ?")
+        .bind(priority)
+        .bind(id)
+        .bind(from.as_str())
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

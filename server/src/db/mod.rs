@@ -1,0 +1,78 @@
+//! The only place SQL lives. The database is opened here, once, with WAL, foreign keys and a
+//! busy timeout; migrations run at start-up.
+//!
+//! Writes go through a pool of exactly one connection: SQLite allows one writer at a time
+//! anyway, and queueing writers in the pool (fair, async) is far faster under contention than
+//! letting several connections collide and sleep in SQLite's busy handler. Reads use their
+//! own pool and never wait for writers (WAL).
+
+pub mod events;
+pub mod jobs;
+pub mod sweeps;
+pub mod workers;
+
+use anyhow::Context;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::SqlitePool;
+use std::path::Path;
+use std::time::Duration;
+
+pub type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
+
+#[derive(Debug, Clone)]
+pub struct Db {
+    /// The single writer connection.
+    pub writer: SqlitePool,
+    /// Readers.
+    pub reader: SqlitePool,
+}
+
+impl Db {
+    /// Opens (creating if missing) `<data_dir>/queue.db` and brings its schema up to date.
+    pub async fn open(data_dir: &Path) -> anyhow::Result<Db> {
+        std::fs::create_dir_all(data_dir).with_context(|| format!("creating data directory {}", data_dir.display()))?;
+        let path = data_dir.join("queue.db");
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // With WAL, NORMAL loses no committed transaction on a process crash, only possibly
+            // the last ones on a power cut, and saves an fsync per commit.
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10))
+            .pragma("cache_size", "-32000")
+            .pragma("temp_store", "memory");
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await
+            .with_context(|| format!("opening database {}", path.display()))?;
+        sqlx::migrate!("../migrations")
+            .run(&writer)
+            .await
+            .with_context(|| format!("migrating database {}", path.display()))?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.read_only(true))
+            .await
+            .with_context(|| format!("opening database {} for reading", path.display()))?;
+        Ok(Db { writer, reader })
+    }
+
+    pub async fn close(&self) {
+        self.reader.close().await;
+        self.writer.close().await;
+    }
+}
+
+/// Wall-clock now in Unix milliseconds, the unit of every time column.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as i64)
+        .unwrap_or(0)
+}

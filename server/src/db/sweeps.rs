@@ -1,0 +1,188 @@
+//! `sweeps`, and the bulk insert of a sweep's jobs.
+
+use super::Tx;
+use shared::api::{StatusCounts, SweepDetail, SweepId, SweepInfo};
+use shared::job::JobStatus;
+use shared::sweep::{Goal, Metric, Sweep, SweepForm};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlitePool};
+use std::fmt::Write;
+
+/// Jobs per INSERT statement: 4 bound values per job stays under SQLite's 32,766-variable
+/// limit, and few statements is what makes a 100,000-job sweep insert in a fraction of a second.
+const JOBS_PER_STATEMENT: usize = 4_000;
+
+/// Returns `base`, or `base-2`, `base-3`, ... whichever is free.
+pub async fn unique_name(tx: &mut Tx<'_>, base: &str) -> sqlx::Result<String> {
+    let taken: Vec<String> = sqlx::query_scalar("SELECT name FROM sweeps WHERE name = ? OR name LIKE ? || '-%'")
+        .bind(base)
+        .bind(base)
+        .fetch_all(&mut **tx)
+        .await?;
+    if !taken.iter().any(|name| name == base) {
+        return Ok(base.to_string());
+    }
+    let name = (2u64..)
+        .map(|suffix| format!("{base}-{suffix}"))
+        .find(|candidate| !taken.contains(candidate))
+        .unwrap_or_else(|| base.to_string());
+    Ok(name)
+}
+
+pub async fn insert(tx: &mut Tx<'_>, name: &str, sweep: &Sweep, source: &str, now: i64) -> sqlx::Result<SweepId> {
+    sqlx::query_scalar(
+        "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(name)
+    .bind(form_text(sweep.form))
+    .bind(source)
+    .bind(sweep.metric.as_ref().map(|metric| metric.name.as_str()))
+    .bind(sweep.metric.as_ref().map(|metric| goal_text(metric.goal)))
+    .bind(sweep.count() as i64)
+    .bind(now)
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// Inserts every job of the sweep, in index order, a few thousand per statement.
+pub async fn insert_jobs(tx: &mut Tx<'_>, sweep_id: SweepId, sweep: &Sweep, now: i64) -> sqlx::Result<u64> {
+    let resources = &sweep.resources;
+    let mut jobs = sweep.jobs().peekable();
+    let mut inserted = 0;
+    let mut batch = Vec::with_capacity(JOBS_PER_STATEMENT);
+    while jobs.peek().is_some() {
+        batch.clear();
+        batch.extend(jobs.by_ref().take(JOBS_PER_STATEMENT));
+        // Values shared by the whole sweep are bound once (?1..?8); each row binds only its own.
+        let mut sql = String::with_capacity(200 + batch.len() * 32);
+        sql.push_str(
+            "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
+                               timeout_secs, priority, retries_left, created_at)
+             SELECT ?1, column1, column2, column3, column4, ?2, ?3, ?4, ?5, ?6, ?7, ?8 FROM (VALUES ",
+        );
+        // Explicit numbers: sqlx counts bare `?` from 1 on its own, whatever ?1..?8 took.
+        for position in 0..batch.len() {
+            let first = 9 + 4 * position;
+            let separator = if position == 0 { "" } else { "," };
+            let _ = write!(sql, "{separator}(?{first},?{},?{},?{})", first + 1, first + 2, first + 3);
+        }
+        sql.push(')');
+        let mut query = sqlx::query(&sql)
+            .bind(sweep_id)
+            .bind(resources.gpus)
+            .bind(resources.gpu_memory.map(|bytes| bytes as i64))
+            .bind(resources.exclusive)
+            .bind(sweep.timeout_secs.map(|secs| secs as i64))
+            .bind(sweep.priority)
+            .bind(sweep.retries)
+            .bind(now);
+        for job in batch.drain(..) {
+            query = query.bind(job.index as i64).bind(job.params).bind(job.command).bind(job.config);
+        }
+        inserted += query.execute(&mut **tx).await?.rows_affected();
+    }
+    Ok(inserted)
+}
+
+pub async fn name_of(tx: &mut Tx<'_>, id: SweepId) -> sqlx::Result<String> {
+    sqlx::query_scalar("SELECT name FROM sweeps WHERE id = ?").bind(id).fetch_one(&mut **tx).await
+}
+
+fn form_text(form: SweepForm) -> &'static str {
+    match form {
+        SweepForm::Native => "native",
+        SweepForm::Wandb => "wandb",
+        SweepForm::Cvlab => "cvlab",
+    }
+}
+
+fn parse_form(text: &str) -> SweepForm {
+    match text {
+        "wandb" => SweepForm::Wandb,
+        "cvlab" => SweepForm::Cvlab,
+        _ => SweepForm::Native,
+    }
+}
+
+fn goal_text(goal: Goal) -> &'static str {
+    match goal {
+        Goal::Minimize => "minimize",
+        Goal::Maximize => "maximize",
+    }
+}
+
+fn info_from_row(row: &SqliteRow) -> sqlx::Result<SweepInfo> {
+    let metric_name: Option<String> = row.try_get("metric_name")?;
+    let metric_goal: Option<String> = row.try_get("metric_goal")?;
+    let form: String = row.try_get("form")?;
+    Ok(SweepInfo {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        form: parse_form(&form),
+        metric: metric_name.map(|name| Metric {
+            name,
+            goal: if metric_goal.as_deref() == Some("maximize") { Goal::Maximize } else { Goal::Minimize },
+        }),
+        created_at: row.try_get("created_at")?,
+        counts: StatusCounts::default(),
+    })
+}
+
+/// A sweep by id (all digits) or by name.
+pub async fn find(pool: &SqlitePool, key: &str) -> anyhow::Result<Option<SweepDetail>> {
+    let row = match key.parse::<i64>() {
+        Ok(id) => {
+            sqlx::query("SELECT * FROM sweeps WHERE id = ? OR name = ? ORDER BY id = ? DESC LIMIT 1")
+                .bind(id)
+                .bind(key)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+        }
+        Err(_) => sqlx::query("SELECT * FROM sweeps WHERE name = ?").bind(key).fetch_optional(pool).await?,
+    };
+    let Some(row) = row else { return Ok(None) };
+    let mut info = info_from_row(&row)?;
+    info.counts = counts(pool, Some(info.id)).await?;
+    Ok(Some(SweepDetail { info, source: row.try_get("source")? }))
+}
+
+/// Newest first.
+pub async fn list(pool: &SqlitePool) -> anyhow::Result<Vec<SweepInfo>> {
+    let rows = sqlx::query("SELECT * FROM sweeps ORDER BY id DESC").fetch_all(pool).await?;
+    let mut sweeps = rows.iter().map(info_from_row).collect::<sqlx::Result<Vec<_>>>()?;
+    let per_sweep = sqlx::query("SELECT sweep_id, status, count(*) AS n FROM jobs GROUP BY sweep_id, status")
+        .fetch_all(pool)
+        .await?;
+    for row in per_sweep {
+        let sweep_id: i64 = row.try_get("sweep_id")?;
+        let status: String = row.try_get("status")?;
+        let count: i64 = row.try_get("n")?;
+        if let Some(sweep) = sweeps.iter_mut().find(|sweep| sweep.id == sweep_id) {
+            sweep.counts.add(status.parse().map_err(anyhow::Error::msg)?, count as u64);
+        }
+    }
+    Ok(sweeps)
+}
+
+/// Jobs by status, of one sweep or of the whole queue.
+pub async fn counts(pool: &SqlitePool, sweep_id: Option<SweepId>) -> anyhow::Result<StatusCounts> {
+    // Two statements rather than `?1 IS NULL OR sweep_id = ?1`, which keeps SQLite off the index.
+    let rows = match sweep_id {
+        Some(id) => {
+            sqlx::query("SELECT status, count(*) AS n FROM jobs WHERE sweep_id = ? GROUP BY status")
+                .bind(id)
+                .fetch_all(pool)
+                .await?
+        }
+        None => sqlx::query("SELECT status, count(*) AS n FROM jobs GROUP BY status").fetch_all(pool).await?,
+    };
+    let mut counts = StatusCounts::default();
+    for row in rows {
+        let status: String = row.try_get("status")?;
+        let status: JobStatus = status.parse().map_err(anyhow::Error::msg)?;
+        counts.add(status, row.try_get::<i64, _>("n")? as u64);
+    }
+    Ok(counts)
+}

@@ -1,0 +1,56 @@
+//! `workers`: registration (an upsert by name) and liveness.
+
+use super::Tx;
+use shared::api::{WorkerId, WorkerInfo};
+use shared::placement::Capacity;
+use sqlx::{Row, SqlitePool};
+
+/// Registers `name`, or re-registers it (same id) after a restart or reconnect.
+pub async fn upsert(tx: &mut Tx<'_>, name: &str, capacity: &Capacity, now: i64) -> anyhow::Result<WorkerId> {
+    let id = sqlx::query_scalar(
+        "INSERT INTO workers (name, capacity, registered_at, last_seen_at) VALUES (?, ?, ?, ?)
+         ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity,
+             registered_at = excluded.registered_at, last_seen_at = excluded.last_seen_at
+         RETURNING id",
+    )
+    .bind(name)
+    .bind(serde_json::to_string(capacity)?)
+    .bind(now)
+    .bind(now)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+/// Marks the worker alive; false when no such worker is registered.
+pub async fn touch(tx: &mut Tx<'_>, id: WorkerId, now: i64) -> sqlx::Result<bool> {
+    let done =
+        sqlx::query("UPDATE workers SET last_seen_at = ? WHERE id = ?").bind(now).bind(id).execute(&mut **tx).await?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub async fn id_by_name(pool: &SqlitePool, name: &str) -> sqlx::Result<Option<WorkerId>> {
+    sqlx::query_scalar("SELECT id FROM workers WHERE name = ?").bind(name).fetch_optional(pool).await
+}
+
+pub async fn list(pool: &SqlitePool) -> anyhow::Result<Vec<WorkerInfo>> {
+    let rows = sqlx::query(
+        "SELECT w.*, (SELECT count(*) FROM jobs j WHERE j.worker_id = w.id AND j.status = 'running') AS running
+         FROM workers w ORDER BY w.name",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let capacity: String = row.try_get("capacity")?;
+            Ok(WorkerInfo {
+                id: row.try_get("id")?,
+                name: row.try_get("name")?,
+                capacity: serde_json::from_str(&capacity)?,
+                registered_at: row.try_get("registered_at")?,
+                last_seen_at: row.try_get("last_seen_at")?,
+                running: row.try_get::<i64, _>("running")? as u64,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,90 @@
+//! One error type whose variants are the HTTP outcomes. Internal errors are logged in full
+//! and answered with a generic message: details of a 5xx never leave the server.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection, StringRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use shared::api::ErrorBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("server is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Sqlx(#[from] sqlx::Error),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Sqlx(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let message = if status.is_server_error() && !matches!(self, ApiError::ShuttingDown) {
+            tracing::error!(error = ?self, "request failed");
+            "internal server error (see the server log)".to_string()
+        } else {
+            self.to_string()
+        };
+        (status, Json(ErrorBody { error: message })).into_response()
+    }
+}
+
+/// Turns a body or query rejection into our JSON error shape with the same status.
+fn rejection(status: StatusCode, text: String) -> ApiError {
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(format!("request body too large: {text}")),
+        _ => ApiError::BadRequest(text),
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(error: JsonRejection) -> Self {
+        rejection(error.status(), error.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(error: QueryRejection) -> Self {
+        rejection(error.status(), error.body_text())
+    }
+}
+
+impl From<StringRejection> for ApiError {
+    fn from(error: StringRejection) -> Self {
+        rejection(error.status(), error.body_text())
+    }
+}
+
+/// `Json` whose rejections answer in our error shape.
+#[derive(axum::extract::FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct ApiJson<T>(pub T);
+
+/// `Query` whose rejections answer in our error shape.
+#[derive(axum::extract::FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct ApiQuery<T>(pub T);

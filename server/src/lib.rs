@@ -1,0 +1,15 @@
+//! The head node of `app`: the HTTP API over a SQLite queue.
+//!
+//! [`run`] serves on a listener the caller bound (port 0 works) until the shutdown future
+//! completes. Only this crate touches the database, and only through [`db`].
+
+pub mod config;
+pub mod db;
+mod error;
+mod reaper;
+mod routes;
+mod startup;
+mod state;
+
+pub use config::ServerConfig;
+pub use startup::run;

@@ -1,0 +1,150 @@
+//! `/api/jobs`: list and show jobs, their history; cancel, retry, reprioritise; and the
+//! worker's report of a finished attempt, fenced by `(job, attempt, worker)`.
+
+use crate::db::jobs::{JobFilter, JobState};
+use crate::db::{self, now_ms};
+use crate::error::{ApiError, ApiJson, ApiQuery, ApiResult};
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use shared::api::{
+    CancelResponse, Job, JobAttempt, JobEvent, JobId, JobPage, JobQuery, PriorityRequest, ReportRequest, ReportResponse,
+};
+use shared::job::{self, CancelEffect, JobStatus};
+
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1_000;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/jobs", get(list))
+        .route("/api/jobs/{id}", get(show))
+        .route("/api/jobs/{id}/events", get(events))
+        .route("/api/jobs/{id}/cancel", post(cancel))
+        .route("/api/jobs/{id}/retry", post(retry))
+        .route("/api/jobs/{id}/priority", post(priority))
+        .route("/api/jobs/{id}/report", post(report))
+}
+
+async fn list(State(state): State<AppState>, ApiQuery(query): ApiQuery<JobQuery>) -> ApiResult<Json<JobPage>> {
+    let mut filter = JobFilter { status: query.status, ..JobFilter::default() };
+    if let Some(key) = &query.sweep {
+        filter.sweep_id = Some(super::sweeps::find(&state, key).await?.info.id);
+    }
+    if let Some(name) = &query.worker {
+        let id = db::workers::id_by_name(&state.db.reader, name).await?;
+        filter.worker_id = Some(id.ok_or_else(|| ApiError::NotFound(format!("no worker `{name}`")))?);
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
+    Ok(Json(db::jobs::list(&state.db.reader, &filter, limit, query.offset.unwrap_or(0)).await?))
+}
+
+fn no_job(id: JobId) -> ApiError {
+    ApiError::NotFound(format!("no job {id}"))
+}
+
+async fn show(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<Job>> {
+    Ok(Json(db::jobs::get(&state.db.reader, id).await?.ok_or_else(|| no_job(id))?))
+}
+
+async fn events(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<Vec<JobEvent>>> {
+    db::jobs::get(&state.db.reader, id).await?.ok_or_else(|| no_job(id))?;
+    Ok(Json(db::events::list(&state.db.reader, id).await?))
+}
+
+async fn state_of(tx: &mut db::Tx<'_>, id: JobId) -> ApiResult<JobState> {
+    db::jobs::state(tx, id).await?.ok_or_else(|| no_job(id))
+}
+
+fn raced(id: JobId) -> ApiError {
+    ApiError::Conflict(format!("job {id} changed while this request ran; try again"))
+}
+
+async fn cancel(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<CancelResponse>> {
+    let mut tx = state.db.writer.begin().await?;
+    let current = state_of(&mut tx, id).await?;
+    let mut response = CancelResponse::default();
+    match job::cancel(current.status) {
+        CancelEffect::Now => {
+            db::jobs::cancel_queued(&mut tx, id, now_ms()).await?.then_some(()).ok_or_else(|| raced(id))?;
+            response.cancelled = 1;
+        }
+        CancelEffect::Requested => {
+            let attempt = JobAttempt { job_id: id, attempt: current.attempt };
+            db::jobs::request_cancel(&mut tx, attempt).await?.then_some(()).ok_or_else(|| raced(id))?;
+            response.cancel_requested = 1;
+        }
+        CancelEffect::Refused => {
+            return Err(ApiError::Conflict(format!(
+                "job {id} is {}; only queued or running jobs can be cancelled",
+                current.status
+            )))
+        }
+    }
+    tx.commit().await?;
+    Ok(Json(response))
+}
+
+async fn retry(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<Job>> {
+    let mut tx = state.db.writer.begin().await?;
+    let current = state_of(&mut tx, id).await?;
+    if !job::can_retry(current.status) {
+        return Err(ApiError::Conflict(format!(
+            "job {id} is {}; only failed or cancelled jobs can be retried",
+            current.status
+        )));
+    }
+    db::jobs::retry(&mut tx, id, current.status).await?.then_some(()).ok_or_else(|| raced(id))?;
+    tx.commit().await?;
+    state.work_available.notify_waiters();
+    show(State(state), Path(id)).await
+}
+
+async fn priority(
+    State(state): State<AppState>,
+    Path(id): Path<JobId>,
+    ApiJson(request): ApiJson<PriorityRequest>,
+) -> ApiResult<Json<Job>> {
+    let mut tx = state.db.writer.begin().await?;
+    let current = state_of(&mut tx, id).await?;
+    if !job::can_change_priority(current.status) {
+        return Err(ApiError::Conflict(format!("job {id} is {}; its priority no longer matters", current.status)));
+    }
+    db::jobs::set_priority(&mut tx, id, current.status, request.priority)
+        .await?
+        .then_some(())
+        .ok_or_else(|| raced(id))?;
+    tx.commit().await?;
+    show(State(state), Path(id)).await
+}
+
+async fn report(
+    State(state): State<AppState>,
+    Path(id): Path<JobId>,
+    ApiJson(request): ApiJson<ReportRequest>,
+) -> ApiResult<Json<ReportResponse>> {
+    let attempt = JobAttempt { job_id: id, attempt: request.attempt };
+    let mut tx = state.db.writer.begin().await?;
+    let current = state_of(&mut tx, id).await?;
+    let holds = current.status == JobStatus::Running
+        && current.attempt == request.attempt
+        && current.worker_id == Some(request.worker_id);
+    if !holds {
+        return Err(ApiError::Conflict(format!(
+            "stale report for job {id} attempt {}: the job is {} at attempt {}",
+            request.attempt, current.status, current.attempt
+        )));
+    }
+    let decision = job::finish(&request.outcome, current.retries_left, current.cancel_requested);
+    let applied = db::jobs::finish(&mut tx, attempt, request.worker_id, &decision, now_ms()).await?;
+    if !applied {
+        return Err(raced(id));
+    }
+    tx.commit().await?;
+    if decision.status == JobStatus::Queued {
+        state.work_available.notify_waiters();
+    }
+    tracing::debug!(job = id, attempt = request.attempt, status = %decision.status, "attempt finished");
+    Ok(Json(ReportResponse { status: decision.status }))
+}

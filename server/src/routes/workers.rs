@@ -1,0 +1,202 @@
+//! `/api/workers`: register, claim (long-poll), heartbeat, list.
+
+use crate::db::{self, now_ms};
+use crate::error::{ApiError, ApiJson, ApiResult};
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::routing::post;
+use axum::{Json, Router};
+use shared::api::{
+    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, RegisterRequest,
+    RegisterResponse, WorkerId, WorkerInfo,
+};
+use shared::job;
+use shared::names::check_name;
+use shared::placement::{place, Capacity};
+use sqlx::Row;
+use std::collections::HashSet;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Queued jobs looked at per claim, per free job slot: enough to skip past jobs that do not
+/// fit this worker without walking the whole queue.
+const CANDIDATES_PER_SLOT: u32 = 8;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/workers", post(register).get(list))
+        .route("/api/workers/{id}/claim", post(claim))
+        .route("/api/workers/{id}/heartbeat", post(heartbeat))
+}
+
+fn lease_until(state: &AppState, now: i64) -> i64 {
+    now + state.config.lease.as_millis() as i64
+}
+
+fn unknown_worker(id: WorkerId) -> ApiError {
+    ApiError::NotFound(format!("no worker {id}; register first"))
+}
+
+async fn register(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<RegisterRequest>,
+) -> ApiResult<Json<RegisterResponse>> {
+    check_name("worker", &request.name).map_err(ApiError::BadRequest)?;
+    if request.protocol != shared::PROTOCOL_VERSION {
+        return Err(ApiError::BadRequest(format!(
+            "worker speaks protocol {} but this server speaks {}; run the same app version on both",
+            request.protocol,
+            shared::PROTOCOL_VERSION
+        )));
+    }
+    let now = now_ms();
+    let holding: HashSet<JobAttempt> = request.holding.iter().copied().collect();
+    let mut tx = state.db.writer.begin().await?;
+    let worker_id = db::workers::upsert(&mut tx, &request.name, &request.capacity, now).await?;
+    let mut requeued = Vec::new();
+    let mut still_held = Vec::new();
+    for held in db::jobs::running_on(&mut tx, worker_id).await? {
+        let attempt = JobAttempt { job_id: held.id, attempt: held.attempt };
+        if holding.contains(&attempt) {
+            still_held.push(attempt);
+            continue;
+        }
+        // The worker came back without this job: its box restarted, the job died with it.
+        let decision = job::lease_expired(held.crash_count, state.config.max_crashes, held.cancel_requested);
+        if db::jobs::expire(&mut tx, attempt, &decision, now).await? && decision.status == job::JobStatus::Queued {
+            requeued.push(held.id);
+        }
+    }
+    db::jobs::extend_leases(&mut tx, worker_id, &still_held, lease_until(&state, now)).await?;
+    tx.commit().await?;
+    if !requeued.is_empty() {
+        tracing::warn!(worker = %request.name, jobs = ?requeued, "worker re-registered without its jobs; requeued them");
+        state.work_available.notify_waiters();
+    }
+    tracing::info!(worker = %request.name, id = worker_id, "worker registered");
+    Ok(Json(RegisterResponse {
+        worker_id,
+        lease_ms: state.config.lease.as_millis() as u64,
+        heartbeat_ms: state.config.heartbeat.as_millis() as u64,
+        requeued,
+    }))
+}
+
+async fn list(State(state): State<AppState>) -> ApiResult<Json<Vec<WorkerInfo>>> {
+    Ok(Json(db::workers::list(&state.db.reader).await?))
+}
+
+async fn heartbeat(
+    State(state): State<AppState>,
+    Path(id): Path<WorkerId>,
+    ApiJson(request): ApiJson<HeartbeatRequest>,
+) -> ApiResult<Json<HeartbeatResponse>> {
+    let now = now_ms();
+    let lease_expires_at = lease_until(&state, now);
+    let mut tx = state.db.writer.begin().await?;
+    if !db::workers::touch(&mut tx, id, now).await? {
+        return Err(unknown_worker(id));
+    }
+    let held = db::jobs::extend_leases(&mut tx, id, &request.running, lease_expires_at).await?;
+    tx.commit().await?;
+    let known: HashSet<JobAttempt> = held.iter().map(|(attempt, _)| *attempt).collect();
+    Ok(Json(HeartbeatResponse {
+        cancel: held.iter().filter(|(_, cancel)| *cancel).map(|(attempt, _)| *attempt).collect(),
+        unknown: request.running.iter().filter(|attempt| !known.contains(attempt)).copied().collect(),
+        lease_expires_at,
+    }))
+}
+
+/// Hands out the jobs that fit the worker's capacity, waiting up to `wait_ms` for one.
+async fn claim(
+    State(state): State<AppState>,
+    Path(id): Path<WorkerId>,
+    ApiJson(request): ApiJson<ClaimRequest>,
+) -> ApiResult<Json<ClaimResponse>> {
+    let wait = Duration::from_millis(request.wait_ms).min(state.config.max_long_poll);
+    let deadline = Instant::now() + wait;
+    let mut shutting_down = state.shutting_down.clone();
+    loop {
+        // Listen before looking, so a job submitted between the look and the wait still wakes us.
+        let notified = state.work_available.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let jobs = claim_now(&state, id, &request.capacity).await?;
+        if !jobs.is_empty() || Instant::now() >= deadline || request.capacity.job_slots == 0 {
+            return Ok(Json(ClaimResponse { jobs }));
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shutting_down.wait_for(|stop| *stop) => return Err(ApiError::ShuttingDown),
+        }
+    }
+}
+
+async fn claim_now(state: &AppState, worker_id: WorkerId, capacity: &Capacity) -> ApiResult<Vec<ClaimedJob>> {
+    let now = now_ms();
+    let lease_expires_at = lease_until(state, now);
+    let usable: Vec<_> = capacity.gpus.iter().filter(|gpu| !gpu.exclusive_held).collect();
+    let max_free_memory = usable.iter().map(|gpu| gpu.memory_free).max().unwrap_or(0);
+    let mut tx = state.db.writer.begin().await?;
+    if !db::workers::touch(&mut tx, worker_id, now).await? {
+        return Err(unknown_worker(worker_id));
+    }
+    if capacity.job_slots == 0 {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
+    let limit = capacity.job_slots.saturating_mul(CANDIDATES_PER_SLOT).max(CANDIDATES_PER_SLOT);
+    let candidates = db::jobs::queued_candidates(&mut tx, usable.len() as u32, max_free_memory, limit).await?;
+    let mut free = capacity.clone();
+    let mut claimed = Vec::new();
+    for candidate in candidates {
+        if free.job_slots == 0 {
+            break;
+        }
+        let Some(placement) = place(&candidate.resources, &free) else { continue };
+        let Some(row) = db::jobs::mark_running(&mut tx, candidate.id, worker_id, lease_expires_at, now).await? else {
+            continue;
+        };
+        free.reserve(&candidate.resources, &placement);
+        claimed.push(claimed_job(state, &mut tx, &row, placement).await?);
+    }
+    tx.commit().await?;
+    Ok(claimed)
+}
+
+async fn claimed_job(
+    state: &AppState,
+    tx: &mut db::Tx<'_>,
+    row: &sqlx::sqlite::SqliteRow,
+    placement: shared::placement::Placement,
+) -> ApiResult<ClaimedJob> {
+    let sweep_id: i64 = row.try_get("sweep_id")?;
+    let params: String = row.try_get("params")?;
+    Ok(ClaimedJob {
+        id: row.try_get("id")?,
+        attempt: row.try_get("attempt")?,
+        sweep_id,
+        sweep: sweep_name(state, tx, sweep_id).await?,
+        index: row.try_get::<i64, _>("idx")? as u64,
+        params: serde_json::from_str(&params).map_err(anyhow::Error::from)?,
+        command: row.try_get("command")?,
+        config: row.try_get("config")?,
+        resources: db::jobs::resources_of(row)?,
+        timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
+        placement,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+    })
+}
+
+async fn sweep_name(state: &AppState, tx: &mut db::Tx<'_>, sweep_id: i64) -> ApiResult<String> {
+    let cached = state.sweep_names.read().ok().and_then(|names| names.get(&sweep_id).cloned());
+    if let Some(name) = cached {
+        return Ok(name);
+    }
+    let name = db::sweeps::name_of(tx, sweep_id).await?;
+    if let Ok(mut names) = state.sweep_names.write() {
+        names.insert(sweep_id, name.clone());
+    }
+    Ok(name)
+}

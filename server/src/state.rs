@@ -1,0 +1,20 @@
+//! What every handler shares.
+
+use crate::config::ServerConfig;
+use crate::db::Db;
+use shared::api::SweepId;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use tokio::sync::{watch, Notify};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub db: Db,
+    pub config: Arc<ServerConfig>,
+    /// Woken whenever a job becomes claimable, so long-polling claims return at once.
+    pub work_available: Arc<Notify>,
+    /// Turns true when the server shuts down, so long polls end instead of holding it open.
+    pub shutting_down: watch::Receiver<bool>,
+    /// Sweep names never change, and every claimed job carries its sweep's name.
+    pub sweep_names: Arc<RwLock<HashMap<SweepId, String>>>,
+}

@@ -1,0 +1,132 @@
+//! `TestApp` (a real server on a loopback port) and `wait_until`.
+
+use client::Client;
+use server::ServerConfig;
+use shared::api::{ClaimRequest, ClaimedJob, RegisterRequest, SubmitQuery, SubmitResponse, WorkerId};
+use shared::placement::Capacity;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct TestApp {
+    pub client: Client,
+    pub url: String,
+    pub config: ServerConfig,
+    data_dir: Arc<TempDir>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        Self::spawn_with(|_| {}).await
+    }
+
+    /// A server with test-friendly timings, adjusted by `tweak`.
+    pub async fn spawn_with(tweak: impl FnOnce(&mut ServerConfig)) -> TestApp {
+        // Server logs show up in a failing test's output (RUST_LOG=debug for more).
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        let data_dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let mut config = ServerConfig {
+            data_dir: data_dir.path().to_path_buf(),
+            reaper_interval: Duration::from_millis(100),
+            ..ServerConfig::default()
+        };
+        tweak(&mut config);
+        Self::start(config, data_dir).await
+    }
+
+    async fn start(config: ServerConfig, data_dir: Arc<TempDir>) -> TestApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::run(listener, config.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let client = Client::new(&url).unwrap();
+        let app = TestApp { client, url, config, data_dir, stop: Some(stop), task: Some(task) };
+        wait_until("the server answers /api/health", Duration::from_secs(10), || async {
+            app.client.health().await.ok()
+        })
+        .await;
+        app
+    }
+
+    /// Stops the server (as on SIGTERM) and waits until it has closed its database.
+    pub async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task").expect("server ran cleanly");
+        }
+    }
+
+    /// Stops the server and starts a new one on the same data directory (a new port).
+    pub async fn restart(mut self) -> TestApp {
+        self.stop().await;
+        let config = self.config.clone();
+        Self::start(config, self.data_dir.clone()).await
+    }
+
+    pub async fn submit(&self, yaml: &str) -> SubmitResponse {
+        self.client.submit(yaml, &SubmitQuery::default()).await.expect("submit")
+    }
+
+    pub async fn register(&self, name: &str, job_slots: u32) -> WorkerId {
+        let request = RegisterRequest {
+            name: name.into(),
+            protocol: shared::PROTOCOL_VERSION,
+            capacity: cpu(job_slots),
+            holding: Vec::new(),
+        };
+        self.client.register(&request).await.expect("register").worker_id
+    }
+
+    /// Claims without waiting.
+    pub async fn claim(&self, worker: WorkerId, job_slots: u32) -> Vec<ClaimedJob> {
+        let request = ClaimRequest { capacity: cpu(job_slots), wait_ms: 0 };
+        self.client.claim(worker, &request).await.expect("claim").jobs
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub fn cpu(job_slots: u32) -> Capacity {
+    Capacity { job_slots, gpus: Vec::new() }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting until {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A native sweep of `count` trivial jobs (`count` <= 1000, one axis).
+pub fn sweep_of(name: &str, count: usize) -> String {
+    let values = (0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    format!("name: {name}\ncommand: \"echo {{i}}\"\ngrid:\n  i: [{values}]\n")
+}

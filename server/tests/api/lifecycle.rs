@@ -1,0 +1,168 @@
+//! The job lifecycle: reports fenced by attempt, retries, leases, cancels, restarts.
+
+use crate::helpers::{cpu, sweep_of, wait_until, TestApp};
+use shared::api::{HeartbeatRequest, JobAttempt, JobQuery, RegisterRequest, ReportRequest};
+use shared::job::{JobStatus, Outcome};
+use std::time::Duration;
+
+fn exited(worker_id: i64, attempt: u32, code: i32) -> ReportRequest {
+    ReportRequest { worker_id, attempt, outcome: Outcome::Exited { code } }
+}
+
+#[tokio::test]
+async fn a_finished_attempt_is_recorded_once_and_a_stale_report_changes_nothing() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("once", 1)).await;
+    let worker = app.register("w", 1).await;
+    let job = app.claim(worker, 1).await.pop().unwrap();
+    let response = app.client.report(job.id, &exited(worker, job.attempt, 0)).await.unwrap();
+    assert_eq!(response.status, JobStatus::Succeeded);
+    let again = app.client.report(job.id, &exited(worker, job.attempt, 1)).await.unwrap_err();
+    assert_eq!(again.status(), Some(409), "{again}");
+    let stale = app.client.report(job.id, &exited(worker, job.attempt + 7, 0)).await.unwrap_err();
+    assert_eq!(stale.status(), Some(409));
+    let stored = app.client.job(job.id).await.unwrap();
+    assert_eq!((stored.status, stored.exit_code), (JobStatus::Succeeded, Some(0)));
+    let events = app.client.job_events(job.id).await.unwrap();
+    let path: Vec<_> = events.iter().map(|event| event.to).collect();
+    assert_eq!(path, [JobStatus::Running, JobStatus::Succeeded]);
+    assert_eq!(events[0].worker.as_deref(), Some("w"));
+}
+
+#[tokio::test]
+async fn a_failing_job_runs_again_while_retries_last_then_fails_with_its_exit_code() {
+    let app = TestApp::spawn().await;
+    app.submit("name: flaky\ncommand: \"exit 3\"\nretries: 1\n").await;
+    let worker = app.register("w", 1).await;
+    let first = app.claim(worker, 1).await.pop().unwrap();
+    let status = app.client.report(first.id, &exited(worker, first.attempt, 3)).await.unwrap().status;
+    assert_eq!(status, JobStatus::Queued);
+    let second = app.claim(worker, 1).await.pop().unwrap();
+    assert_eq!((second.id, second.attempt), (first.id, 2));
+    let status = app.client.report(second.id, &exited(worker, second.attempt, 3)).await.unwrap().status;
+    assert_eq!(status, JobStatus::Failed);
+    let job = app.client.job(first.id).await.unwrap();
+    assert_eq!((job.exit_code, job.reason.as_deref()), (Some(3), Some("exited with code 3")));
+    // A failed job can be retried by hand, and then a report of the old attempt is stale.
+    assert_eq!(app.client.retry_job(job.id).await.unwrap().status, JobStatus::Queued);
+    let third = app.claim(worker, 1).await.pop().unwrap();
+    assert_eq!(third.attempt, 3);
+    let stale = app.client.report(third.id, &exited(worker, 2, 0)).await.unwrap_err();
+    assert_eq!(stale.status(), Some(409));
+}
+
+#[tokio::test]
+async fn a_silent_worker_loses_its_job_to_the_queue_and_after_max_crashes_it_fails() {
+    let app = TestApp::spawn_with(|config| {
+        config.lease = Duration::from_millis(400);
+        config.max_crashes = 2;
+    })
+    .await;
+    app.submit(&sweep_of("lost", 1)).await;
+    let worker = app.register("vanishing", 1).await;
+    let first = app.claim(worker, 1).await.pop().unwrap();
+    let job = wait_until("the expired lease puts the job back in the queue", Duration::from_secs(10), || async {
+        let job = app.client.job(first.id).await.unwrap();
+        (job.status == JobStatus::Queued).then_some(job)
+    })
+    .await;
+    assert_eq!((job.crash_count, job.reason.as_deref()), (1, Some("lease_expired")));
+    let late = app.client.report(first.id, &exited(worker, first.attempt, 0)).await.unwrap_err();
+    assert_eq!(late.status(), Some(409), "the lost attempt's report is fenced off");
+    let second = app.claim(worker, 1).await.pop().unwrap();
+    assert_eq!(second.attempt, 2);
+    let job = wait_until("the second crash fails the job", Duration::from_secs(10), || async {
+        let job = app.client.job(first.id).await.unwrap();
+        (job.status == JobStatus::Failed).then_some(job)
+    })
+    .await;
+    assert_eq!((job.crash_count, job.reason.as_deref()), (2, Some("worker_lost")));
+}
+
+#[tokio::test]
+async fn heartbeats_keep_leases_alive_carry_cancels_and_name_unknown_attempts() {
+    let app = TestApp::spawn_with(|config| config.lease = Duration::from_millis(600)).await;
+    app.submit(&sweep_of("beat", 2)).await;
+    let worker = app.register("w", 2).await;
+    let jobs = app.claim(worker, 2).await;
+    let held: Vec<JobAttempt> = jobs.iter().map(|job| JobAttempt { job_id: job.id, attempt: job.attempt }).collect();
+    let bogus = JobAttempt { job_id: held[0].job_id, attempt: 99 };
+    // Heartbeat for twice the lease: nothing expires.
+    for _ in 0..12 {
+        let request = HeartbeatRequest { running: held.clone() };
+        let response = app.client.heartbeat(worker, &request).await.unwrap();
+        assert!(response.cancel.is_empty() && response.unknown.is_empty());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let running = JobQuery { status: Some(JobStatus::Running), ..JobQuery::default() };
+    assert_eq!(app.client.jobs(&running).await.unwrap().total, 2);
+    let cancel = app.client.cancel_job(held[1].job_id).await.unwrap();
+    assert_eq!((cancel.cancelled, cancel.cancel_requested), (0, 1));
+    let request = HeartbeatRequest { running: vec![held[0], held[1], bogus] };
+    let response = app.client.heartbeat(worker, &request).await.unwrap();
+    assert_eq!(response.cancel, [held[1]]);
+    assert_eq!(response.unknown, [bogus]);
+    let killed = ReportRequest {
+        worker_id: worker,
+        attempt: held[1].attempt,
+        outcome: Outcome::Killed { reason: "cancelled".into() },
+    };
+    assert_eq!(app.client.report(held[1].job_id, &killed).await.unwrap().status, JobStatus::Cancelled);
+    let unknown = app.client.heartbeat(worker + 100, &HeartbeatRequest::default()).await.unwrap_err();
+    assert_eq!(unknown.status(), Some(404));
+}
+
+#[tokio::test]
+async fn cancelling_a_sweep_cancels_queued_jobs_now_and_flags_running_ones() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("stop-me", 5)).await;
+    let worker = app.register("w", 2).await;
+    assert_eq!(app.claim(worker, 2).await.len(), 2);
+    let response = app.client.cancel_sweep("stop-me").await.unwrap();
+    assert_eq!((response.cancelled, response.cancel_requested), (3, 2));
+    let counts = app.client.sweep("stop-me").await.unwrap().info.counts;
+    assert_eq!((counts.cancelled, counts.running), (3, 2));
+    assert!(app.claim(worker, 2).await.is_empty());
+    let cancelled = app.client.jobs(&JobQuery { status: Some(JobStatus::Cancelled), ..JobQuery::default() }).await;
+    let retried = app.client.retry_job(cancelled.unwrap().jobs[0].id).await.unwrap();
+    assert_eq!(retried.status, JobStatus::Queued);
+}
+
+#[tokio::test]
+async fn a_worker_that_comes_back_without_its_jobs_gets_them_requeued_at_once() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("reboot", 2)).await;
+    let worker = app.register("box", 2).await;
+    let jobs = app.claim(worker, 2).await;
+    let kept = JobAttempt { job_id: jobs[0].id, attempt: jobs[0].attempt };
+    let request = RegisterRequest {
+        name: "box".into(),
+        protocol: shared::PROTOCOL_VERSION,
+        capacity: cpu(2),
+        holding: vec![kept],
+    };
+    let response = app.client.register(&request).await.unwrap();
+    assert_eq!(response.worker_id, worker, "same name, same worker");
+    assert_eq!(response.requeued, [jobs[1].id]);
+    assert_eq!(app.client.job(jobs[0].id).await.unwrap().status, JobStatus::Running);
+    let requeued = app.client.job(jobs[1].id).await.unwrap();
+    assert_eq!((requeued.status, requeued.crash_count), (JobStatus::Queued, 1));
+}
+
+#[tokio::test]
+async fn a_restarted_server_loses_nothing_and_running_attempts_can_still_report() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("durable", 50)).await;
+    let worker = app.register("w", 5).await;
+    let claimed = app.claim(worker, 5).await;
+    let done = &claimed[0];
+    app.client.report(done.id, &exited(worker, done.attempt, 0)).await.unwrap();
+    let app = app.restart().await;
+    let counts = app.client.sweep("durable").await.unwrap().info.counts;
+    assert_eq!((counts.queued, counts.running, counts.succeeded), (45, 4, 1));
+    let still_running = &claimed[1];
+    let status = app.client.report(still_running.id, &exited(worker, still_running.attempt, 0)).await.unwrap().status;
+    assert_eq!(status, JobStatus::Succeeded);
+    let next = app.claim(worker, 1).await.pop().unwrap();
+    assert_eq!(next.index, 5, "the queue resumes where it was");
+}

@@ -1,0 +1,271 @@
+//! Request and response bodies of the HTTP API, shared by the server and its typed client.
+//!
+//! Times are Unix milliseconds. Ids are SQLite row ids. Every error answer is an
+//! [`ErrorBody`] with a status code that says what went wrong (400, 404, 409, 413).
+
+use crate::job::{JobStatus, Outcome};
+use crate::placement::{Capacity, Placement};
+use crate::sweep::{Metric, Resources, SweepForm};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub type JobId = i64;
+pub type SweepId = i64;
+pub type WorkerId = i64;
+
+/// The body of every error answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+    pub protocol: u32,
+}
+
+/// Query of `POST /api/sweeps`; the body is the sweep YAML itself.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SubmitQuery {
+    /// Validate and count only; nothing is stored.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// The command of a CVLab-Kit config sweep (default `python main.py --config {config}`).
+    pub command: Option<String>,
+    /// The sweep's name when the file has none (the CLI sends the file's stem).
+    pub name: Option<String>,
+}
+
+/// One job as a dry run shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPreview {
+    pub index: u64,
+    pub params: Value,
+    pub command: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// `None` for a dry run.
+    pub sweep_id: Option<SweepId>,
+    /// The stored name: the file's `name`, made unique with a `-2`, `-3` suffix if taken.
+    pub name: String,
+    pub form: SweepForm,
+    pub count: u64,
+    pub dry_run: bool,
+    /// The first few jobs (a dry run) or none.
+    pub preview: Vec<JobPreview>,
+}
+
+/// Jobs of a sweep or of the whole queue, by status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusCounts {
+    pub queued: u64,
+    pub running: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+}
+
+impl StatusCounts {
+    pub fn add(&mut self, status: JobStatus, count: u64) {
+        match status {
+            JobStatus::Queued => self.queued += count,
+            JobStatus::Running => self.running += count,
+            JobStatus::Succeeded => self.succeeded += count,
+            JobStatus::Failed => self.failed += count,
+            JobStatus::Cancelled => self.cancelled += count,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.queued + self.running + self.succeeded + self.failed + self.cancelled
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SweepInfo {
+    pub id: SweepId,
+    pub name: String,
+    pub form: SweepForm,
+    pub metric: Option<Metric>,
+    pub created_at: i64,
+    pub counts: StatusCounts,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SweepDetail {
+    #[serde(flatten)]
+    pub info: SweepInfo,
+    /// The submitted YAML, as sent.
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub sweep_id: SweepId,
+    pub sweep: String,
+    pub index: u64,
+    pub params: Value,
+    pub command: String,
+    pub status: JobStatus,
+    pub priority: i64,
+    pub attempt: u32,
+    pub crash_count: u32,
+    pub retries_left: u32,
+    pub resources: Resources,
+    pub timeout_secs: Option<u64>,
+    /// The worker of the latest attempt.
+    pub worker_id: Option<WorkerId>,
+    pub worker: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub cancel_requested: bool,
+    pub exit_code: Option<i32>,
+    /// Why the job is in its status: the failure, the requeue, the cancel.
+    pub reason: Option<String>,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+}
+
+/// Filters and paging of `GET /api/jobs`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct JobQuery {
+    pub status: Option<JobStatus>,
+    /// Sweep id or name.
+    pub sweep: Option<String>,
+    /// Worker name.
+    pub worker: Option<String>,
+    pub limit: Option<u32>,
+    pub offset: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobPage {
+    /// Jobs matching the filters, over all pages.
+    pub total: u64,
+    pub jobs: Vec<Job>,
+}
+
+/// One line of a job's append-only history.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobEvent {
+    pub at: i64,
+    pub from: Option<JobStatus>,
+    pub to: JobStatus,
+    pub attempt: u32,
+    pub worker: Option<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PriorityRequest {
+    pub priority: i64,
+}
+
+/// What a cancel did: queued jobs are cancelled at once, running ones at their worker's next
+/// heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelResponse {
+    pub cancelled: u64,
+    pub cancel_requested: u64,
+}
+
+/// A job attempt, the unit every worker report is fenced by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct JobAttempt {
+    pub job_id: JobId,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    pub name: String,
+    pub protocol: u32,
+    /// Total capacity of the box (all slots and GPUs, nothing reserved).
+    pub capacity: Capacity,
+    /// Attempts this worker is still running (after a server restart or a reconnect). Any other
+    /// job the server believes this worker holds is requeued at once: the box rebooted.
+    #[serde(default)]
+    pub holding: Vec<JobAttempt>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    pub worker_id: WorkerId,
+    pub lease_ms: u64,
+    pub heartbeat_ms: u64,
+    /// Jobs that were held by an earlier run of this worker and went back to the queue.
+    pub requeued: Vec<JobId>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    /// What the worker can run now.
+    pub capacity: Capacity,
+    /// Wait up to this long for a job when none fits now (long-poll); the server caps it.
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// A job handed to a worker, with everything needed to run it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClaimedJob {
+    pub id: JobId,
+    pub attempt: u32,
+    pub sweep_id: SweepId,
+    pub sweep: String,
+    pub index: u64,
+    pub params: Value,
+    pub command: String,
+    pub config: Option<String>,
+    pub resources: Resources,
+    pub timeout_secs: Option<u64>,
+    /// The GPUs the server placed it on, from the capacity the worker reported.
+    pub placement: Placement,
+    pub lease_expires_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClaimResponse {
+    pub jobs: Vec<ClaimedJob>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    pub running: Vec<JobAttempt>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// Attempts to kill: a user cancelled them.
+    pub cancel: Vec<JobAttempt>,
+    /// Attempts this worker no longer holds (lease lost, requeued elsewhere): stop reporting.
+    pub unknown: Vec<JobAttempt>,
+    pub lease_expires_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReportRequest {
+    pub worker_id: WorkerId,
+    pub attempt: u32,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReportResponse {
+    pub status: JobStatus,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub id: WorkerId,
+    pub name: String,
+    pub capacity: Capacity,
+    pub registered_at: i64,
+    pub last_seen_at: i64,
+    pub running: u64,
+}

@@ -1,0 +1,16 @@
+//! Wire contract and pure domain logic of `app`.
+//!
+//! Everything here is deterministic and free of I/O: sweep expansion ([`sweep`]), the job
+//! state machine ([`job`]), the request and response types of the HTTP API ([`api`]) and
+//! small value types ([`size`]). The server, the worker and the CLI all depend on this crate,
+//! so a change to the protocol shows up as a compile error on both sides.
+
+pub mod api;
+pub mod job;
+pub mod names;
+pub mod placement;
+pub mod size;
+pub mod sweep;
+
+/// Bumped whenever a request or response type changes incompatibly.
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,162 @@
+//! GPU placement: which of a worker's GPUs a job may use, as a pure function.
+//!
+//! The worker calls [`place`] to choose the GPUs of a job it claimed, and the server calls the
+//! same function on the capacity the worker reported, so it hands out only jobs the worker can
+//! place. Rules: never over-commit declared memory; never give a GPU that already holds one of
+//! this worker's jobs to an exclusive job, even if its memory still looks free (new jobs have
+//! not allocated yet); N distinct GPUs, the least loaded first.
+
+use crate::sweep::Resources;
+use serde::{Deserialize, Serialize};
+
+/// What one GPU can still take, as seen by its worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSlot {
+    pub index: u32,
+    pub memory_total: u64,
+    /// Free memory: total minus the larger of what NVML sees used and what jobs declared.
+    pub memory_free: u64,
+    /// An exclusive job holds this GPU.
+    pub exclusive_held: bool,
+    /// How many of this worker's jobs share it.
+    pub shared_jobs: u32,
+}
+
+/// What a worker can still run: job slots and its GPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    /// How many more jobs of any kind the worker will run (`--max-jobs` minus running).
+    pub job_slots: u32,
+    pub gpus: Vec<GpuSlot>,
+}
+
+/// The GPUs chosen for a job (empty for a CPU job).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub gpus: Vec<u32>,
+}
+
+/// How many GPUs a job gets: what it asked for, or one on a box that has GPUs.
+pub fn gpus_wanted(request: &Resources, capacity: &Capacity) -> u32 {
+    request.gpus.unwrap_or(if capacity.gpus.is_empty() { 0 } else { 1 })
+}
+
+/// A job is exclusive unless it declared its GPU memory.
+pub fn is_exclusive(request: &Resources) -> bool {
+    request.exclusive.unwrap_or(request.gpu_memory.is_none())
+}
+
+/// Chooses GPUs for `request`, or `None` when it does not fit now.
+pub fn place(request: &Resources, capacity: &Capacity) -> Option<Placement> {
+    if capacity.job_slots == 0 {
+        return None;
+    }
+    let wanted = gpus_wanted(request, capacity) as usize;
+    if wanted == 0 {
+        return Some(Placement { gpus: Vec::new() });
+    }
+    let exclusive = is_exclusive(request);
+    let memory = request.gpu_memory.unwrap_or(0);
+    let mut candidates: Vec<&GpuSlot> = capacity
+        .gpus
+        .iter()
+        .filter(|gpu| !gpu.exclusive_held && gpu.memory_free >= memory)
+        .filter(|gpu| !exclusive || gpu.shared_jobs == 0)
+        .collect();
+    if candidates.len() < wanted {
+        return None;
+    }
+    candidates.sort_by_key(|gpu| (gpu.shared_jobs, std::cmp::Reverse(gpu.memory_free), gpu.index));
+    Some(Placement { gpus: candidates[..wanted].iter().map(|gpu| gpu.index).collect() })
+}
+
+impl Capacity {
+    /// Books a placed job, so the next [`place`] sees it.
+    pub fn reserve(&mut self, request: &Resources, placement: &Placement) {
+        self.job_slots = self.job_slots.saturating_sub(1);
+        let exclusive = is_exclusive(request);
+        for gpu in self.gpus.iter_mut().filter(|gpu| placement.gpus.contains(&gpu.index)) {
+            if exclusive {
+                gpu.exclusive_held = true;
+                gpu.memory_free = gpu.memory_free.saturating_sub(request.gpu_memory.unwrap_or(gpu.memory_free));
+            } else {
+                gpu.shared_jobs += 1;
+                gpu.memory_free = gpu.memory_free.saturating_sub(request.gpu_memory.unwrap_or(0));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpus(count: u32, memory: u64, slots: u32) -> Capacity {
+        Capacity {
+            job_slots: slots,
+            gpus: (0..count)
+                .map(|index| GpuSlot {
+                    index,
+                    memory_total: memory,
+                    memory_free: memory,
+                    exclusive_held: false,
+                    shared_jobs: 0,
+                })
+                .collect(),
+        }
+    }
+
+    fn shared(memory: u64) -> Resources {
+        Resources { gpus: Some(1), gpu_memory: Some(memory), exclusive: None }
+    }
+
+    #[test]
+    fn cpu_box_runs_default_jobs_on_cpu() {
+        let placement = place(&Resources::default(), &gpus(0, 0, 1)).unwrap();
+        assert!(placement.gpus.is_empty());
+        assert_eq!(place(&Resources::default(), &gpus(0, 0, 0)), None);
+    }
+
+    #[test]
+    fn exclusive_jobs_spread_over_gpus_and_never_share() {
+        let mut capacity = gpus(2, 24 * GIB, 8);
+        let request = Resources::default();
+        let first = place(&request, &capacity).unwrap();
+        capacity.reserve(&request, &first);
+        let second = place(&request, &capacity).unwrap();
+        capacity.reserve(&request, &second);
+        assert_ne!(first.gpus, second.gpus);
+        assert_eq!(place(&request, &capacity), None);
+    }
+
+    #[test]
+    fn declared_memory_packs_without_over_commit() {
+        let mut capacity = gpus(1, 24 * GIB, 8);
+        for _ in 0..3 {
+            let placement = place(&shared(8 * GIB), &capacity).unwrap();
+            capacity.reserve(&shared(8 * GIB), &placement);
+        }
+        assert_eq!(place(&shared(8 * GIB), &capacity), None);
+    }
+
+    #[test]
+    fn exclusive_job_skips_a_gpu_already_shared() {
+        let mut capacity = gpus(1, 80 * GIB, 8);
+        let small = shared(GIB);
+        let placement = place(&small, &capacity).unwrap();
+        capacity.reserve(&small, &placement);
+        assert_eq!(place(&Resources::default(), &capacity), None);
+    }
+
+    #[test]
+    fn multi_gpu_job_gets_distinct_least_loaded_gpus() {
+        let mut capacity = gpus(3, 24 * GIB, 8);
+        capacity.gpus[0].shared_jobs = 1;
+        capacity.gpus[0].memory_free = 20 * GIB;
+        let request = Resources { gpus: Some(2), gpu_memory: Some(4 * GIB), exclusive: None };
+        let placement = place(&request, &capacity).unwrap();
+        assert_eq!(placement.gpus, vec![1, 2]);
+    }
+}

@@ -1,0 +1,75 @@
+//! Byte sizes as people write them: `8GiB`, `24G`, `512MiB`, `1.5GB`, `1000000`.
+
+/// Parses a byte size. Binary units (`KiB`, `MiB`, `GiB`, `TiB`, and the short `K`, `M`, `G`,
+/// `T`) are powers of 1024; decimal units (`KB`, `MB`, `GB`, `TB`) powers of 1000; a bare number
+/// is bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let number: f64 =
+        number.parse().map_err(|_| format!("`{text}` is not a size (expected e.g. 8GiB, 512MiB, 1000000)"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => {
+            return Err(format!("unknown size unit `{other}` in `{text}` (use KiB, MiB, GiB, TiB, KB, MB, GB, TB)"))
+        }
+    };
+    let bytes = number * multiplier as f64;
+    if !bytes.is_finite() || bytes > u64::MAX as f64 {
+        return Err(format!("size `{text}` is too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Formats a byte count with a binary unit, e.g. `8.0 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_binary_decimal_and_bare_sizes() {
+        assert_eq!(parse_bytes("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_bytes("24G"), Ok(24 << 30));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+    }
+
+    #[test]
+    fn refuses_garbage_with_the_text_in_the_message() {
+        let error = parse_bytes("8 parsecs").unwrap_err();
+        assert!(error.contains("parsecs"), "{error}");
+        assert!(parse_bytes("GiB").is_err());
+        assert!(parse_bytes("").is_err());
+    }
+
+    #[test]
+    fn formats_with_binary_units() {
+        assert_eq!(format_bytes(8 << 30), "8.0 GiB");
+        assert_eq!(format_bytes(512), "512 B");
+    }
+}

@@ -1,0 +1,195 @@
+//! The keys the native and W&B forms share: `name`, `description`, `resources`, `metric`,
+//! `priority`, `retries` and `timeout`.
+
+use serde_norway::{Mapping, Value};
+
+use super::error::{invalid, SweepError};
+use super::read;
+use super::yaml::{describe, get};
+use super::{Goal, Metric, Resources};
+
+/// The sweep-wide settings that do not change from job to job.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Settings {
+    pub name: Option<String>,
+    pub metric: Option<Metric>,
+    pub resources: Resources,
+    pub priority: i64,
+    pub retries: u32,
+    pub timeout_secs: Option<u64>,
+}
+
+/// Reads the shared keys; the caller has already refused unknown ones.
+pub(crate) fn parse_settings(root: &Mapping) -> Result<Settings, SweepError> {
+    let mut settings = Settings::default();
+    if let Some(value) = get(root, "name") {
+        settings.name = Some(read::string(value, "name")?);
+    }
+    if let Some(value) = get(root, "description") {
+        // Only checked: it is for people reading the file.
+        read::string(value, "description")?;
+    }
+    if let Some(value) = get(root, "resources") {
+        settings.resources = parse_resources(value)?;
+    }
+    if let Some(value) = get(root, "metric") {
+        settings.metric = Some(parse_metric(value)?);
+    }
+    if let Some(value) = get(root, "priority") {
+        settings.priority = read::integer_in(value, "priority", i64::MIN.into(), i64::MAX.into(), "an integer")?;
+    }
+    if let Some(value) = get(root, "retries") {
+        settings.retries = read::integer_in(value, "retries", 0, u32::MAX.into(), "a non-negative integer")?;
+    }
+    if let Some(value) = get(root, "timeout") {
+        settings.timeout_secs = Some(parse_timeout(value)?);
+    }
+    Ok(settings)
+}
+
+fn parse_resources(value: &Value) -> Result<Resources, SweepError> {
+    let map = read::mapping(value, "resources")?;
+    read::check_keys(map, "resources", &["gpus", "gpu_memory", "exclusive"], &[], "`resources`")?;
+    let mut resources = Resources::default();
+    if let Some(gpus) = get(map, "gpus") {
+        let expected = "a number of GPUs (0 or more)";
+        resources.gpus = Some(read::integer_in(gpus, "resources.gpus", 0, u32::MAX.into(), expected)?);
+    }
+    if let Some(memory) = get(map, "gpu_memory") {
+        resources.gpu_memory = Some(parse_memory(memory)?);
+    }
+    if let Some(exclusive) = get(map, "exclusive") {
+        resources.exclusive = Some(read::boolean(exclusive, "resources.exclusive")?);
+    }
+    Ok(resources)
+}
+
+fn parse_memory(value: &Value) -> Result<u64, SweepError> {
+    const PATH: &str = "resources.gpu_memory";
+    let bytes = match value {
+        Value::String(text) => crate::size::parse_bytes(text).map_err(|message| invalid(PATH, message))?,
+        Value::Number(number) if number.as_u64().is_some() => number.as_u64().unwrap_or_default(),
+        other => {
+            let found = describe(other);
+            return Err(invalid(PATH, format!("expected a size like 8GiB or a number of bytes, found {found}")));
+        }
+    };
+    if bytes == 0 {
+        return Err(invalid(PATH, "expected a positive size, found 0"));
+    }
+    Ok(bytes)
+}
+
+fn parse_metric(value: &Value) -> Result<Metric, SweepError> {
+    let map = read::mapping(value, "metric")?;
+    // `target` is W&B's early-stop threshold: accepted so W&B files load, but unused.
+    read::check_keys(map, "metric", &["name", "goal"], &["target"], "`metric`")?;
+    let name = match get(map, "name") {
+        Some(name) => read::string(name, "metric.name")?,
+        None => return Err(invalid("metric.name", "a metric needs a `name`")),
+    };
+    let goal = match get(map, "goal") {
+        None => Goal::Minimize,
+        Some(goal) => match goal.as_str() {
+            Some("minimize") => Goal::Minimize,
+            Some("maximize") => Goal::Maximize,
+            _ => {
+                let found = super::yaml::key_text(goal);
+                return Err(invalid("metric.goal", format!("expected minimize or maximize, found `{found}`")));
+            }
+        },
+    };
+    Ok(Metric { name, goal })
+}
+
+/// Seconds as a number, or a duration string: `90s`, `30m`, `2h`, `1h30m`, `1d`.
+fn parse_timeout(value: &Value) -> Result<u64, SweepError> {
+    const EXPECTED: &str = "expected a positive number of seconds or a duration like 90s, 30m, 2h, 1h30m";
+    let seconds = match value {
+        Value::Number(number) => match number.as_u64() {
+            Some(whole) => Some(whole),
+            // Fractions round up so a limit is never shorter than written.
+            None => number
+                .as_f64()
+                .filter(|secs| secs.is_finite() && *secs > 0.0 && *secs < 1e18)
+                .map(|secs| secs.ceil() as u64),
+        },
+        Value::String(text) => parse_duration(text),
+        _ => None,
+    };
+    match seconds {
+        Some(seconds) if seconds > 0 => Ok(seconds),
+        _ => Err(invalid("timeout", format!("{EXPECTED}, found `{}`", super::yaml::key_text(value)))),
+    }
+}
+
+fn parse_duration(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return text.parse().ok();
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let amount: u64 = rest[..digits].parse().ok()?;
+        let unit = rest[digits..].chars().next()?;
+        let scale = match unit {
+            'd' => 86_400,
+            'h' => 3_600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        };
+        total = total.checked_add(amount.checked_mul(scale)?)?;
+        rest = rest[digits + 1..].trim_start();
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(text: &str) -> Result<Settings, SweepError> {
+        parse_settings(serde_norway::from_str::<Value>(text).unwrap().as_mapping().unwrap())
+    }
+
+    #[test]
+    fn reads_every_shared_key() {
+        let parsed = settings(
+            "name: n\nresources: {gpus: 2, gpu_memory: 8GiB, exclusive: false}\n\
+             metric: {name: acc, goal: maximize}\npriority: -3\nretries: 2\ntimeout: 1h30m",
+        )
+        .unwrap();
+        assert_eq!(parsed.name.as_deref(), Some("n"));
+        assert_eq!(parsed.resources, Resources { gpus: Some(2), gpu_memory: Some(8 << 30), exclusive: Some(false) });
+        assert_eq!(parsed.metric, Some(Metric { name: "acc".into(), goal: Goal::Maximize }));
+        assert_eq!((parsed.priority, parsed.retries, parsed.timeout_secs), (-3, 2, Some(5400)));
+    }
+
+    #[test]
+    fn timeouts_accept_numbers_and_durations() {
+        assert_eq!(settings("timeout: 90").unwrap().timeout_secs, Some(90));
+        assert_eq!(settings("timeout: 1.5").unwrap().timeout_secs, Some(2));
+        assert_eq!(settings("timeout: 30m").unwrap().timeout_secs, Some(1800));
+        assert_eq!(settings("timeout: 1d 2h").unwrap().timeout_secs, Some(93_600));
+        for bad in ["timeout: 0", "timeout: -5", "timeout: 10x", "timeout: h", "timeout: [1]"] {
+            assert!(matches!(settings(bad), Err(SweepError::Invalid { path, .. }) if path == "timeout"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_nested_key() {
+        let path_of = |text: &str| match settings(text) {
+            Err(SweepError::Invalid { path, .. }) => path,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(path_of("resources: {gpu: 1}"), "resources.gpu");
+        assert_eq!(path_of("resources: {gpu_memory: lots}"), "resources.gpu_memory");
+        assert_eq!(path_of("resources: {gpus: -1}"), "resources.gpus");
+        assert_eq!(path_of("metric: {name: x, goal: up}"), "metric.goal");
+        assert_eq!(path_of("metric: {goal: minimize}"), "metric.name");
+        assert_eq!(path_of("retries: -1"), "retries");
+    }
+}

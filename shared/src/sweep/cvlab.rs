@@ -1,0 +1,136 @@
+//! The CVLab-Kit form: a plain experiment config in which every list at a mapping leaf is an
+//! axis, named by its dotted key path (`optimizer.lr`).
+//!
+//! What is not an axis, and why: a tagged value (`!!python/tuple [0.9, 0.999]` is one value
+//! for the Python loader); a quoted list-looking string (`"[224, 224]"`, the CVLab way to
+//! pass a list as one value; it is handed on as a real list); a one-element list (it becomes
+//! its element); an empty list (one run with `[]`); anything under a `device` key (GPU
+//! choice is the scheduler's). Lists inside lists are values, never nested axes.
+
+use serde_norway::{Mapping, Value};
+
+use super::config::SlotMarkers;
+use super::error::{invalid, SweepError};
+use super::plan::{count_jobs, Plan, Source, Templates};
+use super::render::Rendered;
+use super::template::{command_template, JsonShape};
+use super::yaml::{join, key_text, Loader};
+use super::{ExpandOptions, Sweep, SweepForm};
+
+/// The command when `app submit --command` gives none.
+const DEFAULT_COMMAND: &str = "python main.py --config {config}";
+
+pub(crate) fn parse(
+    root: &Mapping,
+    source: &str,
+    loader: &Loader,
+    options: &ExpandOptions,
+) -> Result<Sweep, SweepError> {
+    let markers = SlotMarkers::for_text(source);
+    let mut document = root.clone();
+    let mut axes = Vec::new();
+    find_axes(&mut document, "", loader, &mut |path, values| {
+        axes.push((path, values));
+        markers.marker(axes.len() - 1)
+    })?;
+    for (position, (path, _)) in axes.iter().enumerate() {
+        if axes[..position].iter().any(|(earlier, _)| earlier == path) {
+            return Err(invalid(path.as_str(), format!("two keys make the same parameter name `{path}`")));
+        }
+    }
+    let count = count_jobs(axes.iter().map(|(_, values)| values.len()), None, options.max_jobs)?;
+
+    let mut rendered = Vec::with_capacity(axes.len());
+    for (path, values) in &axes {
+        let values = values.iter().map(|value| Rendered::new(value, loader).map_err(|message| invalid(path, message)));
+        rendered.push(values.collect::<Result<Vec<_>, _>>()?);
+    }
+    let names: Vec<&str> = axes.iter().map(|(path, _)| path.as_str()).collect();
+    let command = command_template(options.command.as_deref().unwrap_or(DEFAULT_COMMAND), |name| resolve(&names, name));
+    let config = markers.template(loader, &Value::Mapping(document), axes.len())?;
+    let templates =
+        Templates { params: JsonShape::flat(names.iter().copied()).template(), command, config: Some(config) };
+    let plan = Plan { count, source: Source::Grid(rendered), templates };
+    Ok(Sweep::new(SweepForm::Cvlab, Default::default(), plan))
+}
+
+/// A placeholder names a parameter by its dotted path, or by its last segment when only one
+/// parameter ends that way (`{lr}` for `optimizer.lr`).
+fn resolve(names: &[&str], name: &str) -> Option<usize> {
+    if let Some(exact) = names.iter().position(|known| *known == name) {
+        return Some(exact);
+    }
+    let ends_with = |known: &&str| known.rsplit('.').next() == Some(name);
+    let mut matches = names.iter().enumerate().filter(|(_, known)| ends_with(known));
+    match (matches.next(), matches.next()) {
+        (Some((slot, _)), None) => Some(slot),
+        _ => None,
+    }
+}
+
+/// Walks nested mappings in document order, resolving non-axis lists in place and handing
+/// each axis to `axis`, which returns what to leave in its place.
+fn find_axes(
+    map: &mut Mapping,
+    parent: &str,
+    loader: &Loader,
+    axis: &mut dyn FnMut(String, Vec<Value>) -> Value,
+) -> Result<(), SweepError> {
+    for (key, value) in map.iter_mut() {
+        if key.as_str() == Some("device") {
+            continue;
+        }
+        let path = join(parent, &key_text(key));
+        match value {
+            Value::Mapping(inner) => find_axes(inner, &path, loader, axis)?,
+            Value::Sequence(items) if items.len() == 1 => *value = as_list_if_listy(items.remove(0), loader),
+            Value::Sequence(items) if items.len() >= 2 => {
+                let values = std::mem::take(items).into_iter().map(|item| as_list_if_listy(item, loader)).collect();
+                *value = axis(path, values);
+            }
+            Value::String(_) => *value = as_list_if_listy(std::mem::take(value), loader),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A string written like a list (`"[224, 224]"`) becomes that list; any other value, or a
+/// string that does not parse as a list, is returned unchanged.
+fn as_list_if_listy(value: Value, loader: &Loader) -> Value {
+    let Value::String(text) = &value else { return value };
+    let trimmed = text.trim();
+    if !(trimmed.starts_with('[') && trimmed.ends_with(']')) {
+        return value;
+    }
+    match loader.load(trimmed) {
+        Ok(list @ Value::Sequence(_)) => list,
+        _ => value,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_resolve_by_path_or_unique_last_segment() {
+        let names = ["model.lr", "optim.lr", "optim.momentum", "epochs"];
+        assert_eq!(resolve(&names, "optim.lr"), Some(1));
+        assert_eq!(resolve(&names, "momentum"), Some(2));
+        assert_eq!(resolve(&names, "epochs"), Some(3));
+        assert_eq!(resolve(&names, "lr"), None, "ambiguous");
+        assert_eq!(resolve(&names, "nope"), None);
+    }
+
+    #[test]
+    fn list_looking_strings_become_lists_only_when_they_parse() {
+        let loader = Loader::for_text("");
+        let list = as_list_if_listy(Value::String(" [224, 224] ".into()), &loader);
+        assert_eq!(list, Value::Sequence(vec![Value::from(224), Value::from(224)]));
+        let broken = Value::String("[1, [2]".into());
+        assert_eq!(as_list_if_listy(broken.clone(), &loader), broken);
+        let prose = Value::String("model [a, b]".into());
+        assert_eq!(as_list_if_listy(prose.clone(), &loader), prose);
+    }
+}

@@ -1,0 +1,196 @@
+//! `app bench-queue`: measures the queue on this machine, against a server started in this
+//! process on 127.0.0.1 with a temporary data directory. Prints figures; asserts nothing.
+
+use anyhow::Context;
+use clap::Args;
+use client::Client;
+use shared::api::{ClaimRequest, JobQuery, RegisterRequest, ReportRequest, SubmitQuery};
+use shared::job::{JobStatus, Outcome};
+use shared::placement::Capacity;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Jobs in the large grid.
+    #[arg(long, default_value_t = 100_000)]
+    pub grid_jobs: u64,
+    /// Jobs in each of the successive submissions.
+    #[arg(long, default_value_t = 20_000)]
+    pub batch_jobs: u64,
+    /// Successive submissions.
+    #[arg(long, default_value_t = 5)]
+    pub batches: u32,
+    /// Simulated workers for the claim throughput.
+    #[arg(long, default_value_t = 64)]
+    pub workers: u32,
+    /// Seconds of claim throughput.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// Dispatch latency samples.
+    #[arg(long, default_value_t = 100)]
+    pub samples: u32,
+}
+
+/// A grid of `jobs` trivial runs (two axes, so the count is exact for multiples of 1000).
+fn grid_yaml(name: &str, jobs: u64) -> String {
+    let outer = (jobs / 1000).max(1);
+    let inner = jobs.min(1000);
+    let axis = |n: u64| (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    format!(
+        "name: {name}\ncommand: \"true --a {{a}} --b {{b}}\"\ngrid:\n  a: [{}]\n  b: [{}]\n",
+        axis(outer),
+        axis(inner)
+    )
+}
+
+/// Submits and returns (end-to-end ms, server-side ms from the Server-Timing header).
+async fn timed_submit(http: &reqwest::Client, url: &str, yaml: String) -> anyhow::Result<(f64, f64, u64)> {
+    let started = Instant::now();
+    let response = http.post(format!("{url}/api/sweeps")).body(yaml).send().await?.error_for_status()?;
+    let server_ms = response
+        .headers()
+        .get("server-timing")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split("dur=").nth(1))
+        .and_then(|value| value.parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+    let body: shared::api::SubmitResponse = response.json().await?;
+    Ok((started.elapsed().as_secs_f64() * 1e3, server_ms, body.count))
+}
+
+fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let data_dir = tempfile::tempdir().context("creating a temporary data directory")?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let config = server::ServerConfig { data_dir: data_dir.path().to_path_buf(), ..server::ServerConfig::default() };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server::run(listener, config, async move {
+        let _ = stopped.await;
+    }));
+    let client = Client::new(&url)?;
+    let http = reqwest::Client::new();
+    println!("queue benchmark on {} ({} cores), server at {url}", std::env::consts::ARCH, num_cpus());
+
+    let (total, server_ms, count) = timed_submit(&http, &url, grid_yaml("grid", args.grid_jobs)).await?;
+    println!("(a) {count}-job grid: server side {server_ms:.0} ms, end to end {total:.0} ms");
+
+    let mut firsts = None;
+    for batch in 1..=args.batches {
+        let (total, server_ms, count) =
+            timed_submit(&http, &url, grid_yaml(&format!("batch-{batch}"), args.batch_jobs)).await?;
+        let first = *firsts.get_or_insert(server_ms);
+        println!(
+            "(b) submission {batch}: {count} jobs, server side {server_ms:.0} ms ({:.2}x the first), end to end {total:.0} ms",
+            server_ms / first
+        );
+    }
+
+    let cycles = claim_throughput(&client, args.workers, Duration::from_secs(args.seconds)).await?;
+    println!(
+        "(c) claim+finish with {} workers over {} s: {cycles} cycles, {:.0} cycles/s",
+        args.workers,
+        args.seconds,
+        cycles as f64 / args.seconds as f64
+    );
+
+    for sweep in client.sweeps().await? {
+        client.cancel_sweep(&sweep.name).await?;
+    }
+    let mut latencies = dispatch_latency(&client, args.samples).await?;
+    latencies.sort_by(f64::total_cmp);
+    println!(
+        "(d) dispatch latency over {} samples: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        latencies.len(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or(f64::NAN)
+    );
+    let _ = stop.send(());
+    server.await??;
+    Ok(())
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map(usize::from).unwrap_or(1)
+}
+
+fn cpu_worker(name: String) -> RegisterRequest {
+    RegisterRequest {
+        name,
+        protocol: shared::PROTOCOL_VERSION,
+        capacity: Capacity { job_slots: 1, gpus: Vec::new() },
+        holding: Vec::new(),
+    }
+}
+
+async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> anyhow::Result<u64> {
+    let cycles = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for number in 0..workers {
+        let client = client.clone();
+        let cycles = cycles.clone();
+        tasks.push(tokio::spawn(async move {
+            let worker = client.register(&cpu_worker(format!("bench-{number}"))).await?;
+            let request = ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new() }, wait_ms: 1_000 };
+            while Instant::now() < deadline {
+                for job in client.claim(worker.worker_id, &request).await?.jobs {
+                    let report = ReportRequest {
+                        worker_id: worker.worker_id,
+                        attempt: job.attempt,
+                        outcome: Outcome::Exited { code: 0 },
+                    };
+                    client.report(job.id, &report).await?;
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(cycles.load(Ordering::Relaxed))
+}
+
+async fn dispatch_latency(client: &Client, samples: u32) -> anyhow::Result<Vec<f64>> {
+    let queued =
+        client.jobs(&JobQuery { status: Some(JobStatus::Queued), limit: Some(1), ..JobQuery::default() }).await?;
+    anyhow::ensure!(queued.total == 0, "the queue should be empty before measuring dispatch latency");
+    let worker = client.register(&cpu_worker("latency".into())).await?;
+    let mut latencies = Vec::new();
+    for sample in 0..samples {
+        let claimer = client.clone();
+        let request = ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new() }, wait_ms: 10_000 };
+        let claim = tokio::spawn(async move {
+            let response = claimer.claim(worker.worker_id, &request).await;
+            (Instant::now(), response)
+        });
+        // Let the claim reach the server and park before the job exists.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let submitted = Instant::now();
+        let yaml = format!("name: latency-{sample}\ncommand: \"true\"\n");
+        client.submit(&yaml, &SubmitQuery::default()).await?;
+        let (claimed_at, response) = claim.await?;
+        let jobs = response?.jobs;
+        anyhow::ensure!(jobs.len() == 1, "the parked claim should return the one new job");
+        latencies.push(claimed_at.duration_since(submitted).as_secs_f64() * 1e3);
+        let report = ReportRequest {
+            worker_id: worker.worker_id,
+            attempt: jobs[0].attempt,
+            outcome: Outcome::Exited { code: 0 },
+        };
+        client.report(jobs[0].id, &report).await?;
+    }
+    Ok(latencies)
+}

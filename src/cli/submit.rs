@@ -1,0 +1,108 @@
+//! `app submit FILE`: send a sweep to the server, or count and show it with `--dry-run`
+//! (which needs no server: the expansion is the same pure code the server runs).
+
+use super::UrlArg;
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+use shared::api::SubmitQuery;
+use shared::names::name_from_stem;
+use shared::sweep::{ExpandOptions, Sweep};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Parameter sets a human-readable dry run prints.
+const SHOWN_JOBS: usize = 5;
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The sweep file (YAML).
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub url: UrlArg,
+    /// Count and show the jobs without submitting; needs no server.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON (with --dry-run: {"count": N, "jobs": [...]} with every job).
+    #[arg(long)]
+    pub json: bool,
+    /// The command of a CVLab-Kit config sweep (default: python main.py --config {config}).
+    #[arg(long)]
+    pub command: Option<String>,
+    /// The largest sweep a dry run accepts (the server has its own limit).
+    #[arg(long, default_value_t = 100_000)]
+    pub max_jobs: u64,
+}
+
+pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
+    let source =
+        std::fs::read_to_string(&args.file).with_context(|| format!("reading sweep file {}", args.file.display()))?;
+    let stem = args.file.file_stem().map(|stem| stem.to_string_lossy().to_string()).unwrap_or_default();
+    let default_name = name_from_stem(&stem);
+    if args.dry_run {
+        return dry_run(&args, &source, &default_name);
+    }
+    // Check the file here first: a syntax error needs no server to be reported.
+    let local = ExpandOptions { max_jobs: u64::MAX, command: args.command.clone() };
+    Sweep::parse(&source, &local).with_context(|| format!("in {}", args.file.display()))?;
+    let client = super::client(&args.url)?;
+    let query = SubmitQuery { dry_run: false, command: args.command.clone(), name: Some(default_name) };
+    let request = client.submit(&source, &query);
+    tokio::pin!(request);
+    // A spinner only when the server takes more than a moment (a large grid).
+    let response = tokio::select! {
+        response = &mut request => response,
+        _ = tokio::time::sleep(Duration::from_millis(300)) => {
+            let spinner = ProgressBar::new_spinner().with_message(format!("submitting {}", args.file.display()));
+            spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+            spinner.enable_steady_tick(Duration::from_millis(100));
+            let response = request.await;
+            spinner.finish_and_clear();
+            response
+        }
+    }
+    .with_context(|| format!("submitting {} to {}", args.file.display(), client.base_url()))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&response)?)?;
+    } else {
+        let id = response.sweep_id.map(|id| format!(" (id {id})")).unwrap_or_default();
+        writeln!(out, "submitted sweep {}{id}: {} jobs ({} form)", response.name, response.count, response.form)?;
+        writeln!(out, "watch it with: app status {}", response.name)?;
+    }
+    Ok(())
+}
+
+fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {
+    let options = ExpandOptions { max_jobs: args.max_jobs, command: args.command.clone() };
+    let sweep = Sweep::parse(source, &options).with_context(|| format!("in {}", args.file.display()))?;
+    let name = sweep.name.clone().unwrap_or_else(|| default_name.to_string());
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let jobs = sweep
+            .jobs()
+            .map(|job| -> anyhow::Result<Value> {
+                let params: Value = serde_json::from_str(&job.params)?;
+                let mut entry = json!({"index": job.index, "params": params, "command": job.command});
+                if let Some(config) = job.config {
+                    entry["config"] = Value::String(config);
+                }
+                Ok(entry)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let output = json!({"name": name, "form": sweep.form, "count": sweep.count(), "jobs": jobs});
+        writeln!(out, "{}", serde_json::to_string(&output)?)?;
+        return Ok(());
+    }
+    writeln!(out, "sweep {name} ({} form): {} jobs", sweep.form, sweep.count())?;
+    for job in sweep.jobs().take(SHOWN_JOBS) {
+        writeln!(out, "  #{:<4} {}", job.index, job.params)?;
+        writeln!(out, "        $ {}", job.command)?;
+    }
+    if sweep.count() > SHOWN_JOBS as u64 {
+        writeln!(out, "  ... and {} more", sweep.count() - SHOWN_JOBS as u64)?;
+    }
+    Ok(())
+}
