@@ -24,6 +24,7 @@ pub async fn run(
         work_available: Arc::new(Notify::new()),
         shutting_down,
         sweep_names: Arc::default(),
+        known_workers: Arc::default(),
     };
     let reaper = tokio::spawn(crate::reaper::run(state.clone()));
     if let Ok(address) = listener.local_addr() {

@@ -2,8 +2,8 @@
 
 use crate::config::ServerConfig;
 use crate::db::Db;
-use shared::api::SweepId;
-use std::collections::HashMap;
+use shared::api::{SweepId, WorkerId};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{watch, Notify};
 
@@ -17,4 +17,6 @@ pub struct AppState {
     pub shutting_down: watch::Receiver<bool>,
     /// Sweep names never change, and every claimed job carries its sweep's name.
     pub sweep_names: Arc<RwLock<HashMap<SweepId, String>>>,
+    /// Workers seen registered, so a claim need not look its worker up.
+    pub known_workers: Arc<RwLock<HashSet<WorkerId>>>,
 }

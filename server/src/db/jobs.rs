@@ -4,11 +4,11 @@
 //! status = ? AND attempt = ?`); callers check `rows_affected` (or the returned rows) to learn
 //! whether it applied. The `jobs_record_transition` trigger writes the history.
 
-use super::Tx;
 use shared::api::{Job, JobAttempt, JobId, JobPage, SweepId, WorkerId};
 use shared::job::{Finish, JobStatus, LeaseExpiry};
 use shared::sweep::Resources;
 use sqlx::sqlite::SqliteRow;
+use sqlx::SqliteConnection;
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name
@@ -120,29 +120,29 @@ fn state_from_row(row: &SqliteRow) -> anyhow::Result<JobState> {
 
 const STATE_COLUMNS: &str = "id, status, attempt, worker_id, retries_left, crash_count, cancel_requested";
 
-pub async fn state(tx: &mut Tx<'_>, id: JobId) -> anyhow::Result<Option<JobState>> {
+pub async fn state(conn: &mut SqliteConnection, id: JobId) -> anyhow::Result<Option<JobState>> {
     let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = ?"))
         .bind(id)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await?;
     row.as_ref().map(state_from_row).transpose()
 }
 
 /// Running jobs whose lease ran out before `now`.
-pub async fn expired(tx: &mut Tx<'_>, now: i64) -> anyhow::Result<Vec<JobState>> {
+pub async fn expired(conn: &mut SqliteConnection, now: i64) -> anyhow::Result<Vec<JobState>> {
     let rows =
         sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE status = 'running' AND lease_expires_at < ?"))
             .bind(now)
-            .fetch_all(&mut **tx)
+            .fetch_all(&mut *conn)
             .await?;
     rows.iter().map(state_from_row).collect()
 }
 
 /// Running jobs the server believes `worker_id` holds.
-pub async fn running_on(tx: &mut Tx<'_>, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
+pub async fn running_on(conn: &mut SqliteConnection, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
     let rows = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE status = 'running' AND worker_id = ?"))
         .bind(worker_id)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await?;
     rows.iter().map(state_from_row).collect()
 }
@@ -156,7 +156,7 @@ pub struct Candidate {
 /// Queued jobs in dispatch order (priority, then age) that could fit a worker with `gpus`
 /// GPUs, the largest having `max_free_memory` bytes free. The caller places them exactly.
 pub async fn queued_candidates(
-    tx: &mut Tx<'_>,
+    conn: &mut SqliteConnection,
     gpus: u32,
     max_free_memory: u64,
     limit: u32,
@@ -169,7 +169,7 @@ pub async fn queued_candidates(
     .bind(gpus)
     .bind(max_free_memory.min(i64::MAX as u64) as i64)
     .bind(limit)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(|row| Ok(Candidate { id: row.try_get("id")?, resources: resources_of(row)? })).collect()
 }
@@ -177,7 +177,7 @@ pub async fn queued_candidates(
 /// `queued -> running` for `worker_id`; returns the claimed row, or `None` if the job was no
 /// longer queued.
 pub async fn mark_running(
-    tx: &mut Tx<'_>,
+    conn: &mut SqliteConnection,
     id: JobId,
     worker_id: WorkerId,
     lease_until: i64,
@@ -194,13 +194,13 @@ pub async fn mark_running(
     .bind(lease_until)
     .bind(now)
     .bind(id)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *conn)
     .await
 }
 
 /// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`.
 pub async fn finish(
-    tx: &mut Tx<'_>,
+    conn: &mut SqliteConnection,
     attempt: JobAttempt,
     worker_id: WorkerId,
     decision: &Finish,
@@ -220,13 +220,18 @@ pub async fn finish(
     .bind(attempt.job_id)
     .bind(attempt.attempt)
     .bind(worker_id)
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Applies a lease expiry decision to the attempt `(id, attempt)` if it is still running.
-pub async fn expire(tx: &mut Tx<'_>, attempt: JobAttempt, decision: &LeaseExpiry, now: i64) -> sqlx::Result<bool> {
+pub async fn expire(
+    conn: &mut SqliteConnection,
+    attempt: JobAttempt,
+    decision: &LeaseExpiry,
+    now: i64,
+) -> sqlx::Result<bool> {
     let done = sqlx::query(
         "UPDATE jobs SET status = ?, crash_count = ?, reason = ?, lease_expires_at = NULL,
                 finished_at = CASE WHEN ? THEN ? ELSE NULL END
@@ -239,7 +244,7 @@ pub async fn expire(tx: &mut Tx<'_>, attempt: JobAttempt, decision: &LeaseExpiry
     .bind(now)
     .bind(attempt.job_id)
     .bind(attempt.attempt)
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -247,7 +252,7 @@ pub async fn expire(tx: &mut Tx<'_>, attempt: JobAttempt, decision: &LeaseExpiry
 /// Extends the leases of the listed attempts that `worker_id` really holds; returns those
 /// attempts with their cancel flag.
 pub async fn extend_leases(
-    tx: &mut Tx<'_>,
+    conn: &mut SqliteConnection,
     worker_id: WorkerId,
     attempts: &[JobAttempt],
     lease_until: i64,
@@ -265,7 +270,7 @@ pub async fn extend_leases(
     .bind(lease_until)
     .bind(worker_id)
     .bind(pairs)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await?;
     rows.iter()
         .map(|row| {
@@ -276,51 +281,51 @@ pub async fn extend_leases(
 }
 
 /// `queued -> cancelled`.
-pub async fn cancel_queued(tx: &mut Tx<'_>, id: JobId, now: i64) -> sqlx::Result<bool> {
+pub async fn cancel_queued(conn: &mut SqliteConnection, id: JobId, now: i64) -> sqlx::Result<bool> {
     let done = sqlx::query(
         "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
          WHERE id = ? AND status = 'queued'",
     )
     .bind(now)
     .bind(id)
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Flags a running attempt for its worker to kill.
-pub async fn request_cancel(tx: &mut Tx<'_>, attempt: JobAttempt) -> sqlx::Result<bool> {
+pub async fn request_cancel(conn: &mut SqliteConnection, attempt: JobAttempt) -> sqlx::Result<bool> {
     let done = sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'running' AND attempt = ?")
         .bind(attempt.job_id)
         .bind(attempt.attempt)
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Cancels a whole sweep: queued jobs now, running ones flagged. Returns both counts.
-pub async fn cancel_sweep(tx: &mut Tx<'_>, sweep_id: SweepId, now: i64) -> sqlx::Result<(u64, u64)> {
+pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i64) -> sqlx::Result<(u64, u64)> {
     let cancelled = sqlx::query(
         "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
          WHERE sweep_id = ? AND status = 'queued'",
     )
     .bind(now)
     .bind(sweep_id)
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
     let requested = sqlx::query(
         "UPDATE jobs SET cancel_requested = 1 WHERE sweep_id = ? AND status = 'running' AND cancel_requested = 0",
     )
     .bind(sweep_id)
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
     Ok((cancelled, requested))
 }
 
 /// `failed | cancelled -> queued`, by hand.
-pub async fn retry(tx: &mut Tx<'_>, id: JobId, from: JobStatus) -> sqlx::Result<bool> {
+pub async fn retry(conn: &mut SqliteConnection, id: JobId, from: JobStatus) -> sqlx::Result<bool> {
     let done = sqlx::query(
         "UPDATE jobs SET status = 'queued', reason = 'retried', exit_code = NULL, finished_at = NULL,
                 lease_expires_at = NULL, cancel_requested = 0, crash_count = 0
@@ -328,17 +333,22 @@ pub async fn retry(tx: &mut Tx<'_>, id: JobId, from: JobStatus) -> sqlx::Result<
     )
     .bind(id)
     .bind(from.as_str())
-    .execute(&mut **tx)
+    .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
 }
 
-pub async fn set_priority(tx: &mut Tx<'_>, id: JobId, from: JobStatus, priority: i64) -> sqlx::Result<bool> {
+pub async fn set_priority(
+    conn: &mut SqliteConnection,
+    id: JobId,
+    from: JobStatus,
+    priority: i64,
+) -> sqlx::Result<bool> {
     let done = sqlx::query("UPDATE jobs SET priority = ? WHERE id = ? AND status = ?")
         .bind(priority)
         .bind(id)
         .bind(from.as_str())
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
 }

@@ -1,23 +1,22 @@
 //! `sweeps`, and the bulk insert of a sweep's jobs.
 
-use super::Tx;
 use shared::api::{StatusCounts, SweepDetail, SweepId, SweepInfo};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric, Sweep, SweepForm};
 use sqlx::sqlite::SqliteRow;
+use sqlx::SqliteConnection;
 use sqlx::{Row, SqlitePool};
-use std::fmt::Write;
 
 /// Jobs per INSERT statement: 4 bound values per job stays under SQLite's 32,766-variable
 /// limit, and few statements is what makes a 100,000-job sweep insert in a fraction of a second.
 const JOBS_PER_STATEMENT: usize = 4_000;
 
 /// Returns `base`, or `base-2`, `base-3`, ... whichever is free.
-pub async fn unique_name(tx: &mut Tx<'_>, base: &str) -> sqlx::Result<String> {
+pub async fn unique_name(conn: &mut SqliteConnection, base: &str) -> sqlx::Result<String> {
     let taken: Vec<String> = sqlx::query_scalar("SELECT name FROM sweeps WHERE name = ? OR name LIKE ? || '-%'")
         .bind(base)
         .bind(base)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await?;
     if !taken.iter().any(|name| name == base) {
         return Ok(base.to_string());
@@ -29,7 +28,13 @@ pub async fn unique_name(tx: &mut Tx<'_>, base: &str) -> sqlx::Result<String> {
     Ok(name)
 }
 
-pub async fn insert(tx: &mut Tx<'_>, name: &str, sweep: &Sweep, source: &str, now: i64) -> sqlx::Result<SweepId> {
+pub async fn insert(
+    conn: &mut SqliteConnection,
+    name: &str,
+    sweep: &Sweep,
+    source: &str,
+    now: i64,
+) -> sqlx::Result<SweepId> {
     sqlx::query_scalar(
         "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at)
          VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
@@ -41,12 +46,12 @@ pub async fn insert(tx: &mut Tx<'_>, name: &str, sweep: &Sweep, source: &str, no
     .bind(sweep.metric.as_ref().map(|metric| goal_text(metric.goal)))
     .bind(sweep.count() as i64)
     .bind(now)
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *conn)
     .await
 }
 
 /// Inserts every job of the sweep, in index order, a few thousand per statement.
-pub async fn insert_jobs(tx: &mut Tx<'_>, sweep_id: SweepId, sweep: &Sweep, now: i64) -> sqlx::Result<u64> {
+pub async fn insert_jobs(conn: &mut SqliteConnection, sweep_id: SweepId, sweep: &Sweep, now: i64) -> sqlx::Result<u64> {
     let resources = &sweep.resources;
     let mut jobs = sweep.jobs().peekable();
     let mut inserted = 0;
@@ -54,18 +59,17 @@ pub async fn insert_jobs(tx: &mut Tx<'_>, sweep_id: SweepId, sweep: &Sweep, now:
     while jobs.peek().is_some() {
         batch.clear();
         batch.extend(jobs.by_ref().take(JOBS_PER_STATEMENT));
-        // Values shared by the whole sweep are bound once (?1..?8); each row binds only its own.
-        let mut sql = String::with_capacity(200 + batch.len() * 32);
+        // Values shared by the whole sweep are bound once; each row binds only its own four.
+        // Every parameter is an anonymous `?`: sqlx looks up each numbered `?NNN` by name, which
+        // SQLite answers with a linear scan, quadratic over a statement with thousands of them.
+        let mut sql = String::with_capacity(300 + batch.len() * 10);
         sql.push_str(
             "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
                                timeout_secs, priority, retries_left, created_at)
-             SELECT ?1, column1, column2, column3, column4, ?2, ?3, ?4, ?5, ?6, ?7, ?8 FROM (VALUES ",
+             SELECT ?, column1, column2, column3, column4, ?, ?, ?, ?, ?, ?, ? FROM (VALUES ",
         );
-        // Explicit numbers: sqlx counts bare `?` from 1 on its own, whatever ?1..?8 took.
         for position in 0..batch.len() {
-            let first = 9 + 4 * position;
-            let separator = if position == 0 { "" } else { "," };
-            let _ = write!(sql, "{separator}(?{first},?{},?{},?{})", first + 1, first + 2, first + 3);
+            sql.push_str(if position == 0 { "(?,?,?,?)" } else { ",(?,?,?,?)" });
         }
         sql.push(')');
         let mut query = sqlx::query(&sql)
@@ -80,13 +84,13 @@ pub async fn insert_jobs(tx: &mut Tx<'_>, sweep_id: SweepId, sweep: &Sweep, now:
         for job in batch.drain(..) {
             query = query.bind(job.index as i64).bind(job.params).bind(job.command).bind(job.config);
         }
-        inserted += query.execute(&mut **tx).await?.rows_affected();
+        inserted += query.execute(&mut *conn).await?.rows_affected();
     }
     Ok(inserted)
 }
 
-pub async fn name_of(tx: &mut Tx<'_>, id: SweepId) -> sqlx::Result<String> {
-    sqlx::query_scalar("SELECT name FROM sweeps WHERE id = ?").bind(id).fetch_one(&mut **tx).await
+pub async fn name_of(conn: &mut SqliteConnection, id: SweepId) -> sqlx::Result<String> {
+    sqlx::query_scalar("SELECT name FROM sweeps WHERE id = ?").bind(id).fetch_one(&mut *conn).await
 }
 
 fn form_text(form: SweepForm) -> &'static str {

@@ -1,12 +1,17 @@
 //! `workers`: registration (an upsert by name) and liveness.
 
-use super::Tx;
 use shared::api::{WorkerId, WorkerInfo};
 use shared::placement::Capacity;
+use sqlx::SqliteConnection;
 use sqlx::{Row, SqlitePool};
 
 /// Registers `name`, or re-registers it (same id) after a restart or reconnect.
-pub async fn upsert(tx: &mut Tx<'_>, name: &str, capacity: &Capacity, now: i64) -> anyhow::Result<WorkerId> {
+pub async fn upsert(
+    conn: &mut SqliteConnection,
+    name: &str,
+    capacity: &Capacity,
+    now: i64,
+) -> anyhow::Result<WorkerId> {
     let id = sqlx::query_scalar(
         "INSERT INTO workers (name, capacity, registered_at, last_seen_at) VALUES (?, ?, ?, ?)
          ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity,
@@ -17,16 +22,22 @@ pub async fn upsert(tx: &mut Tx<'_>, name: &str, capacity: &Capacity, now: i64) 
     .bind(serde_json::to_string(capacity)?)
     .bind(now)
     .bind(now)
-    .fetch_one(&mut **tx)
+    .fetch_one(&mut *conn)
     .await?;
     Ok(id)
 }
 
 /// Marks the worker alive; false when no such worker is registered.
-pub async fn touch(tx: &mut Tx<'_>, id: WorkerId, now: i64) -> sqlx::Result<bool> {
+pub async fn touch(conn: &mut SqliteConnection, id: WorkerId, now: i64) -> sqlx::Result<bool> {
     let done =
-        sqlx::query("UPDATE workers SET last_seen_at = ? WHERE id = ?").bind(now).bind(id).execute(&mut **tx).await?;
+        sqlx::query("UPDATE workers SET last_seen_at = ? WHERE id = ?").bind(now).bind(id).execute(&mut *conn).await?;
     Ok(done.rows_affected() == 1)
+}
+
+pub async fn exists(pool: &SqlitePool, id: WorkerId) -> sqlx::Result<bool> {
+    let found: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM workers WHERE id = ?").bind(id).fetch_optional(pool).await?;
+    Ok(found.is_some())
 }
 
 pub async fn id_by_name(pool: &SqlitePool, name: &str) -> sqlx::Result<Option<WorkerId>> {

@@ -53,8 +53,8 @@ async fn events(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResu
     Ok(Json(db::events::list(&state.db.reader, id).await?))
 }
 
-async fn state_of(tx: &mut db::Tx<'_>, id: JobId) -> ApiResult<JobState> {
-    db::jobs::state(tx, id).await?.ok_or_else(|| no_job(id))
+async fn state_of(conn: &mut sqlx::SqliteConnection, id: JobId) -> ApiResult<JobState> {
+    db::jobs::state(conn, id).await?.ok_or_else(|| no_job(id))
 }
 
 fn raced(id: JobId) -> ApiError {
@@ -125,8 +125,9 @@ async fn report(
     ApiJson(request): ApiJson<ReportRequest>,
 ) -> ApiResult<Json<ReportResponse>> {
     let attempt = JobAttempt { job_id: id, attempt: request.attempt };
-    let mut tx = state.db.writer.begin().await?;
-    let current = state_of(&mut tx, id).await?;
+    // Reports are the hot path: decide on a read from the reader pool, then apply with one
+    // guarded UPDATE. If the job moved in between, the guard fails and nothing changes.
+    let current = state_of(&mut *state.db.reader.acquire().await?, id).await?;
     let holds = current.status == JobStatus::Running
         && current.attempt == request.attempt
         && current.worker_id == Some(request.worker_id);
@@ -137,11 +138,15 @@ async fn report(
         )));
     }
     let decision = job::finish(&request.outcome, current.retries_left, current.cancel_requested);
-    let applied = db::jobs::finish(&mut tx, attempt, request.worker_id, &decision, now_ms()).await?;
+    let mut writer = state.db.writer.acquire().await?;
+    let applied = db::jobs::finish(&mut writer, attempt, request.worker_id, &decision, now_ms()).await?;
+    drop(writer);
     if !applied {
-        return Err(raced(id));
+        return Err(ApiError::Conflict(format!(
+            "stale report for job {id} attempt {}: the attempt ended while the report was on its way",
+            request.attempt
+        )));
     }
-    tx.commit().await?;
     if decision.status == JobStatus::Queued {
         state.work_available.notify_waiters();
     }

@@ -93,12 +93,13 @@ async fn heartbeat(
 ) -> ApiResult<Json<HeartbeatResponse>> {
     let now = now_ms();
     let lease_expires_at = lease_until(&state, now);
-    let mut tx = state.db.writer.begin().await?;
-    if !db::workers::touch(&mut tx, id, now).await? {
+    // Two single-statement writes: no transaction needed, and none is paid for.
+    let mut writer = state.db.writer.acquire().await?;
+    if !db::workers::touch(&mut writer, id, now).await? {
         return Err(unknown_worker(id));
     }
-    let held = db::jobs::extend_leases(&mut tx, id, &request.running, lease_expires_at).await?;
-    tx.commit().await?;
+    let held = db::jobs::extend_leases(&mut writer, id, &request.running, lease_expires_at).await?;
+    drop(writer);
     let known: HashSet<JobAttempt> = held.iter().map(|(attempt, _)| *attempt).collect();
     Ok(Json(HeartbeatResponse {
         cancel: held.iter().filter(|(_, cancel)| *cancel).map(|(attempt, _)| *attempt).collect(),
@@ -138,16 +139,16 @@ async fn claim_now(state: &AppState, worker_id: WorkerId, capacity: &Capacity) -
     let lease_expires_at = lease_until(state, now);
     let usable: Vec<_> = capacity.gpus.iter().filter(|gpu| !gpu.exclusive_held).collect();
     let max_free_memory = usable.iter().map(|gpu| gpu.memory_free).max().unwrap_or(0);
-    let mut tx = state.db.writer.begin().await?;
-    if !db::workers::touch(&mut tx, worker_id, now).await? {
-        return Err(unknown_worker(worker_id));
-    }
+    ensure_known(state, worker_id).await?;
     if capacity.job_slots == 0 {
-        tx.commit().await?;
         return Ok(Vec::new());
     }
+    // Holding the only writer connection makes the look and the updates one unit: no other
+    // writer runs in between. Each claimed job is one guarded autocommitted UPDATE, so there
+    // is no transaction to pay for on this hot path.
+    let mut writer = state.db.writer.acquire().await?;
     let limit = capacity.job_slots.saturating_mul(CANDIDATES_PER_SLOT).max(CANDIDATES_PER_SLOT);
-    let candidates = db::jobs::queued_candidates(&mut tx, usable.len() as u32, max_free_memory, limit).await?;
+    let candidates = db::jobs::queued_candidates(&mut writer, usable.len() as u32, max_free_memory, limit).await?;
     let mut free = capacity.clone();
     let mut claimed = Vec::new();
     for candidate in candidates {
@@ -155,19 +156,19 @@ async fn claim_now(state: &AppState, worker_id: WorkerId, capacity: &Capacity) -
             break;
         }
         let Some(placement) = place(&candidate.resources, &free) else { continue };
-        let Some(row) = db::jobs::mark_running(&mut tx, candidate.id, worker_id, lease_expires_at, now).await? else {
+        let Some(row) = db::jobs::mark_running(&mut writer, candidate.id, worker_id, lease_expires_at, now).await?
+        else {
             continue;
         };
         free.reserve(&candidate.resources, &placement);
-        claimed.push(claimed_job(state, &mut tx, &row, placement).await?);
+        claimed.push(claimed_job(state, &mut writer, &row, placement).await?);
     }
-    tx.commit().await?;
     Ok(claimed)
 }
 
 async fn claimed_job(
     state: &AppState,
-    tx: &mut db::Tx<'_>,
+    conn: &mut sqlx::SqliteConnection,
     row: &sqlx::sqlite::SqliteRow,
     placement: shared::placement::Placement,
 ) -> ApiResult<ClaimedJob> {
@@ -177,7 +178,7 @@ async fn claimed_job(
         id: row.try_get("id")?,
         attempt: row.try_get("attempt")?,
         sweep_id,
-        sweep: sweep_name(state, tx, sweep_id).await?,
+        sweep: sweep_name(state, conn, sweep_id).await?,
         index: row.try_get::<i64, _>("idx")? as u64,
         params: serde_json::from_str(&params).map_err(anyhow::Error::from)?,
         command: row.try_get("command")?,
@@ -189,12 +190,26 @@ async fn claimed_job(
     })
 }
 
-async fn sweep_name(state: &AppState, tx: &mut db::Tx<'_>, sweep_id: i64) -> ApiResult<String> {
+/// Workers are never deleted, so a worker seen once is known for good.
+async fn ensure_known(state: &AppState, worker_id: WorkerId) -> ApiResult<()> {
+    if state.known_workers.read().is_ok_and(|known| known.contains(&worker_id)) {
+        return Ok(());
+    }
+    if !db::workers::exists(&state.db.reader, worker_id).await? {
+        return Err(unknown_worker(worker_id));
+    }
+    if let Ok(mut known) = state.known_workers.write() {
+        known.insert(worker_id);
+    }
+    Ok(())
+}
+
+async fn sweep_name(state: &AppState, conn: &mut sqlx::SqliteConnection, sweep_id: i64) -> ApiResult<String> {
     let cached = state.sweep_names.read().ok().and_then(|names| names.get(&sweep_id).cloned());
     if let Some(name) = cached {
         return Ok(name);
     }
-    let name = db::sweeps::name_of(tx, sweep_id).await?;
+    let name = db::sweeps::name_of(conn, sweep_id).await?;
     if let Ok(mut names) = state.sweep_names.write() {
         names.insert(sweep_id, name.clone());
     }
