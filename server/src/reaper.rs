@@ -1,5 +1,6 @@
-//! The reaper: requeues running jobs whose worker stopped heartbeating (lease expired), and
-//! fails them with `worker_lost` once they were lost `max_crashes` times.
+//! Background upkeep. The reaper requeues running jobs whose worker stopped heartbeating
+//! (lease expired) and fails them with `worker_lost` once they were lost `max_crashes` times;
+//! the checkpointer keeps the SQLite write-ahead log short.
 
 use crate::db::{self, now_ms};
 use crate::state::AppState;
@@ -18,6 +19,25 @@ pub async fn run(state: AppState) {
         }
         if let Err(error) = requeue_expired_leases(&state).await {
             tracing::error!(error = ?error, "reaping expired leases");
+        }
+    }
+}
+
+/// Checkpoints the WAL every half second until the server shuts down.
+pub async fn run_checkpointer(state: AppState) {
+    let mut shutting_down = state.shutting_down.clone();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutting_down.wait_for(|stop| *stop) => return,
+        }
+        match state.db.checkpoint().await {
+            // A WAL this long means readers keep the checkpoint from finishing; say so.
+            Ok(pages) if pages > 250_000 => tracing::warn!(pages, "the write-ahead log keeps growing"),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "checkpoint failed"),
         }
     }
 }

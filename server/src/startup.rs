@@ -27,6 +27,7 @@ pub async fn run(
         known_workers: Arc::default(),
     };
     let reaper = tokio::spawn(crate::reaper::run(state.clone()));
+    let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(state.clone()));
     if let Ok(address) = listener.local_addr() {
         tracing::info!(%address, data_dir = %state.config.data_dir.display(), "server listening");
     }
@@ -37,6 +38,7 @@ pub async fn run(
         })
         .await;
     let _ = reaper.await;
+    let _ = checkpointer.await;
     db.close().await;
     served.map_err(Into::into)
 }

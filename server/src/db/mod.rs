@@ -17,14 +17,14 @@ use sqlx::SqlitePool;
 use std::path::Path;
 use std::time::Duration;
 
-pub type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
-
 #[derive(Debug, Clone)]
 pub struct Db {
     /// The single writer connection.
     pub writer: SqlitePool,
     /// Readers.
     pub reader: SqlitePool,
+    /// Copies the write-ahead log into the database file, off the writer's path.
+    checkpointer: SqlitePool,
 }
 
 impl Db {
@@ -43,11 +43,13 @@ impl Db {
             .busy_timeout(Duration::from_secs(10))
             .pragma("cache_size", "-32000")
             .pragma("temp_store", "memory");
+        // The writer never checkpoints on commit (that would stall a submission or a claim
+        // now and then); the checkpointer connection does it in the background instead.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone())
+            .connect_with(options.clone().pragma("wal_autocheckpoint", "0"))
             .await
             .with_context(|| format!("opening database {}", path.display()))?;
         sqlx::migrate!("../migrations")
@@ -57,15 +59,33 @@ impl Db {
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.read_only(true))
+            .connect_with(options.clone().read_only(true))
             .await
             .with_context(|| format!("opening database {} for reading", path.display()))?;
-        Ok(Db { writer, reader })
+        let checkpointer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .with_context(|| format!("opening database {} for checkpoints", path.display()))?;
+        Ok(Db { writer, reader, checkpointer })
     }
 
+    /// Moves what it can of the WAL into the database without blocking readers or the writer;
+    /// returns the WAL's size in pages.
+    pub async fn checkpoint(&self) -> sqlx::Result<i64> {
+        let (_busy, wal_pages, _copied): (i64, i64, i64) =
+            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&self.checkpointer).await?;
+        Ok(wal_pages)
+    }
+
+    /// Checkpoints fully and closes every connection, leaving a compact database file.
     pub async fn close(&self) {
         self.reader.close().await;
         self.writer.close().await;
+        if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.checkpointer).await {
+            tracing::warn!(%error, "final checkpoint failed; the WAL is replayed at the next start");
+        }
+        self.checkpointer.close().await;
     }
 }
 

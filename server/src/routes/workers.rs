@@ -18,9 +18,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Queued jobs looked at per claim, per free job slot: enough to skip past jobs that do not
-/// fit this worker without walking the whole queue.
-const CANDIDATES_PER_SLOT: u32 = 8;
+/// Queued jobs looked at per claim, per free job slot: enough to skip past the few jobs the
+/// SQL filter lets through that still do not fit (exclusive vs shared), without walking the
+/// queue.
+const CANDIDATES_PER_SLOT: u32 = 4;
 
 pub fn router() -> Router<AppState> {
     Router::new()
