@@ -46,6 +46,8 @@ pub type ClientResult<T> = Result<T, ClientError>;
 
 /// Time allowed for an ordinary request; a claim adds its long-poll wait.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Time allowed for one file upload or download.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -191,6 +193,133 @@ impl Client {
     pub async fn report(&self, job: JobId, request: &ReportRequest) -> ClientResult<ReportResponse> {
         self.post(&format!("/api/jobs/{job}/report"), request).await
     }
+}
+
+impl Client {
+    /// Appends log bytes of an attempt at `append.offset` (a retried append is recognised).
+    pub async fn append_log(&self, job: JobId, append: &LogAppend, bytes: Vec<u8>) -> ClientResult<LogAck> {
+        let (url, builder) = self.request(Method::POST, &format!("/api/jobs/{job}/log"));
+        let builder =
+            builder.query(append).header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(bytes);
+        Self::send(url, builder).await
+    }
+
+    /// Reads an attempt's log from an offset, waiting up to `query.wait_ms` for new bytes.
+    pub async fn log(&self, job: JobId, query: &LogQuery) -> ClientResult<LogChunk> {
+        let (url, builder) = self.request(Method::GET, &format!("/api/jobs/{job}/log"));
+        let builder = builder.timeout(REQUEST_TIMEOUT + Duration::from_millis(query.wait_ms)).query(query);
+        Self::send(url, builder).await
+    }
+
+    pub async fn send_metrics(&self, job: JobId, batch: &MetricsBatch) -> ClientResult<MetricsAck> {
+        self.post(&format!("/api/jobs/{job}/metrics"), batch).await
+    }
+
+    pub async fn metrics(&self, job: JobId) -> ClientResult<Vec<MetricSeries>> {
+        self.get(&format!("/api/jobs/{job}/metrics")).await
+    }
+
+    /// Streams one output file of an attempt to the server, which hashes it as it arrives.
+    pub async fn upload_file(
+        &self,
+        job: JobId,
+        attempt: u32,
+        path: &str,
+        worker_id: WorkerId,
+        file: tokio::fs::File,
+    ) -> ClientResult<ManifestEntry> {
+        let route = format!("/api/jobs/{job}/attempts/{attempt}/files/{}", encode_path(path));
+        let (url, builder) = self.request(Method::PUT, &route);
+        let builder = builder.timeout(UPLOAD_TIMEOUT).query(&FileUploadQuery { worker_id }).body(file);
+        Self::send(url, builder).await
+    }
+
+    /// Seals the uploaded files of an attempt as its immutable result version.
+    pub async fn seal_result(&self, job: JobId, attempt: u32, upload: &ResultUpload) -> ClientResult<ResultVersion> {
+        self.post(&format!("/api/jobs/{job}/attempts/{attempt}/result"), upload).await
+    }
+
+    /// Every stored result version of a job, oldest first.
+    pub async fn results(&self, job: JobId) -> ClientResult<Vec<ResultVersion>> {
+        self.get(&format!("/api/jobs/{job}/results")).await
+    }
+
+    /// Downloads one result file to `destination`, streaming.
+    pub async fn download_file(
+        &self,
+        job: JobId,
+        attempt: u32,
+        path: &str,
+        destination: &std::path::Path,
+    ) -> ClientResult<u64> {
+        use tokio::io::AsyncWriteExt;
+        let route = format!("/api/jobs/{job}/results/{attempt}/files/{}", encode_path(path));
+        let (url, builder) = self.request(Method::GET, &route);
+        let mut response = builder
+            .timeout(UPLOAD_TIMEOUT)
+            .send()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<ErrorBody>(&text).map(|body| body.error).unwrap_or(text);
+            return Err(ClientError::Rejected { status: status.as_u16(), message: rejection_message(status, message) });
+        }
+        let local = |error: std::io::Error| ClientError::Rejected {
+            status: 0,
+            message: format!("writing {}: {error}", destination.display()),
+        };
+        let mut file = tokio::fs::File::create(destination).await.map_err(local)?;
+        let mut written = 0;
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
+        {
+            file.write_all(&chunk).await.map_err(local)?;
+            written += chunk.len() as u64;
+        }
+        file.flush().await.map_err(local)?;
+        Ok(written)
+    }
+
+    /// A sweep's leaderboard: parameters and metrics of each run, best first.
+    pub async fn summary(&self, sweep: &str, top: Option<u32>) -> ClientResult<SweepSummary> {
+        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/summary", encode(sweep)));
+        Self::send(url, builder.query(&SummaryQuery { top, format: None })).await
+    }
+
+    /// The same leaderboard as CSV text.
+    pub async fn summary_csv(&self, sweep: &str, top: Option<u32>) -> ClientResult<String> {
+        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/summary", encode(sweep)));
+        let query = SummaryQuery { top, format: Some("csv".into()) };
+        let response = builder
+            .query(&query)
+            .send()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        if status.is_success() {
+            return Ok(text);
+        }
+        let message = serde_json::from_str::<ErrorBody>(&text).map(|body| body.error).unwrap_or(text);
+        Err(ClientError::Rejected { status: status.as_u16(), message })
+    }
+
+    /// Recent GPU telemetry of a worker (by name), oldest first.
+    pub async fn telemetry(&self, worker: &str) -> ClientResult<Vec<GpuSample>> {
+        self.get(&format!("/api/workers/{}/telemetry", encode(worker))).await
+    }
+}
+
+/// Percent-encodes each segment of a relative file path, keeping the `/` between them.
+fn encode_path(path: &str) -> String {
+    path.split('/').map(encode).collect::<Vec<_>>().join("/")
 }
 
 /// Percent-encodes a path segment (sweep names are plain, but ids typed by users may not be).

@@ -52,6 +52,7 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
         created_at: row.try_get("created_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+        metrics: Default::default(),
     })
 }
 

@@ -129,6 +129,9 @@ pub struct Job {
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// Last, min and max of each metric of the latest attempt.
+    #[serde(default)]
+    pub metrics: std::collections::BTreeMap<String, MetricSummary>,
 }
 
 /// Filters and paging of `GET /api/jobs`.
@@ -237,6 +240,9 @@ pub struct ClaimResponse {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct HeartbeatRequest {
     pub running: Vec<JobAttempt>,
+    /// NVML readings of the worker's GPUs since the last heartbeat (stored as telemetry).
+    #[serde(default)]
+    pub gpus: Vec<GpuSample>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -269,3 +275,6 @@ pub struct WorkerInfo {
     pub last_seen_at: i64,
     pub running: u64,
 }
+
+mod outputs;
+pub use outputs::*;
