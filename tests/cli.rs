@@ -1,18 +1,9 @@
 //! End-to-end tests of the `app` binary: real processes against a real server on loopback.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn app() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_app"));
-    command.env_remove("APP_URL").env_remove("RUST_LOG").stdin(Stdio::null());
-    command
-}
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
+use common::{app, repo, ServerProcess};
+use std::process::Output;
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).to_string()
@@ -91,52 +82,6 @@ fn a_missing_file_or_a_down_server_is_a_one_line_error() {
     assert_one_line_error(&output, "cannot reach");
 }
 
-/// Starts `app --server-only` on a free loopback port; kills it on drop.
-struct ServerProcess {
-    child: std::process::Child,
-    url: String,
-    _data: tempfile::TempDir,
-}
-
-impl ServerProcess {
-    fn start() -> ServerProcess {
-        let data = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = app()
-            .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(data.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let server = ServerProcess { child, url: format!("http://127.0.0.1:{port}"), _data: data };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the server did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the server ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
-}
-
 #[test]
 fn submit_status_and_cancel_against_a_real_server_process() {
     let server = ServerProcess::start();
@@ -157,5 +102,10 @@ fn submit_status_and_cancel_against_a_real_server_process() {
     assert_one_line_error(&again, "cancelled");
     let missing = app().args(["status", "no-such-sweep", "--url", &server.url]).output().unwrap();
     assert_one_line_error(&missing, "no sweep `no-such-sweep`");
-    assert!(server.terminate().success(), "SIGTERM is a clean shutdown");
+    let mut server = server;
+    common::signal(&server.child, "TERM");
+    assert!(
+        common::wait_exit(&mut server.child, std::time::Duration::from_secs(20)).success(),
+        "SIGTERM is a clean shutdown"
+    );
 }

@@ -263,8 +263,7 @@ impl Client {
         if !response.status().is_success() {
             let status = response.status();
             let text = response.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<ErrorBody>(&text).map(|body| body.error).unwrap_or(text);
-            return Err(ClientError::Rejected { status: status.as_u16(), message: rejection_message(status, message) });
+            return Err(failure(url, status, &text));
         }
         let local = |error: std::io::Error| ClientError::Rejected {
             status: 0,
@@ -272,16 +271,24 @@ impl Client {
         };
         let mut file = tokio::fs::File::create(destination).await.map_err(local)?;
         let mut written = 0;
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
-        {
-            file.write_all(&chunk).await.map_err(local)?;
-            written += chunk.len() as u64;
+        let copied: ClientResult<()> = async {
+            while let Some(chunk) = response
+                .chunk()
+                .await
+                .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
+            {
+                file.write_all(&chunk).await.map_err(local)?;
+                written += chunk.len() as u64;
+            }
+            file.flush().await.map_err(local)
         }
-        file.flush().await.map_err(local)?;
-        Ok(written)
+        .await;
+        if copied.is_err() {
+            // Half a file is worse than none: it would pass for the real one.
+            drop(file);
+            let _ = tokio::fs::remove_file(destination).await;
+        }
+        copied.map(|()| written)
     }
 
     /// A sweep's leaderboard: parameters and metrics of each run, best first.
@@ -307,8 +314,7 @@ impl Client {
         if status.is_success() {
             return Ok(text);
         }
-        let message = serde_json::from_str::<ErrorBody>(&text).map(|body| body.error).unwrap_or(text);
-        Err(ClientError::Rejected { status: status.as_u16(), message })
+        Err(failure(url, status, &text))
     }
 
     /// Recent GPU telemetry of a worker (by name), oldest first.
@@ -333,6 +339,17 @@ fn encode(segment: &str) -> String {
         }
     }
     encoded
+}
+
+/// The error for a non-success answer whose body was read as text.
+fn failure(url: String, status: StatusCode, text: &str) -> ClientError {
+    let message =
+        serde_json::from_str::<ErrorBody>(text).map(|body| body.error).unwrap_or_else(|_| text.trim().to_string());
+    if status.is_server_error() {
+        ClientError::Server { url, status: status.as_u16(), message }
+    } else {
+        ClientError::Rejected { status: status.as_u16(), message: rejection_message(status, message) }
+    }
 }
 
 fn rejection_message(status: StatusCode, message: String) -> String {

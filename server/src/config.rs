@@ -7,7 +7,7 @@ use std::time::Duration;
 /// Everything the server can be told. Durations are in seconds in the file.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Holds `queue.db` (and, later, results).
+    /// Holds `queue.db` and `results/`.
     pub data_dir: PathBuf,
     /// A running job whose worker has not heartbeated for this long goes back to the queue.
     pub lease: Duration,
@@ -21,8 +21,15 @@ pub struct ServerConfig {
     pub max_jobs_per_sweep: u64,
     /// The largest request body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// The longest a claim waits for work.
+    /// The longest a claim or a log follower waits.
     pub max_long_poll: Duration,
+    /// Log bytes kept per attempt; past this, the rest is dropped behind one marker line.
+    pub max_log_bytes_per_job: u64,
+    /// How long GPU telemetry is kept.
+    pub telemetry_retention: Duration,
+    /// The largest result file accepted, in bytes (uploads only; other bodies keep
+    /// `max_body_bytes`).
+    pub max_upload_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -36,6 +43,9 @@ impl Default for ServerConfig {
             max_jobs_per_sweep: 100_000,
             max_body_bytes: 4 << 20,
             max_long_poll: Duration::from_secs(25),
+            max_log_bytes_per_job: 64 << 20,
+            telemetry_retention: Duration::from_secs(3600),
+            max_upload_bytes: 10 << 30,
         }
     }
 }
@@ -52,6 +62,9 @@ pub struct ServerFile {
     pub max_jobs_per_sweep: Option<u64>,
     pub max_body_bytes: Option<usize>,
     pub max_long_poll_secs: Option<f64>,
+    pub max_log_bytes_per_job: Option<u64>,
+    pub telemetry_retention_secs: Option<f64>,
+    pub max_upload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -72,9 +85,13 @@ impl ConfigFile {
 impl ServerConfig {
     /// Applies the keys a config file sets.
     pub fn apply_file(&mut self, file: &ServerFile) -> anyhow::Result<()> {
+        // Positive, and at most a day: a zero lease would reap every job at once, and a huge
+        // long poll would overflow the clock arithmetic.
         let seconds = |value: f64, key: &str| -> anyhow::Result<Duration> {
-            Duration::try_from_secs_f64(value)
-                .map_err(|_| anyhow::anyhow!("`{key}` must be a positive number of seconds"))
+            match Duration::try_from_secs_f64(value) {
+                Ok(duration) if !duration.is_zero() && duration <= Duration::from_secs(86_400) => Ok(duration),
+                _ => anyhow::bail!("`{key}` must be a number of seconds above 0 and at most 86400, not {value}"),
+            }
         };
         if let Some(dir) = &file.data_dir {
             self.data_dir = dir.clone();
@@ -96,6 +113,18 @@ impl ServerConfig {
         }
         if let Some(value) = file.max_body_bytes {
             self.max_body_bytes = value;
+        }
+        if let Some(value) = file.max_log_bytes_per_job {
+            self.max_log_bytes_per_job = value;
+        }
+        if let Some(value) = file.telemetry_retention_secs {
+            self.telemetry_retention = match Duration::try_from_secs_f64(value) {
+                Ok(duration) if !duration.is_zero() && duration <= Duration::from_secs(366 * 86_400) => duration,
+                _ => anyhow::bail!("`telemetry_retention_secs` must be above 0 and at most a year, not {value}"),
+            };
+        }
+        if let Some(value) = file.max_upload_bytes {
+            self.max_upload_bytes = value;
         }
         Ok(())
     }

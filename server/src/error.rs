@@ -1,7 +1,7 @@
 //! One error type whose variants are the HTTP outcomes. Internal errors are logged in full
 //! and answered with a generic message: details of a 5xx never leave the server.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection, StringRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection, StringRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,6 +17,12 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The disk ran out of space (or quota) while storing something; says what. The server
+    /// keeps serving and the request can be retried once space is freed.
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("server is shutting down")]
     ShuttingDown,
     #[error(transparent)]
@@ -34,6 +40,8 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Sqlx(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -43,7 +51,9 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let message = if status.is_server_error() && !matches!(self, ApiError::ShuttingDown) {
+        // A full disk is the operator's to fix, so its message is worth showing.
+        let shown = matches!(self, ApiError::ShuttingDown | ApiError::InsufficientStorage(_));
+        let message = if status.is_server_error() && !shown {
             tracing::error!(error = ?self, "request failed");
             "internal server error (see the server log)".to_string()
         } else {
@@ -57,6 +67,8 @@ impl IntoResponse for ApiError {
 fn rejection(status: StatusCode, text: String) -> ApiError {
     match status {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(format!("request body too large: {text}")),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::UnsupportedMediaType(text),
+        status if status.is_server_error() => ApiError::Internal(anyhow::anyhow!("extracting the request: {text}")),
         _ => ApiError::BadRequest(text),
     }
 }
@@ -73,6 +85,18 @@ impl From<QueryRejection> for ApiError {
     }
 }
 
+impl From<BytesRejection> for ApiError {
+    fn from(error: BytesRejection) -> Self {
+        rejection(error.status(), error.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(error: PathRejection) -> Self {
+        rejection(error.status(), error.body_text())
+    }
+}
+
 impl From<StringRejection> for ApiError {
     fn from(error: StringRejection) -> Self {
         rejection(error.status(), error.body_text())
@@ -83,6 +107,11 @@ impl From<StringRejection> for ApiError {
 #[derive(axum::extract::FromRequest)]
 #[from_request(via(axum::Json), rejection(ApiError))]
 pub struct ApiJson<T>(pub T);
+
+/// `Path` whose rejections (a bad id, a path that is not UTF-8) answer in our error shape.
+#[derive(axum::extract::FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
 
 /// `Query` whose rejections answer in our error shape.
 #[derive(axum::extract::FromRequestParts)]

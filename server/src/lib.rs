@@ -6,10 +6,13 @@
 pub mod config;
 pub mod db;
 mod error;
+mod leaderboard;
 mod reaper;
 mod routes;
+mod signals;
 mod startup;
 mod state;
+mod storage;
 
 pub use config::ServerConfig;
 pub use startup::run;

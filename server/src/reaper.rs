@@ -1,17 +1,23 @@
 //! Background upkeep. The reaper requeues running jobs whose worker stopped heartbeating
 //! (lease expired) and fails them with `worker_lost` once they were lost `max_crashes` times;
-//! the checkpointer keeps the SQLite write-ahead log short.
+//! now and then it also prunes old GPU telemetry and removes the staged uploads of attempts
+//! that ended unsealed. The checkpointer keeps the SQLite write-ahead log short.
 
 use crate::db::{self, now_ms};
 use crate::state::AppState;
+use crate::storage::Layout;
 use shared::api::JobAttempt;
 use shared::job::{self, JobStatus};
+use std::collections::HashSet;
+use std::time::Duration;
 
 /// Runs until the server shuts down.
 pub async fn run(state: AppState) {
     let mut shutting_down = state.shutting_down.clone();
     let mut tick = tokio::time::interval(state.config.reaper_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let upkeep_every = upkeep_interval(&state);
+    let mut last_upkeep: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -20,7 +26,63 @@ pub async fn run(state: AppState) {
         if let Err(error) = requeue_expired_leases(&state).await {
             tracing::error!(error = ?error, "reaping expired leases");
         }
+        if last_upkeep.is_none_or(|last| last.elapsed() >= upkeep_every) {
+            last_upkeep = Some(tokio::time::Instant::now());
+            if let Err(error) = prune_telemetry(&state).await {
+                tracing::error!(error = ?error, "pruning GPU telemetry");
+            }
+            if let Err(error) = remove_abandoned_staging(&state).await {
+                tracing::error!(error = ?error, "removing staged uploads of ended attempts");
+            }
+        }
     }
+}
+
+/// Pruning a tenth of the retention window at a time keeps the table within 110% of the
+/// window without a DELETE per heartbeat; a minute at most so a long retention still prunes.
+fn upkeep_interval(state: &AppState) -> Duration {
+    (state.config.telemetry_retention / 10).clamp(state.config.reaper_interval, Duration::from_secs(60))
+}
+
+/// Samples deleted per statement: the writer is shared, so a large backlog (after a long
+/// downtime, or a shorter retention) goes in short steps that other writes slip between.
+const PRUNE_BATCH: u32 = 5_000;
+
+/// Deletes GPU telemetry older than the retention window; returns how many samples.
+pub async fn prune_telemetry(state: &AppState) -> anyhow::Result<u64> {
+    let before = now_ms() - state.config.telemetry_retention.as_millis() as i64;
+    let mut pruned = 0;
+    loop {
+        let deleted = db::telemetry::prune(&mut *state.db.writer.acquire().await?, before, PRUNE_BATCH).await?;
+        pruned += deleted;
+        if deleted < u64::from(PRUNE_BATCH) {
+            return Ok(pruned);
+        }
+    }
+}
+
+/// Removes staging directories (and their upload records) of attempts no longer running:
+/// their worker lost them or reported without sealing, so no seal can come any more.
+pub async fn remove_abandoned_staging(state: &AppState) -> anyhow::Result<usize> {
+    let layout = Layout::new(&state.config.data_dir);
+    let staged: Vec<JobAttempt> =
+        layout.staged_attempts().await?.into_iter().map(|(job_id, attempt)| JobAttempt { job_id, attempt }).collect();
+    let running: HashSet<JobAttempt> = db::results::running(&state.db.reader, &staged).await?.into_iter().collect();
+    let mut removed = 0;
+    for attempt in staged.into_iter().filter(|attempt| !running.contains(attempt)) {
+        match tokio::fs::remove_dir_all(layout.staging(attempt.job_id, attempt.attempt)).await {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error.into()),
+            _ => {}
+        }
+        db::results::unstage_attempt(&mut *state.db.writer.acquire().await?, attempt.job_id, attempt.attempt).await?;
+        tracing::info!(
+            job = attempt.job_id,
+            attempt = attempt.attempt,
+            "removed the unsealed uploads of an ended attempt"
+        );
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// Checkpoints the WAL every half second until the server shuts down.
@@ -47,15 +109,20 @@ pub async fn requeue_expired_leases(state: &AppState) -> anyhow::Result<usize> {
     let now = now_ms();
     let mut tx = state.db.writer.begin().await?;
     let mut requeued = 0;
+    let mut ended = Vec::new();
     for expired in db::jobs::expired(&mut tx, now).await? {
         let decision = job::lease_expired(expired.crash_count, state.config.max_crashes, expired.cancel_requested);
         let attempt = JobAttempt { job_id: expired.id, attempt: expired.attempt };
         if db::jobs::expire(&mut tx, attempt, &decision, now).await? {
+            ended.push(expired.id);
             tracing::warn!(job = expired.id, attempt = expired.attempt, to = %decision.status, reason = decision.reason, "lease expired");
             requeued += usize::from(decision.status == JobStatus::Queued);
         }
     }
     tx.commit().await?;
+    for id in ended {
+        state.job_signals.wake(id);
+    }
     if requeued > 0 {
         state.work_available.notify_waiters();
     }

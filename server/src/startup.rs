@@ -1,9 +1,11 @@
-//! Wiring: open the database, start the reaper, serve until told to stop.
+//! Wiring: open the database and the results directory, start the reaper, serve until told
+//! to stop.
 
 use crate::config::ServerConfig;
 use crate::db::Db;
 use crate::routes;
 use crate::state::AppState;
+use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -17,6 +19,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let db = Db::open(&config.data_dir).await?;
+    crate::storage::Layout::new(&config.data_dir)
+        .prepare()
+        .await
+        .with_context(|| format!("preparing the results directory in {}", config.data_dir.display()))?;
+    // While the server was down no worker could heartbeat; give them a lease to reconnect
+    // before their jobs count as lost.
+    let until = crate::db::now_ms() + config.lease.as_millis() as i64;
+    let extended = crate::db::jobs::extend_running_leases(&mut *db.writer.acquire().await?, until).await?;
+    if extended > 0 {
+        tracing::info!(jobs = extended, "running jobs keep their leases while workers reconnect");
+    }
     let (stop, shutting_down) = watch::channel(false);
     let state = AppState {
         db: db.clone(),
@@ -25,6 +38,7 @@ pub async fn run(
         shutting_down,
         sweep_names: Arc::default(),
         known_workers: Arc::default(),
+        job_signals: Arc::default(),
     };
     let reaper = tokio::spawn(crate::reaper::run(state.clone()));
     let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(state.clone()));

@@ -2,6 +2,7 @@
 
 use crate::config::ServerConfig;
 use crate::db::Db;
+use crate::signals::JobSignals;
 use shared::api::{SweepId, WorkerId};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -19,4 +20,6 @@ pub struct AppState {
     pub sweep_names: Arc<RwLock<HashMap<SweepId, String>>>,
     /// Workers seen registered, so a claim need not look its worker up.
     pub known_workers: Arc<RwLock<HashSet<WorkerId>>>,
+    /// Woken on every log append and whenever an attempt starts or ends (log followers).
+    pub job_signals: Arc<JobSignals>,
 }

@@ -83,7 +83,7 @@ pub struct Finish {
 pub fn finish(outcome: &Outcome, retries_left: u32, cancel_requested: bool) -> Finish {
     let (exit_code, failure) = match outcome {
         Outcome::Exited { code: 0 } => (Some(0), None),
-        Outcome::Exited { code } => (Some(*code), Some(format!("exited with code {code}"))),
+        Outcome::Exited { code } => (Some(*code), Some(exit_reason(*code))),
         Outcome::Error { reason } => (None, Some(reason.clone())),
         Outcome::Killed { reason } => (None, Some(reason.clone())),
         Outcome::Abandoned => (None, Some("abandoned by its worker".to_string())),
@@ -100,6 +100,29 @@ pub fn finish(outcome: &Outcome, retries_left: u32, cancel_requested: bool) -> F
         }
         (_, reason) => Finish { status: JobStatus::Failed, retries_left, exit_code, reason },
     }
+}
+
+/// Says what a shell's exit code usually means, so `failed` explains itself.
+pub fn exit_reason(code: i32) -> String {
+    let meaning = match code {
+        126 => " (the command is not executable)".to_string(),
+        127 => " (command not found)".to_string(),
+        129..=192 => {
+            let signal = code - 128;
+            let name = match signal {
+                1 => "SIGHUP",
+                2 => "SIGINT",
+                6 => "SIGABRT",
+                9 => "SIGKILL, often the out-of-memory killer",
+                11 => "SIGSEGV",
+                15 => "SIGTERM",
+                _ => "a signal",
+            };
+            format!(" (killed by signal {signal}: {name})")
+        }
+        _ => String::new(),
+    };
+    format!("exited with code {code}{meaning}")
 }
 
 /// The decided result of a lease that ran out (the worker stopped heartbeating).
@@ -172,6 +195,13 @@ mod tests {
         assert_eq!(second.status, JobStatus::Failed);
         assert_eq!(second.exit_code, Some(3));
         assert_eq!(second.reason.as_deref(), Some("exited with code 3"));
+    }
+
+    #[test]
+    fn exit_reasons_explain_shell_codes() {
+        assert_eq!(exit_reason(3), "exited with code 3");
+        assert_eq!(exit_reason(127), "exited with code 127 (command not found)");
+        assert!(exit_reason(137).contains("SIGKILL"));
     }
 
     #[test]

@@ -68,7 +68,7 @@ fn native_grid_expands_first_axis_slowest() {
 
     let first = sweep.job(0).unwrap();
     assert_eq!(first.params, r#"{"lr":0.001,"batch_size":2048,"hidden_dims":[128,64],"horizon":10}"#);
-    assert_eq!(first.command, "python train.py --lr 0.001 --batch_size 2048 --hidden [128,64] --horizon 10");
+    assert_eq!(first.command, "python train.py --lr 0.001 --batch_size 2048 --hidden '[128,64]' --horizon 10");
     assert_eq!(first.config, None);
     assert_eq!(params(&sweep.job(1).unwrap())["horizon"], 15);
     let fourth = params(&sweep.job(3).unwrap());
@@ -93,15 +93,18 @@ fn max_runs_keeps_the_first_jobs_in_order() {
 #[test]
 fn native_shared_keys_and_placeholders() {
     let sweep = parse(
-        "command: echo {name} {index} {config} {sweep} ${HOME} awk '{print $1}' {missing}\n\
+        "command: echo {name} {index} {config} {sweep} ${HOME} awk '{print $1}' '{missing}'\n\
          priority: 5\nretries: 2\ntimeout: 1h30m\ngrid:\n  name: ['a b', plain, \"it's\"]\n",
     )
     .unwrap();
     assert_eq!((sweep.priority, sweep.retries, sweep.timeout_secs), (5, 2, Some(5400)));
     let commands: Vec<String> = sweep.jobs().map(|job| job.command).collect();
-    assert_eq!(commands[0], "echo 'a b' 0 \"$APP_CONFIG\" \"$APP_SWEEP\" ${HOME} awk '{print $1}' {missing}");
+    assert_eq!(commands[0], "echo 'a b' 0 \"$APP_CONFIG\" \"$APP_SWEEP\" ${HOME} awk '{print $1}' '{missing}'");
     assert!(commands[1].starts_with("echo plain 1 "));
     assert!(commands[2].starts_with("echo \"it's\" 2 "));
+    // Outside single quotes, a placeholder that names no parameter is a typo.
+    assert_eq!(error_path("command: echo {name} {missing}\ngrid: {name: [a]}\n"), "command");
+    assert!(error_message("command: echo {nmae}\ngrid: {name: [a]}\n").contains("unknown placeholder `{nmae}`"));
 }
 
 #[test]

@@ -3,6 +3,8 @@
 
 mod bench_queue;
 mod cancel;
+mod logs;
+mod results;
 mod serve;
 mod status;
 mod submit;
@@ -18,11 +20,38 @@ pub struct Cli {
     /// Run only the head node: HTTP API and SQLite queue, no local worker.
     #[arg(long, conflicts_with = "client_only")]
     pub server_only: bool,
-    /// Run only a worker daemon against `--url` (arrives with the worker; see issue 3).
+    /// Run only a worker daemon against `--url`.
     #[arg(long)]
     pub client_only: bool,
     #[command(flatten)]
     pub server: ServerArgs,
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The server a worker (--client-only) connects to.
+    #[arg(long, env = "APP_URL")]
+    pub url: Option<String>,
+    /// This worker's name, unique per box (default: the host name; `local` when embedded).
+    #[arg(long, env = "APP_WORKER_NAME")]
+    pub name: Option<String>,
+    /// Use only these GPUs, e.g. `--gpus 0,1`.
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Option<Vec<u32>>,
+    /// Run at most this many jobs at once (default: 4 per GPU, or one per core).
+    #[arg(long)]
+    pub max_jobs: Option<u32>,
+    /// Where attempts get their fresh directories (default ./app-work).
+    #[arg(long, env = "APP_WORK_DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Testing aid: simulate GPUs, e.g. `--fake-gpus 2x24GiB`.
+    #[arg(long, env = "APP_FAKE_GPUS")]
+    pub fake_gpus: Option<String>,
+    /// Grace between SIGTERM and SIGKILL when a job is cancelled or times out, in seconds.
+    #[arg(long)]
+    pub kill_grace_secs: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -56,6 +85,12 @@ pub enum Command {
     Cancel(cancel::CancelArgs),
     /// Put a failed or cancelled job back in the queue.
     Retry(cancel::RetryArgs),
+    /// Print a job's log; -f follows it live.
+    Logs(logs::LogsArgs),
+    /// A sweep's leaderboard: parameters and metrics, best first.
+    Results(results::ResultsArgs),
+    /// A job's stored result versions and files; --download fetches them.
+    Files(results::FilesArgs),
     /// Measure the queue on this machine: submission, claim throughput, dispatch latency.
     BenchQueue(bench_queue::BenchArgs),
 }
@@ -70,14 +105,15 @@ pub fn init_tracing(cli: &Cli) {
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        None if cli.client_only => anyhow::bail!(
-            "the worker daemon (--client-only) is not built yet; run `app --server-only` and submit sweeps"
-        ),
-        None => serve::run(&cli.server, cli.server_only).await,
+        None if cli.client_only => serve::run_worker(&cli.server, &cli.worker).await,
+        None => serve::run(&cli.server, &cli.worker, cli.server_only).await,
         Some(Command::Submit(args)) => submit::run(args).await,
         Some(Command::Status(args)) => status::run(args).await,
         Some(Command::Cancel(args)) => cancel::run(args).await,
         Some(Command::Retry(args)) => cancel::retry(args).await,
+        Some(Command::Logs(args)) => logs::run(args).await,
+        Some(Command::Results(args)) => results::run(args).await,
+        Some(Command::Files(args)) => results::files(args).await,
         Some(Command::BenchQueue(args)) => bench_queue::run(args).await,
     }
 }

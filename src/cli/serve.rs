@@ -1,9 +1,14 @@
-//! `app --server-only` and the embedded default (`app`).
+//! The daemon modes: `app --server-only`, `app --client-only --url URL`, and the embedded
+//! default `app` (server and one local worker in one process).
 
-use super::ServerArgs;
+use super::{ServerArgs, WorkerArgs};
 use anyhow::Context;
 use server::config::ConfigFile;
 use server::ServerConfig;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use worker::config::WorkerFile;
+use worker::WorkerConfig;
 
 const DEFAULT_BIND: &str = "127.0.0.1:8000";
 
@@ -27,13 +32,91 @@ pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, String)
     Ok((config, bind))
 }
 
-pub async fn run(args: &ServerArgs, server_only: bool) -> anyhow::Result<()> {
+/// Worker settings: defaults, then the config file's `[worker]` table, then flags.
+pub fn worker_config(server: &ServerArgs, args: &WorkerArgs, url: String) -> anyhow::Result<WorkerConfig> {
+    let mut config = WorkerConfig::new(url);
+    if let Some(path) = &server.config {
+        WorkerFile::load(path)?.apply(&mut config)?;
+    }
+    if let Some(url) = &args.url {
+        config.url = url.clone();
+    }
+    if let Some(name) = &args.name {
+        config.name = name.clone();
+    }
+    if let Some(gpus) = &args.gpus {
+        config.gpus = Some(gpus.clone());
+    }
+    if let Some(max_jobs) = args.max_jobs {
+        config.max_jobs = Some(max_jobs);
+    }
+    if let Some(dir) = &args.work_dir {
+        config.work_dir = dir.clone();
+    }
+    if let Some(fake) = &args.fake_gpus {
+        config.fake_gpus = Some(fake.clone());
+    }
+    if let Some(grace) = args.kill_grace_secs {
+        config.kill_grace = std::time::Duration::try_from_secs_f64(grace)
+            .map_err(|_| anyhow::anyhow!("--kill-grace-secs must be a positive number of seconds"))?;
+    }
+    shared::names::check_name("worker", &config.name).map_err(anyhow::Error::msg)?;
+    Ok(config)
+}
+
+/// `app --client-only`: the worker daemon alone.
+pub async fn run_worker(server: &ServerArgs, args: &WorkerArgs) -> anyhow::Result<()> {
+    let file_url = server.config.as_ref().map(|path| WorkerFile::load(path)).transpose()?.and_then(|file| file.url);
+    let url = args.url.clone().or(file_url).context("--client-only needs --url http://HEAD:8000 (or APP_URL)")?;
+    let config = worker_config(server, args, url)?;
+    let inventory = worker::detect(config.fake_gpus.as_deref(), config.gpus.as_deref())?;
+    worker::run(config, Arc::from(inventory), stop_signals()).await
+}
+
+/// `app --server-only`, or the embedded default with a local worker.
+pub async fn run(args: &ServerArgs, worker_args: &WorkerArgs, server_only: bool) -> anyhow::Result<()> {
     let (config, bind) = server_config(args)?;
     let listener = tokio::net::TcpListener::bind(&bind).await.with_context(|| format!("listening on {bind}"))?;
-    if !server_only {
-        tracing::warn!("no local worker yet: this build runs the server only (the worker daemon is issue 3)");
+    if server_only {
+        let mut stops = stop_signals();
+        return server::run(listener, config, async move {
+            stops.recv().await;
+        })
+        .await;
     }
-    server::run(listener, config, shutdown_signal()).await
+    // The embedded default: the local worker talks to this server over loopback, exactly as
+    // a remote one would. Stopping drains the worker first, then the server stops.
+    let address = listener.local_addr()?;
+    let host = if address.ip().is_unspecified() { "127.0.0.1".to_string() } else { address.ip().to_string() };
+    let url = format!("http://{host}:{}", address.port());
+    let mut worker_config = worker_config(args, worker_args, url)?;
+    if worker_args.name.is_none() {
+        worker_config.name = "local".into();
+    }
+    let inventory = worker::detect(worker_config.fake_gpus.as_deref(), worker_config.gpus.as_deref())?;
+    let (worker_done, server_stop) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server::run(listener, config, async move {
+        let _ = server_stop.await;
+    }));
+    tracing::info!(%address, "open http://{address}/api/health; submit with `app submit FILE`");
+    let worked = worker::run(worker_config, Arc::from(inventory), stop_signals()).await;
+    let _ = worker_done.send(());
+    server.await.context("server task")??;
+    worked
+}
+
+/// Every Ctrl-C or SIGTERM becomes one message: the first drains, the second aborts.
+pub fn stop_signals() -> mpsc::UnboundedReceiver<()> {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            shutdown_signal().await;
+            if sender.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    receiver
 }
 
 /// Completes on Ctrl-C or SIGTERM.
@@ -56,5 +139,5 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = terminate => {}
     }
-    tracing::info!("shutting down");
+    tracing::info!("stop requested");
 }

@@ -1,8 +1,20 @@
 //! The worker daemon of `app` (`app --client-only --url URL`): registers with the server,
-//! claims jobs it can place on its GPUs, runs them, streams their logs and metrics and uploads
-//! their results.
+//! claims the jobs it can place on its GPUs, runs each in a fresh directory and its own
+//! process group, streams logs, metrics and GPU telemetry, uploads versioned results and
+//! reports outcomes, riding out server outages.
 //!
-//! Not built yet: this crate is a placeholder so the workspace has its final shape. The
-//! protocol it will speak (register, claim, heartbeat, report) is already served and tested
-//! through the shared `client` crate, and the placement it will use is
-//! `shared::placement::place`.
+//! [`run`] takes its settings, the GPU inventory and a stop channel (one message: drain;
+//! two: kill and hand back), so tests drive it with fake GPUs and no signals.
+
+mod attempt;
+pub mod config;
+mod daemon;
+pub mod executor;
+pub mod inventory;
+pub mod reservations;
+pub mod results;
+pub mod shipper;
+
+pub use config::WorkerConfig;
+pub use daemon::run;
+pub use inventory::{detect, GpuInventory};

@@ -52,13 +52,17 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
         created_at: row.try_get("created_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+        // Filled by `get` and `list` from `job_metric_summaries`.
         metrics: Default::default(),
     })
 }
 
+/// A job with the metric summaries of its latest attempt.
 pub async fn get(pool: &SqlitePool, id: JobId) -> anyhow::Result<Option<Job>> {
     let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = ?")).bind(id).fetch_optional(pool).await?;
-    row.as_ref().map(job_from_row).transpose()
+    let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
+    job.metrics = super::metrics::summaries(pool, &[id]).await?.remove(&id).unwrap_or_default();
+    Ok(Some(job))
 }
 
 /// Resolved filters of a job listing.
@@ -82,7 +86,7 @@ fn push_filter<'a>(query: &mut QueryBuilder<'a, Sqlite>, filter: &'a JobFilter) 
     }
 }
 
-/// One page of jobs in id order, and how many match in all.
+/// One page of jobs in id order (with their metric summaries), and how many match in all.
 pub async fn list(pool: &SqlitePool, filter: &JobFilter, limit: u32, offset: u64) -> anyhow::Result<JobPage> {
     let mut count = QueryBuilder::new("SELECT count(*) FROM jobs j");
     push_filter(&mut count, filter);
@@ -91,7 +95,13 @@ pub async fn list(pool: &SqlitePool, filter: &JobFilter, limit: u32, offset: u64
     push_filter(&mut page, filter);
     page.push(" ORDER BY j.id LIMIT ").push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
     let rows = page.build().fetch_all(pool).await?;
-    let jobs = rows.iter().map(job_from_row).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut jobs = rows.iter().map(job_from_row).collect::<anyhow::Result<Vec<_>>>()?;
+    // One query for the whole page's metrics, not one per job.
+    let ids: Vec<JobId> = jobs.iter().map(|job| job.id).collect();
+    let mut metrics = super::metrics::summaries(pool, &ids).await?;
+    for job in &mut jobs {
+        job.metrics = metrics.remove(&job.id).unwrap_or_default();
+    }
     Ok(JobPage { total: total as u64, jobs })
 }
 
@@ -200,9 +210,11 @@ pub async fn mark_running(
 }
 
 /// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`.
+/// The decision was made on `seen` (its retries and cancel flag are part of the guard: a
+/// cancel that lands between the read and this write makes it change nothing).
 pub async fn finish(
     conn: &mut SqliteConnection,
-    attempt: JobAttempt,
+    seen: &JobState,
     worker_id: WorkerId,
     decision: &Finish,
     now: i64,
@@ -210,7 +222,8 @@ pub async fn finish(
     let done = sqlx::query(
         "UPDATE jobs SET status = ?, retries_left = ?, exit_code = ?, reason = ?, lease_expires_at = NULL,
                 finished_at = CASE WHEN ? THEN ? ELSE NULL END
-         WHERE id = ? AND status = 'running' AND attempt = ? AND worker_id = ?",
+         WHERE id = ? AND status = 'running' AND attempt = ? AND worker_id = ?
+           AND retries_left = ? AND cancel_requested = ?",
     )
     .bind(decision.status.as_str())
     .bind(decision.retries_left)
@@ -218,12 +231,26 @@ pub async fn finish(
     .bind(decision.reason.as_deref())
     .bind(decision.status.is_terminal())
     .bind(now)
-    .bind(attempt.job_id)
-    .bind(attempt.attempt)
+    .bind(seen.id)
+    .bind(seen.attempt)
     .bind(worker_id)
+    .bind(seen.retries_left)
+    .bind(seen.cancel_requested)
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Gives every running job a full lease from `until`: after a server restart, workers get a
+/// lease's time to reconnect before the reaper counts their jobs as lost.
+pub async fn extend_running_leases(conn: &mut SqliteConnection, until: i64) -> sqlx::Result<u64> {
+    let done = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = max(coalesce(lease_expires_at, 0), ?) WHERE status = 'running'",
+    )
+    .bind(until)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Applies a lease expiry decision to the attempt `(id, attempt)` if it is still running.

@@ -8,7 +8,11 @@
 
 pub mod events;
 pub mod jobs;
+pub mod logs;
+pub mod metrics;
+pub mod results;
 pub mod sweeps;
+pub mod telemetry;
 pub mod workers;
 
 use anyhow::Context;

@@ -11,8 +11,10 @@ use sqlx::{Row, SqlitePool};
 /// limit, and few statements is what makes a 100,000-job sweep insert in a fraction of a second.
 const JOBS_PER_STATEMENT: usize = 4_000;
 
-/// Returns `base`, or `base-2`, `base-3`, ... whichever is free.
+/// Returns `base`, or `base-2`, `base-3`, ... whichever is free (shortening `base` so the
+/// name stays within the 100 characters names may have).
 pub async fn unique_name(conn: &mut SqliteConnection, base: &str) -> sqlx::Result<String> {
+    let base = if base.len() > 90 { &base[..90] } else { base };
     let taken: Vec<String> = sqlx::query_scalar("SELECT name FROM sweeps WHERE name = ? OR name LIKE ? || '-%'")
         .bind(base)
         .bind(base)

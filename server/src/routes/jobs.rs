@@ -124,32 +124,36 @@ async fn report(
     Path(id): Path<JobId>,
     ApiJson(request): ApiJson<ReportRequest>,
 ) -> ApiResult<Json<ReportResponse>> {
-    let attempt = JobAttempt { job_id: id, attempt: request.attempt };
     // Reports are the hot path: decide on a read from the reader pool, then apply with one
-    // guarded UPDATE. If the job moved in between, the guard fails and nothing changes.
-    let current = state_of(&mut *state.db.reader.acquire().await?, id).await?;
-    let holds = current.status == JobStatus::Running
-        && current.attempt == request.attempt
-        && current.worker_id == Some(request.worker_id);
-    if !holds {
-        return Err(ApiError::Conflict(format!(
-            "stale report for job {id} attempt {}: the job is {} at attempt {}",
-            request.attempt, current.status, current.attempt
-        )));
-    }
-    let decision = job::finish(&request.outcome, current.retries_left, current.cancel_requested);
-    let mut writer = state.db.writer.acquire().await?;
-    let applied = db::jobs::finish(&mut writer, attempt, request.worker_id, &decision, now_ms()).await?;
-    drop(writer);
-    if !applied {
-        return Err(ApiError::Conflict(format!(
-            "stale report for job {id} attempt {}: the attempt ended while the report was on its way",
-            request.attempt
-        )));
-    }
+    // UPDATE guarded by everything the decision used. If the job changed in between (a cancel
+    // arrived), the guard fails, nothing changes, and the decision is made again.
+    let mut tries = 0;
+    let decision = loop {
+        tries += 1;
+        let current = state_of(&mut *state.db.reader.acquire().await?, id).await?;
+        let holds = current.status == JobStatus::Running
+            && current.attempt == request.attempt
+            && current.worker_id == Some(request.worker_id);
+        if !holds {
+            return Err(ApiError::Conflict(format!(
+                "stale report for job {id} attempt {}: the job is {} at attempt {}",
+                request.attempt, current.status, current.attempt
+            )));
+        }
+        let decision = job::finish(&request.outcome, current.retries_left, current.cancel_requested);
+        let mut writer = state.db.writer.acquire().await?;
+        if db::jobs::finish(&mut writer, &current, request.worker_id, &decision, now_ms()).await? {
+            break decision;
+        }
+        if tries >= 5 {
+            return Err(raced(id));
+        }
+    };
     if decision.status == JobStatus::Queued {
         state.work_available.notify_waiters();
     }
+    // Followers of the attempt's log learn it ended.
+    state.job_signals.wake(id);
     tracing::debug!(job = id, attempt = request.attempt, status = %decision.status, "attempt finished");
     Ok(Json(ReportResponse { status: decision.status }))
 }

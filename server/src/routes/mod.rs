@@ -1,8 +1,14 @@
 //! The HTTP API: one module per resource, each exposing `router()`.
 
+mod fence;
 mod health;
 mod jobs;
+mod logs;
+mod metrics;
+mod results;
+mod summary;
 mod sweeps;
+mod telemetry;
 mod workers;
 
 use crate::state::AppState;
@@ -17,6 +23,11 @@ pub fn router(state: AppState) -> Router {
         .merge(sweeps::router())
         .merge(jobs::router())
         .merge(workers::router())
+        .merge(logs::router())
+        .merge(metrics::router())
+        .merge(results::router())
+        .merge(summary::router())
+        .merge(telemetry::router())
         .fallback(|| async {
             crate::error::ApiError::NotFound("no such endpoint; see the API list in README.md".into())
         })

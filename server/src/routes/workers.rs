@@ -1,4 +1,5 @@
-//! `/api/workers`: register, claim (long-poll), heartbeat, list.
+//! `/api/workers`: register, claim (long-poll), heartbeat (which also stores GPU telemetry),
+//! list.
 
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiJson, ApiResult};
@@ -55,6 +56,7 @@ async fn register(
     let mut tx = state.db.writer.begin().await?;
     let worker_id = db::workers::upsert(&mut tx, &request.name, &request.capacity, now).await?;
     let mut requeued = Vec::new();
+    let mut ended = Vec::new();
     let mut still_held = Vec::new();
     for held in db::jobs::running_on(&mut tx, worker_id).await? {
         let attempt = JobAttempt { job_id: held.id, attempt: held.attempt };
@@ -64,12 +66,18 @@ async fn register(
         }
         // The worker came back without this job: its box restarted, the job died with it.
         let decision = job::lease_expired(held.crash_count, state.config.max_crashes, held.cancel_requested);
-        if db::jobs::expire(&mut tx, attempt, &decision, now).await? && decision.status == job::JobStatus::Queued {
-            requeued.push(held.id);
+        if db::jobs::expire(&mut tx, attempt, &decision, now).await? {
+            ended.push(held.id);
+            if decision.status == job::JobStatus::Queued {
+                requeued.push(held.id);
+            }
         }
     }
     db::jobs::extend_leases(&mut tx, worker_id, &still_held, lease_until(&state, now)).await?;
     tx.commit().await?;
+    for id in ended {
+        state.job_signals.wake(id);
+    }
     if !requeued.is_empty() {
         tracing::warn!(worker = %request.name, jobs = ?requeued, "worker re-registered without its jobs; requeued them");
         state.work_available.notify_waiters();
@@ -94,12 +102,15 @@ async fn heartbeat(
 ) -> ApiResult<Json<HeartbeatResponse>> {
     let now = now_ms();
     let lease_expires_at = lease_until(&state, now);
-    // Two single-statement writes: no transaction needed, and none is paid for.
+    // Single-statement writes: no transaction needed, and none is paid for.
     let mut writer = state.db.writer.acquire().await?;
     if !db::workers::touch(&mut writer, id, now).await? {
         return Err(unknown_worker(id));
     }
     let held = db::jobs::extend_leases(&mut writer, id, &request.running, lease_expires_at).await?;
+    if !request.gpus.is_empty() {
+        db::telemetry::insert(&mut writer, id, now, &request.gpus).await?;
+    }
     drop(writer);
     let known: HashSet<JobAttempt> = held.iter().map(|(attempt, _)| *attempt).collect();
     Ok(Json(HeartbeatResponse {
@@ -145,24 +156,37 @@ async fn claim_now(state: &AppState, worker_id: WorkerId, capacity: &Capacity) -
         return Ok(Vec::new());
     }
     // Holding the only writer connection makes the look and the updates one unit: no other
-    // writer runs in between. Each claimed job is one guarded autocommitted UPDATE, so there
-    // is no transaction to pay for on this hot path.
+    // writer runs in between. The updates share one transaction, so a claim that fails or is
+    // dropped half-way (the worker hung up) leaves no job marked running for nobody.
     let mut writer = state.db.writer.acquire().await?;
     let limit = capacity.job_slots.saturating_mul(CANDIDATES_PER_SLOT).max(CANDIDATES_PER_SLOT);
     let candidates = db::jobs::queued_candidates(&mut writer, usable.len() as u32, max_free_memory, limit).await?;
     let mut free = capacity.clone();
-    let mut claimed = Vec::new();
+    let mut chosen = Vec::new();
     for candidate in candidates {
         if free.job_slots == 0 {
             break;
         }
-        let Some(placement) = place(&candidate.resources, &free) else { continue };
-        let Some(row) = db::jobs::mark_running(&mut writer, candidate.id, worker_id, lease_expires_at, now).await?
-        else {
-            continue;
-        };
-        free.reserve(&candidate.resources, &placement);
-        claimed.push(claimed_job(state, &mut writer, &row, placement).await?);
+        if let Some(placement) = place(&candidate.resources, &free) {
+            free.reserve(&candidate.resources, &placement);
+            chosen.push((candidate, placement));
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+    let mut claimed = Vec::new();
+    for (candidate, placement) in chosen {
+        if let Some(row) = db::jobs::mark_running(&mut tx, candidate.id, worker_id, lease_expires_at, now).await? {
+            claimed.push(claimed_job(state, &mut tx, &row, placement).await?);
+        }
+    }
+    tx.commit().await?;
+    drop(writer);
+    // Log followers waiting for a queued job's first attempt learn it started.
+    for job in &claimed {
+        state.job_signals.wake(job.id);
     }
     Ok(claimed)
 }

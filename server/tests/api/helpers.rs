@@ -88,6 +88,14 @@ impl TestApp {
         self.client.register(&request).await.expect("register").worker_id
     }
 
+    /// Submits a one-job sweep called `name` and claims it on a new worker `name-w`.
+    pub async fn start_one(&self, name: &str) -> (WorkerId, ClaimedJob) {
+        self.submit(&sweep_of(name, 1)).await;
+        let worker = self.register(&format!("{name}-w"), 1).await;
+        let job = self.claim(worker, 1).await.pop().expect("the job is claimed");
+        (worker, job)
+    }
+
     /// Claims without waiting.
     pub async fn claim(&self, worker: WorkerId, job_slots: u32) -> Vec<ClaimedJob> {
         let request = ClaimRequest { capacity: cpu(job_slots), wait_ms: 0 };

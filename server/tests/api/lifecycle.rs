@@ -89,7 +89,7 @@ async fn heartbeats_keep_leases_alive_carry_cancels_and_name_unknown_attempts() 
     let bogus = JobAttempt { job_id: held[0].job_id, attempt: 99 };
     // Heartbeat for twice the lease: nothing expires.
     for _ in 0..12 {
-        let request = HeartbeatRequest { running: held.clone() };
+        let request = HeartbeatRequest { running: held.clone(), ..HeartbeatRequest::default() };
         let response = app.client.heartbeat(worker, &request).await.unwrap();
         assert!(response.cancel.is_empty() && response.unknown.is_empty());
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -98,7 +98,7 @@ async fn heartbeats_keep_leases_alive_carry_cancels_and_name_unknown_attempts() 
     assert_eq!(app.client.jobs(&running).await.unwrap().total, 2);
     let cancel = app.client.cancel_job(held[1].job_id).await.unwrap();
     assert_eq!((cancel.cancelled, cancel.cancel_requested), (0, 1));
-    let request = HeartbeatRequest { running: vec![held[0], held[1], bogus] };
+    let request = HeartbeatRequest { running: vec![held[0], held[1], bogus], ..HeartbeatRequest::default() };
     let response = app.client.heartbeat(worker, &request).await.unwrap();
     assert_eq!(response.cancel, [held[1]]);
     assert_eq!(response.unknown, [bogus]);

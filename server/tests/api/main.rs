@@ -5,4 +5,8 @@ mod bad_input;
 mod claims;
 mod helpers;
 mod lifecycle;
+mod logs;
+mod metrics;
+mod results;
 mod submit;
+mod summary;

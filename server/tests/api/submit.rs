@@ -27,7 +27,7 @@ async fn a_native_grid_becomes_one_queued_job_per_combination() {
     assert_eq!(first.status, JobStatus::Queued);
     assert_eq!((first.index, first.priority, first.retries_left, first.attempt), (0, 2, 1, 0));
     assert_eq!(first.params, serde_json::json!({"lr": 0.1, "hidden": [128, 64]}));
-    assert_eq!(first.command, "python train.py --lr 0.1 --hidden [128,64]");
+    assert_eq!(first.command, "python train.py --lr 0.1 --hidden '[128,64]'");
     assert_eq!(page.jobs[3].params, serde_json::json!({"lr": 0.01, "hidden": [256]}));
     let sweep = app.client.sweep("vaep-grid").await.unwrap();
     assert_eq!(sweep.info.counts.queued, 4);

@@ -19,7 +19,8 @@ pub struct LogAppend {
     pub offset: u64,
 }
 
-/// The server's log length for the attempt after an append.
+/// How many bytes of the worker's log file the server has accepted for the attempt. Past the
+/// per-job log cap this keeps growing while storage stops (the worker moves on either way).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct LogAck {
     pub length: u64,

@@ -64,6 +64,9 @@ fn parse_resources(value: &Value) -> Result<Resources, SweepError> {
     Ok(resources)
 }
 
+/// 4 EiB: no GPU comes near, and sums of a few such values still fit in an `i64`.
+const MAX_GPU_MEMORY: u64 = 1 << 62;
+
 fn parse_memory(value: &Value) -> Result<u64, SweepError> {
     const PATH: &str = "resources.gpu_memory";
     let bytes = match value {
@@ -76,6 +79,10 @@ fn parse_memory(value: &Value) -> Result<u64, SweepError> {
     };
     if bytes == 0 {
         return Err(invalid(PATH, "expected a positive size, found 0"));
+    }
+    if bytes > MAX_GPU_MEMORY {
+        let message = format!("gpu_memory is larger than any GPU ({bytes} bytes; at most 2^62 = 4 EiB)");
+        return Err(invalid(PATH, message));
     }
     Ok(bytes)
 }
@@ -191,5 +198,11 @@ mod tests {
         assert_eq!(path_of("metric: {name: x, goal: up}"), "metric.goal");
         assert_eq!(path_of("metric: {goal: minimize}"), "metric.name");
         assert_eq!(path_of("retries: -1"), "retries");
+        assert_eq!(path_of("resources: {gpu_memory: 4611686018427387905}"), "resources.gpu_memory");
+        assert_eq!(path_of("resources: {gpu_memory: 5000000TiB}"), "resources.gpu_memory");
+        assert_eq!(
+            settings("resources: {gpu_memory: 4611686018427387904}").unwrap().resources.gpu_memory,
+            Some(1 << 62)
+        );
     }
 }

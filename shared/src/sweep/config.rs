@@ -12,6 +12,34 @@ use super::render::Style;
 use super::template::{Piece, Template};
 use super::yaml::Loader;
 
+/// `base` followed by enough `x_` that none of `texts` contains it: one `x_` more than the
+/// longest run of them after any occurrence of `base`. If a text contained the result, the
+/// `base` it starts with would be followed by a longer run. One pass over each text (a
+/// crafted `__app_slot_x_x_...` used to cost a search per `x_`).
+pub(crate) fn unused_prefix<'a>(base: &str, texts: impl IntoIterator<Item = &'a str>) -> String {
+    let mut longest: Option<usize> = None;
+    for text in texts {
+        let mut from = 0;
+        // Occurrences may overlap (`base` begins and ends with `_`), so search from the
+        // next byte rather than past the match.
+        while let Some(found) = text[from..].find(base) {
+            let start = from + found;
+            let after = &text.as_bytes()[start + base.len()..];
+            let run = after.chunks_exact(2).take_while(|pair| *pair == b"x_").count();
+            longest = Some(longest.map_or(run, |longest| longest.max(run)));
+            from = start + 1;
+            while !text.is_char_boundary(from) {
+                from += 1;
+            }
+        }
+    }
+    let mut prefix = base.to_owned();
+    if let Some(run) = longest {
+        prefix.push_str(&"x_".repeat(run + 1));
+    }
+    prefix
+}
+
 /// Marker strings for one sweep, chosen so that the sweep file never contains them.
 #[derive(Debug, Clone)]
 pub(crate) struct SlotMarkers {
@@ -20,11 +48,7 @@ pub(crate) struct SlotMarkers {
 
 impl SlotMarkers {
     pub(crate) fn for_text(text: &str) -> SlotMarkers {
-        let mut prefix = "__app_slot_".to_owned();
-        while text.contains(prefix.as_str()) {
-            prefix.push_str("x_");
-        }
-        SlotMarkers { prefix }
+        SlotMarkers { prefix: unused_prefix("__app_slot_", [text]) }
     }
 
     /// The placeholder to put in the document where slot `slot`'s value goes; a plain
@@ -94,5 +118,25 @@ mod tests {
     fn markers_avoid_text_already_in_the_file() {
         let markers = SlotMarkers::for_text("note: __app_slot_0__");
         assert_ne!(markers.marker(0), Value::String("__app_slot_0__".into()));
+    }
+
+    #[test]
+    fn unused_prefixes_are_absent_from_every_text() {
+        let texts = [
+            "",
+            "__app_slot_",
+            "__app_slot_x_x_",
+            "__app_slot__app_slot_x_x_x_",
+            "é__app_slot_x___app_slot_x_x_",
+            "__app_slot_x_x_x_x_ and __app_slot_",
+        ];
+        for text in texts {
+            let prefix = unused_prefix("__app_slot_", [text]);
+            assert!(!text.contains(&prefix), "{text:?} contains {prefix:?}");
+        }
+        assert_eq!(unused_prefix("__app_slot_", ["plain"]), "__app_slot_");
+        assert_eq!(unused_prefix("__app_slot_", ["__app_slot__app_slot_x_x_x_"]), "__app_slot_x_x_x_x_");
+        let all = unused_prefix("__b_", texts.iter().copied().chain(["__b_x_"]));
+        assert_eq!(all, "__b_x_x_");
     }
 }

@@ -7,6 +7,8 @@
 //! its element); an empty list (one run with `[]`); anything under a `device` key (GPU
 //! choice is the scheduler's). Lists inside lists are values, never nested axes.
 
+use std::collections::HashSet;
+
 use serde_norway::{Mapping, Value};
 
 use super::config::SlotMarkers;
@@ -33,12 +35,12 @@ pub(crate) fn parse(
         axes.push((path, values));
         markers.marker(axes.len() - 1)
     })?;
-    for (position, (path, _)) in axes.iter().enumerate() {
-        if axes[..position].iter().any(|(earlier, _)| earlier == path) {
-            return Err(invalid(path.as_str(), format!("two keys make the same parameter name `{path}`")));
-        }
-    }
+    // Counted first: an over-limit file is refused before any other work on its axes.
     let count = count_jobs(axes.iter().map(|(_, values)| values.len()), None, options.max_jobs)?;
+    let mut seen = HashSet::with_capacity(axes.len());
+    if let Some((path, _)) = axes.iter().find(|(path, _)| !seen.insert(path.as_str())) {
+        return Err(invalid(path.as_str(), format!("two keys make the same parameter name `{path}`")));
+    }
 
     let mut rendered = Vec::with_capacity(axes.len());
     for (path, values) in &axes {
@@ -46,7 +48,8 @@ pub(crate) fn parse(
         rendered.push(values.collect::<Result<Vec<_>, _>>()?);
     }
     let names: Vec<&str> = axes.iter().map(|(path, _)| path.as_str()).collect();
-    let command = command_template(options.command.as_deref().unwrap_or(DEFAULT_COMMAND), |name| resolve(&names, name));
+    let command =
+        command_template(options.command.as_deref().unwrap_or(DEFAULT_COMMAND), &names, |name| resolve(&names, name))?;
     let config = markers.template(loader, &Value::Mapping(document), axes.len())?;
     let templates =
         Templates { params: JsonShape::flat(names.iter().copied()).template(), command, config: Some(config) };
@@ -83,12 +86,12 @@ fn find_axes(
         let path = join(parent, &key_text(key));
         match value {
             Value::Mapping(inner) => find_axes(inner, &path, loader, axis)?,
-            Value::Sequence(items) if items.len() == 1 => *value = as_list_if_listy(items.remove(0), loader),
+            Value::Sequence(items) if items.len() == 1 => *value = as_list_if_listy(items.remove(0), loader)?,
             Value::Sequence(items) if items.len() >= 2 => {
-                let values = std::mem::take(items).into_iter().map(|item| as_list_if_listy(item, loader)).collect();
-                *value = axis(path, values);
+                let values = std::mem::take(items).into_iter().map(|item| as_list_if_listy(item, loader));
+                *value = axis(path, values.collect::<Result<_, _>>()?);
             }
-            Value::String(_) => *value = as_list_if_listy(std::mem::take(value), loader),
+            Value::String(_) => *value = as_list_if_listy(std::mem::take(value), loader)?,
             _ => {}
         }
     }
@@ -96,16 +99,18 @@ fn find_axes(
 }
 
 /// A string written like a list (`"[224, 224]"`) becomes that list; any other value, or a
-/// string that does not parse as a list, is returned unchanged.
-fn as_list_if_listy(value: Value, loader: &Loader) -> Value {
-    let Value::String(text) = &value else { return value };
+/// string that does not parse as a list, is returned unchanged. Fails only when the sweep
+/// file's budget of YAML nodes is spent (a list string repeated by aliases).
+fn as_list_if_listy(value: Value, loader: &Loader) -> Result<Value, SweepError> {
+    let Value::String(text) = &value else { return Ok(value) };
     let trimmed = text.trim();
     if !(trimmed.starts_with('[') && trimmed.ends_with(']')) {
-        return value;
+        return Ok(value);
     }
     match loader.load(trimmed) {
-        Ok(list @ Value::Sequence(_)) => list,
-        _ => value,
+        Ok(list @ Value::Sequence(_)) => Ok(list),
+        Err(error) if loader.is_spent() => Err(error),
+        _ => Ok(value),
     }
 }
 
@@ -127,10 +132,12 @@ mod tests {
     fn list_looking_strings_become_lists_only_when_they_parse() {
         let loader = Loader::for_text("");
         let list = as_list_if_listy(Value::String(" [224, 224] ".into()), &loader);
-        assert_eq!(list, Value::Sequence(vec![Value::from(224), Value::from(224)]));
+        assert_eq!(list, Ok(Value::Sequence(vec![Value::from(224), Value::from(224)])));
         let broken = Value::String("[1, [2]".into());
-        assert_eq!(as_list_if_listy(broken.clone(), &loader), broken);
+        assert_eq!(as_list_if_listy(broken.clone(), &loader), Ok(broken));
         let prose = Value::String("model [a, b]".into());
-        assert_eq!(as_list_if_listy(prose.clone(), &loader), prose);
+        assert_eq!(as_list_if_listy(prose.clone(), &loader), Ok(prose));
+        let huge = Value::String("[99999999999999999999999]".into());
+        assert_eq!(as_list_if_listy(huge.clone(), &loader), Ok(huge));
     }
 }

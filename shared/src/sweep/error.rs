@@ -10,8 +10,19 @@ pub enum SweepError {
     Syntax { line: usize, column: usize, message: String },
     #[error("at `{path}`: {message}")]
     Invalid { path: String, message: String },
-    #[error("sweep expands to {count} jobs, over the limit of {limit}")]
+    /// `count` saturates at `u128::MAX` (written "more than 10^38").
+    #[error("sweep expands to {} jobs, over the limit of {limit}", job_count(*.count))]
     TooManyJobs { count: u128, limit: u64 },
+}
+
+/// A job count for people: counts are multiplied with saturation, so `u128::MAX` stands for
+/// any count too large to hold, and printing its 39 digits would claim a precision it lacks.
+fn job_count(count: u128) -> String {
+    if count == u128::MAX {
+        "more than 10^38".to_owned()
+    } else {
+        count.to_string()
+    }
 }
 
 /// A [`SweepError::Invalid`] about the key at `path` (dotted, e.g. `grid.lr`).
@@ -30,5 +41,7 @@ mod tests {
         assert_eq!(invalid("grid.lr", "empty axis").to_string(), "at `grid.lr`: empty axis");
         let too_many = SweepError::TooManyJobs { count: 1 << 70, limit: 10 };
         assert_eq!(too_many.to_string(), "sweep expands to 1180591620717411303424 jobs, over the limit of 10");
+        let saturated = SweepError::TooManyJobs { count: u128::MAX, limit: 10 };
+        assert_eq!(saturated.to_string(), "sweep expands to more than 10^38 jobs, over the limit of 10");
     }
 }

@@ -4,14 +4,17 @@
 //! job, and can build job `i` on its own ([`Sweep::job`]). That is what lets the server refuse
 //! an over-large grid at once and expand a 100,000-job grid without holding it twice.
 //!
-//! Code map: `yaml` loads the file (and keeps `!!python/` tags), each form has its
-//! module (`native`, `wandb` with `wandb_spec`, `cvlab`), `render` precomputes every value's
-//! texts, `template` and `config` split commands, params and config files into literal text
-//! and value slots, `plan` decodes a job index, and `random` does the seeded W&B sampling.
+//! Code map: `yaml` loads the file (and keeps `!!python/` tags) through `bounded`, which
+//! refuses documents that aliases blow up, each form has its module (`native`, `wandb` with
+//! `wandb_spec`, `cvlab`), `render` precomputes every value's texts, `template` and `config`
+//! split commands, params and config files into literal text and value slots, `shell`
+//! writes values for the quotes around their placeholder, `plan` decodes a job index, and
+//! `random` does the seeded W&B sampling.
 
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 
+mod bounded;
 mod common;
 mod config;
 mod cvlab;
@@ -21,6 +24,7 @@ mod plan;
 mod random;
 mod read;
 mod render;
+mod shell;
 mod template;
 mod wandb;
 mod wandb_spec;

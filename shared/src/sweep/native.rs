@@ -60,7 +60,7 @@ pub(crate) fn parse(
     let (command, config) = match run {
         Run::Command(command) => {
             let resolve = |name: &str| names.iter().position(|known| *known == name);
-            (command_template(&command, resolve), None)
+            (command_template(&command, &names, resolve)?, None)
         }
         Run::Train(train) => {
             let command = Template::text(&format!("app train --config {CONFIG_REF}"));

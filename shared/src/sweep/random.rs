@@ -13,6 +13,11 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
 use super::render::{write_float, Rendered};
+use super::yaml::yaml_float;
+
+/// No standard normal draw is larger in magnitude: Box-Muller's radius is
+/// `sqrt(-2 ln(1 - u))` with `1 - u >= 2^-53`, at most `sqrt(106 ln 2)` = 8.5716.
+pub(crate) const MAX_STANDARD_NORMAL: f64 = 8.58;
 
 /// One parameter's distribution, already validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,18 +146,18 @@ impl Distribution {
 }
 
 fn integer(value: i128) -> Rendered {
-    let text = value.to_string();
-    Rendered { json: text.clone(), raw: text.clone(), shell: text.clone(), yaml: text }
+    Rendered::number(value.to_string())
 }
 
-/// A sampled float; one that overflowed (a huge log-normal draw) is written as `null`, the
-/// only JSON for it.
+/// A sampled float; one that overflowed is written as `null`, the only JSON for it (parsing
+/// refuses parameters whose draws can overflow, so this is a last resort).
 fn float_value(value: f64) -> Rendered {
     let mut text = String::new();
     if write_float(value, &mut text).is_err() {
-        text = "null".to_owned();
+        return Rendered::number("null".to_owned());
     }
-    Rendered { json: text.clone(), raw: text.clone(), shell: text.clone(), yaml: text }
+    // Resolved configs are YAML, which wants its own float form (`1.0e-06`).
+    Rendered { yaml: yaml_float(value), ..Rendered::number(text) }
 }
 
 /// A job's random stream.
@@ -233,6 +238,13 @@ mod tests {
         assert!((variance.sqrt() - 2.0).abs() < 0.15, "sigma {}", variance.sqrt());
         let quantized = draws(Distribution::QUniform { min: 0.0, max: 10.0, q: 2.0 }, 1, 200);
         assert!(quantized.iter().all(|value| value % 2.0 == 0.0));
+    }
+
+    #[test]
+    fn standard_normal_draws_are_bounded() {
+        assert!((-2.0 * (2f64.powi(-53)).ln()).sqrt() < MAX_STANDARD_NORMAL);
+        let mut draws = Draws::for_job(5, 0);
+        assert!((0..10_000).all(|_| draws.standard_normal().abs() < MAX_STANDARD_NORMAL));
     }
 
     #[test]

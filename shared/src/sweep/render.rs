@@ -1,14 +1,17 @@
 //! The texts of one parameter value, computed once at parse time so that building a job is
 //! only string concatenation.
 //!
-//! Shell quoting rule: values go into commands verbatim when every character is one the
-//! shell treats literally (letters, digits and `_-+.,:/=@%^[]`), because users write
-//! `--lr {lr}` and expect `--lr 0.001`; anything else (space, quotes, `$`, `;`, `*`, an
-//! empty string...) is quoted with `shlex::try_quote`, so a value can never inject shell
-//! syntax. `[` and `]` are let through so that list values read `--hidden [128,64]`.
+//! Commands get the value written for the quote context of its placeholder (see
+//! [`super::shell`]): outside quotes it goes in as it is only when every character is one
+//! the shell takes literally, and is quoted otherwise; inside double or single quotes it is
+//! escaped for those quotes. A value therefore always reaches the program as one literal
+//! piece of text and can never inject shell syntax, whatever quotes the template puts
+//! around its placeholder. Lists are quoted too (`--hidden '[128,64]'`): unquoted, `[...]`
+//! is a glob pattern.
 
 use serde_norway::Value;
 
+use super::shell::{push_quoted, shell_word, Quote};
 use super::yaml::{json_string, Loader};
 
 /// One value's texts in each of the styles a template can ask for.
@@ -18,7 +21,7 @@ pub(crate) struct Rendered {
     pub json: String,
     /// Strings as they are, everything else as JSON: inside a token quoted as a whole.
     pub raw: String,
-    /// `raw`, shell-quoted when it needs it: for `{name}` placeholders.
+    /// `raw`, shell-quoted when it needs it: for `{name}` placeholders outside quotes.
     pub shell: String,
     /// One-line flow YAML, tags kept: for resolved config files.
     pub yaml: String,
@@ -29,7 +32,8 @@ pub(crate) struct Rendered {
 pub(crate) enum Style {
     Json,
     Raw,
-    Shell,
+    /// `raw` written for a placeholder in this quote context of a command.
+    Shell(Quote),
     Yaml,
 }
 
@@ -49,14 +53,20 @@ impl Rendered {
         Ok(Rendered { json, raw, shell, yaml })
     }
 
-    /// The text of one style.
-    pub(crate) fn text(&self, style: Style) -> &str {
+    /// Appends the text of one style.
+    pub(crate) fn write(&self, style: Style, out: &mut String) {
         match style {
-            Style::Json => &self.json,
-            Style::Raw => &self.raw,
-            Style::Shell => &self.shell,
-            Style::Yaml => &self.yaml,
+            Style::Json => out.push_str(&self.json),
+            Style::Raw => out.push_str(&self.raw),
+            Style::Shell(Quote::None) => out.push_str(&self.shell),
+            Style::Shell(quote) => push_quoted(&self.raw, quote, out),
+            Style::Yaml => out.push_str(&self.yaml),
         }
+    }
+
+    /// A number's texts: the same in every style.
+    pub(crate) fn number(text: String) -> Rendered {
+        Rendered { json: text.clone(), raw: text.clone(), shell: text.clone(), yaml: text }
     }
 }
 
@@ -66,17 +76,6 @@ pub(crate) fn untagged(mut value: &Value) -> &Value {
         value = &tagged.value;
     }
     value
-}
-
-/// `text` as one shell word: unchanged when it is safe, quoted otherwise.
-pub(crate) fn shell_word(text: &str) -> Result<String, String> {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "_-+.,:/=@%^[]".contains(c);
-    if !text.is_empty() && text.chars().all(safe) {
-        return Ok(text.to_owned());
-    }
-    shlex::try_quote(text)
-        .map(|quoted| quoted.into_owned())
-        .map_err(|_| "a value containing a NUL byte cannot be passed to a command".to_owned())
 }
 
 /// Compact JSON of a YAML value, mapping keys in document order (a `serde_json::Map` may
@@ -154,6 +153,20 @@ mod tests {
         assert_eq!(render("2048").json, "2048");
         assert_eq!(render("1.0").json, "1.0");
         assert_eq!(render("-7").shell, "-7");
+        assert_eq!(render("1.0e-6").yaml, "1.0e-06");
+    }
+
+    #[test]
+    fn each_quote_context_gets_its_own_escaping() {
+        let value = render("'it''s $(id) \"x\"'");
+        let write = |quote| {
+            let mut out = String::new();
+            value.write(Style::Shell(quote), &mut out);
+            out
+        };
+        assert_eq!(write(Quote::Double), "it's \\$(id) \\\"x\\\"");
+        assert_eq!(write(Quote::Single), "it'\\''s $(id) \"x\"");
+        assert_eq!(write(Quote::None), value.shell);
     }
 
     #[test]
@@ -161,7 +174,7 @@ mod tests {
         let list = render("[128, 64]");
         assert_eq!(
             (list.json.as_str(), list.shell.as_str(), list.yaml.as_str()),
-            ("[128,64]", "[128,64]", "[128, 64]")
+            ("[128,64]", "'[128,64]'", "[128, 64]")
         );
         let map = render("{z: 1, a: [x]}");
         assert_eq!(map.json, r#"{"z":1,"a":["x"]}"#);

@@ -8,8 +8,9 @@ use super::error::{invalid, SweepError};
 use super::plan::{check_count, count_jobs, Plan, Source, Templates};
 use super::random::{Distribution, Sampler};
 use super::read;
-use super::render::{shell_word, Style};
-use super::template::{JsonShape, Piece, Template, CONFIG_REF};
+use super::render::Style;
+use super::shell::{check_nul, env_ref, quoted, Quote, QuoteState};
+use super::template::{JsonShape, Piece, Template};
 use super::wandb_spec::{parse_parameters, ParamSpec};
 use super::yaml::{get, key_text, Loader};
 use super::{ExpandOptions, Sweep, SweepForm};
@@ -109,31 +110,33 @@ fn flatten<'a>(
 }
 
 /// The command: `command` (a string or a list joined with spaces) with its macros expanded,
-/// or `${env} ${interpreter} ${program} ${args}`.
+/// or `${env} ${interpreter} ${program} ${args}`. Expansions are written for the quotes
+/// around their macro, like native placeholders.
 fn command_template(root: &Mapping, shape: &JsonShape) -> Result<Template, SweepError> {
     let program = get(root, "program").map(|program| read::string(program, "program")).transpose()?;
-    let program =
-        program.map(|program| shell_word(&program).map_err(|message| invalid("program", message))).transpose()?;
+    if let Some(program) = &program {
+        check_nul(program).map_err(|message| invalid("program", message))?;
+    }
     let macros = Macros { program: program.as_deref(), shape };
+    let mut shell = QuoteState::default();
     match get(root, "command") {
         None if program.is_none() => Err(invalid("program", "a W&B sweep needs `program` or `command`")),
         None => {
             let has_args = matches!(shape, JsonShape::Object(entries) if !entries.is_empty());
-            macros.expand(if has_args {
-                "${env} ${interpreter} ${program} ${args}"
-            } else {
-                "${env} ${interpreter} ${program}"
-            })
+            let command =
+                if has_args { "${env} ${interpreter} ${program} ${args}" } else { "${env} ${interpreter} ${program}" };
+            macros.expand(command, &mut shell)
         }
-        Some(Value::String(text)) => macros.expand(text),
+        Some(Value::String(text)) => macros.expand(text, &mut shell),
         Some(Value::Sequence(items)) => {
             let mut template = Template::default();
             for (position, item) in items.iter().enumerate() {
                 let text = read::string(item, &format!("command.{position}"))?;
                 if position > 0 {
                     template.push_text(" ");
+                    shell.feed(" ");
                 }
-                template.append(macros.expand(&text)?);
+                template.append(macros.expand(&text, &mut shell)?);
             }
             Ok(template)
         }
@@ -150,51 +153,57 @@ struct Macros<'a> {
 }
 
 impl Macros<'_> {
-    /// Replaces the W&B macros; any other `${NAME}` is a shell variable and stays.
-    fn expand(&self, text: &str) -> Result<Template, SweepError> {
+    /// Replaces the W&B macros; any other `${NAME}` is a shell variable and stays. `shell`
+    /// follows the quoting from one list item to the next.
+    fn expand(&self, text: &str, shell: &mut QuoteState) -> Result<Template, SweepError> {
         let mut template = Template::default();
         let mut rest = text;
         while let Some(start) = rest.find("${") {
-            template.push_text(&rest[..start]);
+            let before = &rest[..start];
+            template.push_text(before);
+            shell.feed(before);
             let after = &rest[start + 2..];
             let name = after.find('}').map(|end| &after[..end]);
-            match name.and_then(|name| self.expansion(name).transpose()) {
+            match name.and_then(|name| self.expansion(name, shell.quote()).transpose()) {
                 Some(expansion) => {
                     template.append(expansion?);
+                    shell.after_value();
                     rest = &after[name.map_or(0, str::len) + 1..];
                 }
                 None => {
                     template.push_text("${");
+                    shell.feed("${");
                     rest = after;
                 }
             }
         }
         template.push_text(rest);
+        shell.feed(rest);
         Ok(template)
     }
 
-    fn expansion(&self, name: &str) -> Result<Option<Template>, SweepError> {
+    fn expansion(&self, name: &str, quote: Quote) -> Result<Option<Template>, SweepError> {
         Ok(Some(match name {
             "env" => Template::text("/usr/bin/env"),
             "interpreter" => Template::text("python"),
             "program" => match self.program {
-                Some(program) => Template::text(program),
+                Some(program) => Template::text(&quoted(program, quote)),
                 None => return Err(invalid("command", "`${program}` is used but `program` is not set")),
             },
-            "args" => self.args("--"),
-            "args_no_hyphens" => self.args(""),
+            "args" => self.args("--", quote),
+            "args_no_hyphens" => self.args("", quote),
             "args_json" => {
                 let mut template = Template::default();
-                template.push(Piece::Quoted(self.shape.template().into_pieces()));
+                template.push(Piece::Quoted(self.shape.template().into_pieces(), quote));
                 template
             }
-            "args_json_file" => Template::text(CONFIG_REF),
+            "args_json_file" => Template::text(&env_ref("APP_CONFIG", quote)),
             _ => return Ok(None),
         }))
     }
 
-    /// `--name=value` for each top-level parameter, each token one shell word.
-    fn args(&self, hyphens: &str) -> Template {
+    /// `--name=value` for each top-level parameter, each token one piece of text in `quote`.
+    fn args(&self, hyphens: &str, quote: Quote) -> Template {
         let mut template = Template::default();
         let JsonShape::Object(entries) = self.shape else { return template };
         for (position, (name, shape)) in entries.iter().enumerate() {
@@ -206,7 +215,7 @@ impl Macros<'_> {
                 JsonShape::Slot(slot) => token.push(Piece::Slot(*slot, Style::Raw)),
                 nested => token.extend(nested.template().into_pieces()),
             }
-            template.push(Piece::Quoted(token));
+            template.push(Piece::Quoted(token, quote));
         }
         template
     }

@@ -4,7 +4,7 @@
 use serde_norway::{Mapping, Value};
 
 use super::error::{invalid, SweepError};
-use super::random::Distribution;
+use super::random::{Distribution, MAX_STANDARD_NORMAL};
 use super::read;
 use super::render::Rendered;
 use super::yaml::{describe, get, join, Loader};
@@ -101,6 +101,18 @@ fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, S
                 );
                 return Err(invalid(join(path, "max"), message));
             }
+            if !(max - min).is_finite() {
+                let message = format!("the range from `min` ({min}) to `max` ({max}) is too wide: max - min overflows");
+                return Err(invalid(join(path, "max"), message));
+            }
+            if name.starts_with("q_") {
+                // The largest draw in magnitude, which is divided by q to quantize it.
+                let largest = match name {
+                    "q_log_uniform" => max.exp(),
+                    _ => min.abs().max(max.abs()),
+                };
+                field.quantizable(largest, q)?;
+            }
             match name {
                 "uniform" => Distribution::Uniform { min, max },
                 "q_uniform" => Distribution::QUniform { min, max, q },
@@ -114,6 +126,29 @@ fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, S
             let mu = get(map, "mu").map(|mu| read::number(mu, &join(path, "mu"))).transpose()?.unwrap_or(0.0);
             let sigma = field.positive_or_one("sigma")?;
             let q = field.positive_or_one("q")?;
+            // Draws are mu + sigma * z with |z| < MAX_STANDARD_NORMAL; 40 sigma is room to spare.
+            let reach = mu.abs() + 40.0 * sigma;
+            if !reach.is_finite() {
+                let message =
+                    format!("mu ± 40·sigma must be a finite float; with mu = {mu} and sigma = {sigma} it is not");
+                return Err(invalid(join(path, "sigma"), message));
+            }
+            let largest = if name.contains("log_normal") {
+                let exponent = mu + MAX_STANDARD_NORMAL * sigma;
+                if exponent > f64::MAX.ln() {
+                    let message = format!(
+                        "{name} draws e^(mu + sigma·z), which overflows for mu = {mu} and sigma = {sigma}; \
+                         keep mu + {MAX_STANDARD_NORMAL}·sigma below 709"
+                    );
+                    return Err(invalid(join(path, "sigma"), message));
+                }
+                exponent.exp()
+            } else {
+                reach
+            };
+            if name.starts_with("q_") {
+                field.quantizable(largest, q)?;
+            }
             match name {
                 "normal" => Distribution::Normal { mu, sigma },
                 "q_normal" => Distribution::QNormal { mu, sigma, q },
@@ -232,6 +267,15 @@ impl Fields<'_> {
         Ok(number)
     }
 
+    /// Refuses a `q` so small that `largest / q` overflows (every such draw would be null).
+    fn quantizable(&self, largest: f64, q: f64) -> Result<(), SweepError> {
+        if !(largest / q).is_finite() {
+            let message = format!("`q` ({q}) is too small for draws up to {largest}: value / q overflows");
+            return Err(invalid(join(self.path, "q"), message));
+        }
+        Ok(())
+    }
+
     fn ordered(&self, min: f64, max: f64) -> Result<(), SweepError> {
         if min >= max {
             return Err(invalid(join(self.path, "max"), format!("`max` ({max}) must be greater than `min` ({min})")));
@@ -283,6 +327,12 @@ mod tests {
         assert_eq!(error_path("{valeus: [1]}"), "parameters.x.valeus");
         assert_eq!(error_path("{parameters: {a: {value: 1}}, value: 2}"), "parameters.x.value");
         assert_eq!(error_path("{}"), "parameters.x");
+        assert_eq!(error_path("{distribution: uniform, min: -1e308, max: 1e308}"), "parameters.x.max");
+        assert_eq!(error_path("{distribution: q_uniform, min: 0, max: 1e300, q: 1e-10}"), "parameters.x.q");
+        assert_eq!(error_path("{distribution: q_log_uniform, min: 0, max: 700, q: 1e-10}"), "parameters.x.q");
+        assert_eq!(error_path("{distribution: normal, mu: 0, sigma: 1e307}"), "parameters.x.sigma");
+        assert_eq!(error_path("{distribution: log_normal, mu: 700, sigma: 2}"), "parameters.x.sigma");
+        assert_eq!(error_path("{distribution: q_log_normal, mu: 600, sigma: 1, q: 1e-100}"), "parameters.x.q");
         assert_eq!(error_path("0.1"), "parameters.x");
     }
 }

@@ -7,8 +7,13 @@
 //! same length (columns in syntax errors stay right), and every writer here turns that local
 //! tag back into `!!python/` so the Python loader still gets a tuple.
 
+use std::borrow::Cow;
+
+use serde_norway::value::TaggedValue;
 use serde_norway::{Mapping, Value};
 
+use super::bounded::{self, Allowance};
+use super::config::unused_prefix;
 use super::error::{invalid, SweepError};
 
 /// The tag handle that serde_norway would drop.
@@ -21,25 +26,34 @@ pub(crate) struct Loader {
     /// A local tag as long as `!!python/` that the input never contains, so every occurrence
     /// of it in our values or output came from the rewrite.
     python_marker: Option<String>,
+    /// What every document loaded for this sweep file may still expand to.
+    allowance: Allowance,
 }
 
 impl Loader {
-    /// A loader whose private tag does not occur in `text`.
+    /// A loader whose private tag does not occur in `text`, and with the budget of a sweep
+    /// file of `text`.
     pub(crate) fn for_text(text: &str) -> Loader {
         let python_marker = (0..100).map(|n| format!("!pytag{n:02}/")).find(|marker| !text.contains(marker.as_str()));
-        Loader { python_marker }
+        Loader { python_marker, allowance: Allowance::for_text(text) }
     }
 
     /// Parses one YAML document, resolving merge keys (`<<: *defaults`), common in configs.
     pub(crate) fn load(&self, text: &str) -> Result<Value, SweepError> {
         let marker = self.python_marker.as_deref().filter(|_| text.contains(PYTHON_TAG));
         let Some(marker) = marker else {
-            return parse_document(text);
+            return parse_document(text, &self.allowance);
         };
-        let mut value = parse_document(&text.replace(PYTHON_TAG, marker))?;
+        let mut value = parse_document(&text.replace(PYTHON_TAG, marker), &self.allowance)?;
         // The rewrite also touched `!!python/` inside quoted strings; put those back.
         restore_strings(&mut value, marker);
         Ok(value)
+    }
+
+    /// Whether a document loaded here went over the sweep file's budget; once it has, every
+    /// later load fails too, and the sweep must be refused rather than read differently.
+    pub(crate) fn is_spent(&self) -> bool {
+        self.allowance.is_spent()
     }
 
     /// The tag as it must be written: `!!python/tuple` or `!foo`.
@@ -51,13 +65,25 @@ impl Loader {
         }
     }
 
-    /// The value as a block-style YAML document.
+    /// The value as a block-style YAML document, floats written by [`yaml_float`].
+    ///
+    /// serde_norway writes `1e-6`, which YAML 1.1 readers (PyYAML) take for a string, so each
+    /// float goes out as a marker string and the marker is then replaced by the float's text.
     pub(crate) fn to_yaml(&self, value: &Value) -> Result<String, SweepError> {
-        let text = serde_norway::to_string(value)
-            .map_err(|error| invalid("(root)", format!("cannot write the config as YAML: {error}")))?;
+        let mut floats = Vec::new();
+        let mut texts = Vec::new();
+        collect_floats_and_texts(value, &mut floats, &mut texts);
+        let written = if floats.is_empty() {
+            write_block(value)?
+        } else {
+            let prefix = unused_prefix("__app_float_", texts.iter().map(|text| text.as_ref()));
+            let mut next = 0;
+            let marked = mark_floats(value, &prefix, &mut next);
+            splice_floats(&write_block(&marked)?, &prefix, &floats)
+        };
         Ok(match &self.python_marker {
-            Some(marker) => text.replace(marker.as_str(), PYTHON_TAG),
-            None => text,
+            Some(marker) => written.replace(marker.as_str(), PYTHON_TAG),
+            None => written,
         })
     }
 
@@ -67,7 +93,10 @@ impl Loader {
         match value {
             Value::Null => out.push_str("null"),
             Value::Bool(flag) => out.push_str(if *flag { "true" } else { "false" }),
-            Value::Number(number) => out.push_str(&number.to_string()),
+            Value::Number(number) => match number.as_f64().filter(|_| number.is_f64()) {
+                Some(float) => out.push_str(&yaml_float(float)),
+                None => out.push_str(&number.to_string()),
+            },
             Value::String(text) if is_plain_safe(text) => out.push_str(text),
             // A JSON string is a valid YAML double-quoted scalar, and stays on one line.
             Value::String(text) => out.push_str(&json_string(text)),
@@ -102,14 +131,107 @@ impl Loader {
     }
 }
 
+/// A float as YAML 1.1 (PyYAML) and YAML 1.2 both read it back as the same float: a dot in
+/// the mantissa and a signed exponent of at least two digits (`1.0e-06`, `2.5e+20`, as PyYAML
+/// writes them), plain decimals as they are (`0.001`, `3.0`), and `.inf`, `-.inf`, `.nan`.
+pub(crate) fn yaml_float(number: f64) -> String {
+    if number.is_nan() {
+        return ".nan".to_owned();
+    }
+    if number.is_infinite() {
+        return if number > 0.0 { ".inf" } else { "-.inf" }.to_owned();
+    }
+    // The shortest text that reads back as the same float.
+    let text = serde_norway::Number::from(number).to_string();
+    let Some((mantissa, exponent)) = text.split_once(['e', 'E']) else {
+        return if text.contains('.') { text } else { format!("{text}.0") };
+    };
+    let dot = if mantissa.contains('.') { "" } else { ".0" };
+    let (sign, digits) = match exponent.strip_prefix('-') {
+        Some(digits) => ('-', digits),
+        None => ('+', exponent.trim_start_matches('+')),
+    };
+    format!("{mantissa}{dot}e{sign}{digits:0>2}")
+}
+
+fn write_block(value: &Value) -> Result<String, SweepError> {
+    serde_norway::to_string(value)
+        .map_err(|error| invalid("(root)", format!("cannot write the config as YAML: {error}")))
+}
+
+/// The YAML texts of `value`'s floats in document order, and every text (strings, keys,
+/// tags) that a marker must not occur in.
+fn collect_floats_and_texts<'a>(value: &'a Value, floats: &mut Vec<String>, texts: &mut Vec<Cow<'a, str>>) {
+    match value {
+        Value::Number(number) if number.is_f64() => floats.push(yaml_float(number.as_f64().unwrap_or(f64::NAN))),
+        Value::String(text) => texts.push(Cow::Borrowed(text)),
+        Value::Sequence(items) => items.iter().for_each(|item| collect_floats_and_texts(item, floats, texts)),
+        Value::Mapping(map) => {
+            for (key, item) in map {
+                collect_floats_and_texts(key, floats, texts);
+                collect_floats_and_texts(item, floats, texts);
+            }
+        }
+        Value::Tagged(tagged) => {
+            texts.push(Cow::Owned(tagged.tag.to_string()));
+            collect_floats_and_texts(&tagged.value, floats, texts);
+        }
+        _ => {}
+    }
+}
+
+/// `value` with float number `n` (document order, as collected) replaced by `{prefix}{n}__`.
+fn mark_floats(value: &Value, prefix: &str, next: &mut usize) -> Value {
+    match value {
+        Value::Number(number) if number.is_f64() => {
+            *next += 1;
+            Value::String(format!("{prefix}{}__", *next - 1))
+        }
+        Value::Sequence(items) => Value::Sequence(items.iter().map(|item| mark_floats(item, prefix, next)).collect()),
+        Value::Mapping(map) => Value::Mapping(
+            map.iter().map(|(key, item)| (mark_floats(key, prefix, next), mark_floats(item, prefix, next))).collect(),
+        ),
+        Value::Tagged(tagged) => Value::Tagged(Box::new(TaggedValue {
+            tag: tagged.tag.clone(),
+            value: mark_floats(&tagged.value, prefix, next),
+        })),
+        other => other.clone(),
+    }
+}
+
+/// Replaces each `{prefix}{n}__` of `text` by `floats[n]`.
+fn splice_floats(text: &str, prefix: &str, floats: &[String]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(prefix) {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + prefix.len()..];
+        let digits = after.find(|c: char| !c.is_ascii_digit()).unwrap_or(after.len());
+        let float = after[..digits].parse::<usize>().ok().filter(|_| after[digits..].starts_with("__"));
+        match float.and_then(|index| floats.get(index)) {
+            Some(float) => {
+                out.push_str(float);
+                rest = &after[digits + 2..];
+            }
+            // Cannot happen (no text of the document contains the prefix), but text stays text.
+            None => {
+                out.push_str(prefix);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A string's JSON text: quoted and escaped.
 pub(crate) fn json_string(text: &str) -> String {
     // Serialising a &str to JSON cannot fail.
     serde_json::to_string(text).unwrap_or_default()
 }
 
-fn parse_document(text: &str) -> Result<Value, SweepError> {
-    let mut value: Value = serde_norway::from_str(text).map_err(syntax_error)?;
+fn parse_document(text: &str, allowance: &Allowance) -> Result<Value, SweepError> {
+    let mut value = bounded::parse(text, allowance).map_err(|error| error.unwrap_or_else(syntax_error))?;
     value.apply_merge().map_err(|error| invalid("(root)", format!("cannot apply a `<<` merge key: {error}")))?;
     Ok(value)
 }
@@ -168,7 +290,7 @@ pub(crate) fn key_text(key: &Value) -> String {
         Value::Null => "null".to_owned(),
         other => {
             let mut text = String::new();
-            Loader { python_marker: None }.flow(other, &mut text);
+            Loader::for_text("").flow(other, &mut text);
             text
         }
     }
@@ -232,6 +354,37 @@ mod tests {
         let mut flow = String::from("v: ");
         loader.flow(&value["v"], &mut flow);
         assert_eq!(loader.load(&flow).unwrap(), value, "{flow}");
+    }
+
+    #[test]
+    fn floats_are_written_for_yaml_1_1_readers() {
+        let cases = [
+            (1.0e-6, "1.0e-06"),
+            (2.5e20, "2.5e+20"),
+            (-1.5e-300, "-1.5e-300"),
+            (1e16, "1.0e+16"),
+            (0.001, "0.001"),
+            (3.0, "3.0"),
+            (-0.0, "-0.0"),
+            (f64::INFINITY, ".inf"),
+            (f64::NEG_INFINITY, "-.inf"),
+            (f64::NAN, ".nan"),
+        ];
+        for (number, expected) in cases {
+            assert_eq!(yaml_float(number), expected);
+            let back: Value = serde_norway::from_str(expected).unwrap();
+            assert!(
+                back.as_f64().is_some_and(|read| read.to_bits() == number.to_bits() || number.is_nan()),
+                "{expected}"
+            );
+        }
+        let loader = Loader::for_text("");
+        let value = loader.load("a: 1.0e-6\nb: [2.5e+20, 7]\n1.5: !t 1e-9\nc: x __app_float_0__\n").unwrap();
+        let written = loader.to_yaml(&value).unwrap();
+        assert_eq!(written, "a: 1.0e-06\nb:\n- 2.5e+20\n- 7\n1.5: !t 1.0e-09\nc: x __app_float_0__\n");
+        let mut flow = String::new();
+        loader.flow(&value["b"], &mut flow);
+        assert_eq!(flow, "[2.5e+20, 7]");
     }
 
     #[test]

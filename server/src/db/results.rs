@@ -1,0 +1,135 @@
+//! `staged_files` (uploads waiting for their seal) and `results` (sealed result versions).
+
+use shared::api::{JobAttempt, JobId, ManifestEntry, ResultVersion};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqliteConnection, SqlitePool};
+use std::collections::HashMap;
+
+/// Forgets an uploaded path (before its file is replaced, so a crash in between leaves the
+/// path unrecorded rather than recorded with the old hash).
+pub async fn unstage(conn: &mut SqliteConnection, job: JobId, attempt: u32, path: &str) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM staged_files WHERE job_id = ? AND attempt = ? AND path = ?")
+        .bind(job)
+        .bind(attempt)
+        .bind(path)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn stage(conn: &mut SqliteConnection, job: JobId, attempt: u32, entry: &ManifestEntry) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO staged_files (job_id, attempt, path, size, sha256) VALUES (?, ?, ?, ?, ?)
+         ON CONFLICT (job_id, attempt, path) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256",
+    )
+    .bind(job)
+    .bind(attempt)
+    .bind(entry.path.as_str())
+    .bind(entry.size as i64)
+    .bind(entry.sha256.as_str())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The uploaded files of an attempt, by path.
+pub async fn staged(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<HashMap<String, ManifestEntry>> {
+    let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = ? AND attempt = ?")
+        .bind(job)
+        .bind(attempt)
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let entry = ManifestEntry {
+                path: row.try_get("path")?,
+                size: row.try_get::<i64, _>("size")? as u64,
+                sha256: row.try_get("sha256")?,
+            };
+            Ok((entry.path.clone(), entry))
+        })
+        .collect()
+}
+
+/// Forgets every upload of an attempt (sealed, or its staging removed).
+pub async fn unstage_attempt(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM staged_files WHERE job_id = ? AND attempt = ?")
+        .bind(job)
+        .bind(attempt)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Records a sealed version; false if the attempt already has one.
+pub async fn insert(conn: &mut SqliteConnection, version: &ResultVersion) -> anyhow::Result<bool> {
+    let done = sqlx::query(
+        "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt) DO NOTHING",
+    )
+    .bind(version.job_id)
+    .bind(version.attempt)
+    .bind(version.path.as_str())
+    .bind(serde_json::to_string(&version.files)?)
+    .bind(serde_json::to_string(&version.record)?)
+    .bind(serde_json::to_string(&version.params)?)
+    .bind(serde_json::to_string(&version.metrics)?)
+    .bind(version.stored_at)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+fn version_of(row: &SqliteRow) -> anyhow::Result<ResultVersion> {
+    let text = |column: &str| -> anyhow::Result<String> { Ok(row.try_get(column)?) };
+    Ok(ResultVersion {
+        job_id: row.try_get("job_id")?,
+        attempt: row.try_get("attempt")?,
+        path: row.try_get("path")?,
+        files: serde_json::from_str(&text("manifest")?)?,
+        record: serde_json::from_str(&text("record")?)?,
+        params: serde_json::from_str(&text("params")?)?,
+        metrics: serde_json::from_str(&text("metrics")?)?,
+        stored_at: row.try_get("stored_at")?,
+    })
+}
+
+/// A job's versions, oldest first.
+pub async fn list(pool: &SqlitePool, job: JobId) -> anyhow::Result<Vec<ResultVersion>> {
+    let rows = sqlx::query("SELECT * FROM results WHERE job_id = ? ORDER BY attempt").bind(job).fetch_all(pool).await?;
+    rows.iter().map(version_of).collect()
+}
+
+pub async fn get(pool: &SqlitePool, job: JobId, attempt: u32) -> anyhow::Result<Option<ResultVersion>> {
+    let row = sqlx::query("SELECT * FROM results WHERE job_id = ? AND attempt = ?")
+        .bind(job)
+        .bind(attempt)
+        .fetch_optional(pool)
+        .await?;
+    row.as_ref().map(version_of).transpose()
+}
+
+pub async fn exists(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<bool> {
+    let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM results WHERE job_id = ? AND attempt = ?")
+        .bind(job)
+        .bind(attempt)
+        .fetch_optional(pool)
+        .await?;
+    Ok(found.is_some())
+}
+
+/// Which of `attempts` are running now (their staging is still wanted).
+pub async fn running(pool: &SqlitePool, attempts: &[JobAttempt]) -> anyhow::Result<Vec<JobAttempt>> {
+    if attempts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pairs = serde_json::to_string(&attempts.iter().map(|a| [a.job_id, a.attempt as i64]).collect::<Vec<_>>())?;
+    let rows = sqlx::query(
+        "SELECT id, attempt FROM jobs WHERE status = 'running'
+           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))",
+    )
+    .bind(pairs)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(|row| Ok(JobAttempt { job_id: row.try_get("id")?, attempt: row.try_get("attempt")? })).collect()
+}

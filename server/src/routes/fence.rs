@@ -1,0 +1,33 @@
+//! Fencing of what workers send about an attempt (logs, metrics, files, seals): only the
+//! worker holding the job's current, running attempt may write, so a stale attempt whose
+//! lease was lost can never write over, or into, the attempt that replaced it.
+
+use crate::db;
+use crate::db::jobs::JobState;
+use crate::error::{ApiError, ApiResult};
+use shared::api::{JobId, WorkerId};
+use shared::job::JobStatus;
+use sqlx::SqliteConnection;
+
+/// The job's state, if `worker` holds its running `attempt`; 404 for no job, 409 otherwise.
+pub async fn holder(
+    conn: &mut SqliteConnection,
+    job: JobId,
+    attempt: u32,
+    worker: WorkerId,
+    what: &str,
+) -> ApiResult<JobState> {
+    let current = db::jobs::state(conn, job).await?.ok_or_else(|| ApiError::NotFound(format!("no job {job}")))?;
+    if current.status != JobStatus::Running || current.attempt != attempt {
+        return Err(ApiError::Conflict(format!(
+            "stale {what} for job {job} attempt {attempt}: the job is {} at attempt {}",
+            current.status, current.attempt
+        )));
+    }
+    if current.worker_id != Some(worker) {
+        return Err(ApiError::Conflict(format!(
+            "stale {what} for job {job} attempt {attempt}: the attempt is held by another worker"
+        )));
+    }
+    Ok(current)
+}

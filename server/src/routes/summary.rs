@@ -1,0 +1,52 @@
+//! `GET /api/sweeps/{sweep}/summary`: a sweep's leaderboard (params and metrics of every run,
+//! best first by the sweep's metric) as JSON or, with `format=csv`, as CSV.
+
+use crate::db;
+use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult};
+use crate::leaderboard;
+use crate::state::AppState;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use shared::api::{SummaryQuery, SummaryRow, SweepSummary};
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/sweeps/{sweep}/summary", get(summary))
+}
+
+async fn summary(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+    ApiQuery(query): ApiQuery<SummaryQuery>,
+) -> ApiResult<Response> {
+    let csv = match query.format.as_deref() {
+        None | Some("json") => false,
+        Some("csv") => true,
+        Some(other) => return Err(ApiError::BadRequest(format!("unknown format `{other}`; use `json` or `csv`"))),
+    };
+    let sweep = super::sweeps::find(&state, &key).await?.info;
+    let (jobs, mut summaries) = db::metrics::sweep_jobs(&state.db.reader, sweep.id).await?;
+    let rows = jobs
+        .into_iter()
+        .map(|job| {
+            Ok(SummaryRow {
+                rank: None,
+                job_id: job.id,
+                index: job.index,
+                status: job.status,
+                params: serde_json::from_str(&job.params)?,
+                metrics: summaries.remove(&job.id).unwrap_or_default(),
+                score: None,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let rows = leaderboard::rank(rows, sweep.metric.as_ref(), query.top);
+    let summary = SweepSummary { sweep: sweep.name, metric: sweep.metric, rows };
+    if csv {
+        let body = leaderboard::to_csv(&summary);
+        return Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], body).into_response());
+    }
+    Ok(Json(summary).into_response())
+}

@@ -1,0 +1,310 @@
+//! Result files on disk, under `<data_dir>/results/`.
+//!
+//! An upload streams into a temporary file in `.staging/.incoming/`, hashed as it arrives, and
+//! is renamed into its attempt's staging directory `.staging/<job>-<attempt>/` only once
+//! complete: a broken upload never leaves half a file where a seal could pick it up. Sealing
+//! renames the whole staging directory to `<sweep>/<index>/v<attempt>/` in one step, so a
+//! result version appears complete or not at all. Everything here is blocking-free for the
+//! runtime (tokio::fs, or `spawn_blocking` for directory walks).
+
+use futures_util::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+use shared::api::{JobId, ManifestEntry};
+use std::collections::HashSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::io::AsyncWriteExt;
+
+/// The folder of every result version where the server keeps its own record of it
+/// (`.app/manifest.json`, `.app/result.json`); uploads may not use it, and a job's own
+/// `manifest.json` or `result.json` never collides with the server's.
+pub const RESERVED_DIR: &str = ".app";
+
+const MAX_SEGMENT_BYTES: usize = 255;
+const MAX_PATH_BYTES: usize = 4096;
+
+/// Checks that `path` is a plain relative file path (`a/b.pt`) that cannot leave the directory
+/// it is joined to: no `..`, no absolute path, no empty or `.` segments, no backslash, no NUL.
+pub fn check_relative_path(path: &str) -> Result<(), String> {
+    let refuse = |why: &str| Err(format!("file path `{}` is not allowed: {why}", path.escape_debug()));
+    if path.is_empty() {
+        return refuse("it is empty");
+    }
+    if path.len() > MAX_PATH_BYTES {
+        return refuse("it is longer than 4096 bytes");
+    }
+    if path.contains('\0') {
+        return refuse("it contains a NUL byte");
+    }
+    if path.contains('\\') {
+        return refuse("use `/` between directories, not `\\`");
+    }
+    if path.starts_with('/') {
+        return refuse("it must be relative");
+    }
+    for segment in path.split('/') {
+        match segment {
+            "" => return refuse("it has an empty segment (`//` or a trailing `/`)"),
+            "." | ".." => return refuse("`.` and `..` segments are not allowed"),
+            _ if segment.len() > MAX_SEGMENT_BYTES => return refuse("a segment is longer than 255 bytes"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Where results live under the data directory.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    data_dir: PathBuf,
+}
+
+impl Layout {
+    pub fn new(data_dir: &Path) -> Layout {
+        Layout { data_dir: data_dir.to_path_buf() }
+    }
+
+    fn staging_root(&self) -> PathBuf {
+        self.data_dir.join("results").join(".staging")
+    }
+
+    /// Temporary files of uploads in progress.
+    pub fn incoming(&self) -> PathBuf {
+        self.staging_root().join(".incoming")
+    }
+
+    /// Where an attempt's uploaded files wait to be sealed.
+    pub fn staging(&self, job: JobId, attempt: u32) -> PathBuf {
+        self.staging_root().join(format!("{job}-{attempt}"))
+    }
+
+    /// A result version's directory, relative to the data dir (as stored and shown).
+    pub fn version_path(sweep: &str, index: u64, attempt: u32) -> String {
+        format!("results/{sweep}/{index}/v{attempt}")
+    }
+
+    /// A path relative to the data dir (`version_path`, or a file under it), made absolute.
+    pub fn absolute(&self, relative: &str) -> PathBuf {
+        relative.split('/').fold(self.data_dir.clone(), |path, segment| path.join(segment))
+    }
+
+    /// Creates the staging area and empties `.incoming`: at start-up no upload is in flight,
+    /// so anything there is left over from a crash.
+    pub async fn prepare(&self) -> io::Result<()> {
+        let incoming = self.incoming();
+        match tokio::fs::remove_dir_all(&incoming).await {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        tokio::fs::create_dir_all(&incoming).await
+    }
+
+    /// The attempts that have a staging directory.
+    pub async fn staged_attempts(&self) -> io::Result<Vec<(JobId, u32)>> {
+        let mut found = Vec::new();
+        let mut entries = match tokio::fs::read_dir(self.staging_root()).await {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(found),
+            entries => entries?,
+        };
+        while let Some(entry) = entries.next_entry().await? {
+            let name = entry.file_name();
+            let parsed = name
+                .to_str()
+                .and_then(|name| name.split_once('-'))
+                .and_then(|(job, attempt)| Some((job.parse().ok()?, attempt.parse().ok()?)));
+            found.extend(parsed);
+        }
+        Ok(found)
+    }
+}
+
+/// Why an upload was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    #[error("the upload is larger than the limit of {0} bytes")]
+    TooLarge(u64),
+    #[error("the upload broke off: {0}")]
+    Body(String),
+    #[error(transparent)]
+    Disk(#[from] io::Error),
+}
+
+/// A received file, not yet in place.
+#[derive(Debug)]
+pub struct Received {
+    pub temp: PathBuf,
+    pub size: u64,
+    pub sha256: String,
+}
+
+static UPLOADS: AtomicU64 = AtomicU64::new(0);
+
+/// Streams `body` into a new file in `incoming`, hashing it on the way; at most `limit` bytes.
+/// On any failure the partial file is removed.
+pub async fn receive<S, B, E>(incoming: &Path, body: S, limit: u64) -> Result<Received, ReceiveError>
+where
+    S: Stream<Item = Result<B, E>>,
+    B: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
+    tokio::fs::create_dir_all(incoming).await?;
+    let temp = incoming.join(format!("{}-{}.part", std::process::id(), UPLOADS.fetch_add(1, Ordering::Relaxed)));
+    let file = tokio::fs::File::create(&temp).await?;
+    let outcome = write_hashed(body, file, limit).await;
+    if outcome.is_err() {
+        let _ = tokio::fs::remove_file(&temp).await;
+    }
+    let (size, sha256) = outcome?;
+    Ok(Received { temp, size, sha256 })
+}
+
+/// Copies `body` into `file` and syncs it; returns the size and the hex SHA-256.
+async fn write_hashed<S, B, E>(body: S, file: tokio::fs::File, limit: u64) -> Result<(u64, String), ReceiveError>
+where
+    S: Stream<Item = Result<B, E>>,
+    B: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
+    // Chunks off the wire are small; a large buffer makes few, large writes to the disk.
+    let mut writer = tokio::io::BufWriter::with_capacity(1 << 20, file);
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    futures_util::pin_mut!(body);
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|error| ReceiveError::Body(error.to_string()))?;
+        let bytes = chunk.as_ref();
+        size += bytes.len() as u64;
+        if size > limit {
+            return Err(ReceiveError::TooLarge(limit));
+        }
+        hasher.update(bytes);
+        writer.write_all(bytes).await?;
+    }
+    writer.flush().await?;
+    // A sealed result is meant to outlive a power cut.
+    writer.into_inner().sync_all().await?;
+    Ok((size, hex::encode(hasher.finalize())))
+}
+
+/// Why a received file could not be put in place.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    #[error("{0}")]
+    Clash(String),
+    #[error(transparent)]
+    Disk(#[from] io::Error),
+}
+
+/// Moves a received file to `relative` under `staging` (replacing an earlier upload of the
+/// same path). A path that runs through an uploaded file, or onto a directory, is a clash.
+pub async fn place(received: &Received, staging: &Path, relative: &str) -> Result<(), PlaceError> {
+    let target = relative.split('/').fold(staging.to_path_buf(), |path, segment| path.join(segment));
+    let mut ancestor = staging.to_path_buf();
+    let segments: Vec<&str> = relative.split('/').collect();
+    for (position, segment) in segments[..segments.len() - 1].iter().enumerate() {
+        ancestor.push(segment);
+        if tokio::fs::metadata(&ancestor).await.is_ok_and(|meta| !meta.is_dir()) {
+            let file = segments[..=position].join("/");
+            return Err(PlaceError::Clash(format!("`{relative}` runs through the uploaded file `{file}`")));
+        }
+    }
+    if tokio::fs::metadata(&target).await.is_ok_and(|meta| meta.is_dir()) {
+        return Err(PlaceError::Clash(format!("`{relative}` is already a directory of uploaded files")));
+    }
+    if let Some(parent) = target.parent() {
+        tokio::fs::create_dir_all(parent).await?;
+    }
+    tokio::fs::rename(&received.temp, &target).await?;
+    Ok(())
+}
+
+/// Why a seal did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    #[error("{0}")]
+    Mismatch(String),
+    #[error("already stored")]
+    AlreadyStored,
+    #[error(transparent)]
+    Disk(#[from] io::Error),
+}
+
+/// Turns `staging` into the immutable version directory `version`: checks the files of the
+/// manifest are there with their sizes, removes everything else, writes `.app/manifest.json`
+/// and `.app/result.json`, then renames. Blocking; run it with `spawn_blocking`.
+pub fn seal(
+    staging: &Path,
+    version: &Path,
+    manifest: &[ManifestEntry],
+    manifest_json: &[u8],
+    result_json: &[u8],
+) -> Result<(), SealError> {
+    if version.exists() {
+        return Err(SealError::AlreadyStored);
+    }
+    for entry in manifest {
+        let path = entry.path.split('/').fold(staging.to_path_buf(), |path, segment| path.join(segment));
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_file() && meta.len() == entry.size => {}
+            Ok(meta) if meta.is_file() => {
+                return Err(SealError::Mismatch(format!(
+                    "`{}` is {} bytes in the upload but {} in the manifest",
+                    entry.path,
+                    meta.len(),
+                    entry.size
+                )))
+            }
+            _ => return Err(SealError::Mismatch(format!("`{}` is in the manifest but was not uploaded", entry.path))),
+        }
+    }
+    let keep: HashSet<&str> = manifest.iter().map(|entry| entry.path.as_str()).collect();
+    remove_unlisted(staging, "", &keep)?;
+    let record = staging.join(RESERVED_DIR);
+    std::fs::create_dir_all(&record)?;
+    std::fs::write(record.join("manifest.json"), manifest_json)?;
+    std::fs::write(record.join("result.json"), result_json)?;
+    if let Some(parent) = version.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    // rename() would silently replace an empty directory that appeared meanwhile; a version
+    // is never replaced, so look once more right before.
+    if version.exists() {
+        return Err(SealError::AlreadyStored);
+    }
+    std::fs::rename(staging, version)?;
+    Ok(())
+}
+
+/// Removes files under `dir` whose path (relative to the staging root) is not in `keep`, and
+/// directories left empty; returns whether `dir` is now empty.
+fn remove_unlisted(dir: &Path, prefix: &str, keep: &HashSet<&str>) -> io::Result<bool> {
+    let mut empty = true;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let relative = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            if remove_unlisted(&entry.path(), &relative, keep)? {
+                std::fs::remove_dir(entry.path())?;
+            } else {
+                empty = false;
+            }
+        } else if kind.is_file() && keep.contains(relative.as_str()) {
+            empty = false;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(empty)
+}
+
+/// Whether a disk error means the disk (or the quota) is full.
+pub fn is_disk_full(error: &io::Error) -> bool {
+    matches!(error.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge)
+}
+
+#[cfg(test)]
+#[path = "storage_tests.rs"]
+mod tests;

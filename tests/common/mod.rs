@@ -1,0 +1,195 @@
+//! Helpers of the end-to-end tests: the real `app` binary as server and worker processes on
+//! loopback, each with its own temporary directory, killed when dropped.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn app() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_app"));
+    command
+        .env_remove("APP_URL")
+        .env_remove("APP_WORKER_NAME")
+        .env_remove("APP_FAKE_GPUS")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    command
+}
+
+pub fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// A free loopback port (bound and released; a restart can reuse it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `check` every 50 ms until it gives `Some`, or panics after `timeout` naming `what`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `app --server-only` on a fixed loopback port with short leases and heartbeats.
+pub struct ServerProcess {
+    pub child: Child,
+    pub port: u16,
+    pub url: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl ServerProcess {
+    pub fn start() -> ServerProcess {
+        Self::start_with("lease_secs = 3\nheartbeat_secs = 0.5\n")
+    }
+
+    /// On a port chosen beforehand (a worker may already be trying it).
+    pub fn start_on(port: u16) -> ServerProcess {
+        Self::start_at(port, "lease_secs = 3\nheartbeat_secs = 0.5\n")
+    }
+
+    /// `settings` are lines of the `[server]` table of its config file.
+    pub fn start_with(settings: &str) -> ServerProcess {
+        Self::start_at(free_port(), settings)
+    }
+
+    fn start_at(port: u16, settings: &str) -> ServerProcess {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("server.toml"), format!("[server]\n{settings}")).unwrap();
+        let child = Self::spawn(dir.path(), port);
+        let server = ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir };
+        server.wait_listening();
+        server
+    }
+
+    fn spawn(dir: &Path, port: u16) -> Child {
+        app()
+            .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(dir.join("server.toml"))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("server-{}.log", now_nanos()))).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "the server did not start listening");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub fn client(&self) -> client::Client {
+        client::Client::new(&self.url).unwrap()
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Stops the server (SIGTERM) and waits for it to exit.
+    pub fn stop(&mut self) {
+        signal(&self.child, "TERM");
+        wait_exit(&mut self.child, Duration::from_secs(20));
+    }
+
+    /// Starts it again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.child = Self::spawn(self.dir.path(), self.port);
+        self.wait_listening();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `app --client-only` with its own work directory; stderr kept in a file for assertions.
+pub struct WorkerProcess {
+    pub child: Child,
+    pub name: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl WorkerProcess {
+    pub fn start(url: &str, name: &str, extra: &[&str]) -> WorkerProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let child = app()
+            .args(["--client-only", "--url", url, "--name", name, "--kill-grace-secs", "2", "--work-dir"])
+            .arg(dir.path().join("work"))
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("worker.log")).unwrap())
+            .spawn()
+            .unwrap();
+        WorkerProcess { child, name: name.to_string(), dir }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default()
+    }
+
+    pub fn signal(&self, name: &str) {
+        signal(&self.child, name);
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        wait_exit(&mut self.child, timeout)
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill").arg(format!("-{name}")).arg(child.id().to_string()).status().unwrap();
+    assert!(status.success(), "kill -{name} {}", child.id());
+}
+
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "process {} did not exit within {timeout:?}", child.id());
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// Whether a process id is still alive (and not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.split_whitespace().next() != Some("Z")),
+        Err(_) => false,
+    }
+}

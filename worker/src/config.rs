@@ -1,0 +1,122 @@
+//! Worker settings: defaults, a TOML file (configs/worker.example.toml), then flags.
+
+use anyhow::Context;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything the worker daemon can be told.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The server, e.g. `http://head:8000`.
+    pub url: String,
+    /// Unique per box: the server requeues jobs of a worker that re-registers without them.
+    pub name: String,
+    /// Only these GPU indices are used (`--gpus 0,1`); `None` means all.
+    pub gpus: Option<Vec<u32>>,
+    /// At most this many jobs at once; `None` means 4 per GPU, or one per core without GPUs.
+    pub max_jobs: Option<u32>,
+    /// Attempts run in fresh directories under this one.
+    pub work_dir: PathBuf,
+    /// `--fake-gpus 2x24GiB`: a simulated inventory, a testing aid.
+    pub fake_gpus: Option<String>,
+    /// How often GPU telemetry is sampled (sent with the next heartbeat).
+    pub telemetry_interval: Duration,
+    /// Time between SIGTERM and SIGKILL when a job is cancelled or times out.
+    pub kill_grace: Duration,
+    /// The longest an idle claim waits on the server.
+    pub claim_wait: Duration,
+    /// How often logs and metrics are shipped while a job runs.
+    pub ship_interval: Duration,
+}
+
+impl WorkerConfig {
+    pub fn new(url: impl Into<String>) -> WorkerConfig {
+        WorkerConfig {
+            url: url.into(),
+            name: default_name(),
+            gpus: None,
+            max_jobs: None,
+            work_dir: PathBuf::from("app-work"),
+            fake_gpus: None,
+            telemetry_interval: Duration::from_secs(5),
+            kill_grace: Duration::from_secs(10),
+            claim_wait: Duration::from_secs(20),
+            ship_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// The host name, which is what tells one box's worker from another's.
+pub fn default_name() -> String {
+    let host = nix::unistd::gethostname().ok().and_then(|name| name.into_string().ok()).unwrap_or_default();
+    let name = shared::names::name_from_stem(&host);
+    if name == "sweep" {
+        "worker".to_string()
+    } else {
+        name
+    }
+}
+
+/// The `[worker]` table of a config file; every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerFile {
+    pub url: Option<String>,
+    pub name: Option<String>,
+    pub gpus: Option<Vec<u32>>,
+    pub max_jobs: Option<u32>,
+    pub work_dir: Option<PathBuf>,
+    pub fake_gpus: Option<String>,
+    pub telemetry_secs: Option<f64>,
+    pub kill_grace_secs: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct WorkerConfigFile {
+    #[serde(default)]
+    pub worker: WorkerFile,
+}
+
+impl WorkerFile {
+    /// Reads the `[worker]` table of a config file (other tables are left to their owners).
+    pub fn load(path: &Path) -> anyhow::Result<WorkerFile> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+        let file: WorkerConfigFile =
+            toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))?;
+        Ok(file.worker)
+    }
+
+    /// Applies the keys the file sets.
+    pub fn apply(&self, config: &mut WorkerConfig) -> anyhow::Result<()> {
+        let seconds = |value: f64, key: &str| -> anyhow::Result<Duration> {
+            Duration::try_from_secs_f64(value)
+                .map_err(|_| anyhow::anyhow!("`{key}` must be a positive number of seconds"))
+        };
+        if let Some(url) = &self.url {
+            config.url = url.clone();
+        }
+        if let Some(name) = &self.name {
+            config.name = name.clone();
+        }
+        if let Some(gpus) = &self.gpus {
+            config.gpus = Some(gpus.clone());
+        }
+        if let Some(max_jobs) = self.max_jobs {
+            config.max_jobs = Some(max_jobs);
+        }
+        if let Some(dir) = &self.work_dir {
+            config.work_dir = dir.clone();
+        }
+        if let Some(fake) = &self.fake_gpus {
+            config.fake_gpus = Some(fake.clone());
+        }
+        if let Some(value) = self.telemetry_secs {
+            config.telemetry_interval = seconds(value, "telemetry_secs")?;
+        }
+        if let Some(value) = self.kill_grace_secs {
+            config.kill_grace = seconds(value, "kill_grace_secs")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! The worker's main loop: register, then claim what fits, start attempts, heartbeat (with
+//! telemetry, bringing back cancels), and drain on the first stop request, abort on the second.
+
+use crate::attempt::{self, AttemptContext, AttemptEvent};
+use crate::config::WorkerConfig;
+use crate::executor::Stop;
+use crate::inventory::GpuInventory;
+use crate::reservations::{default_max_jobs, Reservations};
+use anyhow::Context;
+use client::{Client, ClientResult};
+use shared::api::{
+    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, JobId, RegisterRequest,
+    ReportRequest, WorkerId,
+};
+use shared::job::Outcome;
+use shared::placement::place;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// An attempt this worker runs (or is still reporting).
+struct Running {
+    attempt: JobAttempt,
+    stop: mpsc::Sender<Stop>,
+}
+
+struct Daemon {
+    client: Client,
+    config: Arc<WorkerConfig>,
+    inventory: Arc<dyn GpuInventory>,
+    max_jobs: u32,
+    worker_id: WorkerId,
+    heartbeat: Duration,
+    reservations: Reservations,
+    running: HashMap<JobId, Running>,
+    events: mpsc::Sender<AttemptEvent>,
+    hostname: String,
+}
+
+/// Runs the worker until `stop` has been signalled and its jobs are done (first signal:
+/// drain) or killed and handed back (second signal).
+pub async fn run(
+    config: WorkerConfig,
+    inventory: Arc<dyn GpuInventory>,
+    mut stop: mpsc::UnboundedReceiver<()>,
+) -> anyhow::Result<()> {
+    let client = Client::new(&config.url).with_context(|| format!("worker server URL {}", config.url))?;
+    tokio::fs::create_dir_all(&config.work_dir)
+        .await
+        .with_context(|| format!("creating the work directory {}", config.work_dir.display()))?;
+    let max_jobs = config.max_jobs.unwrap_or_else(|| default_max_jobs(inventory.sample().len())).max(1);
+    let (events, mut received) = mpsc::channel(256);
+    let hostname = crate::config::default_name();
+    let mut daemon = Daemon {
+        client,
+        config: Arc::new(config),
+        inventory,
+        max_jobs,
+        worker_id: 0,
+        heartbeat: Duration::from_secs(5),
+        reservations: Reservations::new(max_jobs),
+        running: HashMap::new(),
+        events,
+        hostname,
+    };
+    tokio::select! {
+        registered = daemon.register() => registered?,
+        _ = stop.recv() => return Ok(()),
+    }
+    let mut claim: Option<JoinHandle<ClientResult<ClaimResponse>>> = None;
+    let mut claim_not_before = Instant::now();
+    let mut claim_failures = 0u32;
+    let mut beat: Option<JoinHandle<ClientResult<HeartbeatResponse>>> = None;
+    let mut beat_tick = tokio::time::interval(daemon.heartbeat);
+    beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_telemetry: Option<Instant> = None;
+    let mut beat_failures = 0u32;
+    let mut draining = false;
+    let mut abort_deadline: Option<Instant> = None;
+    loop {
+        if draining && daemon.running.is_empty() && claim.is_none() {
+            tracing::info!("drained: every job finished and reported");
+            return Ok(());
+        }
+        if abort_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            tracing::warn!(jobs = daemon.running.len(), "exiting before every abandoned job was reported");
+            return Ok(());
+        }
+        if !draining && claim.is_none() && Instant::now() >= claim_not_before {
+            claim = daemon.start_claim();
+        }
+        tokio::select! {
+            finished = async { claim.as_mut().expect("guarded").await }, if claim.is_some() => {
+                claim = None;
+                match finished {
+                    Ok(Ok(response)) => {
+                        claim_failures = 0;
+                        for job in response.jobs {
+                            if draining { daemon.give_back(job) } else { daemon.start(job) }
+                        }
+                    }
+                    Ok(Err(error)) => {
+                        claim_failures += 1;
+                        let delay = backoff(claim_failures);
+                        claim_not_before = Instant::now() + delay;
+                        if error.status() == Some(404) {
+                            daemon.register().await?;
+                        } else if claim_failures == 1 || claim_failures.is_multiple_of(10) {
+                            tracing::warn!(%error, retry_in = ?delay, "claiming work failed; retrying with backoff");
+                        }
+                    }
+                    Err(error) => tracing::error!(%error, "claim task failed"),
+                }
+            }
+            Some(event) = received.recv() => match event {
+                AttemptEvent::ProcessEnded(job) => daemon.reservations.release(job),
+                AttemptEvent::Done(job) => { daemon.running.remove(&job); }
+            },
+            _ = beat_tick.tick(), if beat.is_none() => {
+                let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
+                let gpus = if telemetry_due { last_telemetry = Some(Instant::now()); daemon.inventory.sample() } else { Vec::new() };
+                let request = HeartbeatRequest { running: daemon.running.values().map(|r| r.attempt).collect(), gpus };
+                let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
+                beat = Some(tokio::spawn(async move { client.heartbeat(worker_id, &request).await }));
+            }
+            answered = async { beat.as_mut().expect("guarded").await }, if beat.is_some() => {
+                beat = None;
+                match answered {
+                    Ok(Ok(response)) => {
+                        if beat_failures > 0 {
+                            tracing::info!("the server is reachable again");
+                        }
+                        beat_failures = 0;
+                        daemon.apply(&response);
+                    }
+                    Ok(Err(error)) if error.status() == Some(404) => daemon.register().await?,
+                    Ok(Err(error)) => {
+                        beat_failures += 1;
+                        if beat_failures == 1 || beat_failures.is_multiple_of(12) {
+                            tracing::warn!(%error, "heartbeat failed; jobs keep running, reports wait for the server");
+                        }
+                    }
+                    Err(error) => tracing::error!(%error, "heartbeat task failed"),
+                }
+            }
+            signal = stop.recv() => {
+                if signal.is_none() || draining {
+                    tracing::warn!(jobs = daemon.running.len(), "second stop: killing jobs and handing them back");
+                    for running in daemon.running.values() {
+                        let _ = running.stop.try_send(Stop::Abandon);
+                    }
+                    if let Some(pending) = claim.take() {
+                        pending.abort();
+                    }
+                    abort_deadline = Some(Instant::now() + daemon.config.kill_grace + Duration::from_secs(10));
+                    draining = true;
+                } else {
+                    tracing::info!(jobs = daemon.running.len(), "draining: no new jobs; running jobs finish (stop again to kill them)");
+                    draining = true;
+                }
+            }
+            _ = tokio::time::sleep_until(claim_not_before), if claim.is_none() && !draining => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)), if abort_deadline.is_some() => {}
+        }
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(250u64.saturating_mul(1 << failures.min(7))).min(Duration::from_secs(30))
+}
+
+impl Daemon {
+    /// Registers (again), telling the server which attempts are still alive here; retries
+    /// while the server is unreachable, saying so once per interval.
+    async fn register(&mut self) -> anyhow::Result<()> {
+        let mut failures = 0u32;
+        loop {
+            let request = RegisterRequest {
+                name: self.config.name.clone(),
+                protocol: shared::PROTOCOL_VERSION,
+                capacity: Reservations::new(self.max_jobs).capacity(&self.inventory.sample()),
+                holding: self.running.values().map(|running| running.attempt).collect(),
+            };
+            match self.client.register(&request).await {
+                Ok(response) => {
+                    self.worker_id = response.worker_id;
+                    self.heartbeat = Duration::from_millis(response.heartbeat_ms.max(100));
+                    tracing::info!(
+                        worker = %self.config.name, id = response.worker_id, url = %self.client.base_url(),
+                        max_jobs = self.max_jobs, "registered with the server"
+                    );
+                    return Ok(());
+                }
+                Err(error) if error.is_retryable() => {
+                    failures += 1;
+                    let delay = backoff(failures);
+                    if failures == 1 || failures.is_multiple_of(10) {
+                        tracing::warn!(%error, retry_in = ?delay, "cannot register with the server; retrying with backoff");
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+                Err(error) => return Err(error).context("registering with the server"),
+            }
+        }
+    }
+
+    fn start_claim(&self) -> Option<JoinHandle<ClientResult<ClaimResponse>>> {
+        let capacity = self.reservations.capacity(&self.inventory.sample());
+        if capacity.job_slots == 0 {
+            return None;
+        }
+        // While jobs run, come back soon: one ending may make room for a job that did not fit.
+        let wait = if self.reservations.is_empty() { self.config.claim_wait } else { Duration::from_secs(1) };
+        let request = ClaimRequest { capacity, wait_ms: wait.as_millis() as u64 };
+        let (client, worker_id) = (self.client.clone(), self.worker_id);
+        Some(tokio::spawn(async move { client.claim(worker_id, &request).await }))
+    }
+
+    /// Places a claimed job on this worker's GPUs and starts it.
+    fn start(&mut self, job: ClaimedJob) {
+        let gpus = self.inventory.sample();
+        let Some(placement) = place(&job.resources, &self.reservations.capacity(&gpus)) else {
+            tracing::warn!(job = job.id, "claimed a job that no longer fits; handing it back");
+            return self.give_back(job);
+        };
+        let names: Vec<(u32, String)> = placement
+            .gpus
+            .iter()
+            .map(|index| {
+                let name = gpus.iter().find(|gpu| gpu.index == *index).map(|gpu| gpu.name.clone()).unwrap_or_default();
+                (*index, name)
+            })
+            .collect();
+        self.reservations.hold(job.id, job.resources.clone(), placement);
+        let (stop, stopped) = mpsc::channel(4);
+        let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
+        self.running.insert(job.id, Running { attempt, stop: stop.clone() });
+        tracing::info!(job = job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
+        let context = AttemptContext {
+            client: self.client.clone(),
+            worker_id: self.worker_id,
+            worker_name: self.config.name.clone(),
+            hostname: self.hostname.clone(),
+            config: self.config.clone(),
+        };
+        tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
+    }
+
+    /// Returns a job this worker will not run; the server requeues it without counting a crash.
+    fn give_back(&self, job: ClaimedJob) {
+        let report = ReportRequest { worker_id: self.worker_id, attempt: job.attempt, outcome: Outcome::Abandoned };
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            if let Err(error) = client.report(job.id, &report).await {
+                tracing::warn!(job = job.id, %error, "handing a job back failed; it returns to the queue when its lease ends");
+            }
+        });
+    }
+
+    /// Acts on a heartbeat's answer: kill cancelled attempts and attempts no longer ours.
+    fn apply(&self, response: &HeartbeatResponse) {
+        for (attempts, reason) in [(&response.cancel, Stop::Cancel), (&response.unknown, Stop::Lost)] {
+            for attempt in attempts {
+                if let Some(running) = self.running.get(&attempt.job_id).filter(|r| r.attempt == *attempt) {
+                    tracing::info!(job = attempt.job_id, ?reason, "stopping an attempt at the server's word");
+                    let _ = running.stop.try_send(reason);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Runs one attempt: a fresh directory, the job's environment, `sh -c COMMAND` in its own
+//! process group, stdout and stderr appended to the attempt's log file as they come, and a
+//! whole-group kill (SIGTERM, then SIGKILL after a grace period) on cancel or timeout.
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use shared::api::ClaimedJob;
+use shared::job::Outcome;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio::sync::{mpsc, Notify};
+
+/// Where an attempt's files live: `<work_dir>/<sweep>/<index>/attempt-<n>/`.
+#[derive(Debug, Clone)]
+pub struct AttemptDirs {
+    pub root: PathBuf,
+    /// The job's working directory: fresh and empty.
+    pub cwd: PathBuf,
+    /// `APP_OUTPUT_DIR`: uploaded as the attempt's results.
+    pub output: PathBuf,
+    /// `APP_CONFIG`.
+    pub config: PathBuf,
+    /// `APP_METRICS_FILE`.
+    pub metrics: PathBuf,
+    /// stdout and stderr, as shipped to the server.
+    pub log: PathBuf,
+}
+
+impl AttemptDirs {
+    pub fn for_job(work_dir: &Path, job: &ClaimedJob) -> AttemptDirs {
+        let root = work_dir.join(&job.sweep).join(job.index.to_string()).join(format!("attempt-{}", job.attempt));
+        AttemptDirs {
+            cwd: root.join("work"),
+            output: root.join("output"),
+            config: root.join("config.yaml"),
+            metrics: root.join("metrics.jsonl"),
+            log: root.join("job.log"),
+            root,
+        }
+    }
+
+    /// Creates the directories afresh (a leftover from a crashed worker is removed) and writes
+    /// the config file.
+    pub async fn prepare(&self, job: &ClaimedJob) -> std::io::Result<()> {
+        if tokio::fs::try_exists(&self.root).await? {
+            tokio::fs::remove_dir_all(&self.root).await?;
+        }
+        tokio::fs::create_dir_all(&self.cwd).await?;
+        tokio::fs::create_dir_all(&self.output).await?;
+        // YAML is a superset of JSON, so the params object is a valid config file as is.
+        let config = job.config.clone().unwrap_or_else(|| format!("{}\n", job.params));
+        tokio::fs::write(&self.config, config).await?;
+        tokio::fs::write(&self.metrics, b"").await?;
+        tokio::fs::write(&self.log, b"").await?;
+        Ok(())
+    }
+}
+
+/// `APP_PARAM_<NAME>`: upper case, anything but letters and digits becomes `_`.
+pub fn param_variable(name: &str) -> String {
+    let mut variable = String::from("APP_PARAM_");
+    variable.extend(name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }));
+    variable
+}
+
+/// The environment a job sees, besides the worker's own.
+pub fn environment(
+    job: &ClaimedJob,
+    dirs: &AttemptDirs,
+    gpus: &[u32],
+    master_port: Option<u16>,
+) -> Vec<(String, String)> {
+    let path = |path: &Path| path.to_string_lossy().to_string();
+    let mut env = vec![
+        ("APP_JOB_ID".to_string(), job.id.to_string()),
+        ("APP_SWEEP".to_string(), job.sweep.clone()),
+        ("APP_INDEX".to_string(), job.index.to_string()),
+        ("APP_ATTEMPT".to_string(), job.attempt.to_string()),
+        ("APP_CONFIG".to_string(), path(&dirs.config)),
+        ("APP_OUTPUT_DIR".to_string(), path(&dirs.output)),
+        ("APP_METRICS_FILE".to_string(), path(&dirs.metrics)),
+        // CUDA numbers GPUs by speed unless told otherwise; NVML (and --gpus) by PCI bus.
+        ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
+        // Empty for CPU jobs: they must not wander onto GPU 0.
+        ("CUDA_VISIBLE_DEVICES".to_string(), gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+    ];
+    if let Some(params) = job.params.as_object() {
+        for (name, value) in params {
+            let text = match value {
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            env.push((param_variable(name), text));
+        }
+    }
+    if gpus.len() > 1 {
+        env.push(("WORLD_SIZE".to_string(), gpus.len().to_string()));
+        env.push(("MASTER_ADDR".to_string(), "127.0.0.1".to_string()));
+        env.push(("MASTER_PORT".to_string(), master_port.unwrap_or(29500).to_string()));
+    }
+    env
+}
+
+/// A free TCP port on loopback for `torchrun`'s rendezvous.
+pub fn free_port() -> Option<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok().map(|address| address.port())
+}
+
+/// Why the worker ends an attempt early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Cancel,
+    /// The worker is shutting down for good; the job goes back to the queue.
+    Abandon,
+    /// The server says this worker no longer holds the attempt.
+    Lost,
+}
+
+/// Runs the command to its end, or until `stop` says otherwise or `timeout` passes.
+pub async fn run(
+    command: &str,
+    dirs: &AttemptDirs,
+    env: &[(String, String)],
+    timeout: Option<Duration>,
+    grace: Duration,
+    mut stop: mpsc::Receiver<Stop>,
+    log_written: Arc<Notify>,
+) -> Outcome {
+    let log = match tokio::fs::OpenOptions::new().append(true).open(&dirs.log).await {
+        Ok(file) => file,
+        Err(error) => return Outcome::Error { reason: format!("opening the job log {}: {error}", dirs.log.display()) },
+    };
+    let mut child = match Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .current_dir(&dirs.cwd)
+        .envs(env.iter().map(|(key, value)| (key, value)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(error) => return Outcome::Error { reason: format!("starting `sh -c {command}`: {error}") },
+    };
+    let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+    let (chunks, received) = mpsc::channel::<Vec<u8>>(64);
+    let pipes = [
+        child.stdout.take().map(|out| tokio::spawn(forward(out, chunks.clone()))),
+        child.stderr.take().map(|err| tokio::spawn(forward(err, chunks.clone()))),
+    ];
+    drop(chunks);
+    let writer = tokio::spawn(write_log(log, received, log_written));
+
+    let deadline = async {
+        match timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let mut stopped: Option<Outcome> = None;
+    // A closed `stop` channel disables its branch (the pattern does not match); the others
+    // still end the wait.
+    let status = tokio::select! {
+        status = child.wait() => status,
+        Some(reason) = stop.recv() => {
+            stopped = Some(match reason {
+                Stop::Cancel => Outcome::Killed { reason: "cancelled".into() },
+                Stop::Lost => Outcome::Killed { reason: "lease lost".into() },
+                Stop::Abandon => Outcome::Abandoned,
+            });
+            terminate(&mut child, group, grace).await
+        }
+        _ = &mut deadline => {
+            let limit = timeout.unwrap_or_default().as_secs();
+            stopped = Some(Outcome::Killed { reason: format!("timed out after {limit} s") });
+            terminate(&mut child, group, grace).await
+        }
+    };
+    // Whatever the job left behind in its group goes with it (GPU memory is returned only
+    // when every process holding it has ended).
+    if let Some(group) = group {
+        let _ = killpg(group, Signal::SIGKILL);
+    }
+    for pipe in pipes.into_iter().flatten() {
+        // A grandchild that left the group could hold a pipe open; do not wait for it forever.
+        let _ = tokio::time::timeout(Duration::from_secs(2), pipe).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    match (stopped, status) {
+        (Some(outcome), _) => outcome,
+        (None, Ok(status)) => Outcome::Exited { code: exit_code(status) },
+        (None, Err(error)) => Outcome::Error { reason: format!("waiting for the job: {error}") },
+    }
+}
+
+/// SIGTERM to the whole group, SIGKILL after `grace`.
+async fn terminate(
+    child: &mut tokio::process::Child,
+    group: Option<Pid>,
+    grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    if let Some(group) = group {
+        let _ = killpg(group, Signal::SIGTERM);
+    }
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            if let Some(group) = group {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+            child.wait().await
+        }
+    }
+}
+
+/// The exit code, or 128 + the signal for a process killed by one (as shells report it).
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1)
+}
+
+async fn forward(mut pipe: impl AsyncRead + Unpin, chunks: mpsc::Sender<Vec<u8>>) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    while let Ok(read) = pipe.read(&mut buffer).await {
+        if read == 0 || chunks.send(buffer[..read].to_vec()).await.is_err() {
+            break;
+        }
+    }
+}
+
+async fn write_log(mut log: tokio::fs::File, mut chunks: mpsc::Receiver<Vec<u8>>, written: Arc<Notify>) {
+    while let Some(chunk) = chunks.recv().await {
+        if log.write_all(&chunk).await.is_err() {
+            break;
+        }
+        let _ = log.flush().await;
+        written.notify_one();
+    }
+    let _ = log.sync_data().await;
+    written.notify_one();
+}

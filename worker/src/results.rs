@@ -1,0 +1,164 @@
+//! Uploads an attempt's output directory as its versioned result: every regular file streamed
+//! with its SHA-256, then a manifest that seals them. Symlinks are followed only when they stay
+//! inside the output directory.
+
+use crate::shipper::ShipError;
+use client::Client;
+use sha2::{Digest, Sha256};
+use shared::api::{AttemptRecord, JobAttempt, ManifestEntry, ResultUpload, WorkerId};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// A file to upload: where it is, and what the manifest says of it.
+#[derive(Debug, Clone)]
+pub struct OutputFile {
+    pub source: PathBuf,
+    pub entry: ManifestEntry,
+}
+
+/// Walks the output directory. Returns the files in path order and a note for each thing
+/// skipped (a symlink leading outside, a special file).
+pub fn collect(output: &Path) -> std::io::Result<(Vec<OutputFile>, Vec<String>)> {
+    let root = output.canonicalize()?;
+    let mut files = Vec::new();
+    let mut skipped = Vec::new();
+    for entry in walkdir::WalkDir::new(&root).follow_links(false).sort_by_file_name() {
+        let entry = entry.map_err(std::io::Error::other)?;
+        let relative = entry.path().strip_prefix(&root).map_err(std::io::Error::other)?;
+        let relative_text = relative.to_string_lossy().replace('\\', "/");
+        let kind = entry.file_type();
+        let source = if kind.is_file() {
+            entry.path().to_path_buf()
+        } else if kind.is_symlink() {
+            match entry.path().canonicalize() {
+                Ok(target) if target.starts_with(&root) && target.is_file() => target,
+                Ok(target) => {
+                    skipped.push(format!(
+                        "{relative_text} -> {} (outside the output directory, or not a file)",
+                        target.display()
+                    ));
+                    continue;
+                }
+                Err(_) => {
+                    skipped.push(format!("{relative_text} (a dangling symlink)"));
+                    continue;
+                }
+            }
+        } else {
+            if !kind.is_dir() {
+                skipped.push(format!("{relative_text} (not a regular file)"));
+            }
+            continue;
+        };
+        let (size, sha256) = hash_file(&source)?;
+        files.push(OutputFile { source, entry: ManifestEntry { path: relative_text, size, sha256 } });
+    }
+    Ok((files, skipped))
+}
+
+fn hash_file(path: &Path) -> std::io::Result<(u64, String)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 256 * 1024];
+    let mut size = 0u64;
+    loop {
+        let read = file.read(&mut buffer)?;
+        if read == 0 {
+            break;
+        }
+        hasher.update(&buffer[..read]);
+        size += read as u64;
+    }
+    let digest = hasher.finalize();
+    Ok((size, digest.iter().map(|byte| format!("{byte:02x}")).collect()))
+}
+
+/// Uploads the files and seals them. A 409 on sealing means the version is already stored
+/// (an earlier try got through) or the attempt is stale: either way there is nothing to redo.
+pub async fn upload(
+    client: &Client,
+    worker_id: WorkerId,
+    attempt: JobAttempt,
+    files: &[OutputFile],
+    record: &AttemptRecord,
+) -> Result<(), ShipError> {
+    let mut manifest = Vec::with_capacity(files.len());
+    for file in files {
+        let Ok(handle) = tokio::fs::File::open(&file.source).await else {
+            tracing::warn!(path = %file.source.display(), "an output file vanished before its upload; left out");
+            continue;
+        };
+        let stored =
+            match client.upload_file(attempt.job_id, attempt.attempt, &file.entry.path, worker_id, handle).await {
+                Ok(stored) => stored,
+                // The server refuses this one file (its name): keep the others.
+                Err(error) if error.status() == Some(400) => {
+                    tracing::warn!(path = %file.entry.path, %error, "output file refused by the server; left out");
+                    continue;
+                }
+                Err(error) => return Err(classify_upload(error)),
+            };
+        if stored.sha256 != file.entry.sha256 {
+            // Changed while uploading (a job left a writer behind): send it again.
+            return Err(ShipError::Retry(client::ClientError::Decode {
+                url: file.entry.path.clone(),
+                reason: "the file changed while it was uploaded".into(),
+            }));
+        }
+        manifest.push(file.entry.clone());
+    }
+    let upload = ResultUpload { worker_id, manifest, record: record.clone() };
+    match client.seal_result(attempt.job_id, attempt.attempt, &upload).await {
+        Ok(_) => Ok(()),
+        Err(error) if error.status() == Some(409) => Ok(()),
+        Err(error) => Err(classify_upload(error)),
+    }
+}
+
+fn classify_upload(error: client::ClientError) -> ShipError {
+    match error.status() {
+        Some(404 | 409) => ShipError::Lost(error.to_string()),
+        // A 4xx other than those (bad path, too large) will not get better by retrying.
+        Some(status) if (400..500).contains(&status) => ShipError::Lost(error.to_string()),
+        _ => ShipError::Retry(error),
+    }
+}
+
+/// The commit checked out around `dir`, if it is inside a git working tree.
+pub async fn git_commit(dir: &Path) -> Option<String> {
+    let output = tokio::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "HEAD"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .await
+        .ok()?;
+    let commit = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    (output.status.success() && !commit.is_empty()).then_some(commit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collects_files_with_hashes_and_skips_links_leading_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = dir.path().join("output");
+        std::fs::create_dir_all(output.join("sub")).unwrap();
+        std::fs::write(output.join("a.txt"), b"hello").unwrap();
+        std::fs::write(output.join("sub/b.bin"), vec![7u8; 1000]).unwrap();
+        std::fs::write(dir.path().join("secret"), b"outside").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), output.join("leak")).unwrap();
+        std::os::unix::fs::symlink(output.join("a.txt"), output.join("alias")).unwrap();
+        let (files, skipped) = collect(&output).unwrap();
+        let paths: Vec<&str> = files.iter().map(|file| file.entry.path.as_str()).collect();
+        assert_eq!(paths, ["a.txt", "alias", "sub/b.bin"]);
+        assert_eq!(files[0].entry.size, 5);
+        assert_eq!(files[0].entry.sha256, "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].starts_with("leak"), "{skipped:?}");
+    }
+}

@@ -1,0 +1,184 @@
+//! Ships an attempt's log and metrics to the server from the files the job writes.
+//!
+//! The files are the buffer: while the server is unreachable nothing is lost, and shipping
+//! resumes from the last acknowledged offset when it is back. Every upload names its offset,
+//! so a retry after a lost answer is not stored twice.
+
+use client::{Client, ClientError};
+use shared::api::{JobAttempt, LogAppend, MetricPoint, MetricsBatch, WorkerId};
+use std::path::PathBuf;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+/// Log bytes per request.
+const LOG_CHUNK: usize = 256 * 1024;
+/// Metric points per request.
+const METRICS_BATCH: usize = 5_000;
+
+#[derive(Debug)]
+pub enum ShipError {
+    /// The server no longer takes reports for this attempt (409/404): drop them.
+    Lost(String),
+    /// The server is unreachable or failing: try again later.
+    Retry(ClientError),
+}
+
+fn classify(error: ClientError) -> ShipError {
+    match error.status() {
+        Some(404 | 409) => ShipError::Lost(error.to_string()),
+        _ => ShipError::Retry(error),
+    }
+}
+
+pub struct Shipper {
+    client: Client,
+    worker_id: WorkerId,
+    attempt: JobAttempt,
+    log_path: PathBuf,
+    metrics_path: PathBuf,
+    log_offset: u64,
+    metrics_offset: u64,
+    metrics_lines: u64,
+}
+
+impl Shipper {
+    pub fn new(
+        client: Client,
+        worker_id: WorkerId,
+        attempt: JobAttempt,
+        log_path: PathBuf,
+        metrics_path: PathBuf,
+    ) -> Shipper {
+        Shipper {
+            client,
+            worker_id,
+            attempt,
+            log_path,
+            metrics_path,
+            log_offset: 0,
+            metrics_offset: 0,
+            metrics_lines: 0,
+        }
+    }
+
+    /// Sends everything new. On the final pass a last metrics line without a newline counts.
+    pub async fn ship(&mut self, final_pass: bool) -> Result<(), ShipError> {
+        // Metrics first: a skipped line adds a warning to the log, which then ships too.
+        self.ship_metrics(final_pass).await?;
+        self.ship_log().await
+    }
+
+    async fn ship_log(&mut self) -> Result<(), ShipError> {
+        loop {
+            let chunk = read_from(&self.log_path, self.log_offset, LOG_CHUNK).await;
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            let append =
+                LogAppend { worker_id: self.worker_id, attempt: self.attempt.attempt, offset: self.log_offset };
+            let sent = chunk.len() as u64;
+            match self.client.append_log(self.attempt.job_id, &append, chunk).await {
+                Ok(_) => self.log_offset += sent,
+                Err(error) => return Err(classify(error)),
+            }
+        }
+    }
+
+    async fn ship_metrics(&mut self, final_pass: bool) -> Result<(), ShipError> {
+        loop {
+            let bytes = read_from(&self.metrics_path, self.metrics_offset, 4 << 20).await;
+            let complete = match bytes.iter().rposition(|byte| *byte == b'\n') {
+                Some(last) => last + 1,
+                None if final_pass => bytes.len(),
+                None => 0,
+            };
+            if complete == 0 {
+                return Ok(());
+            }
+            let mut points = Vec::new();
+            let mut consumed = 0;
+            let mut warnings = String::new();
+            for line in bytes[..complete].split_inclusive(|byte| *byte == b'\n') {
+                if points.len() >= METRICS_BATCH {
+                    break;
+                }
+                consumed += line.len();
+                self.metrics_lines += 1;
+                match parse_line(line) {
+                    Ok(parsed) => points.extend(parsed),
+                    Err(reason) => {
+                        warnings.push_str(&format!("[app] metrics line {} skipped: {reason}\n", self.metrics_lines))
+                    }
+                }
+            }
+            if !warnings.is_empty() {
+                append_local(&self.log_path, &warnings).await;
+            }
+            let offset = self.metrics_offset + consumed as u64;
+            if !points.is_empty() {
+                let batch = MetricsBatch { worker_id: self.worker_id, attempt: self.attempt.attempt, offset, points };
+                match self.client.send_metrics(self.attempt.job_id, &batch).await {
+                    Ok(_) => {}
+                    Err(error) if error.status() == Some(400) => {
+                        let note = format!("[app] metrics refused by the server: {error}\n");
+                        append_local(&self.log_path, &note).await;
+                    }
+                    Err(error) => return Err(classify(error)),
+                }
+            }
+            self.metrics_offset = offset;
+        }
+    }
+}
+
+/// `{"step": 3, "val_loss": 0.12, "lr": 1e-3}` gives one point per finite number but `step`;
+/// empty lines give none. Anything else is refused with a reason.
+pub fn parse_line(line: &[u8]) -> Result<Vec<MetricPoint>, String> {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|error| format!("not JSON ({error})"))?;
+    let object = value.as_object().ok_or_else(|| "not a JSON object".to_string())?;
+    let step = object.get("step").and_then(|step| step.as_i64().or_else(|| step.as_f64().map(|f| f as i64)));
+    Ok(object
+        .iter()
+        .filter(|(name, _)| name.as_str() != "step")
+        .filter_map(|(name, value)| value.as_f64().filter(|v| v.is_finite()).map(|value| (name, value)))
+        .map(|(name, value)| MetricPoint { step, name: name.clone(), value })
+        .collect())
+}
+
+/// Up to `limit` bytes of `path` from `offset` (nothing if the file is missing).
+async fn read_from(path: &PathBuf, offset: u64, limit: usize) -> Vec<u8> {
+    let Ok(mut file) = tokio::fs::File::open(path).await else { return Vec::new() };
+    if file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
+        return Vec::new();
+    }
+    let mut buffer = Vec::new();
+    let _ = (&mut file).take(limit as u64).read_to_end(&mut buffer).await;
+    buffer
+}
+
+/// Adds a note of the worker's to the job's log.
+pub async fn append_local(path: &PathBuf, text: &str) {
+    if let Ok(mut file) = tokio::fs::OpenOptions::new().append(true).create(true).open(path).await {
+        let _ = file.write_all(text.as_bytes()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_lines_become_points_and_garbage_is_refused() {
+        let points = parse_line(br#"{"step": 3, "val_loss": 0.12, "lr": 1e-3, "tag": "x"}"#).unwrap();
+        assert_eq!(points.len(), 2);
+        assert_eq!(points[0], MetricPoint { step: Some(3), name: "val_loss".into(), value: 0.12 });
+        assert!(parse_line(b"\n").unwrap().is_empty());
+        assert!(parse_line(b"loss=0.3").unwrap_err().contains("not JSON"));
+        assert!(parse_line(b"[1, 2]").unwrap_err().contains("object"));
+        assert_eq!(parse_line(br#"{"acc": 0.5}"#).unwrap()[0].step, None);
+    }
+}
