@@ -172,41 +172,59 @@ pub async fn queued_candidates(
     max_free_memory: u64,
     limit: u32,
 ) -> anyhow::Result<Vec<Candidate>> {
-    let rows = sqlx::query(
-        "SELECT id, gpus, gpu_memory, exclusive FROM jobs
-         WHERE status = 'queued' AND (gpus IS NULL OR gpus <= ?) AND (gpu_memory IS NULL OR gpu_memory <= ?)
-         ORDER BY priority DESC, id LIMIT ?",
+    // One row holding a JSON array rather than one row per candidate: every row costs a
+    // round trip to sqlx's SQLite thread, and this runs on every claim.
+    let packed: Option<String> = sqlx::query_scalar(
+        "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive)) FROM (
+             SELECT id, gpus, gpu_memory, exclusive FROM jobs
+             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= ?) AND (gpu_memory IS NULL OR gpu_memory <= ?)
+             ORDER BY priority DESC, id LIMIT ?)",
     )
     .bind(gpus)
     .bind(max_free_memory.min(i64::MAX as u64) as i64)
     .bind(limit)
-    .fetch_all(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
-    rows.iter().map(|row| Ok(Candidate { id: row.try_get("id")?, resources: resources_of(row)? })).collect()
+    // SQLite keeps booleans as 0/1.
+    type Packed = (JobId, Option<u32>, Option<i64>, Option<i64>);
+    let rows: Vec<Packed> = serde_json::from_str(packed.as_deref().unwrap_or("[]"))?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, gpus, gpu_memory, exclusive)| Candidate {
+            id,
+            resources: Resources {
+                gpus,
+                gpu_memory: gpu_memory.map(|bytes| bytes as u64),
+                exclusive: exclusive.map(|flag| flag != 0),
+            },
+        })
+        .collect())
 }
 
-/// `queued -> running` for `worker_id`; returns the claimed row, or `None` if the job was no
-/// longer queued.
+/// `queued -> running` for `worker_id`, for every job of `ids` still queued, in one statement
+/// (so a claim of several jobs is atomic without a transaction); returns the claimed rows.
 pub async fn mark_running(
     conn: &mut SqliteConnection,
-    id: JobId,
+    ids: &[JobId],
     worker_id: WorkerId,
     lease_until: i64,
     now: i64,
-) -> sqlx::Result<Option<SqliteRow>> {
-    sqlx::query(
+) -> anyhow::Result<Vec<SqliteRow>> {
+    let ids = serde_json::to_string(ids)?;
+    let rows = sqlx::query(
         "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker_id = ?, lease_expires_at = ?,
                 started_at = ?, finished_at = NULL, exit_code = NULL, reason = NULL, cancel_requested = 0
-         WHERE id = ? AND status = 'queued'
+         WHERE status = 'queued' AND id IN (SELECT value FROM json_each(?))
          RETURNING id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
                    timeout_secs, lease_expires_at",
     )
     .bind(worker_id)
     .bind(lease_until)
     .bind(now)
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await
+    .bind(ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows)
 }
 
 /// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`.
@@ -236,6 +254,32 @@ pub async fn finish(
     .bind(worker_id)
     .bind(seen.retries_left)
     .bind(seen.cancel_requested)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Marks the attempt succeeded if it is still running on `worker_id` with no cancel pending:
+/// the outcome of a zero exit does not depend on anything else, so the hot path of the queue
+/// needs no read before its write.
+pub async fn succeed(
+    conn: &mut SqliteConnection,
+    attempt: JobAttempt,
+    worker_id: WorkerId,
+    decision: &Finish,
+    now: i64,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(
+        "UPDATE jobs SET status = ?, exit_code = ?, reason = ?, lease_expires_at = NULL, finished_at = ?
+         WHERE id = ? AND status = 'running' AND attempt = ? AND worker_id = ? AND cancel_requested = 0",
+    )
+    .bind(decision.status.as_str())
+    .bind(decision.exit_code)
+    .bind(decision.reason.as_deref())
+    .bind(now)
+    .bind(attempt.job_id)
+    .bind(attempt.attempt)
+    .bind(worker_id)
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)

@@ -127,6 +127,18 @@ async fn report(
     // Reports are the hot path: decide on a read from the reader pool, then apply with one
     // UPDATE guarded by everything the decision used. If the job changed in between (a cancel
     // arrived), the guard fails, nothing changes, and the decision is made again.
+    let succeeded = job::finish(&request.outcome, 0, false);
+    if succeeded.status == JobStatus::Succeeded {
+        // A success changes neither retries nor depends on them; only a pending cancel would
+        // change the decision, and the guard checks for it.
+        let attempt = JobAttempt { job_id: id, attempt: request.attempt };
+        let mut writer = state.db.writer.acquire().await?;
+        if db::jobs::succeed(&mut writer, attempt, request.worker_id, &succeeded, now_ms()).await? {
+            drop(writer);
+            state.job_signals.wake(id);
+            return Ok(Json(ReportResponse { status: succeeded.status }));
+        }
+    }
     let mut tries = 0;
     let decision = loop {
         tries += 1;

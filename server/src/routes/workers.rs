@@ -8,14 +8,14 @@ use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use shared::api::{
-    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, RegisterRequest,
+    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, JobId, RegisterRequest,
     RegisterResponse, WorkerId, WorkerInfo,
 };
 use shared::job;
 use shared::names::check_name;
 use shared::placement::{place, Capacity};
 use sqlx::Row;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -155,9 +155,9 @@ async fn claim_now(state: &AppState, worker_id: WorkerId, capacity: &Capacity) -
     if capacity.job_slots == 0 {
         return Ok(Vec::new());
     }
-    // Holding the only writer connection makes the look and the updates one unit: no other
-    // writer runs in between. The updates share one transaction, so a claim that fails or is
-    // dropped half-way (the worker hung up) leaves no job marked running for nobody.
+    // Holding the only writer connection makes the look and the update one unit: no other
+    // writer runs in between. All chosen jobs change in one statement, so a claim never
+    // leaves some of them running for a worker that did not get the answer about the rest.
     let mut writer = state.db.writer.acquire().await?;
     let limit = capacity.job_slots.saturating_mul(CANDIDATES_PER_SLOT).max(CANDIDATES_PER_SLOT);
     let candidates = db::jobs::queued_candidates(&mut writer, usable.len() as u32, max_free_memory, limit).await?;
@@ -169,21 +169,24 @@ async fn claim_now(state: &AppState, worker_id: WorkerId, capacity: &Capacity) -
         }
         if let Some(placement) = place(&candidate.resources, &free) {
             free.reserve(&candidate.resources, &placement);
-            chosen.push((candidate, placement));
+            chosen.push((candidate.id, placement));
         }
     }
     if chosen.is_empty() {
         return Ok(Vec::new());
     }
-    let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-    let mut claimed = Vec::new();
-    for (candidate, placement) in chosen {
-        if let Some(row) = db::jobs::mark_running(&mut tx, candidate.id, worker_id, lease_expires_at, now).await? {
-            claimed.push(claimed_job(state, &mut tx, &row, placement).await?);
-        }
+    let ids: Vec<JobId> = chosen.iter().map(|(id, _)| *id).collect();
+    let mut placements: HashMap<JobId, _> = chosen.into_iter().collect();
+    let rows = db::jobs::mark_running(&mut writer, &ids, worker_id, lease_expires_at, now).await?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let id: JobId = row.try_get("id")?;
+        let placement = placements.remove(&id).unwrap_or(shared::placement::Placement { gpus: Vec::new() });
+        claimed.push(claimed_job(state, &mut writer, &row, placement).await?);
     }
-    tx.commit().await?;
     drop(writer);
+    // Dispatch order: priority first, then age, as the candidates came.
+    claimed.sort_by_key(|job| ids.iter().position(|id| *id == job.id));
     // Log followers waiting for a queued job's first attempt learn it started.
     for job in &claimed {
         state.job_signals.wake(job.id);

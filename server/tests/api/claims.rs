@@ -123,3 +123,26 @@ async fn claims_hand_out_only_what_the_worker_can_place() {
     let queued = app.client.jobs(&JobQuery { status: Some(JobStatus::Queued), ..JobQuery::default() }).await.unwrap();
     assert_eq!(queued.total, 3);
 }
+
+#[tokio::test]
+async fn an_explicitly_exclusive_job_never_shares_its_gpu() {
+    let app = TestApp::spawn().await;
+    let yaml =
+        "name: alone\ncommand: \"true\"\nresources: {gpus: 1, gpu_memory: 4GiB, exclusive: true}\ngrid: {i: [1, 2]}\n";
+    app.submit(yaml).await;
+    let worker = app.register("one-gpu", 4).await;
+    let gib = 1u64 << 30;
+    let capacity = Capacity {
+        job_slots: 4,
+        gpus: vec![GpuSlot {
+            index: 0,
+            memory_total: 24 * gib,
+            memory_free: 24 * gib,
+            exclusive_held: false,
+            shared_jobs: 0,
+        }],
+    };
+    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 1, "two exclusive jobs were handed out for one GPU");
+    assert_eq!(jobs[0].resources.exclusive, Some(true));
+}
