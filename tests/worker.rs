@@ -360,3 +360,27 @@ async fn a_second_sigterm_kills_the_jobs_and_hands_them_back() {
     let job = jobs_of(&server, "handed-back").await.remove(0);
     assert_eq!((job.status, job.crash_count), (JobStatus::Queued, 0), "requeued at once, not counted as a crash");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_result_records_the_git_commit_of_the_working_tree() {
+    let server = ServerProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let git = |args: &[&str]| {
+        let output = std::process::Command::new("git")
+            .args(["-c", "user.name=test", "-c", "user.email=test@example.com", "-C"])
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    git(&["init", "-q"]);
+    git(&["commit", "-q", "--allow-empty", "-m", "experiment code"]);
+    let head = git(&["rev-parse", "HEAD"]);
+    let _worker = WorkerProcess::start_in(dir, &server.url, "versioned", &[]);
+    submit(&server, "name: tracked\ncommand: 'true'\n").await;
+    let job = finished(&server, "tracked").await.remove(0);
+    let version = server.client().results(job.id).await.unwrap().pop().unwrap();
+    assert_eq!(version.record.git_commit.as_deref(), Some(head.as_str()));
+}

@@ -60,7 +60,7 @@ async fn timed_submit(http: &reqwest::Client, url: &str, yaml: String) -> anyhow
     Ok((started.elapsed().as_secs_f64() * 1e3, server_ms, body.count))
 }
 
-fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -120,7 +120,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn num_cpus() -> usize {
+pub fn num_cpus() -> usize {
     std::thread::available_parallelism().map(usize::from).unwrap_or(1)
 }
 

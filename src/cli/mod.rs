@@ -2,6 +2,7 @@
 //! server (`submit`, `status`, `cancel`, `retry`, `bench-queue`). One file per verb.
 
 mod bench_queue;
+mod bench_worker;
 mod cancel;
 mod logs;
 mod results;
@@ -93,6 +94,8 @@ pub enum Command {
     Files(results::FilesArgs),
     /// Measure the queue on this machine: submission, claim throughput, dispatch latency.
     BenchQueue(bench_queue::BenchArgs),
+    /// Measure the worker on this machine: throughput against GNU parallel, dispatch, idle cost.
+    BenchWorker(bench_worker::BenchWorkerArgs),
 }
 
 pub fn init_tracing(cli: &Cli) {
@@ -115,6 +118,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Results(args)) => results::run(args).await,
         Some(Command::Files(args)) => results::files(args).await,
         Some(Command::BenchQueue(args)) => bench_queue::run(args).await,
+        Some(Command::BenchWorker(args)) => bench_worker::run(args).await,
     }
 }
 

@@ -132,7 +132,11 @@ pub struct WorkerProcess {
 
 impl WorkerProcess {
     pub fn start(url: &str, name: &str, extra: &[&str]) -> WorkerProcess {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), url, name, extra)
+    }
+
+    /// With its work directory at `dir/work`, for a `dir` prepared beforehand.
+    pub fn start_in(dir: tempfile::TempDir, url: &str, name: &str, extra: &[&str]) -> WorkerProcess {
         let child = app()
             .args(["--client-only", "--url", url, "--name", name, "--kill-grace-secs", "2", "--work-dir"])
             .arg(dir.path().join("work"))

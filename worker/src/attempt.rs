@@ -30,6 +30,9 @@ pub struct AttemptContext {
     pub worker_name: String,
     pub hostname: String,
     pub config: Arc<WorkerConfig>,
+    /// Whether the work directory sits inside a git working tree (checked once: asking git
+    /// for every attempt would cost a process per job for nothing).
+    pub in_git_tree: bool,
 }
 
 fn now_ms() -> i64 {
@@ -172,7 +175,7 @@ async fn finish(
             hostname: context.hostname.clone(),
             gpus: gpus.iter().map(|(_, name)| name.clone()).collect(),
             cuda_visible_devices: Some(gpus.iter().map(|(index, _)| index.to_string()).collect::<Vec<_>>().join(",")),
-            git_commit: results::git_commit(&dirs.cwd).await,
+            git_commit: if context.in_git_tree { results::git_commit(&dirs.cwd).await } else { None },
         };
         let mut delivery = Delivery::new("results", attempt);
         let uploaded = loop {

@@ -38,6 +38,7 @@ struct Daemon {
     running: HashMap<JobId, Running>,
     events: mpsc::Sender<AttemptEvent>,
     hostname: String,
+    in_git_tree: bool,
 }
 
 /// Runs the worker until `stop` has been signalled and its jobs are done (first signal:
@@ -65,7 +66,9 @@ pub async fn run(
         running: HashMap::new(),
         events,
         hostname,
+        in_git_tree: false,
     };
+    daemon.in_git_tree = crate::results::inside_git_tree(&daemon.config.work_dir);
     tokio::select! {
         registered = daemon.register() => registered?,
         _ = stop.recv() => return Ok(()),
@@ -245,6 +248,7 @@ impl Daemon {
             worker_name: self.config.name.clone(),
             hostname: self.hostname.clone(),
             config: self.config.clone(),
+            in_git_tree: self.in_git_tree,
         };
         tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
     }

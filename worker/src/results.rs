@@ -124,6 +124,12 @@ fn classify_upload(error: client::ClientError) -> ShipError {
     }
 }
 
+/// Whether `dir` or one of its parents holds a `.git` (a working tree or a worktree file).
+pub fn inside_git_tree(dir: &Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else { return false };
+    dir.ancestors().any(|ancestor| ancestor.join(".git").exists())
+}
+
 /// The commit checked out around `dir`, if it is inside a git working tree.
 pub async fn git_commit(dir: &Path) -> Option<String> {
     let output = tokio::process::Command::new("git")
