@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's first command: build app, start it on 127.0.0.1:8000 with ./app-data, submit
-# the example sweeps in configs/, show the queue, and stop it again.
+# The README's first command: build app, start it as a newcomer would (`app`: the server and a
+# local worker in one process, no GPU needed), run the quick-start sweep to the end and show
+# its leaderboard, then stop it. Data stays in ./app-data, attempt directories in ./app-work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,25 +11,22 @@ export APP_URL=${APP_URL:-http://127.0.0.1:8000}
 bind=${APP_URL#http://}
 
 mkdir -p ./app-data
-"$app" --server-only --bind "$bind" --data-dir ./app-data 2>>./app-data/server.log &
-server=$!
-trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null || true' EXIT
+"$app" --bind "$bind" --data-dir ./app-data --work-dir ./app-work 2>>./app-data/app.log &
+pid=$!
+trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true' EXIT
 
 for _ in $(seq 100); do
     curl -fsS "$APP_URL/api/health" >/dev/null 2>&1 && break
-    kill -0 "$server" 2>/dev/null || { echo "the server did not start; see app-data/server.log" >&2; exit 1; }
+    kill -0 "$pid" 2>/dev/null || { echo "app did not start; see app-data/app.log" >&2; exit 1; }
     sleep 0.1
 done
-echo "server running at $APP_URL (log: app-data/server.log)"
+echo "app running at $APP_URL (log: app-data/app.log)"
 
-echo "== dry run: the job count and the first parameter sets, no server needed"
+echo "== dry run of the 108-run grid: the job count and the first parameter sets"
 "$app" submit configs/vaep-grid.yaml --dry-run
 echo
-echo "== submitting every example in configs/"
-for sweep in configs/*.yaml; do
-    "$app" submit "$sweep"
-done
+echo "== running configs/quickstart.yaml (6 runs) on the local worker"
+"$app" submit configs/quickstart.yaml --wait
+sweep=$("$app" status | awk '/quickstart/ { print $4; exit }')
 echo
-"$app" status
-echo
-"$app" status quickstart
+"$app" results "${sweep:-quickstart}"

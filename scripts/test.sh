@@ -4,7 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Tools the tests drive (none beyond Rust yet; the worker, trainer and web page add theirs).
+./scripts/install-test-deps.sh
+
+# docker-compose.yml must be a valid Compose file (no engine needed to check that).
+if docker compose version >/dev/null 2>&1; then
+    docker compose -f docker-compose.yml config -q
+else
+    docker-compose -f docker-compose.yml config -q
+fi
+echo "docker-compose.yml: valid"
 
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --all-targets --no-fail-fast

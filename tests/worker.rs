@@ -384,3 +384,25 @@ async fn the_result_records_the_git_commit_of_the_working_tree() {
     let version = server.client().results(job.id).await.unwrap().pop().unwrap();
     assert_eq!(version.record.git_commit.as_deref(), Some(head.as_str()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_work_dir_still_gives_jobs_paths_that_work_from_their_own_directory() {
+    let server = ServerProcess::start();
+    let home = tempfile::tempdir().unwrap();
+    let mut child = app()
+        .current_dir(home.path())
+        .args(["--client-only", "--url", &server.url, "--name", "relative", "--work-dir", "runs"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let command =
+        r#"echo "{\"step\": 1, \"acc\": 0.5}" >> "$APP_METRICS_FILE"; cat "$APP_CONFIG" > "$APP_OUTPUT_DIR/config""#;
+    submit(&server, &format!("name: rel\ncommand: '{command}'\ngrid: {{x: [7]}}\n")).await;
+    let job = finished(&server, "rel").await.remove(0);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(job.status, JobStatus::Succeeded, "{:?}", job.reason);
+    assert_eq!(job.metrics["acc"].last, 0.5);
+    assert!(result_file(&server, job.id, "config").await.contains("\"x\":7"));
+}

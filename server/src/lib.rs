@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod db;
+mod dispatch;
 mod error;
 mod leaderboard;
 mod reaper;

@@ -31,6 +31,7 @@ pub async fn run(
         tracing::info!(jobs = extended, "running jobs keep their leases while workers reconnect");
     }
     let (stop, shutting_down) = watch::channel(false);
+    let (claims, tickets) = tokio::sync::mpsc::channel(1024);
     let state = AppState {
         db: db.clone(),
         config: Arc::new(config),
@@ -39,7 +40,9 @@ pub async fn run(
         sweep_names: Arc::default(),
         known_workers: Arc::default(),
         job_signals: Arc::default(),
+        claims,
     };
+    let dispatcher = tokio::spawn(crate::dispatch::run(state.clone(), tickets));
     let reaper = tokio::spawn(crate::reaper::run(state.clone()));
     let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(state.clone()));
     if let Ok(address) = listener.local_addr() {
@@ -53,6 +56,9 @@ pub async fn run(
         .await;
     let _ = reaper.await;
     let _ = checkpointer.await;
+    // The dispatcher ends when the last sender (in the state the routes held) is gone.
+    dispatcher.abort();
+    let _ = dispatcher.await;
     db.close().await;
     served.map_err(Into::into)
 }

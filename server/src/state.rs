@@ -20,6 +20,8 @@ pub struct AppState {
     pub sweep_names: Arc<RwLock<HashMap<SweepId, String>>>,
     /// Workers seen registered, so a claim need not look its worker up.
     pub known_workers: Arc<RwLock<HashSet<WorkerId>>>,
+    /// The claim dispatcher, which serves concurrent claims in batches.
+    pub claims: crate::dispatch::ClaimSender,
     /// Woken on every log append and whenever an attempt starts or ends (log followers).
     pub job_signals: Arc<JobSignals>,
 }

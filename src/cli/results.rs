@@ -52,7 +52,13 @@ pub async fn run(args: ResultsArgs) -> anyhow::Result<()> {
         table.add_row(cells(row, &param_names, &metric_names, goal_is_max));
     }
     if let Some(metric) = &summary.metric {
-        writeln!(out, "sweep {}, ranked by {} ({:?})", summary.sweep, metric.name, metric.goal)?;
+        writeln!(
+            out,
+            "sweep {}, ranked by {} ({})",
+            summary.sweep,
+            metric.name,
+            format!("{:?}", metric.goal).to_lowercase()
+        )?;
     } else {
         writeln!(out, "sweep {} (no metric: in index order)", summary.sweep)?;
     }

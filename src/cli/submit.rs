@@ -31,6 +31,9 @@ pub struct SubmitArgs {
     /// The command of a CVLab-Kit config sweep (default: python main.py --config {config}).
     #[arg(long)]
     pub command: Option<String>,
+    /// Wait until every job has finished, with a progress bar.
+    #[arg(long)]
+    pub wait: bool,
     /// The largest sweep a dry run accepts (the server has its own limit).
     #[arg(long, default_value_t = 100_000)]
     pub max_jobs: u64,
@@ -70,9 +73,39 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     } else {
         let id = response.sweep_id.map(|id| format!(" (id {id})")).unwrap_or_default();
         writeln!(out, "submitted sweep {}{id}: {} jobs ({} form)", response.name, response.count, response.form)?;
-        writeln!(out, "watch it with: app status {}", response.name)?;
+        if !args.wait {
+            writeln!(out, "watch it with: app status {}", response.name)?;
+        }
+    }
+    drop(out);
+    if args.wait {
+        wait_for(&client, &response.name, response.count).await?;
     }
     Ok(())
+}
+
+/// Follows the sweep until every job has finished; a progress bar on a terminal.
+async fn wait_for(client: &client::Client, sweep: &str, total: u64) -> anyhow::Result<()> {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} finished, {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    loop {
+        let counts = client.sweep(sweep).await.with_context(|| format!("following sweep {sweep}"))?.info.counts;
+        let finished = counts.succeeded + counts.failed + counts.cancelled;
+        bar.set_position(finished);
+        bar.set_message(format!("{} running, {} failed", counts.running, counts.failed));
+        if finished >= counts.total() {
+            bar.finish_and_clear();
+            println!(
+                "sweep {sweep}: {} succeeded, {} failed, {} cancelled",
+                counts.succeeded, counts.failed, counts.cancelled
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {

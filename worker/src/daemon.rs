@@ -44,7 +44,7 @@ struct Daemon {
 /// Runs the worker until `stop` has been signalled and its jobs are done (first signal:
 /// drain) or killed and handed back (second signal).
 pub async fn run(
-    config: WorkerConfig,
+    mut config: WorkerConfig,
     inventory: Arc<dyn GpuInventory>,
     mut stop: mpsc::UnboundedReceiver<()>,
 ) -> anyhow::Result<()> {
@@ -52,6 +52,10 @@ pub async fn run(
     tokio::fs::create_dir_all(&config.work_dir)
         .await
         .with_context(|| format!("creating the work directory {}", config.work_dir.display()))?;
+    // Jobs run in their own directories: every path they are given must be absolute.
+    config.work_dir = tokio::fs::canonicalize(&config.work_dir)
+        .await
+        .with_context(|| format!("resolving the work directory {}", config.work_dir.display()))?;
     let max_jobs = config.max_jobs.unwrap_or_else(|| default_max_jobs(inventory.sample().len())).max(1);
     let (events, mut received) = mpsc::channel(256);
     let hostname = crate::config::default_name();

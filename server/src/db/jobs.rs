@@ -201,27 +201,27 @@ pub async fn queued_candidates(
         .collect())
 }
 
-/// `queued -> running` for `worker_id`, for every job of `ids` still queued, in one statement
-/// (so a claim of several jobs is atomic without a transaction); returns the claimed rows.
+/// `queued -> running` for every `(job, worker)` pair whose job is still queued, in one
+/// statement (a batch of claims is atomic without a transaction); returns the claimed rows.
 pub async fn mark_running(
     conn: &mut SqliteConnection,
-    ids: &[JobId],
-    worker_id: WorkerId,
+    pairs: &[(JobId, WorkerId)],
     lease_until: i64,
     now: i64,
 ) -> anyhow::Result<Vec<SqliteRow>> {
-    let ids = serde_json::to_string(ids)?;
+    let pairs = serde_json::to_string(pairs)?;
     let rows = sqlx::query(
-        "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker_id = ?, lease_expires_at = ?,
-                started_at = ?, finished_at = NULL, exit_code = NULL, reason = NULL, cancel_requested = 0
-         WHERE status = 'queued' AND id IN (SELECT value FROM json_each(?))
+        "UPDATE jobs SET status = 'running', attempt = attempt + 1,
+                worker_id = (SELECT value ->> 1 FROM json_each(?1) WHERE value ->> 0 = jobs.id),
+                lease_expires_at = ?2, started_at = ?3, finished_at = NULL, exit_code = NULL, reason = NULL,
+                cancel_requested = 0
+         WHERE status = 'queued' AND id IN (SELECT value ->> 0 FROM json_each(?1))
          RETURNING id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
                    timeout_secs, lease_expires_at",
     )
-    .bind(worker_id)
+    .bind(pairs)
     .bind(lease_until)
     .bind(now)
-    .bind(ids)
     .fetch_all(&mut *conn)
     .await?;
     Ok(rows)

@@ -8,21 +8,14 @@ use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use shared::api::{
-    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, JobId, RegisterRequest,
-    RegisterResponse, WorkerId, WorkerInfo,
+    ClaimRequest, ClaimResponse, HeartbeatRequest, HeartbeatResponse, JobAttempt, RegisterRequest, RegisterResponse,
+    WorkerId, WorkerInfo,
 };
 use shared::job;
 use shared::names::check_name;
-use shared::placement::{place, Capacity};
-use sqlx::Row;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// Queued jobs looked at per claim, per free job slot: enough to skip past the few jobs the
-/// SQL filter lets through that still do not fit (exclusive vs shared), without walking the
-/// queue.
-const CANDIDATES_PER_SLOT: u32 = 4;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -134,7 +127,8 @@ async fn claim(
         let notified = state.work_available.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let jobs = claim_now(&state, id, &request.capacity).await?;
+        ensure_known(&state, id).await?;
+        let jobs = crate::dispatch::claim(&state, id, request.capacity.clone()).await?;
         if !jobs.is_empty() || Instant::now() >= deadline || request.capacity.job_slots == 0 {
             return Ok(Json(ClaimResponse { jobs }));
         }
@@ -144,78 +138,6 @@ async fn claim(
             _ = shutting_down.wait_for(|stop| *stop) => return Err(ApiError::ShuttingDown),
         }
     }
-}
-
-async fn claim_now(state: &AppState, worker_id: WorkerId, capacity: &Capacity) -> ApiResult<Vec<ClaimedJob>> {
-    let now = now_ms();
-    let lease_expires_at = lease_until(state, now);
-    let usable: Vec<_> = capacity.gpus.iter().filter(|gpu| !gpu.exclusive_held).collect();
-    let max_free_memory = usable.iter().map(|gpu| gpu.memory_free).max().unwrap_or(0);
-    ensure_known(state, worker_id).await?;
-    if capacity.job_slots == 0 {
-        return Ok(Vec::new());
-    }
-    // Holding the only writer connection makes the look and the update one unit: no other
-    // writer runs in between. All chosen jobs change in one statement, so a claim never
-    // leaves some of them running for a worker that did not get the answer about the rest.
-    let mut writer = state.db.writer.acquire().await?;
-    let limit = capacity.job_slots.saturating_mul(CANDIDATES_PER_SLOT).max(CANDIDATES_PER_SLOT);
-    let candidates = db::jobs::queued_candidates(&mut writer, usable.len() as u32, max_free_memory, limit).await?;
-    let mut free = capacity.clone();
-    let mut chosen = Vec::new();
-    for candidate in candidates {
-        if free.job_slots == 0 {
-            break;
-        }
-        if let Some(placement) = place(&candidate.resources, &free) {
-            free.reserve(&candidate.resources, &placement);
-            chosen.push((candidate.id, placement));
-        }
-    }
-    if chosen.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<JobId> = chosen.iter().map(|(id, _)| *id).collect();
-    let mut placements: HashMap<JobId, _> = chosen.into_iter().collect();
-    let rows = db::jobs::mark_running(&mut writer, &ids, worker_id, lease_expires_at, now).await?;
-    let mut claimed = Vec::with_capacity(rows.len());
-    for row in rows {
-        let id: JobId = row.try_get("id")?;
-        let placement = placements.remove(&id).unwrap_or(shared::placement::Placement { gpus: Vec::new() });
-        claimed.push(claimed_job(state, &mut writer, &row, placement).await?);
-    }
-    drop(writer);
-    // Dispatch order: priority first, then age, as the candidates came.
-    claimed.sort_by_key(|job| ids.iter().position(|id| *id == job.id));
-    // Log followers waiting for a queued job's first attempt learn it started.
-    for job in &claimed {
-        state.job_signals.wake(job.id);
-    }
-    Ok(claimed)
-}
-
-async fn claimed_job(
-    state: &AppState,
-    conn: &mut sqlx::SqliteConnection,
-    row: &sqlx::sqlite::SqliteRow,
-    placement: shared::placement::Placement,
-) -> ApiResult<ClaimedJob> {
-    let sweep_id: i64 = row.try_get("sweep_id")?;
-    let params: String = row.try_get("params")?;
-    Ok(ClaimedJob {
-        id: row.try_get("id")?,
-        attempt: row.try_get("attempt")?,
-        sweep_id,
-        sweep: sweep_name(state, conn, sweep_id).await?,
-        index: row.try_get::<i64, _>("idx")? as u64,
-        params: serde_json::from_str(&params).map_err(anyhow::Error::from)?,
-        command: row.try_get("command")?,
-        config: row.try_get("config")?,
-        resources: db::jobs::resources_of(row)?,
-        timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
-        placement,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-    })
 }
 
 /// Workers are never deleted, so a worker seen once is known for good.
@@ -230,16 +152,4 @@ async fn ensure_known(state: &AppState, worker_id: WorkerId) -> ApiResult<()> {
         known.insert(worker_id);
     }
     Ok(())
-}
-
-async fn sweep_name(state: &AppState, conn: &mut sqlx::SqliteConnection, sweep_id: i64) -> ApiResult<String> {
-    let cached = state.sweep_names.read().ok().and_then(|names| names.get(&sweep_id).cloned());
-    if let Some(name) = cached {
-        return Ok(name);
-    }
-    let name = db::sweeps::name_of(conn, sweep_id).await?;
-    if let Ok(mut names) = state.sweep_names.write() {
-        names.insert(sweep_id, name.clone());
-    }
-    Ok(name)
 }
