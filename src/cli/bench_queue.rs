@@ -23,7 +23,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5)]
     pub batches: u32,
     /// Times the series of successive submissions is repeated (the queue keeps growing).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub rounds: u32,
     /// Simulated workers for the claim throughput.
     #[arg(long, default_value_t = 64)]
