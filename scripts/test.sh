@@ -15,9 +15,9 @@ fi
 echo "docker-compose.yml: valid"
 
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --all-targets --no-fail-fast
-    # nextest does not run doctests.
+    # nextest does not run doctests; they go first so the run ends with nextest's summary.
     cargo test --workspace --doc
+    cargo nextest run --workspace --all-targets --no-fail-fast
 else
     cargo test --workspace --all-targets --no-fail-fast
 fi

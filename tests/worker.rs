@@ -406,3 +406,22 @@ async fn a_relative_work_dir_still_gives_jobs_paths_that_work_from_their_own_dir
     assert_eq!(job.metrics["acc"].last, 0.5);
     assert!(result_file(&server, job.id, "config").await.contains("\"x\":7"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_timeout_is_killed_and_gpu_telemetry_reaches_the_server() {
+    let server = ServerProcess::start();
+    let _worker = WorkerProcess::start(&server.url, "timer", &["--fake-gpus", "1x16GiB"]);
+    submit(&server, "name: slow\ncommand: 'echo started; sleep 60'\ntimeout: 1\nresources: {gpus: 1}\n").await;
+    let started = std::time::Instant::now();
+    let job = finished(&server, "slow").await.remove(0);
+    assert_eq!(job.status, JobStatus::Failed);
+    assert_eq!(job.reason.as_deref(), Some("timed out after 1 s"));
+    assert!(started.elapsed() < Duration::from_secs(20), "a 1 s timeout took {:?}", started.elapsed());
+    let samples = wait_until("the worker's GPU telemetry is stored", LONG, || async {
+        let samples = server.client().telemetry("timer").await.ok()?;
+        (!samples.is_empty()).then_some(samples)
+    })
+    .await;
+    assert_eq!((samples[0].index, samples[0].memory_total), (0, 16 << 30));
+    assert!(samples[0].at > 0);
+}
