@@ -425,3 +425,25 @@ async fn a_job_past_its_timeout_is_killed_and_gpu_telemetry_reaches_the_server()
     assert_eq!((samples[0].index, samples[0].memory_total), (0, 16 << 30));
     assert!(samples[0].at > 0);
 }
+
+/// CPU time (user + system, in clock ticks of 10 ms) a process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_worker_waits_quietly_instead_of_spinning() {
+    let server = ServerProcess::start();
+    let worker = WorkerProcess::start(&server.url, "full", &["--max-jobs", "1"]);
+    submit(&server, "name: occupy\ncommand: 'sleep 30'\ngrid: {i: [1, 2]}\n").await;
+    wait_until("the worker is full", LONG, || async {
+        jobs_of(&server, "occupy").await.into_iter().find(|job| job.status == JobStatus::Running)
+    })
+    .await;
+    let before = cpu_ticks(worker.child.id());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = cpu_ticks(worker.child.id()) - before;
+    assert!(used < 40, "a full worker used {used} ticks of CPU in 2 s");
+}

@@ -21,6 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 const CANDIDATES_PER_SLOT: u32 = 4;
 /// Claims served together at most.
 const MAX_BATCH: usize = 128;
+/// Queued jobs looked at per batch at most.
+const MAX_CANDIDATES: u32 = 16_384;
 
 /// One worker's claim waiting for its jobs.
 pub struct ClaimTicket {
@@ -72,6 +74,39 @@ pub async fn claim(state: &AppState, worker_id: WorkerId, capacity: Capacity) ->
     answer.await.map_err(|_| ApiError::ShuttingDown)?
 }
 
+/// Chooses each claim's jobs, in arrival order, best jobs first: `place` against the capacity
+/// that worker reported, reserving as it goes. Returns the choices, the (job, worker) pairs in
+/// dispatch order, and whether some claim still has free slots.
+#[allow(clippy::type_complexity)]
+fn assign(
+    batch: &[ClaimTicket],
+    candidates: &[db::jobs::Candidate],
+) -> (HashMap<JobId, (usize, Placement)>, Vec<(JobId, WorkerId)>, bool) {
+    let mut taken = vec![false; candidates.len()];
+    let mut chosen = HashMap::new();
+    let mut order = Vec::new();
+    let mut unfilled = false;
+    for (position, ticket) in batch.iter().enumerate() {
+        let mut free = ticket.capacity.clone();
+        for (index, candidate) in candidates.iter().enumerate() {
+            if free.job_slots == 0 {
+                break;
+            }
+            if taken[index] {
+                continue;
+            }
+            if let Some(placement) = place(&candidate.resources, &free) {
+                free.reserve(&candidate.resources, &placement);
+                taken[index] = true;
+                order.push((candidate.id, ticket.worker_id));
+                chosen.insert(candidate.id, (position, placement));
+            }
+        }
+        unfilled |= free.job_slots > 0;
+    }
+    (chosen, order, unfilled)
+}
+
 async fn claim_batch(state: &AppState, batch: &[ClaimTicket]) -> ApiResult<Vec<Vec<ClaimedJob>>> {
     let now = now_ms();
     let lease_expires_at = now + state.config.lease.as_millis() as i64;
@@ -91,28 +126,17 @@ async fn claim_batch(state: &AppState, batch: &[ClaimTicket]) -> ApiResult<Vec<V
     // Holding the only writer connection makes the look and the update one unit: no other
     // writer runs in between. All chosen jobs change in one statement, atomically.
     let mut writer = state.db.writer.acquire().await?;
-    let limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, 4096);
-    let candidates = db::jobs::queued_candidates(&mut writer, max_gpus, max_free_memory, limit).await?;
-    let mut taken = vec![false; candidates.len()];
-    let mut chosen: HashMap<JobId, (usize, Placement)> = HashMap::new();
-    let mut order = Vec::new();
-    for (position, ticket) in batch.iter().enumerate() {
-        let mut free = ticket.capacity.clone();
-        for (index, candidate) in candidates.iter().enumerate() {
-            if free.job_slots == 0 {
-                break;
-            }
-            if taken[index] {
-                continue;
-            }
-            if let Some(placement) = place(&candidate.resources, &free) {
-                free.reserve(&candidate.resources, &placement);
-                taken[index] = true;
-                order.push((candidate.id, ticket.worker_id));
-                chosen.insert(candidate.id, (position, placement));
-            }
+    let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
+    let (mut chosen, order) = loop {
+        let candidates = db::jobs::queued_candidates(&mut writer, max_gpus, max_free_memory, limit).await?;
+        let (chosen, order, unfilled) = assign(batch, &candidates);
+        // Jobs that fit nobody (exclusive ones while the GPUs are shared, say) may fill the
+        // head of the queue: look further while a claim still has room and the queue has more.
+        if !unfilled || (candidates.len() as u32) < limit || limit >= MAX_CANDIDATES {
+            break (chosen, order);
         }
-    }
+        limit = limit.saturating_mul(8).min(MAX_CANDIDATES);
+    };
     if order.is_empty() {
         return Ok(per_ticket);
     }

@@ -18,10 +18,29 @@ pub async fn run(state: AppState) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let upkeep_every = upkeep_interval(&state);
     let mut last_upkeep: Option<tokio::time::Instant> = None;
+    // Wall-clock time of the last pass: a gap far longer than the interval means this process
+    // was paused (SIGSTOP, a suspended VM), and no worker could heartbeat meanwhile.
+    let mut last_pass = now_ms();
+    let paused_after = (state.config.reaper_interval * 2).max(state.config.heartbeat) + Duration::from_secs(1);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutting_down.wait_for(|stop| *stop) => return,
+        }
+        let now = now_ms();
+        let gap = Duration::from_millis(now.saturating_sub(last_pass).max(0) as u64);
+        last_pass = now;
+        if gap > paused_after {
+            // As after a restart: workers get a lease to reach us before their jobs count as lost.
+            let until = now + state.config.lease.as_millis() as i64;
+            match state.db.writer.acquire().await {
+                Ok(mut writer) => match db::jobs::extend_running_leases(&mut writer, until).await {
+                    Ok(jobs) => tracing::warn!(?gap, jobs, "the server was paused; running jobs keep their leases"),
+                    Err(error) => tracing::error!(error = ?error, "extending leases after a pause"),
+                },
+                Err(error) => tracing::error!(error = ?error, "extending leases after a pause"),
+            }
+            continue;
         }
         if let Err(error) = requeue_expired_leases(&state).await {
             tracing::error!(error = ?error, "reaping expired leases");

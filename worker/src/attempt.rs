@@ -7,7 +7,7 @@ use crate::executor::{self, AttemptDirs, Stop};
 use crate::results;
 use crate::shipper::{append_local, ShipError, Shipper};
 use client::Client;
-use shared::api::{AttemptRecord, ClaimedJob, JobAttempt, JobId, ReportRequest, WorkerId};
+use shared::api::{AttemptRecord, ClaimedJob, JobAttempt, ReportRequest, WorkerId};
 use shared::job::Outcome;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +17,9 @@ use tokio::sync::{mpsc, Notify};
 #[derive(Debug)]
 pub enum AttemptEvent {
     /// The process is gone: its slot and GPUs are free again.
-    ProcessEnded(JobId),
+    ProcessEnded(JobAttempt),
     /// Reported (or given up): forget the attempt.
-    Done(JobId),
+    Done(JobAttempt),
 }
 
 /// What every attempt of this worker shares.
@@ -104,11 +104,19 @@ pub async fn run(
             let env = executor::environment(&job, &dirs, &indices, port);
             let written = Arc::new(Notify::new());
             let timeout = job.timeout_secs.map(Duration::from_secs);
-            let process = executor::run(&job.command, &dirs, &env, timeout, config.kill_grace, stop, written.clone());
+            // Its own task: a slow or long shipping pass must never delay a timeout, a cancel
+            // or the end of the process.
+            let process = tokio::spawn({
+                let (command, dirs, grace, written) =
+                    (job.command.clone(), dirs.clone(), config.kill_grace, written.clone());
+                async move { executor::run(&command, &dirs, &env, timeout, grace, stop, written).await }
+            });
             tokio::pin!(process);
             loop {
                 tokio::select! {
-                    outcome = &mut process => break outcome,
+                    outcome = &mut process => {
+                        break outcome.unwrap_or_else(|error| Outcome::Error { reason: format!("the job's task failed: {error}") });
+                    }
                     _ = tick(&written, config.ship_interval) => {
                         if lost { continue; }
                         if let Err(ShipError::Lost(reason)) = shipper.ship(false).await {
@@ -121,13 +129,13 @@ pub async fn run(
             }
         }
     };
-    let _ = events.send(AttemptEvent::ProcessEnded(job.id)).await;
+    let _ = events.send(AttemptEvent::ProcessEnded(attempt)).await;
     let finished_at = now_ms();
     tracing::info!(job = job.id, attempt = job.attempt, outcome = ?outcome, "process ended");
     if !lost && !matches!(outcome, Outcome::Killed { ref reason } if reason == "lease lost") {
         finish(&context, &job, attempt, &dirs, &mut shipper, &outcome, &gpus, started_at, finished_at).await;
     }
-    let _ = events.send(AttemptEvent::Done(job.id)).await;
+    let _ = events.send(AttemptEvent::Done(attempt)).await;
 }
 
 /// Ships the rest, uploads the results, reports.
@@ -185,7 +193,9 @@ async fn finish(
             }
         };
         if !uploaded {
-            return;
+            // Refused results are no reason to leave the outcome unknown: the report below is
+            // fenced on its own (a stale attempt gets 409 there too).
+            append_local(&dirs.log, "[app] results not stored; reporting the outcome anyway\n").await;
         }
     }
     let report = ReportRequest { worker_id: context.worker_id, attempt: job.attempt, outcome: outcome.clone() };

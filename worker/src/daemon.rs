@@ -9,7 +9,7 @@ use crate::reservations::{default_max_jobs, Reservations};
 use anyhow::Context;
 use client::{Client, ClientResult};
 use shared::api::{
-    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, JobId, RegisterRequest,
+    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, RegisterRequest,
     ReportRequest, WorkerId,
 };
 use shared::job::Outcome;
@@ -35,7 +35,9 @@ struct Daemon {
     worker_id: WorkerId,
     heartbeat: Duration,
     reservations: Reservations,
-    running: HashMap<JobId, Running>,
+    /// Keyed by attempt: after a lease expiry the same job can come back to this worker while
+    /// its earlier attempt is still being torn down.
+    running: HashMap<JobAttempt, Running>,
     events: mpsc::Sender<AttemptEvent>,
     hostname: String,
     in_git_tree: bool,
@@ -123,8 +125,8 @@ pub async fn run(
                 }
             }
             Some(event) = received.recv() => match event {
-                AttemptEvent::ProcessEnded(job) => daemon.reservations.release(job),
-                AttemptEvent::Done(job) => { daemon.running.remove(&job); }
+                AttemptEvent::ProcessEnded(attempt) => daemon.reservations.release(attempt),
+                AttemptEvent::Done(attempt) => { daemon.running.remove(&attempt); }
             },
             _ = beat_tick.tick(), if beat.is_none() => {
                 let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
@@ -167,9 +169,15 @@ pub async fn run(
                 } else {
                     tracing::info!(jobs = daemon.running.len(), "draining: no new jobs; running jobs finish (stop again to kill them)");
                     draining = true;
+                    // A parked claim would hold the drain for its whole wait. The server hands
+                    // back jobs claimed for a worker that hung up before the answer.
+                    if let Some(pending) = claim.take() {
+                        pending.abort();
+                    }
                 }
             }
-            _ = tokio::time::sleep_until(claim_not_before), if claim.is_none() && !draining => {}
+            // Only while a backoff is pending: a full worker (no claim to start) must not spin.
+            _ = tokio::time::sleep_until(claim_not_before), if claim.is_none() && !draining && claim_not_before > Instant::now() => {}
             _ = tokio::time::sleep(Duration::from_millis(500)), if abort_deadline.is_some() => {}
         }
     }
@@ -241,10 +249,10 @@ impl Daemon {
                 (*index, name)
             })
             .collect();
-        self.reservations.hold(job.id, job.resources.clone(), placement);
-        let (stop, stopped) = mpsc::channel(4);
         let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
-        self.running.insert(job.id, Running { attempt, stop: stop.clone() });
+        self.reservations.hold(attempt, job.resources.clone(), placement);
+        let (stop, stopped) = mpsc::channel(4);
+        self.running.insert(attempt, Running { attempt, stop: stop.clone() });
         tracing::info!(job = job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
         let context = AttemptContext {
             client: self.client.clone(),
@@ -272,7 +280,7 @@ impl Daemon {
     fn apply(&self, response: &HeartbeatResponse) {
         for (attempts, reason) in [(&response.cancel, Stop::Cancel), (&response.unknown, Stop::Lost)] {
             for attempt in attempts {
-                if let Some(running) = self.running.get(&attempt.job_id).filter(|r| r.attempt == *attempt) {
+                if let Some(running) = self.running.get(attempt) {
                     tracing::info!(job = attempt.job_id, ?reason, "stopping an attempt at the server's word");
                     let _ = running.stop.try_send(reason);
                 }

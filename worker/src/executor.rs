@@ -188,11 +188,17 @@ pub async fn run(
     if let Some(group) = group {
         let _ = killpg(group, Signal::SIGKILL);
     }
-    for pipe in pipes.into_iter().flatten() {
-        // A grandchild that left the group could hold a pipe open; do not wait for it forever.
-        let _ = tokio::time::timeout(Duration::from_secs(2), pipe).await;
+    for mut pipe in pipes.into_iter().flatten() {
+        // A grandchild that left the group (setsid) could hold a pipe open: give it two
+        // seconds, then stop reading it, so it cannot keep growing the job's log.
+        if tokio::time::timeout(Duration::from_secs(2), &mut pipe).await.is_err() {
+            pipe.abort();
+        }
     }
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    let mut writer = writer;
+    if tokio::time::timeout(Duration::from_secs(2), &mut writer).await.is_err() {
+        writer.abort();
+    }
     match (stopped, status) {
         (Some(outcome), _) => outcome,
         (None, Ok(status)) => Outcome::Exited { code: exit_code(status) },
@@ -200,23 +206,25 @@ pub async fn run(
     }
 }
 
-/// SIGTERM to the whole group, SIGKILL after `grace`.
+/// SIGTERM to the whole group, SIGKILL after `grace`. The grace is for every process of the
+/// group, not only `sh`: a compound command's shell dies at once, its children may need time.
 async fn terminate(
     child: &mut tokio::process::Child,
     group: Option<Pid>,
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
-    if let Some(group) = group {
-        let _ = killpg(group, Signal::SIGTERM);
+    let Some(group) = group else { return child.wait().await };
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + grace;
+    let status = tokio::time::timeout(grace, child.wait()).await;
+    // Signal 0 checks whether anyone is left in the group.
+    while killpg(group, None).is_ok() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    match tokio::time::timeout(grace, child.wait()).await {
+    let _ = killpg(group, Signal::SIGKILL);
+    match status {
         Ok(status) => status,
-        Err(_) => {
-            if let Some(group) = group {
-                let _ = killpg(group, Signal::SIGKILL);
-            }
-            child.wait().await
-        }
+        Err(_) => child.wait().await,
     }
 }
 
@@ -235,9 +243,23 @@ async fn forward(mut pipe: impl AsyncRead + Unpin, chunks: mpsc::Sender<Vec<u8>>
     }
 }
 
+/// The most a job's log file grows on the worker's disk (the server keeps less).
+pub const MAX_LOCAL_LOG_BYTES: u64 = 256 << 20;
+
 async fn write_log(mut log: tokio::fs::File, mut chunks: mpsc::Receiver<Vec<u8>>, written: Arc<Notify>) {
+    let mut size = 0u64;
     while let Some(chunk) = chunks.recv().await {
-        if log.write_all(&chunk).await.is_err() {
+        if size >= MAX_LOCAL_LOG_BYTES {
+            continue;
+        }
+        size += chunk.len() as u64;
+        let result = if size >= MAX_LOCAL_LOG_BYTES {
+            let note = format!("\n[app] log truncated at {MAX_LOCAL_LOG_BYTES} bytes on the worker\n");
+            log.write_all(note.as_bytes()).await
+        } else {
+            log.write_all(&chunk).await
+        };
+        if result.is_err() {
             break;
         }
         let _ = log.flush().await;

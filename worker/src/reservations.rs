@@ -2,7 +2,7 @@
 //! free capacity (what the claim asks the server for) follows from that and the latest GPU
 //! reading. Pure bookkeeping, no I/O.
 
-use shared::api::{GpuSample, JobId};
+use shared::api::{GpuSample, JobAttempt};
 use shared::placement::{is_exclusive, Capacity, GpuSlot, Placement};
 use shared::sweep::Resources;
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use std::collections::HashMap;
 #[derive(Debug)]
 pub struct Reservations {
     max_jobs: u32,
-    held: HashMap<JobId, (Resources, Placement)>,
+    held: HashMap<JobAttempt, (Resources, Placement)>,
 }
 
 impl Reservations {
@@ -18,11 +18,11 @@ impl Reservations {
         Reservations { max_jobs, held: HashMap::new() }
     }
 
-    pub fn hold(&mut self, job: JobId, resources: Resources, placement: Placement) {
+    pub fn hold(&mut self, job: JobAttempt, resources: Resources, placement: Placement) {
         self.held.insert(job, (resources, placement));
     }
 
-    pub fn release(&mut self, job: JobId) {
+    pub fn release(&mut self, job: JobAttempt) {
         self.held.remove(&job);
     }
 
@@ -87,6 +87,10 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    fn attempt(job_id: i64) -> JobAttempt {
+        JobAttempt { job_id, attempt: 1 }
+    }
+
     fn gpu(index: u32, total: u64, used: u64) -> GpuSample {
         GpuSample {
             index,
@@ -108,7 +112,7 @@ mod tests {
     #[test]
     fn an_exclusive_job_closes_its_gpu_even_before_it_allocates() {
         let mut reservations = Reservations::new(8);
-        reservations.hold(1, Resources::default(), Placement { gpus: vec![0] });
+        reservations.hold(attempt(1), Resources::default(), Placement { gpus: vec![0] });
         let capacity = reservations.capacity(&[gpu(0, 24 * GIB, 0), gpu(1, 24 * GIB, 0)]);
         assert!(capacity.gpus[0].exclusive_held);
         assert_eq!(capacity.job_slots, 7);
@@ -119,8 +123,8 @@ mod tests {
     #[test]
     fn declared_and_seen_memory_both_limit_sharing() {
         let mut reservations = Reservations::new(8);
-        reservations.hold(1, shared_job(8 * GIB), Placement { gpus: vec![0] });
-        reservations.hold(2, shared_job(8 * GIB), Placement { gpus: vec![0] });
+        reservations.hold(attempt(1), shared_job(8 * GIB), Placement { gpus: vec![0] });
+        reservations.hold(attempt(2), shared_job(8 * GIB), Placement { gpus: vec![0] });
         // Nothing allocated yet: the declarations leave 8 GiB.
         let capacity = reservations.capacity(&[gpu(0, 24 * GIB, 0)]);
         assert_eq!((capacity.gpus[0].memory_free, capacity.gpus[0].shared_jobs), (8 * GIB, 2));
@@ -128,8 +132,8 @@ mod tests {
         let capacity = reservations.capacity(&[gpu(0, 24 * GIB, 20 * GIB)]);
         assert_eq!(capacity.gpus[0].memory_free, 4 * GIB);
         assert_eq!(place(&shared_job(8 * GIB), &capacity), None);
-        reservations.release(1);
-        reservations.release(2);
+        reservations.release(attempt(1));
+        reservations.release(attempt(2));
         assert!(reservations.is_empty());
         assert_eq!(reservations.capacity(&[gpu(0, 24 * GIB, 0)]).gpus[0].memory_free, 24 * GIB);
     }
@@ -137,8 +141,8 @@ mod tests {
     #[test]
     fn slots_run_out_at_max_jobs() {
         let mut reservations = Reservations::new(2);
-        reservations.hold(1, Resources::default(), Placement { gpus: vec![] });
-        reservations.hold(2, Resources::default(), Placement { gpus: vec![] });
+        reservations.hold(attempt(1), Resources::default(), Placement { gpus: vec![] });
+        reservations.hold(attempt(2), Resources::default(), Placement { gpus: vec![] });
         assert_eq!(reservations.capacity(&[]).job_slots, 0);
         assert_eq!(place(&Resources::default(), &reservations.capacity(&[])), None);
     }

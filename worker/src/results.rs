@@ -88,24 +88,24 @@ pub async fn upload(
             tracing::warn!(path = %file.source.display(), "an output file vanished before its upload; left out");
             continue;
         };
-        let stored =
-            match client.upload_file(attempt.job_id, attempt.attempt, &file.entry.path, worker_id, handle).await {
-                Ok(stored) => stored,
-                // The server refuses this one file (its name): keep the others.
-                Err(error) if error.status() == Some(400) => {
-                    tracing::warn!(path = %file.entry.path, %error, "output file refused by the server; left out");
-                    continue;
-                }
-                Err(error) => return Err(classify_upload(error)),
-            };
+        let uploaded = client.upload_file(attempt.job_id, attempt.attempt, &file.entry.path, worker_id, handle).await;
+        let stored = match uploaded {
+            Ok(stored) => stored,
+            // The server refuses this one file (its name, its size): keep the others.
+            Err(error) if matches!(error.status(), Some(400 | 413)) => {
+                tracing::warn!(path = %file.entry.path, %error, "output file refused by the server; left out");
+                continue;
+            }
+            // Already sealed by an earlier try whose answer got lost: nothing left to do.
+            Err(error) if error.status() == Some(409) && already_stored(client, attempt).await => return Ok(()),
+            Err(error) => return Err(classify_upload(error)),
+        };
+        // What the server received is what the version holds; a file the job was still writing
+        // when it was hashed here is taken as uploaded rather than retried forever.
         if stored.sha256 != file.entry.sha256 {
-            // Changed while uploading (a job left a writer behind): send it again.
-            return Err(ShipError::Retry(client::ClientError::Decode {
-                url: file.entry.path.clone(),
-                reason: "the file changed while it was uploaded".into(),
-            }));
+            tracing::warn!(path = %file.entry.path, "an output file changed while it was uploaded; storing what was sent");
         }
-        manifest.push(file.entry.clone());
+        manifest.push(stored);
     }
     let upload = ResultUpload { worker_id, manifest, record: record.clone() };
     match client.seal_result(attempt.job_id, attempt.attempt, &upload).await {
@@ -113,6 +113,13 @@ pub async fn upload(
         Err(error) if error.status() == Some(409) => Ok(()),
         Err(error) => Err(classify_upload(error)),
     }
+}
+
+async fn already_stored(client: &Client, attempt: JobAttempt) -> bool {
+    client
+        .results(attempt.job_id)
+        .await
+        .is_ok_and(|versions| versions.iter().any(|version| version.attempt == attempt.attempt))
 }
 
 fn classify_upload(error: client::ClientError) -> ShipError {

@@ -68,8 +68,12 @@ impl Shipper {
     }
 
     async fn ship_log(&mut self) -> Result<(), ShipError> {
-        loop {
-            let chunk = read_from(&self.log_path, self.log_offset, LOG_CHUNK).await;
+        // One pass ships what the file held when it began: a job that writes faster than the
+        // server takes it cannot keep a pass going forever.
+        let end = file_length(&self.log_path).await;
+        while self.log_offset < end {
+            let limit = LOG_CHUNK.min((end - self.log_offset) as usize);
+            let chunk = read_from(&self.log_path, self.log_offset, limit).await;
             if chunk.is_empty() {
                 return Ok(());
             }
@@ -81,11 +85,14 @@ impl Shipper {
                 Err(error) => return Err(classify(error)),
             }
         }
+        Ok(())
     }
 
     async fn ship_metrics(&mut self, final_pass: bool) -> Result<(), ShipError> {
-        loop {
-            let bytes = read_from(&self.metrics_path, self.metrics_offset, 4 << 20).await;
+        let end = file_length(&self.metrics_path).await;
+        while self.metrics_offset < end {
+            let limit = (4usize << 20).min((end - self.metrics_offset) as usize);
+            let bytes = read_from(&self.metrics_path, self.metrics_offset, limit).await;
             let complete = match bytes.iter().rposition(|byte| *byte == b'\n') {
                 Some(last) => last + 1,
                 None if final_pass => bytes.len(),
@@ -110,23 +117,32 @@ impl Shipper {
                     }
                 }
             }
-            if !warnings.is_empty() {
-                append_local(&self.log_path, &warnings).await;
-            }
             let offset = self.metrics_offset + consumed as u64;
             if !points.is_empty() {
                 let batch = MetricsBatch { worker_id: self.worker_id, attempt: self.attempt.attempt, offset, points };
                 match self.client.send_metrics(self.attempt.job_id, &batch).await {
                     Ok(_) => {}
-                    Err(error) if error.status() == Some(400) => {
-                        let note = format!("[app] metrics refused by the server: {error}\n");
-                        append_local(&self.log_path, &note).await;
+                    // Refused as such (too large, malformed): retrying will not help; go on.
+                    Err(error)
+                        if error
+                            .status()
+                            .is_some_and(|status| (400..500).contains(&status) && status != 404 && status != 409) =>
+                    {
+                        warnings.push_str(&format!("[app] metrics refused by the server: {error}\n"));
                     }
-                    Err(error) => return Err(classify(error)),
+                    Err(error) => {
+                        // Not consumed: these lines are read (and counted) again next time.
+                        self.metrics_lines -= bytes[..consumed].iter().filter(|b| **b == b'\n').count() as u64;
+                        return Err(classify(error));
+                    }
                 }
+            }
+            if !warnings.is_empty() {
+                append_local(&self.log_path, &warnings).await;
             }
             self.metrics_offset = offset;
         }
+        Ok(())
     }
 }
 
@@ -147,6 +163,10 @@ pub fn parse_line(line: &[u8]) -> Result<Vec<MetricPoint>, String> {
         .filter_map(|(name, value)| value.as_f64().filter(|v| v.is_finite()).map(|value| (name, value)))
         .map(|(name, value)| MetricPoint { step, name: name.clone(), value })
         .collect())
+}
+
+async fn file_length(path: &PathBuf) -> u64 {
+    tokio::fs::metadata(path).await.map(|meta| meta.len()).unwrap_or(0)
 }
 
 /// Up to `limit` bytes of `path` from `offset` (nothing if the file is missing).

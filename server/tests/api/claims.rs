@@ -146,3 +146,27 @@ async fn an_explicitly_exclusive_job_never_shares_its_gpu() {
     assert_eq!(jobs.len(), 1, "two exclusive jobs were handed out for one GPU");
     assert_eq!(jobs[0].resources.exclusive, Some(true));
 }
+
+#[tokio::test]
+async fn jobs_that_fit_are_found_behind_a_long_run_of_jobs_that_do_not() {
+    let app = TestApp::spawn().await;
+    let axis = (0..40).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    app.submit(&format!("name: blocked\ncommand: \"true\"\nresources: {{gpus: 1}}\ngrid: {{i: [{axis}]}}\n")).await;
+    app.submit("name: cpu\ncommand: \"true\"\nresources: {gpus: 0}\ngrid: {i: [1, 2]}\n").await;
+    let worker = app.register("busy-gpu", 4).await;
+    let gib = 1u64 << 30;
+    // The only GPU already runs a shared job: no exclusive job fits, CPU jobs do.
+    let capacity = Capacity {
+        job_slots: 4,
+        gpus: vec![GpuSlot {
+            index: 0,
+            memory_total: 24 * gib,
+            memory_free: 20 * gib,
+            exclusive_held: false,
+            shared_jobs: 1,
+        }],
+    };
+    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
+    let sweeps: Vec<&str> = jobs.iter().map(|job| job.sweep.as_str()).collect();
+    assert_eq!(sweeps, ["cpu", "cpu"]);
+}
