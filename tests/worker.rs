@@ -29,6 +29,14 @@ async fn finished(server: &ServerProcess, sweep: &str) -> Vec<Job> {
     .await
 }
 
+/// Waits until a job of the sweep runs, and returns it.
+async fn running_job(server: &ServerProcess, sweep: &str) -> Job {
+    wait_until(&format!("a job of {sweep} runs"), LONG, || async {
+        jobs_of(server, sweep).await.into_iter().find(|job| job.status == JobStatus::Running)
+    })
+    .await
+}
+
 /// Reads a file of a job's latest result version.
 async fn result_file(server: &ServerProcess, job: i64, path: &str) -> String {
     let versions = server.client().results(job).await.unwrap();
@@ -142,11 +150,7 @@ async fn a_killed_worker_s_job_is_requeued_after_its_lease_and_finished_by_anoth
     let mut first = WorkerProcess::start(&server.url, "doomed", &[]);
     submit(&server, "name: survivor\ncommand: 'sleep 2; echo done > \"$APP_OUTPUT_DIR/done\"'\n").await;
     let client = server.client();
-    let job = wait_until("the first worker runs the job", LONG, || async {
-        let jobs = jobs_of(&server, "survivor").await;
-        jobs.into_iter().find(|job| job.status == JobStatus::Running)
-    })
-    .await;
+    let job = running_job(&server, "survivor").await;
     assert_eq!(job.worker.as_deref(), Some("doomed"));
     first.signal("KILL");
     first.wait_exit(Duration::from_secs(10));
@@ -229,7 +233,7 @@ async fn metrics_reach_the_api_and_the_leaderboard_and_garbage_lines_are_skipped
     let series = client.metrics(best.id).await.unwrap();
     assert_eq!(series[0].values.len(), 4);
     let log = client.log(best.id, &LogQuery::default()).await.unwrap();
-    assert!(log.text.contains("metrics line 4 skipped"), "the garbage line is reported in the job log: {}", log.text);
+    assert!(log.text.contains("metrics line 4 skipped"), "the garbage line is reported in the job log: {log:?}");
     let board = client.summary("board", None).await.unwrap();
     let order: Vec<f64> = board.rows.iter().map(|row| row.params["loss"].as_f64().unwrap()).collect();
     assert_eq!(order, [0.1, 0.5, 0.9]);
@@ -259,10 +263,7 @@ async fn logs_follow_shows_a_printed_line_within_two_seconds() {
     let server = ServerProcess::start();
     let _worker = WorkerProcess::start(&server.url, "talker", &[]);
     submit(&server, "name: talk\ncommand: 'echo hello-from-the-job; sleep 4'\n").await;
-    let job = wait_until("the job runs", LONG, || async {
-        jobs_of(&server, "talk").await.into_iter().find(|job| job.status == JobStatus::Running)
-    })
-    .await;
+    let job = running_job(&server, "talk").await;
     let started = std::time::Instant::now();
     let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_app"))
         .args(["logs", &job.id.to_string(), "-f", "--url", &server.url])
@@ -291,10 +292,7 @@ async fn running_jobs_survive_a_server_restart_and_their_results_arrive() {
         "name: outage\ncommand: 'echo before; sleep 4; echo after; echo kept > \"$APP_OUTPUT_DIR/kept\"'\n",
     )
     .await;
-    wait_until("the job runs", LONG, || async {
-        jobs_of(&server, "outage").await.into_iter().find(|job| job.status == JobStatus::Running)
-    })
-    .await;
+    running_job(&server, "outage").await;
     server.stop();
     // Down for several heartbeats (0.5 s each), though less than the lease.
     tokio::time::sleep(Duration::from_millis(2000)).await;
@@ -331,10 +329,7 @@ async fn sigterm_drains_running_jobs_then_the_worker_exits_zero() {
     let server = ServerProcess::start();
     let mut worker = WorkerProcess::start(&server.url, "drainer", &[]);
     submit(&server, "name: drain\ncommand: 'sleep 1.5; echo finished'\n").await;
-    wait_until("the job runs", LONG, || async {
-        jobs_of(&server, "drain").await.into_iter().find(|job| job.status == JobStatus::Running)
-    })
-    .await;
+    running_job(&server, "drain").await;
     worker.signal("TERM");
     submit(&server, "name: not-taken\ncommand: 'true'\n").await;
     let status = worker.wait_exit(LONG);
@@ -348,10 +343,7 @@ async fn a_second_sigterm_kills_the_jobs_and_hands_them_back() {
     let server = ServerProcess::start();
     let mut worker = WorkerProcess::start(&server.url, "quitter", &[]);
     submit(&server, "name: handed-back\ncommand: 'sleep 1000'\n").await;
-    wait_until("the job runs", LONG, || async {
-        jobs_of(&server, "handed-back").await.into_iter().find(|job| job.status == JobStatus::Running)
-    })
-    .await;
+    running_job(&server, "handed-back").await;
     worker.signal("TERM");
     tokio::time::sleep(Duration::from_millis(300)).await;
     worker.signal("TERM");
@@ -438,10 +430,7 @@ async fn a_full_worker_waits_quietly_instead_of_spinning() {
     let server = ServerProcess::start();
     let worker = WorkerProcess::start(&server.url, "full", &["--max-jobs", "1"]);
     submit(&server, "name: occupy\ncommand: 'sleep 30'\ngrid: {i: [1, 2]}\n").await;
-    wait_until("the worker is full", LONG, || async {
-        jobs_of(&server, "occupy").await.into_iter().find(|job| job.status == JobStatus::Running)
-    })
-    .await;
+    running_job(&server, "occupy").await;
     let before = cpu_ticks(worker.child.id());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let used = cpu_ticks(worker.child.id()) - before;

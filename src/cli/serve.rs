@@ -38,28 +38,18 @@ pub fn worker_config(server: &ServerArgs, args: &WorkerArgs, url: String) -> any
     if let Some(path) = &server.config {
         WorkerFile::load(path)?.apply(&mut config)?;
     }
-    if let Some(url) = &args.url {
-        config.url = url.clone();
-    }
-    if let Some(name) = &args.name {
-        config.name = name.clone();
-    }
-    if let Some(gpus) = &args.gpus {
-        config.gpus = Some(gpus.clone());
-    }
-    if let Some(max_jobs) = args.max_jobs {
-        config.max_jobs = Some(max_jobs);
-    }
-    if let Some(dir) = &args.work_dir {
-        config.work_dir = dir.clone();
-    }
-    if let Some(fake) = &args.fake_gpus {
-        config.fake_gpus = Some(fake.clone());
-    }
-    if let Some(grace) = args.kill_grace_secs {
-        config.kill_grace = std::time::Duration::try_from_secs_f64(grace)
-            .map_err(|_| anyhow::anyhow!("--kill-grace-secs must be a positive number of seconds"))?;
-    }
+    // Flags override the file the same way the file overrides the defaults.
+    let flags = WorkerFile {
+        url: args.url.clone(),
+        name: args.name.clone(),
+        gpus: args.gpus.clone(),
+        max_jobs: args.max_jobs,
+        work_dir: args.work_dir.clone(),
+        fake_gpus: args.fake_gpus.clone(),
+        telemetry_secs: None,
+        kill_grace_secs: args.kill_grace_secs,
+    };
+    flags.apply(&mut config)?;
     shared::names::check_name("worker", &config.name).map_err(anyhow::Error::msg)?;
     Ok(config)
 }

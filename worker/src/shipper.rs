@@ -183,7 +183,10 @@ async fn read_from(path: &PathBuf, offset: u64, limit: usize) -> Vec<u8> {
 /// Adds a note of the worker's to the job's log.
 pub async fn append_local(path: &PathBuf, text: &str) {
     if let Ok(mut file) = tokio::fs::OpenOptions::new().append(true).create(true).open(path).await {
+        // tokio's write completes in the background unless flushed: the shipping pass that
+        // follows must see these bytes in the file's length.
         let _ = file.write_all(text.as_bytes()).await;
+        let _ = file.flush().await;
     }
 }
 

@@ -106,17 +106,7 @@ async fn claims_hand_out_only_what_the_worker_can_place() {
     app.submit("name: packed\ncommand: \"true\"\nresources: {gpus: 1, gpu_memory: 8GiB}\ngrid: {i: [1, 2, 3, 4, 5]}\n")
         .await;
     let worker = app.register("gpu-box", 8).await;
-    let gib = 1u64 << 30;
-    let one_gpu = Capacity {
-        job_slots: 8,
-        gpus: vec![GpuSlot {
-            index: 0,
-            memory_total: 24 * gib,
-            memory_free: 24 * gib,
-            exclusive_held: false,
-            shared_jobs: 0,
-        }],
-    };
+    let one_gpu = one_gpu(8, 24, 0);
     let jobs = app.client.claim(worker, &ClaimRequest { capacity: one_gpu, wait_ms: 0 }).await.unwrap().jobs;
     assert_eq!(jobs.len(), 3, "three 8 GiB jobs fit on one 24 GiB GPU; the 2-GPU job does not fit at all");
     assert!(jobs.iter().all(|job| job.sweep == "packed" && job.placement.gpus == [0]));
@@ -131,17 +121,7 @@ async fn an_explicitly_exclusive_job_never_shares_its_gpu() {
         "name: alone\ncommand: \"true\"\nresources: {gpus: 1, gpu_memory: 4GiB, exclusive: true}\ngrid: {i: [1, 2]}\n";
     app.submit(yaml).await;
     let worker = app.register("one-gpu", 4).await;
-    let gib = 1u64 << 30;
-    let capacity = Capacity {
-        job_slots: 4,
-        gpus: vec![GpuSlot {
-            index: 0,
-            memory_total: 24 * gib,
-            memory_free: 24 * gib,
-            exclusive_held: false,
-            shared_jobs: 0,
-        }],
-    };
+    let capacity = one_gpu(4, 24, 0);
     let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
     assert_eq!(jobs.len(), 1, "two exclusive jobs were handed out for one GPU");
     assert_eq!(jobs[0].resources.exclusive, Some(true));
@@ -154,19 +134,24 @@ async fn jobs_that_fit_are_found_behind_a_long_run_of_jobs_that_do_not() {
     app.submit(&format!("name: blocked\ncommand: \"true\"\nresources: {{gpus: 1}}\ngrid: {{i: [{axis}]}}\n")).await;
     app.submit("name: cpu\ncommand: \"true\"\nresources: {gpus: 0}\ngrid: {i: [1, 2]}\n").await;
     let worker = app.register("busy-gpu", 4).await;
-    let gib = 1u64 << 30;
     // The only GPU already runs a shared job: no exclusive job fits, CPU jobs do.
-    let capacity = Capacity {
-        job_slots: 4,
-        gpus: vec![GpuSlot {
-            index: 0,
-            memory_total: 24 * gib,
-            memory_free: 20 * gib,
-            exclusive_held: false,
-            shared_jobs: 1,
-        }],
-    };
+    let capacity = one_gpu(4, 20, 1);
     let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
     let sweeps: Vec<&str> = jobs.iter().map(|job| job.sweep.as_str()).collect();
     assert_eq!(sweeps, ["cpu", "cpu"]);
+}
+
+/// A worker with one 24 GiB GPU, `free_gib` of it free and `shared_jobs` on it.
+fn one_gpu(job_slots: u32, free_gib: u64, shared_jobs: u32) -> Capacity {
+    let gib = 1u64 << 30;
+    Capacity {
+        job_slots,
+        gpus: vec![GpuSlot {
+            index: 0,
+            memory_total: 24 * gib,
+            memory_free: free_gib * gib,
+            exclusive_held: false,
+            shared_jobs,
+        }],
+    }
 }
