@@ -21,12 +21,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// An attempt this worker runs (or is still reporting).
-struct Running {
-    attempt: JobAttempt,
-    stop: mpsc::Sender<Stop>,
-}
-
 struct Daemon {
     client: Client,
     config: Arc<WorkerConfig>,
@@ -35,9 +29,10 @@ struct Daemon {
     worker_id: WorkerId,
     heartbeat: Duration,
     reservations: Reservations,
-    /// Keyed by attempt: after a lease expiry the same job can come back to this worker while
-    /// its earlier attempt is still being torn down.
-    running: HashMap<JobAttempt, Running>,
+    /// The attempts this worker runs (or is still reporting), each with the channel that stops
+    /// it. Keyed by attempt: after a lease expiry the same job can come back to this worker
+    /// while its earlier attempt is still being torn down.
+    running: HashMap<JobAttempt, mpsc::Sender<Stop>>,
     events: mpsc::Sender<AttemptEvent>,
     hostname: String,
     in_git_tree: bool,
@@ -131,7 +126,7 @@ pub async fn run(
             _ = beat_tick.tick(), if beat.is_none() => {
                 let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
                 let gpus = if telemetry_due { last_telemetry = Some(Instant::now()); daemon.inventory.sample() } else { Vec::new() };
-                let request = HeartbeatRequest { running: daemon.running.values().map(|r| r.attempt).collect(), gpus };
+                let request = HeartbeatRequest { running: daemon.running.keys().copied().collect(), gpus };
                 let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
                 beat = Some(tokio::spawn(async move { client.heartbeat(worker_id, &request).await }));
             }
@@ -158,8 +153,8 @@ pub async fn run(
             signal = stop.recv() => {
                 if signal.is_none() || draining {
                     tracing::warn!(jobs = daemon.running.len(), "second stop: killing jobs and handing them back");
-                    for running in daemon.running.values() {
-                        let _ = running.stop.try_send(Stop::Abandon);
+                    for stop in daemon.running.values() {
+                        let _ = stop.try_send(Stop::Abandon);
                     }
                     if let Some(pending) = claim.take() {
                         pending.abort();
@@ -197,7 +192,7 @@ impl Daemon {
                 name: self.config.name.clone(),
                 protocol: shared::PROTOCOL_VERSION,
                 capacity: Reservations::new(self.max_jobs).capacity(&self.inventory.sample()),
-                holding: self.running.values().map(|running| running.attempt).collect(),
+                holding: self.running.keys().copied().collect(),
             };
             match self.client.register(&request).await {
                 Ok(response) => {
@@ -252,7 +247,7 @@ impl Daemon {
         let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
         self.reservations.hold(attempt, job.resources.clone(), placement);
         let (stop, stopped) = mpsc::channel(4);
-        self.running.insert(attempt, Running { attempt, stop: stop.clone() });
+        self.running.insert(attempt, stop.clone());
         tracing::info!(job = job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
         let context = AttemptContext {
             client: self.client.clone(),
@@ -280,9 +275,9 @@ impl Daemon {
     fn apply(&self, response: &HeartbeatResponse) {
         for (attempts, reason) in [(&response.cancel, Stop::Cancel), (&response.unknown, Stop::Lost)] {
             for attempt in attempts {
-                if let Some(running) = self.running.get(attempt) {
+                if let Some(stop) = self.running.get(attempt) {
                     tracing::info!(job = attempt.job_id, ?reason, "stopping an attempt at the server's word");
-                    let _ = running.stop.try_send(reason);
+                    let _ = stop.try_send(reason);
                 }
             }
         }
