@@ -436,3 +436,19 @@ async fn a_full_worker_waits_quietly_instead_of_spinning() {
     let used = cpu_ticks(worker.child.id()) - before;
     assert!(used < 40, "a full worker used {used} ticks of CPU in 2 s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_directories_go_once_delivered_unless_asked_to_stay() {
+    let server = ServerProcess::start();
+    let tidy = WorkerProcess::start(&server.url, "tidy", &[]);
+    submit(&server, "name: scratch\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;
+    let job = finished(&server, "scratch").await.remove(0);
+    assert_eq!(result_file(&server, job.id, "out.txt").await.trim(), "data");
+    let attempt_dir = tidy.dir.path().join("work/scratch/0/attempt-1");
+    wait_until("the attempt directory is removed", LONG, || async { (!attempt_dir.exists()).then_some(()) }).await;
+    drop(tidy);
+    let keeper = WorkerProcess::start(&server.url, "keeper", &["--keep-work-dirs"]);
+    submit(&server, "name: kept\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;
+    finished(&server, "kept").await;
+    assert!(keeper.dir.path().join("work/kept/0/attempt-1/output/out.txt").exists());
+}

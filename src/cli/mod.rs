@@ -53,6 +53,10 @@ pub struct WorkerArgs {
     /// Grace between SIGTERM and SIGKILL when a job is cancelled or times out, in seconds.
     #[arg(long)]
     pub kill_grace_secs: Option<f64>,
+    /// Keep each attempt's directory on the worker after its log, metrics, results and outcome
+    /// reached the server (by default it is removed then).
+    #[arg(long)]
+    pub keep_work_dirs: bool,
 }
 
 #[derive(Debug, Args)]

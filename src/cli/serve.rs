@@ -48,6 +48,7 @@ pub fn worker_config(server: &ServerArgs, args: &WorkerArgs, url: String) -> any
         fake_gpus: args.fake_gpus.clone(),
         telemetry_secs: None,
         kill_grace_secs: args.kill_grace_secs,
+        keep_work_dirs: args.keep_work_dirs.then_some(true),
     };
     flags.apply(&mut config)?;
     shared::names::check_name("worker", &config.name).map_err(anyhow::Error::msg)?;

@@ -133,12 +133,20 @@ pub async fn run(
     let finished_at = now_ms();
     tracing::info!(job = job.id, attempt = job.attempt, outcome = ?outcome, "process ended");
     if !lost && !matches!(outcome, Outcome::Killed { ref reason } if reason == "lease lost") {
-        finish(&context, &job, attempt, &dirs, &mut shipper, &outcome, &gpus, started_at, finished_at).await;
+        let delivered =
+            finish(&context, &job, attempt, &dirs, &mut shipper, &outcome, &gpus, started_at, finished_at).await;
+        // Everything the attempt left is on the server now (log, metrics, outputs): its
+        // directory would only fill the worker's disk. Undelivered attempts stay for a look.
+        if delivered && !context.config.keep_work_dirs {
+            if let Err(error) = tokio::fs::remove_dir_all(&dirs.root).await {
+                tracing::warn!(job = job.id, %error, path = %dirs.root.display(), "removing the attempt directory");
+            }
+        }
     }
     let _ = events.send(AttemptEvent::Done(attempt)).await;
 }
 
-/// Ships the rest, uploads the results, reports.
+/// Ships the rest, uploads the results, reports; true when all of it was delivered.
 #[allow(clippy::too_many_arguments)]
 async fn finish(
     context: &AttemptContext,
@@ -150,7 +158,8 @@ async fn finish(
     gpus: &[(u32, String)],
     started_at: i64,
     finished_at: i64,
-) {
+) -> bool {
+    let mut complete = true;
     if outcome != &Outcome::Abandoned {
         let output = dirs.output.clone();
         let collected = tokio::task::spawn_blocking(move || results::collect(&output)).await;
@@ -169,7 +178,7 @@ async fn finish(
             }
         };
         if !shipped {
-            return;
+            return false;
         }
         let record = AttemptRecord {
             exit_code: match outcome {
@@ -192,6 +201,7 @@ async fn finish(
                 break done;
             }
         };
+        complete &= uploaded;
         if !uploaded {
             // Refused results are no reason to leave the outcome unknown: the report below is
             // fenced on its own (a stale attempt gets 409 there too).
@@ -200,7 +210,7 @@ async fn finish(
     }
     let report = ReportRequest { worker_id: context.worker_id, attempt: job.attempt, outcome: outcome.clone() };
     let mut delivery = Delivery::new("report", attempt);
-    loop {
+    let reported = loop {
         let result = match context.client.report(job.id, &report).await {
             Ok(response) => {
                 tracing::info!(job = job.id, attempt = job.attempt, status = %response.status, "reported");
@@ -209,10 +219,11 @@ async fn finish(
             Err(error) if error.is_retryable() => Err(ShipError::Retry(error)),
             Err(error) => Err(ShipError::Lost(error.to_string())),
         };
-        if delivery.settle(result).await.is_some() {
-            break;
+        if let Some(done) = delivery.settle(result).await {
+            break done;
         }
-    }
+    };
+    complete && reported
 }
 
 async fn tick(written: &Notify, interval: Duration) {

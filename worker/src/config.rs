@@ -28,6 +28,8 @@ pub struct WorkerConfig {
     pub claim_wait: Duration,
     /// How often logs and metrics are shipped while a job runs.
     pub ship_interval: Duration,
+    /// Keep each attempt's directory after everything was delivered (default: remove it).
+    pub keep_work_dirs: bool,
 }
 
 impl WorkerConfig {
@@ -43,6 +45,7 @@ impl WorkerConfig {
             kill_grace: Duration::from_secs(10),
             claim_wait: Duration::from_secs(20),
             ship_interval: Duration::from_millis(250),
+            keep_work_dirs: false,
         }
     }
 }
@@ -70,6 +73,7 @@ pub struct WorkerFile {
     pub fake_gpus: Option<String>,
     pub telemetry_secs: Option<f64>,
     pub kill_grace_secs: Option<f64>,
+    pub keep_work_dirs: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -113,6 +117,9 @@ impl WorkerFile {
         }
         if let Some(value) = self.telemetry_secs {
             config.telemetry_interval = seconds(value, "telemetry_secs")?;
+        }
+        if let Some(keep) = self.keep_work_dirs {
+            config.keep_work_dirs = keep;
         }
         if let Some(value) = self.kill_grace_secs {
             config.kill_grace = seconds(value, "kill_grace_secs")?;
