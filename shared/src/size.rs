@@ -42,22 +42,6 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// Formats a byte count with a binary unit, e.g. `8.0 GiB`.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,11 +74,5 @@ mod tests {
         }
         assert!(parse_bytes("9223372036854775808.0").unwrap_err().contains("too large"));
         assert!(parse_bytes("99999999999999999999999999999999999999999999").unwrap_err().contains("too large"));
-    }
-
-    #[test]
-    fn formats_with_binary_units() {
-        assert_eq!(format_bytes(8 << 30), "8.0 GiB");
-        assert_eq!(format_bytes(512), "512 B");
     }
 }
