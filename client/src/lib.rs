@@ -156,6 +156,18 @@ impl Client {
         self.get(&format!("/api/jobs/{id}/events")).await
     }
 
+    pub async fn job_attempts(&self, id: JobId) -> ClientResult<Vec<AttemptInfo>> {
+        self.get(&format!("/api/jobs/{id}/attempts")).await
+    }
+
+    pub async fn cancel_jobs(&self, ids: &[JobId]) -> ClientResult<BulkCancelResponse> {
+        self.post("/api/jobs/cancel", &BulkCancelRequest { ids: ids.to_vec() }).await
+    }
+
+    pub async fn overview(&self) -> ClientResult<Overview> {
+        self.get("/api/overview").await
+    }
+
     pub async fn cancel_job(&self, id: JobId) -> ClientResult<CancelResponse> {
         self.post(&format!("/api/jobs/{id}/cancel"), &()).await
     }

@@ -140,7 +140,13 @@ async fn claim_batch(state: &AppState, batch: &[ClaimTicket]) -> ApiResult<Vec<V
     if order.is_empty() {
         return Ok(per_ticket);
     }
-    let rows = db::jobs::mark_running(&mut writer, &order, lease_expires_at, now).await?;
+    // The GPUs the server chose are recorded with the claim; the worker keeps them while
+    // they still fit (see worker/src/daemon.rs `start`).
+    let rows = {
+        let assignments: Vec<(JobId, WorkerId, &[u32])> =
+            order.iter().map(|(id, worker)| (*id, *worker, chosen[id].1.gpus.as_slice())).collect();
+        db::jobs::mark_running(&mut writer, &assignments, lease_expires_at, now).await?
+    };
     for row in &rows {
         let id: JobId = row.try_get("id")?;
         if let Some((position, placement)) = chosen.remove(&id) {

@@ -139,6 +139,9 @@ pub async fn requeue_expired_leases(state: &AppState) -> anyhow::Result<usize> {
         }
     }
     tx.commit().await?;
+    if !ended.is_empty() {
+        state.changed();
+    }
     for id in ended {
         state.job_signals.wake(id);
     }

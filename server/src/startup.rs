@@ -41,6 +41,7 @@ pub async fn run(
         known_workers: Arc::default(),
         job_signals: Arc::default(),
         claims,
+        changes: Arc::new(watch::channel(0).0),
     };
     let dispatcher = tokio::spawn(crate::dispatch::run(state.clone(), tickets));
     let reaper = tokio::spawn(crate::reaper::run(state.clone()));

@@ -24,4 +24,14 @@ pub struct AppState {
     pub claims: crate::dispatch::ClaimSender,
     /// Woken on every log append and whenever an attempt starts or ends (log followers).
     pub job_signals: Arc<JobSignals>,
+    /// Counts changes to the queue (every successful write request, every reaped lease); the
+    /// web page's event stream follows it.
+    pub changes: Arc<watch::Sender<u64>>,
+}
+
+impl AppState {
+    /// Tells the web page's followers that the queue changed.
+    pub fn changed(&self) {
+        self.changes.send_modify(|seq| *seq += 1);
+    }
 }

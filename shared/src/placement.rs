@@ -70,6 +70,20 @@ pub fn place(request: &Resources, capacity: &Capacity) -> Option<Placement> {
     Some(Placement { gpus: candidates[..wanted].iter().map(|gpu| gpu.index).collect() })
 }
 
+/// `proposed` (the server's choice at claim time) when it still fits `capacity`, so the job
+/// gets the GPUs the queue recorded; otherwise a fresh [`place`]. Jobs ending between the
+/// claim and its answer only free room, so the proposal nearly always holds.
+pub fn keep_or_place(request: &Resources, proposed: &Placement, capacity: &Capacity) -> Option<Placement> {
+    if gpus_wanted(request, capacity) as usize == proposed.gpus.len() {
+        let mut only = capacity.clone();
+        only.gpus.retain(|gpu| proposed.gpus.contains(&gpu.index));
+        if let Some(kept) = place(request, &only).filter(|kept| kept.gpus.len() == proposed.gpus.len()) {
+            return Some(kept);
+        }
+    }
+    place(request, capacity)
+}
+
 impl Capacity {
     /// Books a placed job, so the next [`place`] sees it.
     pub fn reserve(&mut self, request: &Resources, placement: &Placement) {
@@ -158,5 +172,21 @@ mod tests {
         let request = Resources { gpus: Some(2), gpu_memory: Some(4 * GIB), exclusive: None };
         let placement = place(&request, &capacity).unwrap();
         assert_eq!(placement.gpus, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_proposal_that_still_fits_is_kept_and_one_that_does_not_is_replaced() {
+        let request = Resources::default();
+        // A fresh place would pick GPU 0; the server proposed GPU 1, which is still free.
+        let capacity = gpus(2, 24 * GIB, 8);
+        let proposed = Placement { gpus: vec![1] };
+        assert_eq!(keep_or_place(&request, &proposed, &capacity), Some(proposed.clone()));
+        // GPU 1 got taken meanwhile: the job goes where it fits.
+        let mut busy = capacity.clone();
+        busy.gpus[1].exclusive_held = true;
+        assert_eq!(keep_or_place(&request, &proposed, &busy), Some(Placement { gpus: vec![0] }));
+        // A CPU job stays a CPU job.
+        let cpu = gpus(0, 0, 1);
+        assert_eq!(keep_or_place(&request, &Placement { gpus: vec![] }, &cpu), Some(Placement { gpus: vec![] }));
     }
 }

@@ -13,7 +13,7 @@ use shared::api::{
     ReportRequest, WorkerId,
 };
 use shared::job::Outcome;
-use shared::placement::place;
+use shared::placement::keep_or_place;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,7 +232,7 @@ impl Daemon {
     /// Places a claimed job on this worker's GPUs and starts it.
     fn start(&mut self, job: ClaimedJob) {
         let gpus = self.inventory.sample();
-        let Some(placement) = place(&job.resources, &self.reservations.capacity(&gpus)) else {
+        let Some(placement) = keep_or_place(&job.resources, &job.placement, &self.reservations.capacity(&gpus)) else {
             tracing::warn!(job = job.id, "claimed a job that no longer fits; handing it back");
             return self.give_back(job);
         };

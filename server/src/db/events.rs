@@ -6,7 +6,7 @@ use sqlx::{Row, SqlitePool};
 
 pub async fn list(pool: &SqlitePool, job_id: JobId) -> anyhow::Result<Vec<JobEvent>> {
     let rows = sqlx::query(
-        "SELECT e.at, e.from_status, e.to_status, e.attempt, w.name AS worker, e.reason
+        "SELECT e.at, e.from_status, e.to_status, e.attempt, w.name AS worker, e.reason, e.gpu_ids, e.exit_code
          FROM job_events e LEFT JOIN workers w ON w.id = e.worker_id
          WHERE e.job_id = ? ORDER BY e.id",
     )
@@ -24,6 +24,8 @@ pub async fn list(pool: &SqlitePool, job_id: JobId) -> anyhow::Result<Vec<JobEve
                 attempt: row.try_get("attempt")?,
                 worker: row.try_get("worker")?,
                 reason: row.try_get("reason")?,
+                gpus: super::jobs::gpu_ids_of(row)?,
+                exit_code: row.try_get("exit_code")?,
             })
         })
         .collect()

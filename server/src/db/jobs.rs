@@ -4,7 +4,7 @@
 //! status = ? AND attempt = ?`); callers check `rows_affected` (or the returned rows) to learn
 //! whether it applied. The `jobs_record_transition` trigger writes the history.
 
-use shared::api::{Job, JobAttempt, JobId, JobPage, SweepId, WorkerId};
+use shared::api::{Job, JobAttempt, JobId, JobPage, JobSort, SortOrder, SweepId, WorkerId};
 use shared::job::{Finish, JobStatus, LeaseExpiry};
 use shared::sweep::Resources;
 use sqlx::sqlite::SqliteRow;
@@ -25,6 +25,12 @@ pub fn resources_of(row: &SqliteRow) -> sqlx::Result<Resources> {
         gpu_memory: row.try_get::<Option<i64>, _>("gpu_memory")?.map(|bytes| bytes as u64),
         exclusive: row.try_get("exclusive")?,
     })
+}
+
+/// The `gpu_ids` column (a JSON array, NULL before the first claim).
+pub fn gpu_ids_of(row: &SqliteRow) -> anyhow::Result<Vec<u32>> {
+    let text: Option<String> = row.try_get("gpu_ids")?;
+    Ok(text.as_deref().map(serde_json::from_str).transpose()?.unwrap_or_default())
 }
 
 fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
@@ -52,6 +58,7 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
         created_at: row.try_get("created_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+        gpus: gpu_ids_of(row)?,
         // Filled by `get` and `list` from `job_metric_summaries`.
         metrics: Default::default(),
     })
@@ -86,14 +93,45 @@ fn push_filter<'a>(query: &mut QueryBuilder<'a, Sqlite>, filter: &'a JobFilter) 
     }
 }
 
-/// One page of jobs in id order (with their metric summaries), and how many match in all.
-pub async fn list(pool: &SqlitePool, filter: &JobFilter, limit: u32, offset: u64) -> anyhow::Result<JobPage> {
+/// The ORDER BY of a listing; the id last, so pages never overlap or skip.
+fn order_by(sort: JobSort, order: SortOrder, now: i64) -> String {
+    let direction = match order {
+        SortOrder::Asc => "ASC",
+        SortOrder::Desc => "DESC",
+    };
+    let column = match sort {
+        JobSort::Id => return format!("j.id {direction}"),
+        JobSort::Priority => "j.priority".to_string(),
+        JobSort::Status => "j.status".to_string(),
+        JobSort::Sweep => "s.name".to_string(),
+        JobSort::Worker => "w.name".to_string(),
+        JobSort::StartedAt => "j.started_at".to_string(),
+        // `now` is a number this function formats itself, never user text.
+        JobSort::Duration => format!("coalesce(j.finished_at, {now}) - j.started_at"),
+    };
+    // Jobs without a value (never started, no worker) go last either way.
+    format!("({column}) IS NULL, {column} {direction}, j.id {direction}")
+}
+
+/// One page of jobs (with their metric summaries) in the asked order, and how many match.
+pub async fn list(
+    pool: &SqlitePool,
+    filter: &JobFilter,
+    (sort, order): (JobSort, SortOrder),
+    limit: u32,
+    offset: u64,
+) -> anyhow::Result<JobPage> {
     let mut count = QueryBuilder::new("SELECT count(*) FROM jobs j");
     push_filter(&mut count, filter);
     let total: i64 = count.build_query_scalar().fetch_one(pool).await?;
     let mut page = QueryBuilder::new(JOB_SELECT);
     push_filter(&mut page, filter);
-    page.push(" ORDER BY j.id LIMIT ").push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
+    page.push(" ORDER BY ")
+        .push(order_by(sort, order, super::now_ms()))
+        .push(" LIMIT ")
+        .push_bind(limit as i64)
+        .push(" OFFSET ")
+        .push_bind(offset as i64);
     let rows = page.build().fetch_all(pool).await?;
     let mut jobs = rows.iter().map(job_from_row).collect::<anyhow::Result<Vec<_>>>()?;
     // One query for the whole page's metrics, not one per job.
@@ -201,11 +239,11 @@ pub async fn queued_candidates(
         .collect())
 }
 
-/// `queued -> running` for every `(job, worker)` pair whose job is still queued, in one
+/// `queued -> running` for every `(job, worker, gpus)` whose job is still queued, in one
 /// statement (a batch of claims is atomic without a transaction); returns the claimed rows.
 pub async fn mark_running(
     conn: &mut SqliteConnection,
-    pairs: &[(JobId, WorkerId)],
+    pairs: &[(JobId, WorkerId, &[u32])],
     lease_until: i64,
     now: i64,
 ) -> anyhow::Result<Vec<SqliteRow>> {
@@ -213,6 +251,7 @@ pub async fn mark_running(
     let rows = sqlx::query(
         "UPDATE jobs SET status = 'running', attempt = attempt + 1,
                 worker_id = (SELECT value ->> 1 FROM json_each(?1) WHERE value ->> 0 = jobs.id),
+                gpu_ids = (SELECT value ->> 2 FROM json_each(?1) WHERE value ->> 0 = jobs.id),
                 lease_expires_at = ?2, started_at = ?3, finished_at = NULL, exit_code = NULL, reason = NULL,
                 cancel_requested = 0
          WHERE status = 'queued' AND id IN (SELECT value ->> 0 FROM json_each(?1))
@@ -393,6 +432,32 @@ pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i
     .execute(&mut *conn)
     .await?
     .rows_affected();
+    Ok((cancelled, requested))
+}
+
+/// Cancels the listed jobs: queued ones now, running ones flagged for their worker. Returns
+/// the ids of each kind; the others (finished, unknown) are untouched.
+pub async fn cancel_many(
+    conn: &mut SqliteConnection,
+    ids: &[JobId],
+    now: i64,
+) -> anyhow::Result<(Vec<JobId>, Vec<JobId>)> {
+    let ids = serde_json::to_string(ids)?;
+    let cancelled = sqlx::query_scalar(
+        "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
+         WHERE status = 'queued' AND id IN (SELECT value FROM json_each(?)) RETURNING id",
+    )
+    .bind(now)
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    let requested = sqlx::query_scalar(
+        "UPDATE jobs SET cancel_requested = 1
+         WHERE status = 'running' AND id IN (SELECT value FROM json_each(?)) RETURNING id",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
     Ok((cancelled, requested))
 }
 

@@ -192,3 +192,9 @@ pub async fn counts(pool: &SqlitePool, sweep_id: Option<SweepId>) -> anyhow::Res
     }
     Ok(counts)
 }
+
+/// How many sweeps were submitted.
+pub async fn count(pool: &SqlitePool) -> sqlx::Result<u64> {
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM sweeps").fetch_one(pool).await?;
+    Ok(count as u64)
+}

@@ -1,6 +1,6 @@
 //! `workers`: registration (an upsert by name) and liveness.
 
-use shared::api::{WorkerId, WorkerInfo};
+use shared::api::{WorkerId, WorkerInfo, WorkerState};
 use shared::placement::Capacity;
 use sqlx::SqliteConnection;
 use sqlx::{Row, SqlitePool};
@@ -44,9 +44,11 @@ pub async fn id_by_name(pool: &SqlitePool, name: &str) -> sqlx::Result<Option<Wo
     sqlx::query_scalar("SELECT id FROM workers WHERE name = ?").bind(name).fetch_optional(pool).await
 }
 
-pub async fn list(pool: &SqlitePool) -> anyhow::Result<Vec<WorkerInfo>> {
+/// Every worker with the ids of its running jobs and its state as of `now`.
+pub async fn list(pool: &SqlitePool, now: i64, heartbeat_ms: u64, lease_ms: u64) -> anyhow::Result<Vec<WorkerInfo>> {
     let rows = sqlx::query(
-        "SELECT w.*, (SELECT count(*) FROM jobs j WHERE j.worker_id = w.id AND j.status = 'running') AS running
+        "SELECT w.*, (SELECT json_group_array(j.id) FROM jobs j WHERE j.worker_id = w.id AND j.status = 'running')
+                AS running_jobs
          FROM workers w ORDER BY w.name",
     )
     .fetch_all(pool)
@@ -54,13 +56,17 @@ pub async fn list(pool: &SqlitePool) -> anyhow::Result<Vec<WorkerInfo>> {
     rows.iter()
         .map(|row| {
             let capacity: String = row.try_get("capacity")?;
+            let running_jobs: Vec<i64> = serde_json::from_str(row.try_get("running_jobs")?)?;
+            let last_seen_at = row.try_get("last_seen_at")?;
             Ok(WorkerInfo {
                 id: row.try_get("id")?,
                 name: row.try_get("name")?,
                 capacity: serde_json::from_str(&capacity)?,
                 registered_at: row.try_get("registered_at")?,
-                last_seen_at: row.try_get("last_seen_at")?,
-                running: row.try_get::<i64, _>("running")? as u64,
+                last_seen_at,
+                running: running_jobs.len() as u64,
+                state: WorkerState::of(last_seen_at, now, heartbeat_ms, lease_ms),
+                running_jobs,
             })
         })
         .collect()

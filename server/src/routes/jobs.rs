@@ -9,7 +9,8 @@ use axum::extract::{Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use shared::api::{
-    CancelResponse, Job, JobAttempt, JobEvent, JobId, JobPage, JobQuery, PriorityRequest, ReportRequest, ReportResponse,
+    AttemptInfo, BulkCancelRequest, BulkCancelResponse, CancelResponse, Job, JobAttempt, JobEvent, JobId, JobPage,
+    JobQuery, PriorityRequest, ReportRequest, ReportResponse,
 };
 use shared::job::{self, CancelEffect, JobStatus};
 
@@ -20,7 +21,9 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/api/jobs", get(list))
         .route("/api/jobs/{id}", get(show))
+        .route("/api/jobs/cancel", post(cancel_many))
         .route("/api/jobs/{id}/events", get(events))
+        .route("/api/jobs/{id}/attempts", get(attempts))
         .route("/api/jobs/{id}/cancel", post(cancel))
         .route("/api/jobs/{id}/retry", post(retry))
         .route("/api/jobs/{id}/priority", post(priority))
@@ -37,7 +40,8 @@ async fn list(State(state): State<AppState>, ApiQuery(query): ApiQuery<JobQuery>
         filter.worker_id = Some(id.ok_or_else(|| ApiError::NotFound(format!("no worker `{name}`")))?);
     }
     let limit = query.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
-    Ok(Json(db::jobs::list(&state.db.reader, &filter, limit, query.offset.unwrap_or(0)).await?))
+    let order = (query.sort.unwrap_or_default(), query.order.unwrap_or_default());
+    Ok(Json(db::jobs::list(&state.db.reader, &filter, order, limit, query.offset.unwrap_or(0)).await?))
 }
 
 fn no_job(id: JobId) -> ApiError {
@@ -51,6 +55,11 @@ async fn show(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult
 async fn events(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<Vec<JobEvent>>> {
     db::jobs::get(&state.db.reader, id).await?.ok_or_else(|| no_job(id))?;
     Ok(Json(db::events::list(&state.db.reader, id).await?))
+}
+
+async fn attempts(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<Vec<AttemptInfo>>> {
+    db::jobs::get(&state.db.reader, id).await?.ok_or_else(|| no_job(id))?;
+    Ok(Json(shared::history::attempts(&db::events::list(&state.db.reader, id).await?)))
 }
 
 async fn state_of(conn: &mut sqlx::SqliteConnection, id: JobId) -> ApiResult<JobState> {
@@ -84,6 +93,32 @@ async fn cancel(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResu
     }
     tx.commit().await?;
     Ok(Json(response))
+}
+
+/// Cancels every listed job that is queued or running, in one transaction; the others are
+/// named in `skipped` and left as they were.
+async fn cancel_many(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<BulkCancelRequest>,
+) -> ApiResult<Json<BulkCancelResponse>> {
+    if request.ids.len() > MAX_PAGE as usize {
+        return Err(ApiError::BadRequest(format!(
+            "{} ids in one cancel; at most {MAX_PAGE} (cancel a whole sweep with POST /api/sweeps/{{sweep}}/cancel)",
+            request.ids.len()
+        )));
+    }
+    let mut tx = state.db.writer.begin().await?;
+    let (cancelled, requested) = db::jobs::cancel_many(&mut tx, &request.ids, now_ms()).await?;
+    tx.commit().await?;
+    let done: std::collections::HashSet<JobId> = cancelled.iter().chain(&requested).copied().collect();
+    let mut skipped: Vec<JobId> = request.ids.iter().copied().filter(|id| !done.contains(id)).collect();
+    skipped.sort_unstable();
+    skipped.dedup();
+    Ok(Json(BulkCancelResponse {
+        cancelled: cancelled.len() as u64,
+        cancel_requested: requested.len() as u64,
+        skipped,
+    }))
 }
 
 async fn retry(State(state): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<Job>> {

@@ -1,10 +1,13 @@
 //! The HTTP API: one module per resource, each exposing `router()`.
 
+mod events;
 mod fence;
 mod health;
 mod jobs;
 mod logs;
 mod metrics;
+mod overview;
+mod page;
 mod results;
 mod summary;
 mod sweeps;
@@ -13,13 +16,20 @@ mod workers;
 
 use crate::state::AppState;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::{Request, State};
+use axum::http::Method;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::Router;
 use tower_http::trace::TraceLayer;
 
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes;
     Router::new()
+        .merge(page::router())
         .merge(health::router())
+        .merge(events::router())
+        .merge(overview::router())
         .merge(sweeps::router())
         .merge(jobs::router())
         .merge(workers::router())
@@ -32,6 +42,18 @@ pub fn router(state: AppState) -> Router {
             crate::error::ApiError::NotFound("no such endpoint; see the API list in README.md".into())
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), note_changes))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Every successful write request may change what the web page shows; log appends are left
+/// out (the job page follows its log by long poll, and they are the most frequent writes).
+async fn note_changes(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let writes = request.method() != Method::GET && !request.uri().path().ends_with("/log");
+    let response = next.run(request).await;
+    if writes && response.status().is_success() {
+        state.changed();
+    }
+    response
 }

@@ -85,7 +85,13 @@ async fn register(
 }
 
 async fn list(State(state): State<AppState>) -> ApiResult<Json<Vec<WorkerInfo>>> {
-    Ok(Json(db::workers::list(&state.db.reader).await?))
+    Ok(Json(list_workers(&state).await?))
+}
+
+/// Every worker, with its state judged by this server's heartbeat interval and lease.
+pub async fn list_workers(state: &AppState) -> anyhow::Result<Vec<WorkerInfo>> {
+    let (heartbeat, lease) = (state.config.heartbeat.as_millis() as u64, state.config.lease.as_millis() as u64);
+    db::workers::list(&state.db.reader, db::now_ms(), heartbeat, lease).await
 }
 
 async fn heartbeat(

@@ -7,6 +7,7 @@ mod helpers;
 mod lifecycle;
 mod logs;
 mod metrics;
+mod page;
 mod results;
 mod submit;
 mod summary;

@@ -129,6 +129,9 @@ pub struct Job {
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// The GPU indices of the latest attempt (empty for a CPU job or before the first claim).
+    #[serde(default)]
+    pub gpus: Vec<u32>,
     /// Last, min and max of each metric of the latest attempt.
     #[serde(default)]
     pub metrics: std::collections::BTreeMap<String, MetricSummary>,
@@ -144,6 +147,33 @@ pub struct JobQuery {
     pub worker: Option<String>,
     pub limit: Option<u32>,
     pub offset: Option<u64>,
+    /// The column to order by (default: id).
+    pub sort: Option<JobSort>,
+    /// Ascending unless `desc`.
+    pub order: Option<SortOrder>,
+}
+
+/// The orders of a job listing; every one ends with the id, so paging is stable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobSort {
+    #[default]
+    Id,
+    Priority,
+    Status,
+    Sweep,
+    Worker,
+    StartedAt,
+    /// Run time: finished minus started, or now minus started while running.
+    Duration,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SortOrder {
+    #[default]
+    Asc,
+    Desc,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -162,6 +192,77 @@ pub struct JobEvent {
     pub attempt: u32,
     pub worker: Option<String>,
     pub reason: Option<String>,
+    /// The GPU indices of the attempt, as the job held them at this transition.
+    #[serde(default)]
+    pub gpus: Vec<u32>,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+}
+
+/// One attempt of a job, folded from its history: where it ran and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptInfo {
+    pub attempt: u32,
+    pub worker: Option<String>,
+    pub gpus: Vec<u32>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+    /// `running` while it runs, else the status it ended in (`queued` when requeued).
+    pub status: JobStatus,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+}
+
+/// `POST /api/jobs/cancel`: cancel many jobs at once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BulkCancelRequest {
+    pub ids: Vec<JobId>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkCancelResponse {
+    pub cancelled: u64,
+    pub cancel_requested: u64,
+    /// Ids that were not queued or running (or do not exist): left as they were.
+    pub skipped: Vec<JobId>,
+}
+
+/// `GET /api/overview`: the whole queue at a glance.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Overview {
+    pub counts: StatusCounts,
+    pub workers: WorkerCounts,
+    pub sweeps: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerCounts {
+    pub healthy: u64,
+    pub stale: u64,
+    pub lost: u64,
+}
+
+/// How recently a worker was heard from: `healthy` within two heartbeats, `stale` within its
+/// lease, `lost` after (its jobs are requeued by then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    Healthy,
+    Stale,
+    Lost,
+}
+
+impl WorkerState {
+    pub fn of(last_seen_at: i64, now: i64, heartbeat_ms: u64, lease_ms: u64) -> WorkerState {
+        let silent = now.saturating_sub(last_seen_at).max(0) as u64;
+        if silent <= heartbeat_ms.saturating_mul(2) {
+            WorkerState::Healthy
+        } else if silent <= lease_ms {
+            WorkerState::Stale
+        } else {
+            WorkerState::Lost
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -274,6 +375,10 @@ pub struct WorkerInfo {
     pub registered_at: i64,
     pub last_seen_at: i64,
     pub running: u64,
+    pub state: WorkerState,
+    /// Ids of the jobs running there.
+    #[serde(default)]
+    pub running_jobs: Vec<JobId>,
 }
 
 mod outputs;

@@ -1,0 +1,27 @@
+//! `GET /api/overview`: the whole queue at a glance (the web page's header).
+
+use crate::db;
+use crate::error::ApiResult;
+use crate::state::AppState;
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use shared::api::{Overview, WorkerState};
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/overview", get(overview))
+}
+
+async fn overview(State(state): State<AppState>) -> ApiResult<Json<Overview>> {
+    let counts = db::sweeps::counts(&state.db.reader, None).await?;
+    let sweeps = db::sweeps::count(&state.db.reader).await?;
+    let mut overview = Overview { counts, sweeps, ..Overview::default() };
+    for worker in super::workers::list_workers(&state).await? {
+        match worker.state {
+            WorkerState::Healthy => overview.workers.healthy += 1,
+            WorkerState::Stale => overview.workers.stale += 1,
+            WorkerState::Lost => overview.workers.lost += 1,
+        }
+    }
+    Ok(Json(overview))
+}
