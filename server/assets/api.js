@@ -1,0 +1,76 @@
+// Every request of the page goes through here, so a header (a bearer token, later) is added
+// in one place. Error answers ({"error": "..."}) become thrown ApiErrors with the status.
+
+/** Headers sent with every API request. */
+export const requestHeaders = {};
+
+export class ApiError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.name = 'ApiError';
+    this.status = status;
+  }
+
+  get notFound() {
+    return this.status === 404;
+  }
+}
+
+/** `path` with its query: `url('/api/jobs', {status: 'queued'})`; empty values are left out. */
+export function url(path, query = {}) {
+  const params = new URLSearchParams();
+  for (const [key, value] of Object.entries(query)) {
+    if (value !== undefined && value !== null && value !== '') params.set(key, String(value));
+  }
+  const text = params.toString();
+  return text ? `${path}?${text}` : path;
+}
+
+/** One path segment (a sweep name, a file path's part) made safe for a URL. */
+export const segment = encodeURIComponent;
+
+/**
+ * Fetches `path` and answers its JSON. `options.json` is sent as a JSON body, `options.body`
+ * as is (text); `options.signal` aborts it.
+ */
+export async function api(path, options = {}) {
+  const headers = { Accept: 'application/json', ...requestHeaders };
+  let body = options.body;
+  if (options.json !== undefined) {
+    body = JSON.stringify(options.json);
+    headers['Content-Type'] = 'application/json';
+  } else if (body !== undefined) {
+    headers['Content-Type'] = 'text/plain; charset=utf-8';
+  }
+  const method = options.method || (body === undefined ? 'GET' : 'POST');
+  let response;
+  try {
+    response = await fetch(path, { method, headers, body, signal: options.signal });
+  } catch (error) {
+    if (error.name === 'AbortError') throw error;
+    throw new ApiError(`cannot reach the server (${error.message})`, 0);
+  }
+  const text = await response.text();
+  let data = null;
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = null;
+    }
+  }
+  if (!response.ok) {
+    const message = data && typeof data.error === 'string' ? data.error : `${response.status} ${response.statusText}`;
+    throw new ApiError(message, response.status);
+  }
+  return data;
+}
+
+export const get = (path, query, options = {}) => api(url(path, query), options);
+export const post = (path, json, options = {}) => api(path, { ...options, method: 'POST', json });
+
+/** Whether an error means the endpoint itself is not there (an older server). */
+export function missingEndpoint(error) {
+  return error instanceof ApiError && (error.status === 404 || error.status === 405) &&
+    /no such endpoint|Method Not Allowed|405/.test(error.message);
+}

@@ -1,0 +1,432 @@
+// The job page (#/jobs/ID): what it runs and with which parameters, its attempts, a live log
+// tail (long poll on /api/jobs/ID/log), its metric charts and its result files.
+
+import { get, post, missingEndpoint, segment } from './api.js';
+import {
+  h, fill, badge, message, notFound, number, bytes, timeAgo, elapsed, localTime, flatParams, paramText,
+  refresher, toast,
+} from './dom.js';
+import { Chart, metricPoints } from './charts.js';
+import { links } from './nav.js';
+
+/** The log kept on the page; older text is dropped (the whole log is in the API). */
+const LOG_KEEP = 2 * 1024 * 1024;
+const LOG_WAIT_MS = 20000;
+
+export function mount(root, route) {
+  const id = Number(route.params[0]);
+  document.title = `Job ${route.params[0]} · app`;
+  if (!Number.isSafeInteger(id) || id <= 0 || !/^\d+$/.test(route.params[0])) {
+    fill(root, notFound(`Job ${route.params[0]}`));
+    return { destroy() {} };
+  }
+
+  let job = null;
+  let stopped = false;
+  let controller = new AbortController();
+  let metricsLoadedAt = 0;
+  let metricsStatus = null;
+  const charts = new Map(); // metric name → {box, chart}
+
+  const headBox = h('div.page-head');
+  const errorBox = h('div');
+  const detailsBox = h('section.panel');
+  const paramsBox = h('section.panel');
+  const attemptsBox = h('section.panel');
+  const chartsGrid = h('div.charts');
+  const chartsBox = h('section.panel', {}, h('h2', {}, 'Metrics'), chartsGrid);
+  const artifactsBox = h('section.panel');
+  const log = logPanel(id, () => job);
+  fill(root, h('p.muted', {}, 'Loading…'));
+
+  async function load() {
+    const { signal } = controller;
+    let fresh;
+    try {
+      fresh = await get(`/api/jobs/${id}`, {}, { signal });
+    } catch (error) {
+      if (error.name === 'AbortError') return;
+      if (error.status === 404) {
+        stop();
+        fill(root, notFound(`Job ${id}`));
+        return;
+      }
+      if (!job) fill(root, message(`Cannot load job ${id}: ${error.message}`, 'error'));
+      else fill(errorBox, message(`Cannot refresh: ${error.message}`, 'error'));
+      return;
+    }
+    const first = job === null;
+    job = fresh;
+    if (first) {
+      fill(root, headBox, errorBox, h('div.grid-2', {}, detailsBox, paramsBox), log.element, chartsBox, attemptsBox, artifactsBox);
+    }
+    fill(errorBox);
+    renderHead();
+    renderDetails();
+    renderParams();
+    log.jobChanged(job);
+    const [attempts, events, results] = await Promise.allSettled([
+      loadAttempts(signal),
+      get(`/api/jobs/${id}/events`, {}, { signal }),
+      get(`/api/jobs/${id}/results`, {}, { signal }),
+    ]);
+    if (stopped) return;
+    renderAttempts(attempts, events);
+    renderArtifacts(results);
+    await loadMetrics(signal);
+  }
+
+  async function loadAttempts(signal) {
+    try {
+      return await get(`/api/jobs/${id}/attempts`, {}, { signal });
+    } catch (error) {
+      if (missingEndpoint(error)) return null; // an older server: the history stands in
+      throw error;
+    }
+  }
+
+  async function loadMetrics(signal) {
+    // While the job runs, at most every 2 s; once it has ended, once more and then never.
+    const now = Date.now();
+    if (metricsStatus === job.status && (job.status !== 'running' || now - metricsLoadedAt < 2000)) return;
+    metricsLoadedAt = now;
+    let series;
+    try {
+      series = await get(`/api/jobs/${id}/metrics`, {}, { signal });
+    } catch (error) {
+      if (error.name !== 'AbortError') fill(chartsGrid, message(`Cannot load metrics: ${error.message}`, 'error'));
+      return;
+    }
+    metricsStatus = job.status;
+    renderCharts(series);
+  }
+
+  const loader = refresher(load);
+
+  function renderHead() {
+    const controls = [];
+    if ((job.status === 'queued' || job.status === 'running') && !job.cancel_requested) {
+      controls.push(h('button.danger', { type: 'button', dataset: { action: 'cancel' }, onclick: () => act('cancel') }, 'Cancel'));
+    }
+    if (job.status === 'failed' || job.status === 'cancelled') {
+      controls.push(h('button', { type: 'button', dataset: { action: 'retry' }, onclick: () => act('retry') }, 'Retry'));
+    }
+    if (job.status === 'queued' || job.status === 'running') {
+      controls.push(h('span.muted', {}, ' priority '),
+        h('button.small', { type: 'button', title: 'lower priority', onclick: () => setPriority(job.priority - 1) }, '−'),
+        h('strong', {}, ` ${job.priority} `),
+        h('button.small', { type: 'button', title: 'raise priority', onclick: () => setPriority(job.priority + 1) }, '+'));
+    }
+    fill(headBox,
+      h('div.grow', {},
+        h('h1', {}, `Job ${job.id} `, badge(job.status), job.cancel_requested && job.status === 'running' ? h('span.muted', {}, ' cancelling…') : null),
+        h('div.sub', {}, 'sweep ', h('a', { href: links.sweep(job.sweep) }, job.sweep), ` · index ${job.index} · attempt ${job.attempt}`,
+          job.reason ? ` · ${job.reason}` : '')),
+      h('div.toolbar', {}, controls));
+  }
+
+  function renderDetails() {
+    const rows = [
+      ['Command', h('pre.command', {}, job.command)],
+      ['Status', [badge(job.status), job.reason ? ` ${job.reason}` : '']],
+      ['Worker', job.worker ? [job.worker, ' ', h('a', { href: links.workers() }, '(workers)')] : '—'],
+      ['GPUs', Array.isArray(job.gpus) ? (job.gpus.length ? job.gpus.join(', ') : (job.started_at ? 'none (CPU)' : '—')) : '—'],
+      ['Resources', resourcesText(job.resources)],
+      ['Created', [timeAgo(job.created_at), h('span.muted', {}, ` ${localTime(job.created_at)}`)]],
+      ['Started', job.started_at ? [timeAgo(job.started_at), h('span.muted', {}, ` ${localTime(job.started_at)}`)] : '—'],
+      ['Finished', job.finished_at ? [timeAgo(job.finished_at), h('span.muted', {}, ` ${localTime(job.finished_at)}`)] : '—'],
+      ['Duration', elapsed(job.started_at, job.status === 'running' ? null : job.finished_at)],
+      ['Exit code', job.exit_code ?? '—'],
+      ['Attempts', `${job.attempt} (crashes ${job.crash_count}, retries left ${job.retries_left})`],
+      ['Timeout', job.timeout_secs ? `${job.timeout_secs} s` : 'none'],
+    ];
+    fill(detailsBox, h('h2', {}, 'Details'), kvTable(rows));
+  }
+
+  function renderParams() {
+    const flat = flatParams(job.params);
+    const rows = Object.entries(flat).map(([key, value]) => [key, h('span.mono', {}, paramText(value))]);
+    const metrics = Object.entries(job.metrics || {}).map(([name, summary]) =>
+      [name, h('span.mono', { title: `${summary.count} values` }, `last ${number(summary.last)} · min ${number(summary.min)} · max ${number(summary.max)}`)]);
+    fill(paramsBox,
+      h('h2', {}, 'Parameters'),
+      rows.length ? kvTable(rows) : h('p.muted', {}, 'No parameters.'),
+      metrics.length ? [h('h2', { style: { marginTop: '14px' } }, 'Metrics (latest attempt)'), kvTable(metrics)] : null);
+  }
+
+  function renderAttempts(attempts, events) {
+    const history = events.status === 'fulfilled' ? events.value : [];
+    let list = attempts.status === 'fulfilled' ? attempts.value : null;
+    const note = attempts.status === 'rejected' ? message(`Cannot load attempts: ${attempts.reason.message}`, 'error') : null;
+    if (!list) list = attemptsFromHistory(history);
+    const rows = list.slice().reverse().map((attempt) => h('tr', { dataset: { attempt: String(attempt.attempt) } },
+      h('td.num', {}, String(attempt.attempt)),
+      h('td', {}, badge(attempt.status)),
+      h('td', {}, attempt.worker || '—'),
+      h('td', {}, Array.isArray(attempt.gpus) ? (attempt.gpus.length ? attempt.gpus.join(', ') : 'CPU') : '—'),
+      h('td', { title: localTime(attempt.started_at) }, timeAgo(attempt.started_at)),
+      h('td', { title: localTime(attempt.ended_at) }, attempt.ended_at ? timeAgo(attempt.ended_at) : h('span.muted', {}, 'running')),
+      h('td.num', {}, elapsed(attempt.started_at, attempt.ended_at)),
+      h('td.num', {}, attempt.exit_code ?? '—'),
+      h('td', {}, attempt.reason || '')));
+    const historyRows = history.slice().reverse().map((event) => h('tr', {},
+      h('td', { title: localTime(event.at) }, timeAgo(event.at)),
+      h('td', {}, event.from ? badge(event.from) : h('span.muted', {}, 'new')), h('td', {}, '→ ', badge(event.to)),
+      h('td.num', {}, String(event.attempt)), h('td', {}, event.worker || ''), h('td', {}, event.reason || '')));
+    fill(attemptsBox,
+      h('h2', {}, 'Attempts'), note,
+      rows.length
+        ? h('div.table-wrap.short', {}, h('table.attempts', {},
+          h('thead', {}, h('tr', {}, ['#', 'Status', 'Worker', 'GPU', 'Started', 'Ended', 'Duration', 'Exit code', 'Reason'].map((label) => h('th', {}, label)))),
+          h('tbody', {}, rows)))
+        : h('p.muted', {}, 'Not started yet.'),
+      historyRows.length
+        ? h('details', { style: { marginTop: '10px' } }, h('summary', {}, `History (${historyRows.length} changes)`),
+          h('div.table-wrap.short', {}, h('table', {},
+            h('thead', {}, h('tr', {}, ['When', 'From', 'To', 'Attempt', 'Worker', 'Reason'].map((label) => h('th', {}, label)))),
+            h('tbody', {}, historyRows))))
+        : null);
+  }
+
+  function renderCharts(series) {
+    if (!series.length) {
+      for (const { chart } of charts.values()) chart.destroy();
+      charts.clear();
+      fill(chartsGrid, h('p.muted', {}, job.status === 'queued' ? 'No metrics yet.' :
+        'No metrics. A job appends JSON lines like {"step": 3, "val_loss": 0.12} to $APP_METRICS_FILE.'));
+      return;
+    }
+    if (!charts.size) fill(chartsGrid);
+    for (const item of series) {
+      const points = metricPoints(item);
+      const data = [points.xs, points.ys];
+      const entry = charts.get(item.name);
+      if (entry) {
+        entry.chart.setData(data);
+        continue;
+      }
+      const target = h('div.chart');
+      const box = h('div.chart-box', { dataset: { metric: item.name } }, h('h3', {}, item.name), target);
+      chartsGrid.append(box);
+      const chart = new Chart(target, { x: { label: 'step' }, y: {}, series: [{ label: item.name }], height: 190 }, data);
+      charts.set(item.name, { box, chart });
+    }
+  }
+
+  function renderArtifacts(results) {
+    if (results.status === 'rejected') {
+      fill(artifactsBox, h('h2', {}, 'Artifacts'), message(`Cannot load results: ${results.reason.message}`, 'error'));
+      return;
+    }
+    const versions = results.value.slice().reverse();
+    fill(artifactsBox, h('h2', {}, 'Artifacts'),
+      versions.length === 0
+        ? h('p.muted', {}, job.status === 'queued' || job.status === 'running'
+          ? 'Files written to $APP_OUTPUT_DIR are uploaded when the attempt ends.'
+          : 'No result files.')
+        : versions.map((version) => h('div.version', { style: { marginBottom: '14px' } },
+          h('div', { style: { marginBottom: '6px' } },
+            h('strong', {}, `Attempt ${version.attempt}`),
+            h('span.muted', {}, ` · ${version.record?.outcome || ''} · ${version.record?.worker || ''}`,
+              version.record?.gpus?.length ? ` · ${version.record.gpus.join(', ')}` : '',
+              version.record?.git_commit ? ` · git ${version.record.git_commit.slice(0, 10)}` : '',
+              ' · stored '), timeAgo(version.stored_at)),
+          version.files.length === 0 ? h('p.muted', {}, 'No files.') :
+            h('div.table-wrap.short', {}, h('table.files', {},
+              h('thead', {}, h('tr', {}, h('th', {}, 'File'), h('th.num', {}, 'Size'), h('th', {}, 'SHA-256'))),
+              h('tbody', {}, version.files.map((file) => h('tr', {},
+                h('td', {}, h('a', { href: fileUrl(id, version.attempt, file.path), download: file.path.split('/').pop() }, file.path)),
+                h('td.num', { title: `${file.size} bytes` }, bytes(file.size)),
+                h('td.sha', {}, file.sha256)))))))));
+  }
+
+  async function act(action) {
+    try {
+      await post(`/api/jobs/${id}/${action}`);
+      toast(action === 'cancel' ? `Job ${id}: cancel sent` : `Job ${id} is queued again`);
+    } catch (error) {
+      toast(`Job ${id}: ${error.message}`, 'error');
+    }
+    loader.now();
+  }
+
+  async function setPriority(priority) {
+    try {
+      await post(`/api/jobs/${id}/priority`, { priority });
+    } catch (error) {
+      toast(`Job ${id}: ${error.message}`, 'error');
+    }
+    loader.now();
+  }
+
+  function stop() {
+    stopped = true;
+    loader.stop();
+    controller.abort();
+    log.stop();
+    for (const { chart } of charts.values()) chart.destroy();
+    charts.clear();
+  }
+
+  loader.now();
+  return {
+    refresh: () => loader.schedule(),
+    destroy: stop,
+  };
+}
+
+/**
+ * The log panel: follows the latest attempt's log with a long poll until the attempt has
+ * ended and the job is finished; an earlier attempt can be picked and is read to its end.
+ */
+function logPanel(id, currentJob) {
+  const text = document.createTextNode('');
+  const pre = h('pre.log', { 'aria-label': 'job log', tabindex: '0' }, text);
+  const picker = h('select', { name: 'attempt', 'aria-label': 'attempt' });
+  const follow = h('input', { type: 'checkbox', checked: true });
+  const state = h('span.muted.log-state', {}, 'loading…');
+  const element = h('section.panel.log-panel', {},
+    h('div.log-head', {}, h('h2', { style: { margin: 0 } }, 'Log'), h('label', {}, 'attempt ', picker),
+      h('label', {}, follow, ' follow'), state),
+    pre);
+  let pinned = null; // an attempt picked by hand, or null for the latest
+  let attempt = 0; // the attempt being shown
+  let offset = 0;
+  let controller = null;
+  let running = false;
+  let stopped = false;
+  let ended = false; // the shown attempt has ended and all its log is shown
+  let shownAttempts = -1;
+
+  picker.addEventListener('change', () => {
+    const latest = currentJob()?.attempt ?? 0;
+    const chosen = Number(picker.value);
+    pinned = chosen === latest ? null : chosen;
+    restart(chosen);
+  });
+  pre.addEventListener('scroll', () => {
+    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
+    if (!atBottom && follow.checked && running) follow.checked = false;
+  });
+  follow.addEventListener('change', () => {
+    if (follow.checked) pre.scrollTop = pre.scrollHeight;
+  });
+
+  function show(chunk) {
+    if (!chunk) return;
+    text.appendData(chunk);
+    if (text.length > LOG_KEEP) {
+      const cut = text.data.indexOf('\n', text.length - LOG_KEEP);
+      text.deleteData(0, cut < 0 ? text.length - LOG_KEEP : cut + 1);
+      text.insertData(0, '[… earlier output not shown; `app logs JOB` has all of it]\n');
+    }
+    if (follow.checked) pre.scrollTop = pre.scrollHeight;
+  }
+
+  function restart(which) {
+    controller?.abort();
+    controller = null;
+    running = false;
+    ended = false;
+    attempt = which;
+    offset = 0;
+    text.data = '';
+    state.textContent = 'loading…';
+    loop();
+  }
+
+  async function loop() {
+    if (running || stopped) return;
+    running = true;
+    controller = new AbortController();
+    const { signal } = controller;
+    try {
+      for (;;) {
+        const query = { offset, wait_ms: LOG_WAIT_MS };
+        if (attempt > 0) query.attempt = attempt;
+        const chunk = await get(`/api/jobs/${id}/log`, query, { signal });
+        if (signal.aborted || stopped) return;
+        if (attempt === 0 && chunk.attempt > 0) attempt = chunk.attempt;
+        show(chunk.text);
+        offset = chunk.next_offset;
+        if (chunk.finished && chunk.next_offset === chunk.offset) {
+          // The attempt has ended and everything it wrote is shown.
+          if (!text.length) text.data = '(no output)';
+          ended = true;
+          describe();
+          return;
+        }
+        state.textContent = chunk.attempt === 0 ? 'waiting for the job to start…' : `following attempt ${chunk.attempt}…`;
+      }
+    } catch (error) {
+      if (error.name === 'AbortError' || stopped) return;
+      state.textContent = `log: ${error.message}; trying again`;
+      setTimeout(() => {
+        if (controller?.signal === signal) loop();
+      }, 3000);
+    } finally {
+      if (controller?.signal === signal) running = false;
+    }
+  }
+
+  function describe() {
+    const job = currentJob();
+    if (!ended) return;
+    if (job && pinned === null && !isFinal(job) && job.attempt === attempt) state.textContent = `attempt ${attempt} ended; waiting for the next one…`;
+    else state.textContent = `attempt ${attempt} ended`;
+  }
+
+  return {
+    element,
+    /** Called with every fresh copy of the job: a new attempt restarts the tail on it. */
+    jobChanged(job) {
+      if (job.attempt !== shownAttempts) {
+        shownAttempts = job.attempt;
+        fill(picker, Array.from({ length: Math.max(job.attempt, 1) }, (_, i) => i + 1).reverse()
+          .map((n) => h('option', { value: n, selected: n === (pinned ?? job.attempt) }, n === job.attempt ? `${n} (latest)` : String(n))));
+        picker.disabled = job.attempt <= 1;
+      }
+      if (pinned === null && job.attempt !== attempt) restart(job.attempt);
+      else if (!running && !ended) loop();
+      else describe();
+    },
+    stop() {
+      stopped = true;
+      controller?.abort();
+    },
+  };
+}
+
+function isFinal(job) {
+  return job.status === 'succeeded' || job.status === 'failed' || job.status === 'cancelled';
+}
+
+function fileUrl(id, attempt, path) {
+  return `/api/jobs/${id}/results/${attempt}/files/${path.split('/').map(segment).join('/')}`;
+}
+
+function resourcesText(resources) {
+  if (!resources) return '—';
+  const parts = [];
+  parts.push(resources.gpus === null || resources.gpus === undefined ? 'GPUs: 1 on a GPU box, else CPU' : `GPUs: ${resources.gpus}`);
+  if (resources.gpu_memory) parts.push(`GPU memory ${bytes(resources.gpu_memory)} each`);
+  if (resources.exclusive !== null && resources.exclusive !== undefined) parts.push(resources.exclusive ? 'exclusive' : 'shared');
+  return parts.join(' · ');
+}
+
+function kvTable(rows) {
+  return h('table.kv', {}, h('tbody', {}, rows.map(([key, value]) => h('tr', {}, h('th', {}, key), h('td', {}, value)))));
+}
+
+/** Attempts rebuilt from the job's history, for a server without /api/jobs/ID/attempts. */
+function attemptsFromHistory(events) {
+  const attempts = new Map();
+  for (const event of events) {
+    if (event.to === 'running') {
+      attempts.set(event.attempt, { attempt: event.attempt, worker: event.worker, gpus: null, started_at: event.at, ended_at: null, status: 'running', exit_code: null, reason: null });
+    } else if (event.from === 'running' && attempts.has(event.attempt)) {
+      Object.assign(attempts.get(event.attempt), { ended_at: event.at, status: event.to, reason: event.reason });
+    }
+  }
+  return [...attempts.values()];
+}

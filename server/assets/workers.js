@@ -1,0 +1,172 @@
+// The workers page (#/workers): one card per worker (state, last seen, running jobs) and one row
+// per GPU with its utilisation and memory over the last hour, temperature and power.
+
+import { get, segment } from './api.js';
+import { h, fill, badge, message, timeAgo, bytes, refresher } from './dom.js';
+import { Chart, palette } from './charts.js';
+import { links } from './nav.js';
+
+/** Telemetry arrives with heartbeats, which are not queue changes: refresh on a timer too. */
+const POLL_MS = 10000;
+
+export function mount(root) {
+  document.title = 'Workers · app';
+  const controller = new AbortController();
+  const { signal } = controller;
+  const rows = new Map(); // `${worker}/${gpu index}` → {element, util, memory, readings}
+  const listBox = h('div.workers');
+  const errorBox = h('div');
+  fill(root,
+    h('div.page-head', {}, h('div.grow', {}, h('h1', {}, 'Workers'),
+      h('div.sub', {}, 'Each worker daemon and its GPUs; GPU readings of the last hour.'))),
+    errorBox, listBox);
+  fill(listBox, h('p.muted', {}, 'Loading…'));
+
+  async function load() {
+    let workers;
+    try {
+      workers = await get('/api/workers', {}, { signal });
+    } catch (error) {
+      if (error.name !== 'AbortError') fill(errorBox, message(`Cannot load workers: ${error.message}`, 'error'));
+      return;
+    }
+    fill(errorBox);
+    const telemetry = await Promise.all(workers.map((worker) =>
+      get(`/api/workers/${segment(worker.name)}/telemetry`, {}, { signal }).catch((error) => (error.name === 'AbortError' ? [] : error))));
+    if (signal.aborted) return;
+    render(workers, telemetry);
+  }
+
+  function render(workers, telemetry) {
+    if (!workers.length) {
+      fill(listBox, message('No worker has registered yet. Start one with `app --client-only --url URL`, or run `app` for a server with a local worker.'));
+      return;
+    }
+    const seen = new Set();
+    const cards = workers
+      .slice()
+      .sort((a, b) => a.name.localeCompare(b.name))
+      .map((worker) => {
+        const readings = telemetry[workers.indexOf(worker)];
+        return card(worker, Array.isArray(readings) ? readings : [], readings instanceof Error ? readings : null, seen);
+      });
+    for (const [key, row] of rows) {
+      if (!seen.has(key)) {
+        row.util?.destroy();
+        row.memory?.destroy();
+        rows.delete(key);
+      }
+    }
+    fill(listBox, cards);
+  }
+
+  function card(worker, samples, failed, seen) {
+    const state = worker.state || estimateState(worker.last_seen_at);
+    const gpus = groupByGpu(samples);
+    for (const slot of worker.capacity?.gpus || []) {
+      if (!gpus.has(slot.index)) gpus.set(slot.index, { index: slot.index, name: `GPU ${slot.index}`, samples: [], slot });
+      else gpus.get(slot.index).slot = slot;
+    }
+    const running = worker.running_jobs || [];
+    const gpuRows = [...gpus.values()].sort((a, b) => a.index - b.index).map((gpu) => {
+      const key = `${worker.name}/${gpu.index}`;
+      seen.add(key);
+      return gpuRow(key, gpu);
+    });
+    return h('section.panel.worker-card', { dataset: { worker: worker.name, state } },
+      h('h2', {}, worker.name, badge(state), worker.state ? null : h('span.muted', { style: { fontWeight: 400, fontSize: '12px' } }, '(estimated from last seen)')),
+      h('div.facts', {},
+        h('span', {}, 'last seen ', timeAgo(worker.last_seen_at)),
+        h('span', {}, 'registered ', timeAgo(worker.registered_at)),
+        h('span', {}, `${worker.running} running`, worker.capacity ? ` · ${worker.capacity.job_slots} job slots` : ''),
+        h('span', {}, gpus.size ? `${gpus.size} GPU${gpus.size > 1 ? 's' : ''}` : 'CPU only')),
+      running.length
+        ? h('div.facts', {}, 'running jobs: ', running.map((id) => h('a', { href: links.job(id) }, `#${id}`)).flatMap((link, i) => (i ? [' ', link] : [link])))
+        : null,
+      failed ? message(`Cannot load GPU readings: ${failed.message}`, 'error') : null,
+      gpuRows);
+  }
+
+  function gpuRow(key, gpu) {
+    const samples = gpu.samples;
+    const xs = samples.map((sample) => sample.at / 1000);
+    const util = samples.map((sample) => sample.utilization ?? null);
+    const memory = samples.map((sample) => sample.memory_used / 2 ** 30);
+    const last = samples[samples.length - 1];
+    const total = last?.memory_total ?? gpu.slot?.memory_total;
+    let row = rows.get(key);
+    if (!row) {
+      const utilTarget = h('div.chart');
+      const memoryTarget = h('div.chart');
+      const readings = h('div.readings');
+      const title = h('div.gpu-name');
+      const element = h('div.gpu-row', { dataset: { gpu: String(gpu.index) } },
+        title,
+        h('div.spark', {}, h('h4', {}, 'utilisation %'), utilTarget),
+        h('div.spark', {}, h('h4', {}, 'memory used (GiB)'), memoryTarget),
+        readings);
+      // Charts are made once the row is in the page and has a width.
+      row = { element, title, readings, utilTarget, memoryTarget, util: null, memory: null };
+      rows.set(key, row);
+    }
+    fill(row.title, `GPU ${gpu.index}`, h('small', {}, last?.name || gpu.name || ''), h('small', {}, total ? `${bytes(total)} total` : ''));
+    fill(row.readings,
+      h('div', {}, `util ${last?.utilization ?? '—'}${last?.utilization !== null && last?.utilization !== undefined ? '%' : ''}`),
+      h('div', {}, `mem ${last ? bytes(last.memory_used) : '—'}`),
+      h('div', {}, `temp ${last?.temperature ?? '—'}${last?.temperature !== null && last?.temperature !== undefined ? ' °C' : ''}`),
+      h('div', {}, `power ${last?.power_watts !== null && last?.power_watts !== undefined ? `${last.power_watts.toFixed(0)} W` : '—'}`),
+      h('div', {}, last ? ['read ', timeAgo(last.at)] : 'no readings yet'));
+    row.pending = { util: [xs, util], memory: [xs, memory], total };
+    return row.element;
+  }
+
+  /** Charts need their rows in the page; make or update them after each render. */
+  function drawCharts() {
+    for (const row of rows.values()) {
+      if (!row.pending || !row.element.isConnected) continue;
+      const { util, memory, total } = row.pending;
+      row.pending = null;
+      const spark = { height: 90, legend: false, x: { time: true } };
+      if (row.util) row.util.setData(util);
+      else row.util = new Chart(row.utilTarget, { ...spark, y: { range: [0, 100] }, series: [{ label: 'utilisation %' }] }, util);
+      if (row.memory) row.memory.setData(memory);
+      else row.memory = new Chart(row.memoryTarget, { ...spark, y: total ? { range: [0, total / 2 ** 30] } : {}, series: [{ label: 'memory GiB', colour: palette()[3] }] }, memory);
+    }
+  }
+
+  const loader = refresher(async () => {
+    await load();
+    drawCharts();
+  }, 500);
+  const timer = setInterval(() => loader.schedule(), POLL_MS);
+  loader.now();
+  return {
+    refresh: () => loader.schedule(),
+    destroy() {
+      clearInterval(timer);
+      loader.stop();
+      controller.abort();
+      for (const row of rows.values()) {
+        row.util?.destroy();
+        row.memory?.destroy();
+      }
+    },
+  };
+}
+
+function groupByGpu(samples) {
+  const gpus = new Map();
+  for (const sample of samples.slice().sort((a, b) => a.at - b.at)) {
+    if (!gpus.has(sample.index)) gpus.set(sample.index, { index: sample.index, name: sample.name, samples: [] });
+    gpus.get(sample.index).samples.push(sample);
+  }
+  return gpus;
+}
+
+/** For a server whose worker list has no `state`: by the time since the last heartbeat. */
+function estimateState(lastSeen) {
+  const age = Date.now() - lastSeen;
+  if (age < 30000) return 'healthy';
+  if (age < 120000) return 'stale';
+  return 'lost';
+}
