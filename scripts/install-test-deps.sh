@@ -3,8 +3,12 @@
 #   docker-compose  to check docker-compose.yml (`docker compose config`), when no Docker CLI
 #                   plugin is there (the engine itself is not needed);
 #   parallel        GNU parallel, the baseline of `app bench-worker`;
-#   git, curl       git for the commit of a job's working tree, curl for scripts/quickstart.sh.
+#   git, curl       git for the commit of a job's working tree, curl for scripts/quickstart.sh;
+#   chromium        Debian's Chromium, driven by the browser test (tests/browser.rs);
+#   nodejs, npm     to run that test's script, and `npm ci` of its packages (playwright-core)
+#                   in tests/browser when they are missing or older than its package-lock.json.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 missing=()
 command -v git >/dev/null || missing+=(git)
@@ -13,10 +17,21 @@ command -v parallel >/dev/null || missing+=(parallel)
 if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then
     missing+=(docker-compose)
 fi
-[ ${#missing[@]} -eq 0 ] && exit 0
+[ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "installing ${missing[*]} (apt-get)" >&2
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing ${missing[*]} (apt-get)" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+browser_test=tests/browser
+if [ ! -d "$browser_test/node_modules" ] || [ "$browser_test/package-lock.json" -nt "$browser_test/node_modules" ]; then
+    echo "installing the browser test's packages (npm ci in $browser_test)" >&2
+    npm ci --prefix "$browser_test" --no-audit --no-fund --loglevel=error >/dev/null
+    touch "$browser_test/node_modules"
+fi
