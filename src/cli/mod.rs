@@ -1,6 +1,7 @@
 //! The command line: modes (`--server-only`, `--client-only`, embedded) and verbs against a
 //! server (`submit`, `status`, `cancel`, `retry`, `bench-queue`). One file per verb.
 
+mod bench;
 mod bench_queue;
 mod bench_worker;
 mod cancel;
@@ -9,6 +10,7 @@ mod results;
 mod serve;
 mod status;
 mod submit;
+mod train;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -100,6 +102,10 @@ pub enum Command {
     BenchQueue(bench_queue::BenchArgs),
     /// Measure the worker on this machine: throughput against GNU parallel, dispatch, idle cost.
     BenchWorker(bench_worker::BenchWorkerArgs),
+    /// Train the built-in MLP/CNN: `app train --config train.yaml [--set key=value]` (feature `torch`).
+    Train(train::TrainArgs),
+    /// Benchmark training settings: `app bench --config train.yaml --batch-sizes 256,1024 --amp bf16,off`.
+    Bench(bench::BenchArgs),
 }
 
 pub fn init_tracing(cli: &Cli) {
@@ -111,6 +117,8 @@ pub fn init_tracing(cli: &Cli) {
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    // `--config` is global; for `train` and `bench` it names the trainer's YAML config.
+    let config = cli.server.config.clone();
     match cli.command {
         None if cli.client_only => serve::run_worker(&cli.server, &cli.worker).await,
         None => serve::run(&cli.server, &cli.worker, cli.server_only).await,
@@ -123,6 +131,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Files(args)) => results::files(args).await,
         Some(Command::BenchQueue(args)) => bench_queue::run(args).await,
         Some(Command::BenchWorker(args)) => bench_worker::run(args).await,
+        Some(Command::Train(args)) => train::run(args, config).await,
+        Some(Command::Bench(args)) => bench::run(args, config).await,
     }
 }
 

@@ -1,0 +1,653 @@
+//! The trainer's config: a YAML file (or the `train:` mapping of a sweep file), then
+//! `--set key=value` overrides, then validation. Every error names the key it is about.
+
+use serde::{Deserialize, Serialize};
+use serde_norway::{Mapping, Value};
+use std::path::{Path, PathBuf};
+
+/// A config mistake, shown as one line: `at optimizer.name: unknown variant ...`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("at {key}: {message}")]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+pub fn config_error(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.into(), message: message.into() }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Seeds the weights, the synthetic data, the shuffling and dropout.
+    pub seed: u64,
+    pub data: DataConfig,
+    pub model: ModelConfig,
+    pub optimizer: OptimizerConfig,
+    pub schedule: ScheduleConfig,
+    /// Samples per optimizer step (split across replicas; with `grad_accum` > 1 each
+    /// micro-batch is `batch_size / grad_accum`).
+    pub batch_size: usize,
+    pub epochs: usize,
+    /// Clip the global L2 norm of the gradients to this; 0 turns clipping off.
+    pub grad_clip: f64,
+    /// Micro-batches whose gradients are summed before one optimizer step.
+    pub grad_accum: usize,
+    pub amp: Amp,
+    pub loss_scale: LossScaleConfig,
+    /// `auto` (CUDA when there is a GPU), `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Data-parallel replicas: 0 means one per visible GPU (one on CPU).
+    pub replicas: usize,
+    /// Intra-op threads of libtorch; 0 keeps libtorch's default (the physical cores).
+    pub threads: usize,
+    pub early_stopping: EarlyStoppingConfig,
+    /// Save `model_epoch_XXX.pt` every this many epochs; 0 never.
+    pub checkpoint_every: usize,
+    /// A checkpoint (`.pt` written by this trainer) to continue from.
+    pub resume: Option<PathBuf>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            seed: 0,
+            data: DataConfig::default(),
+            model: ModelConfig::default(),
+            optimizer: OptimizerConfig::default(),
+            schedule: ScheduleConfig::default(),
+            batch_size: 256,
+            epochs: 10,
+            grad_clip: 0.0,
+            grad_accum: 1,
+            amp: Amp::Off,
+            loss_scale: LossScaleConfig::default(),
+            device: "auto".into(),
+            replicas: 0,
+            threads: 0,
+            early_stopping: EarlyStoppingConfig::default(),
+            checkpoint_every: 0,
+            resume: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataSource {
+    Synthetic,
+    Csv,
+    Npy,
+    Safetensors,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    Classification,
+    Regression,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    pub source: DataSource,
+    /// csv: the file; npy: the features file; safetensors: the file with both tensors.
+    pub path: Option<PathBuf>,
+    /// npy: the labels file.
+    pub labels: Option<PathBuf>,
+    /// csv: the label column; safetensors: the labels tensor's name.
+    pub label: String,
+    /// csv: the feature columns (default: every column but the label); safetensors: unused.
+    pub feature_columns: Option<Vec<String>>,
+    /// safetensors: the features tensor's name.
+    pub features_key: String,
+    pub task: Task,
+    /// synthetic: rows, features per row, classes, label noise (fraction flipped / noise std).
+    pub samples: usize,
+    pub features: usize,
+    pub classes: usize,
+    pub noise: f64,
+    /// synthetic images `[channels, height, width]` (for the CNN) instead of feature rows.
+    pub image: Option<[usize; 3]>,
+    pub val_fraction: f64,
+    pub split_seed: u64,
+    /// Standardise features with the training split's mean and std.
+    pub normalize: bool,
+    /// Background threads that assemble batches, and how many batches wait ready per thread.
+    pub loader_threads: usize,
+    pub prefetch: usize,
+    /// Pin batches in page-locked host memory (CUDA only) so copies can be non-blocking.
+    pub pin_memory: bool,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            source: DataSource::Synthetic,
+            path: None,
+            labels: None,
+            label: "label".into(),
+            feature_columns: None,
+            features_key: "x".into(),
+            task: Task::Classification,
+            samples: 8192,
+            features: 32,
+            classes: 2,
+            noise: 0.0,
+            image: None,
+            val_fraction: 0.2,
+            split_seed: 0,
+            normalize: true,
+            loader_threads: 2,
+            prefetch: 4,
+            pin_memory: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelName {
+    Mlp,
+    Cnn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    Relu,
+    Gelu,
+    Tanh,
+    Silu,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    pub name: ModelName,
+    /// MLP hidden layer widths; for the CNN, the widths of the head after the convolutions.
+    pub hidden_dims: Vec<usize>,
+    pub activation: Activation,
+    pub dropout: f64,
+    pub batch_norm: bool,
+    /// CNN: output channels of each 3x3 convolution block (each followed by 2x2 max pooling).
+    pub channels: Vec<usize>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            name: ModelName::Mlp,
+            hidden_dims: vec![256, 128],
+            activation: Activation::Relu,
+            dropout: 0.0,
+            batch_norm: false,
+            channels: vec![16, 32],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    pub name: OptimizerName,
+    pub lr: f64,
+    /// SGD only.
+    pub momentum: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+    /// Adam and AdamW.
+    pub betas: [f64; 2],
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            name: OptimizerName::Adam,
+            lr: 1e-3,
+            momentum: 0.9,
+            nesterov: false,
+            weight_decay: 0.0,
+            betas: [0.9, 0.999],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleName {
+    Constant,
+    Cosine,
+    Step,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScheduleConfig {
+    pub name: ScheduleName,
+    /// Optimizer steps of linear warm-up from lr/warmup_steps to lr.
+    pub warmup_steps: usize,
+    /// `step`: multiply by `gamma` every `step_size` epochs.
+    pub step_size: usize,
+    pub gamma: f64,
+    /// `cosine`: the rate it decays to at the last step.
+    pub min_lr: f64,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig { name: ScheduleName::Constant, warmup_steps: 0, step_size: 10, gamma: 0.1, min_lr: 0.0 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Amp {
+    Off,
+    Bf16,
+    Fp16,
+}
+
+impl Amp {
+    pub fn name(self) -> &'static str {
+        match self {
+            Amp::Off => "off",
+            Amp::Bf16 => "bf16",
+            Amp::Fp16 => "fp16",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Amp, ConfigError> {
+        match text.trim() {
+            "off" | "fp32" | "none" => Ok(Amp::Off),
+            "bf16" => Ok(Amp::Bf16),
+            "fp16" => Ok(Amp::Fp16),
+            other => Err(config_error("amp", format!("unknown value `{other}`, expected `bf16`, `fp16` or `off`"))),
+        }
+    }
+}
+
+/// Dynamic loss scaling for `amp: fp16` (see `scaler`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LossScaleConfig {
+    pub init: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    /// Clean steps in a row before the scale grows.
+    pub growth_interval: u32,
+}
+
+impl Default for LossScaleConfig {
+    fn default() -> Self {
+        LossScaleConfig { init: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EarlyStoppingConfig {
+    /// Epochs without improvement before stopping; 0 never stops early.
+    pub patience: usize,
+    /// The metric watched (and the one `model_best.pt` is chosen by).
+    pub metric: String,
+    /// An improvement smaller than this does not count.
+    pub min_delta: f64,
+}
+
+impl Default for EarlyStoppingConfig {
+    fn default() -> Self {
+        EarlyStoppingConfig { patience: 0, metric: "val_loss".into(), min_delta: 0.0 }
+    }
+}
+
+const METRICS: [&str; 4] = ["val_loss", "val_accuracy", "val_mae", "train_loss"];
+
+impl TrainConfig {
+    /// The file (if any), then each `key=value` override in order, then validation.
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<TrainConfig, ConfigError> {
+        let mut document = match path {
+            Some(path) => read_document(path)?,
+            None => Mapping::new(),
+        };
+        for item in overrides {
+            apply_override(&mut document, item)?;
+        }
+        let config = from_document(document)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses YAML text (a trainer config, or a sweep file with `train:`) without overrides.
+    pub fn from_yaml(text: &str) -> Result<TrainConfig, ConfigError> {
+        let config = from_document(parse_document(text)?)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what the types cannot: ranges, required paths, combinations.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |value: usize, key: &str| {
+            if value == 0 {
+                Err(config_error(key, "must be at least 1"))
+            } else {
+                Ok(())
+            }
+        };
+        positive(self.batch_size, "batch_size")?;
+        positive(self.epochs, "epochs")?;
+        positive(self.grad_accum, "grad_accum")?;
+        if self.batch_size < self.grad_accum {
+            return Err(config_error("grad_accum", "must not exceed batch_size (each micro-batch needs a sample)"));
+        }
+        if !(self.grad_clip >= 0.0 && self.grad_clip.is_finite()) {
+            return Err(config_error("grad_clip", "must be 0 (off) or a positive number"));
+        }
+        self.validate_data()?;
+        self.validate_model()?;
+        let optimizer = &self.optimizer;
+        if !(optimizer.lr > 0.0 && optimizer.lr.is_finite()) {
+            return Err(config_error("optimizer.lr", "must be a positive number"));
+        }
+        if !(0.0..1.0).contains(&optimizer.momentum) {
+            return Err(config_error("optimizer.momentum", "must be in [0, 1)"));
+        }
+        if optimizer.weight_decay < 0.0 {
+            return Err(config_error("optimizer.weight_decay", "must not be negative"));
+        }
+        if optimizer.betas.iter().any(|beta| !(0.0..1.0).contains(beta)) {
+            return Err(config_error("optimizer.betas", "both must be in [0, 1)"));
+        }
+        if self.schedule.name == ScheduleName::Step && self.schedule.step_size == 0 {
+            return Err(config_error("schedule.step_size", "must be at least 1"));
+        }
+        if !(self.schedule.min_lr >= 0.0 && self.schedule.min_lr <= optimizer.lr) {
+            return Err(config_error("schedule.min_lr", "must be between 0 and optimizer.lr"));
+        }
+        let scale = &self.loss_scale;
+        if !(scale.init > 0.0 && scale.growth_factor > 1.0 && scale.backoff_factor > 0.0 && scale.backoff_factor < 1.0)
+        {
+            return Err(config_error("loss_scale", "needs init > 0, growth_factor > 1 and 0 < backoff_factor < 1"));
+        }
+        positive(scale.growth_interval as usize, "loss_scale.growth_interval")?;
+        parse_device(&self.device)?;
+        let metric = &self.early_stopping.metric;
+        if !METRICS.contains(&metric.as_str()) {
+            return Err(config_error(
+                "early_stopping.metric",
+                format!("unknown metric `{metric}`, expected one of {METRICS:?}"),
+            ));
+        }
+        let wrong_task = match self.data.task {
+            Task::Classification => metric == "val_mae",
+            Task::Regression => metric == "val_accuracy",
+        };
+        if wrong_task {
+            return Err(config_error(
+                "early_stopping.metric",
+                format!("`{metric}` is not measured for this data.task"),
+            ));
+        }
+        if let Some(resume) = &self.resume {
+            if !resume.is_file() {
+                return Err(config_error("resume", format!("no checkpoint at {}", resume.display())));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_data(&self) -> Result<(), ConfigError> {
+        let data = &self.data;
+        let existing = |path: &Option<PathBuf>, key: &str, what: &str| -> Result<(), ConfigError> {
+            match path {
+                None => Err(config_error(key, format!("required for data.source {what}"))),
+                Some(path) if !path.is_file() => Err(config_error(key, format!("no such file: {}", path.display()))),
+                Some(_) => Ok(()),
+            }
+        };
+        match data.source {
+            DataSource::Synthetic => {
+                if data.samples < 2 {
+                    return Err(config_error("data.samples", "must be at least 2"));
+                }
+                if data.image.is_none() && data.features == 0 {
+                    return Err(config_error("data.features", "must be at least 1"));
+                }
+                if data.image.is_some_and(|shape| shape.contains(&0)) {
+                    return Err(config_error("data.image", "every dimension must be at least 1"));
+                }
+                if !(0.0..=1.0).contains(&data.noise) && data.task == Task::Classification {
+                    return Err(config_error("data.noise", "is the fraction of flipped labels: between 0 and 1"));
+                }
+            }
+            DataSource::Csv => existing(&data.path, "data.path", "csv")?,
+            DataSource::Npy => {
+                existing(&data.path, "data.path", "npy (the features .npy)")?;
+                existing(&data.labels, "data.labels", "npy (the labels .npy)")?;
+            }
+            DataSource::Safetensors => existing(&data.path, "data.path", "safetensors")?,
+        }
+        if data.task == Task::Classification && data.classes < 2 && data.source == DataSource::Synthetic {
+            return Err(config_error("data.classes", "must be at least 2"));
+        }
+        if !(0.0..1.0).contains(&data.val_fraction) {
+            return Err(config_error("data.val_fraction", "must be in [0, 1)"));
+        }
+        if data.loader_threads == 0 {
+            return Err(config_error("data.loader_threads", "must be at least 1"));
+        }
+        if data.prefetch == 0 {
+            return Err(config_error("data.prefetch", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    fn validate_model(&self) -> Result<(), ConfigError> {
+        let model = &self.model;
+        if model.hidden_dims.contains(&0) {
+            return Err(config_error("model.hidden_dims", "every width must be at least 1"));
+        }
+        if !(0.0..1.0).contains(&model.dropout) {
+            return Err(config_error("model.dropout", "must be in [0, 1)"));
+        }
+        if model.name == ModelName::Cnn {
+            if model.channels.is_empty() || model.channels.contains(&0) {
+                return Err(config_error("model.channels", "needs at least one block, each with at least 1 channel"));
+            }
+            if self.data.source == DataSource::Synthetic && self.data.image.is_none() {
+                return Err(config_error(
+                    "data.image",
+                    "the cnn needs image data: set data.image: [channels, height, width]",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `auto`, `cpu`, `cuda` or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Cuda(Option<usize>),
+}
+
+pub fn parse_device(text: &str) -> Result<DeviceChoice, ConfigError> {
+    match text {
+        "auto" => Ok(DeviceChoice::Auto),
+        "cpu" => Ok(DeviceChoice::Cpu),
+        "cuda" | "gpu" => Ok(DeviceChoice::Cuda(None)),
+        other => other
+            .strip_prefix("cuda:")
+            .and_then(|index| index.parse().ok())
+            .map(|index| DeviceChoice::Cuda(Some(index)))
+            .ok_or_else(|| {
+                config_error("device", format!("unknown device `{other}`, expected auto, cpu, cuda or cuda:N"))
+            }),
+    }
+}
+
+/// fp16 autocast and loss scaling need CUDA; on a CPU, bf16 is the mixed precision there is.
+pub fn check_amp_on_device(amp: Amp, cuda: bool) -> Result<(), ConfigError> {
+    if amp == Amp::Fp16 && !cuda {
+        return Err(config_error("amp", "fp16 needs a CUDA device; on a CPU use `amp: bf16` or `amp: off`"));
+    }
+    Ok(())
+}
+
+fn read_document(path: &Path) -> Result<Mapping, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| config_error("config", format!("reading {}: {error}", path.display())))?;
+    parse_document(&text)
+        .map_err(|error| ConfigError { message: format!("{} ({})", error.message, path.display()), ..error })
+}
+
+fn parse_document(text: &str) -> Result<Mapping, ConfigError> {
+    let value: Value = serde_norway::from_str(text).map_err(|error| config_error("config", error.to_string()))?;
+    match value {
+        Value::Null => Ok(Mapping::new()),
+        // A sweep file's `train:` mapping works as a config on its own.
+        Value::Mapping(mut root) => match root.remove("train") {
+            Some(Value::Mapping(train)) if root.contains_key("name") || root.contains_key("grid") => Ok(train),
+            Some(other) => {
+                root.insert(Value::from("train"), other);
+                Ok(root)
+            }
+            None => Ok(root),
+        },
+        _ => Err(config_error("config", "expected a mapping of settings")),
+    }
+}
+
+fn from_document(document: Mapping) -> Result<TrainConfig, ConfigError> {
+    serde_path_to_error::deserialize(Value::Mapping(document)).map_err(|error| {
+        let key = error.path().to_string();
+        let key = if key == "." { "config".to_string() } else { key };
+        config_error(key, error.into_inner().to_string())
+    })
+}
+
+/// `key.sub=value`: the value is read as YAML (`0.01`, `adam`, `[256, 128]`).
+fn apply_override(document: &mut Mapping, item: &str) -> Result<(), ConfigError> {
+    let (key, text) =
+        item.split_once('=').ok_or_else(|| config_error("--set", format!("expected key=value, found `{item}`")))?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(str::is_empty) {
+        return Err(config_error("--set", format!("bad key in `{item}`")));
+    }
+    let value: Value =
+        serde_norway::from_str(text).map_err(|error| config_error(key, format!("bad value: {error}")))?;
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().unwrap_or(key);
+    let mut current = document;
+    for (depth, part) in parts.iter().enumerate() {
+        let entry = current.entry(Value::from(*part)).or_insert_with(|| Value::Mapping(Mapping::new()));
+        if entry.is_null() {
+            *entry = Value::Mapping(Mapping::new());
+        }
+        current = match entry {
+            Value::Mapping(inner) => inner,
+            _ => return Err(config_error(parts[..=depth].join("."), "is not a mapping, so it has no keys to set")),
+        };
+    }
+    current.insert(Value::from(last), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(yaml: &str) -> ConfigError {
+        TrainConfig::from_yaml(yaml).unwrap_err()
+    }
+
+    #[test]
+    fn defaults_then_file_then_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.yaml");
+        std::fs::write(&path, "batch_size: 64\noptimizer: {name: sgd, lr: 0.1}\nmodel: {hidden_dims: [8]}\n").unwrap();
+        let sets = ["optimizer.lr=0.5".to_string(), "model.hidden_dims=[4, 2]".into(), "amp=bf16".into()];
+        let config = TrainConfig::load(Some(&path), &sets).unwrap();
+        assert_eq!(config.batch_size, 64);
+        assert_eq!(config.optimizer.name, OptimizerName::Sgd);
+        assert_eq!(config.optimizer.lr, 0.5);
+        assert_eq!(config.model.hidden_dims, vec![4, 2]);
+        assert_eq!(config.amp, Amp::Bf16);
+        assert_eq!(config.epochs, TrainConfig::default().epochs);
+    }
+
+    #[test]
+    fn a_sweep_files_train_mapping_is_a_config() {
+        let config = TrainConfig::from_yaml("name: s\ntrain: {batch_size: 32}\ngrid: {epochs: [1, 2]}\n").unwrap();
+        assert_eq!(config.batch_size, 32);
+    }
+
+    #[test]
+    fn mistakes_name_their_key() {
+        assert_eq!(error("batch_size: 0").key, "batch_size");
+        assert_eq!(error("model: {name: transformer}").key, "model.name");
+        assert!(error("model: {name: transformer}").message.contains("unknown variant `transformer`"));
+        assert_eq!(error("optimizer: {name: lion}").key, "optimizer.name");
+        assert_eq!(error("optimizer: {lr: -1}").key, "optimizer.lr");
+        assert_eq!(error("amp: fp8").key, "amp");
+        assert_eq!(error("data: {source: csv}").key, "data.path");
+        assert_eq!(error("data: {source: csv, path: /nonexistent/x.csv}").key, "data.path");
+        assert!(error("data: {source: csv, path: /nonexistent/x.csv}").message.contains("/nonexistent/x.csv"));
+        assert_eq!(error("model: {hiden_dims: [3]}").key, "model");
+        assert!(error("model: {hiden_dims: [3]}").message.contains("hiden_dims"));
+        assert_eq!(error("device: tpu").key, "device");
+        assert_eq!(error("batch_size: lots").key, "batch_size");
+        assert_eq!(
+            error("data: {task: regression}\nearly_stopping: {metric: val_accuracy}").key,
+            "early_stopping.metric"
+        );
+        assert_eq!(error("model: {name: cnn}").key, "data.image");
+        assert_eq!(error("resume: /nonexistent.pt").key, "resume");
+        let display = error("batch_size: 0").to_string();
+        assert_eq!(display, "at batch_size: must be at least 1");
+    }
+
+    #[test]
+    fn overrides_are_checked() {
+        let bad = |item: &str| TrainConfig::load(None, &[item.to_string()]).unwrap_err();
+        assert_eq!(bad("batch_size").key, "--set");
+        assert_eq!(bad("batch_size=0").key, "batch_size");
+        assert_eq!(bad("seed.x=1").key, "seed");
+        assert_eq!(bad("optimizer.nme=sgd").key, "optimizer");
+        assert_eq!(bad("=3").key, "--set");
+    }
+
+    #[test]
+    fn fp16_needs_cuda() {
+        assert_eq!(check_amp_on_device(Amp::Fp16, false).unwrap_err().key, "amp");
+        assert!(check_amp_on_device(Amp::Fp16, true).is_ok());
+        assert!(check_amp_on_device(Amp::Bf16, false).is_ok());
+    }
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!(parse_device("cuda:1"), Ok(DeviceChoice::Cuda(Some(1))));
+        assert_eq!(parse_device("cpu"), Ok(DeviceChoice::Cpu));
+        assert!(parse_device("cuda:x").is_err());
+    }
+
+    #[test]
+    fn resolved_config_round_trips_through_json() {
+        let config = TrainConfig::from_yaml("model: {hidden_dims: [3, 2]}\namp: bf16").unwrap();
+        let json = serde_json::to_string(&config).unwrap();
+        let back: TrainConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, config);
+    }
+}
