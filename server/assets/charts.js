@@ -13,6 +13,17 @@ export function palette() {
   return Array.from({ length: 8 }, (_, i) => cssVar(`--series-${i + 1}`) || '#3b82f6');
 }
 
+/** A tick label: short, exponent only for very small or large values. */
+export function tick(value) {
+  if (value === null || value === undefined) return '';
+  if (value === 0) return '0';
+  const magnitude = Math.abs(value);
+  if (magnitude < 1e-3 || magnitude >= 1e6) return value.toExponential(2).replace(/\.?0+e/, 'e');
+  return String(Number(value.toPrecision(4)));
+}
+
+const ticks = (_, splits) => splits.map(tick);
+
 function axis(label, extra = {}) {
   const stroke = cssVar('--muted');
   const grid = cssVar('--grid');
@@ -62,8 +73,8 @@ export class Chart {
         y: y.range ? { range: y.range } : { auto: true },
       },
       axes: [
-        axis(x.label, { ...(x.values ? { values: x.values } : {}), ...(x.splits ? { splits: x.splits } : {}) }),
-        axis(y.label, { size: 56, ...(y.values ? { values: y.values } : {}) }),
+        axis(x.label, { ...(x.time ? {} : { values: x.values || ticks }), ...(x.splits ? { splits: x.splits } : {}) }),
+        axis(y.label, { size: 60, values: y.values || ticks }),
       ],
       series: [
         { label: x.label || 'x', ...(x.legendValue ? { value: x.legendValue } : {}) },

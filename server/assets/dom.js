@@ -158,9 +158,9 @@ export function flatParams(params, prefix = '', out = {}) {
   return out;
 }
 
+/** A parameter value as written: strings bare, everything else as JSON (0.0001, [128,64], true). */
 export function paramText(value) {
   if (typeof value === 'string') return value;
-  if (typeof value === 'number') return number(value);
   return JSON.stringify(value);
 }
 

@@ -181,7 +181,7 @@ export function mount(root, route) {
           h('tbody', {}, rows)))
         : h('p.muted', {}, 'Not started yet.'),
       historyRows.length
-        ? h('details', { style: { marginTop: '10px' } }, h('summary', {}, `History (${historyRows.length} changes)`),
+        ? h('details', { style: { marginTop: '10px' } }, h('summary', {}, `History (${historyRows.length} change${historyRows.length === 1 ? '' : 's'})`),
           h('div.table-wrap.short', {}, h('table', {},
             h('thead', {}, h('tr', {}, ['When', 'From', 'To', 'Attempt', 'Worker', 'Reason'].map((label) => h('th', {}, label)))),
             h('tbody', {}, historyRows))))

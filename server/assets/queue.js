@@ -96,7 +96,7 @@ export function mount(root, route) {
     render();
   }
 
-  const loader = refresher(load);
+  const loader = refresher(load, 250);
 
   function render() {
     fill(errorBox, data.error ? message(`Cannot load the queue: ${data.error.message}`, 'error') : null);
