@@ -388,6 +388,12 @@ impl TrainConfig {
                 format!("unknown metric `{metric}`, expected one of {METRICS:?}"),
             ));
         }
+        if self.data.val_fraction == 0.0 && metric.starts_with("val_") {
+            return Err(config_error(
+                "data.val_fraction",
+                format!("0 leaves no validation set to measure `{metric}` on"),
+            ));
+        }
         let wrong_task = match self.data.task {
             Task::Classification => metric == "val_mae",
             Task::Regression => metric == "val_accuracy",
@@ -605,7 +611,7 @@ mod tests {
         assert_eq!(error("data: {source: csv}").key, "data.path");
         assert_eq!(error("data: {source: csv, path: /nonexistent/x.csv}").key, "data.path");
         assert!(error("data: {source: csv, path: /nonexistent/x.csv}").message.contains("/nonexistent/x.csv"));
-        assert_eq!(error("model: {hiden_dims: [3]}").key, "model");
+        assert_eq!(error("model: {hiden_dims: [3]}").key, "model.hiden_dims");
         assert!(error("model: {hiden_dims: [3]}").message.contains("hiden_dims"));
         assert_eq!(error("device: tpu").key, "device");
         assert_eq!(error("batch_size: lots").key, "batch_size");
@@ -625,7 +631,7 @@ mod tests {
         assert_eq!(bad("batch_size").key, "--set");
         assert_eq!(bad("batch_size=0").key, "batch_size");
         assert_eq!(bad("seed.x=1").key, "seed");
-        assert_eq!(bad("optimizer.nme=sgd").key, "optimizer");
+        assert_eq!(bad("optimizer.nme=sgd").key, "optimizer.nme");
         assert_eq!(bad("=3").key, "--set");
     }
 

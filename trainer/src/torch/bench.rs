@@ -281,6 +281,7 @@ fn reset_peak(devices: &Devices) {
         }
     } else {
         // Writing 5 to clear_refs resets the process's peak resident set (VmHWM).
+        super::ffi::release_free_host_memory();
         let _ = std::fs::write("/proc/self/clear_refs", "5");
     }
 }
@@ -302,6 +303,8 @@ fn peak_memory(devices: &Devices) -> Option<u64> {
 fn free_device_memory(devices: &Devices) {
     if devices.cuda {
         super::ffi::cuda_empty_cache();
+    } else {
+        super::ffi::release_free_host_memory();
     }
 }
 

@@ -52,6 +52,15 @@ pub(crate) fn cuda_empty_cache() {
     }
 }
 
+/// Hands memory glibc keeps after frees back to the system, so the next bench setting's peak
+/// resident set is its own.
+pub(crate) fn release_free_host_memory() {
+    // SAFETY: malloc_trim only releases free heap pages; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 static CUDA: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Loads libtorch_cuda.so once (first by name through the rpath, then from the directory the

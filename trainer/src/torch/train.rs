@@ -272,13 +272,29 @@ pub fn save_checkpoint(engine: &Engine, path: &Path, info: &CheckpointInfo) -> R
 }
 
 /// Loads weights into every replica; the sidecar (if there) says where training stopped.
+/// (tch's `VarStore::load` expects a Python pickle for `.pt`, while `save` writes a
+/// TorchScript archive, so the tensors are loaded by name here.)
 pub fn resume(engine: &mut Engine, path: &Path) -> Result<Option<CheckpointInfo>, TrainError> {
     let bad = |error: String| TrainError::Config(crate::config::config_error("resume", error));
+    let loading =
+        |error: tch::TchError| bad(format!("loading {}: {}", path.display(), super::first_line(&error.to_string())));
     for replica in &mut engine.replicas {
-        replica
-            .vs
-            .load(path)
-            .map_err(|error| bad(format!("loading {}: {}", path.display(), super::first_line(&error.to_string()))))?;
+        let saved: std::collections::HashMap<String, tch::Tensor> =
+            tch::Tensor::load_multi_with_device(path, replica.device).map_err(loading)?.into_iter().collect();
+        for (name, mut variable) in replica.vs.variables() {
+            let source = saved
+                .get(&name)
+                .ok_or_else(|| bad(format!("{} has no tensor `{name}`: a different model?", path.display())))?;
+            if source.size() != variable.size() {
+                return Err(bad(format!(
+                    "`{name}` in {} has shape {:?}, the model {:?}",
+                    path.display(),
+                    source.size(),
+                    variable.size()
+                )));
+            }
+            tch::no_grad(|| variable.f_copy_(source)).map_err(loading)?;
+        }
     }
     let sidecar = path.with_extension("json");
     match std::fs::read_to_string(&sidecar) {
