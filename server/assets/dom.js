@@ -48,6 +48,20 @@ export function badge(status) {
   return h('span.badge', { class: `status-${status}`, dataset: { status } }, status);
 }
 
+/** A bar of a sweep's jobs by status. */
+export function progressBar(counts, big = false) {
+  const order = ['succeeded', 'failed', 'cancelled', 'running', 'queued'];
+  const all = order.reduce((sum, status) => sum + (counts?.[status] ?? 0), 0) || 1;
+  return h('div.progress', {
+    class: big ? 'big' : '',
+    role: 'img',
+    'aria-label': order.map((status) => `${counts?.[status] ?? 0} ${status}`).join(', '),
+    title: order.map((status) => `${counts?.[status] ?? 0} ${status}`).join(', '),
+  }, order.map((status) => (counts?.[status]
+    ? h('span', { class: status, style: { width: `${(100 * counts[status]) / all}%` } })
+    : null)));
+}
+
 export function message(text, kind = 'info') {
   return h('p.message', { class: kind, role: kind === 'error' ? 'alert' : 'status' }, text);
 }

@@ -4,7 +4,7 @@
 
 import { get, post, missingEndpoint } from './api.js';
 import {
-  h, fill, badge, message, count, number, timeAgo, elapsed, paramsLine, refresher, toast,
+  h, fill, badge, progressBar, message, count, number, timeAgo, elapsed, paramsLine, refresher, toast,
 } from './dom.js';
 import { setQuery, links } from './nav.js';
 
@@ -404,18 +404,4 @@ function cancellable(jobs) {
 
 function total(counts) {
   return STATUSES.reduce((sum, status) => sum + (counts?.[status] ?? 0), 0);
-}
-
-/** A bar of a sweep's jobs by status. */
-export function progressBar(counts, big = false) {
-  const all = total(counts) || 1;
-  const order = ['succeeded', 'failed', 'cancelled', 'running', 'queued'];
-  return h('div.progress', {
-    class: big ? 'big' : '',
-    role: 'img',
-    'aria-label': order.map((status) => `${counts?.[status] ?? 0} ${status}`).join(', '),
-    title: order.map((status) => `${counts?.[status] ?? 0} ${status}`).join(', '),
-  }, order.map((status) => (counts?.[status]
-    ? h('span', { class: status, style: { width: `${(100 * counts[status]) / all}%` } })
-    : null)));
 }

@@ -24,7 +24,7 @@ export function mount(root) {
   let busy = false;
 
   const textarea = h('textarea', {
-    name: 'yaml', rows: 18, spellcheck: false, placeholder: EXAMPLE, 'aria-label': 'sweep YAML',
+    name: 'yaml', rows: 18, spellcheck: 'false', placeholder: EXAMPLE, 'aria-label': 'sweep YAML',
     oninput: () => {
       draft.text = textarea.value;
       update();

@@ -4,11 +4,10 @@
 
 import { get, post, url, segment } from './api.js';
 import {
-  h, fill, badge, message, notFound, count, number, timeAgo, flatParams, paramText, refresher, toast,
+  h, fill, badge, progressBar, message, notFound, count, number, timeAgo, flatParams, paramText, refresher, toast,
 } from './dom.js';
 import { Chart, joinRuns, metricPoints } from './charts.js';
 import { links } from './nav.js';
-import { progressBar } from './queue.js';
 
 const STATUSES = ['queued', 'running', 'succeeded', 'failed', 'cancelled'];
 const SUMMARY_ROWS = 1000; // rows fetched for the leaderboard and the scatter

@@ -34,6 +34,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     asset!("queue.js", JS),
     asset!("sweep.js", JS),
     asset!("job.js", JS),
+    asset!("log.js", JS),
     asset!("workers.js", JS),
     asset!("submit.js", JS),
     asset!("vendor/uPlot.iife.min.js", JS),
