@@ -232,5 +232,5 @@ export function toast(text, kind = 'info') {
   }
   const note = h('div.toast', { class: kind }, text);
   area.append(note);
-  setTimeout(() => note.remove(), kind === 'error' ? 8000 : 4000);
+  setTimeout(() => note.remove(), kind === 'error' ? 8000 : 3000);
 }
