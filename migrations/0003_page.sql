@@ -17,6 +17,7 @@ BEGIN
             NEW.attempt, NEW.worker_id, NEW.reason, NEW.gpu_ids, NEW.exit_code);
 END;
 
--- The queue page filters by status and counts by status over the whole queue; this index
--- answers both from the index alone.
+-- The queue page filters by status and counts by status over the whole queue, and every
+-- sweep shows its counts by status: these indexes answer them without reading job rows.
 CREATE INDEX jobs_by_status ON jobs (status, id);
+CREATE INDEX jobs_by_sweep_status ON jobs (sweep_id, status);

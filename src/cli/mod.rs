@@ -1,6 +1,7 @@
 //! The command line: modes (`--server-only`, `--client-only`, embedded) and verbs against a
 //! server (`submit`, `status`, `cancel`, `retry`, `bench-queue`). One file per verb.
 
+mod bench_page;
 mod bench;
 mod bench_queue;
 mod bench_worker;
@@ -98,6 +99,8 @@ pub enum Command {
     Results(results::ResultsArgs),
     /// A job's stored result versions and files; --download fetches them.
     Files(results::FilesArgs),
+    /// Measure the web page's JSON endpoints on a large queue (100,000 jobs, 1,000,000 points).
+    BenchPage(bench_page::BenchPageArgs),
     /// Measure the queue on this machine: submission, claim throughput, dispatch latency.
     BenchQueue(bench_queue::BenchArgs),
     /// Measure the worker on this machine: throughput against GNU parallel, dispatch, idle cost.
@@ -129,6 +132,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Logs(args)) => logs::run(args).await,
         Some(Command::Results(args)) => results::run(args).await,
         Some(Command::Files(args)) => results::files(args).await,
+        Some(Command::BenchPage(args)) => bench_page::run(args).await,
         Some(Command::BenchQueue(args)) => bench_queue::run(args).await,
         Some(Command::BenchWorker(args)) => bench_worker::run(args).await,
         Some(Command::Train(args)) => train::run(args, config).await,

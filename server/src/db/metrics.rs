@@ -3,6 +3,7 @@
 
 use shared::api::{JobId, MetricPoint, MetricSeries, MetricSummary, SweepId};
 use shared::job::JobStatus;
+use shared::sweep::{Goal, Metric};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 use std::collections::{BTreeMap, HashMap};
@@ -201,18 +202,7 @@ pub async fn sweep_jobs(pool: &SqlitePool, sweep: SweepId) -> anyhow::Result<(Ve
         .bind(sweep)
         .fetch_all(pool)
         .await?;
-    let jobs = rows
-        .iter()
-        .map(|row| {
-            let status: String = row.try_get("status")?;
-            Ok(SweepJob {
-                id: row.try_get("id")?,
-                index: row.try_get::<i64, _>("idx")? as u64,
-                status: status.parse().map_err(anyhow::Error::msg)?,
-                params: row.try_get("params")?,
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
     let rows = sqlx::query(&format!(
         "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
          WHERE j.sweep_id = ?"
@@ -221,4 +211,61 @@ pub async fn sweep_jobs(pool: &SqlitePool, sweep: SweepId) -> anyhow::Result<(Ve
     .fetch_all(pool)
     .await?;
     Ok((jobs, collect(&rows)?))
+}
+
+fn sweep_job_of(row: &SqliteRow) -> anyhow::Result<SweepJob> {
+    let status: String = row.try_get("status")?;
+    Ok(SweepJob {
+        id: row.try_get("id")?,
+        index: row.try_get::<i64, _>("idx")? as u64,
+        status: status.parse().map_err(anyhow::Error::msg)?,
+        params: row.try_get("params")?,
+    })
+}
+
+/// The jobs of the first `top` rows of a sweep's leaderboard (as `leaderboard::rank` orders
+/// them: best score first, ties and unscored jobs by index), with their summaries. Selected
+/// in SQL, so the top of a 100,000-job sweep costs a sort of scores, not a read of every job.
+pub async fn sweep_top_jobs(
+    pool: &SqlitePool,
+    sweep: SweepId,
+    metric: Option<&Metric>,
+    top: u32,
+) -> anyhow::Result<(Vec<SweepJob>, Summaries)> {
+    let mut ids: Vec<JobId> = Vec::new();
+    if let Some(metric) = metric {
+        let (score, direction) = match metric.goal {
+            Goal::Minimize => ("s.min_value", "ASC"),
+            Goal::Maximize => ("s.max_value", "DESC"),
+        };
+        ids = sqlx::query_scalar(&format!(
+            "SELECT j.id FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+             WHERE j.sweep_id = ? AND s.name = ? ORDER BY {score} {direction}, j.idx LIMIT ?"
+        ))
+        .bind(sweep)
+        .bind(&metric.name)
+        .bind(top)
+        .fetch_all(pool)
+        .await?;
+    }
+    if (ids.len() as u32) < top {
+        let unscored: Vec<JobId> = sqlx::query_scalar(
+            "SELECT j.id FROM jobs j WHERE j.sweep_id = ?
+               AND NOT EXISTS (SELECT 1 FROM job_metric_summaries s
+                               WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = ?)
+             ORDER BY j.idx LIMIT ?",
+        )
+        .bind(sweep)
+        .bind(metric.map(|metric| metric.name.as_str()).unwrap_or(""))
+        .bind(top - ids.len() as u32)
+        .fetch_all(pool)
+        .await?;
+        ids.extend(unscored);
+    }
+    let rows = sqlx::query("SELECT id, idx, status, params FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
+        .bind(serde_json::to_string(&ids)?)
+        .fetch_all(pool)
+        .await?;
+    let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((jobs, summaries(pool, &ids).await?))
 }

@@ -83,3 +83,24 @@ async fn a_sweep_without_metric_lists_runs_in_index_order_and_bad_requests_are_r
     let url = format!("{}/api/sweeps/plain/summary?format=xml", app.url);
     assert_eq!(reqwest::get(url).await.unwrap().status().as_u16(), 400);
 }
+
+#[tokio::test]
+async fn every_top_k_is_the_head_of_the_full_leaderboard() {
+    let app = TestApp::spawn().await;
+    // Ties (two 0.2s), unscored runs, both goals: the top-k query and the full ranking agree.
+    for (name, goal) in [("tied-low", "minimize"), ("tied-high", "maximize")] {
+        scored_sweep(&app, name, goal, [Some(0.2), None, Some(0.2), Some(0.1)]).await;
+        let full = app.client.summary(name, None).await.unwrap();
+        for top in 0..=5 {
+            let head = app.client.summary(name, Some(top)).await.unwrap();
+            let expected: Vec<_> =
+                full.rows.iter().take(top as usize).map(|row| (row.job_id, row.rank, row.score)).collect();
+            let got: Vec<_> = head.rows.iter().map(|row| (row.job_id, row.rank, row.score)).collect();
+            assert_eq!(got, expected, "{name} top {top}");
+        }
+    }
+    // Without a metric, the head is in index order.
+    app.submit(&crate::helpers::sweep_of("plain", 5)).await;
+    let head = app.client.summary("plain", Some(3)).await.unwrap();
+    assert_eq!(indexes(&head), [(0, None), (1, None), (2, None)]);
+}
