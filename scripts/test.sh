@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/install-test-deps.sh
+# libtorch for the built-in trainer (idempotent: instant when .venv-torch is in place).
+./scripts/setup-torch.sh
 
 # docker-compose.yml must be a valid Compose file (no engine needed to check that).
 if docker compose version >/dev/null 2>&1; then
@@ -14,10 +16,13 @@ else
 fi
 echo "docker-compose.yml: valid"
 
+# The trainer's pure parts (config, schedules, loss scaler, bench search) build and pass
+# without libtorch too; the whole suite then runs with the trainer built in.
+cargo test -p trainer --lib
 if cargo nextest --version >/dev/null 2>&1; then
     # nextest does not run doctests; they go first so the run ends with nextest's summary.
-    cargo test --workspace --doc
-    cargo nextest run --workspace --all-targets --no-fail-fast
+    cargo test --workspace --doc --features torch
+    cargo nextest run --workspace --all-targets --features torch --no-fail-fast
 else
-    cargo test --workspace --all-targets --no-fail-fast
+    cargo test --workspace --all-targets --features torch --no-fail-fast
 fi
