@@ -59,9 +59,9 @@ fn check_prerequisites() {
     );
 }
 
-/// `target/browser-screenshots`, emptied.
-fn screenshot_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("browser-screenshots");
+/// `target/browser-screenshots/<name>`, emptied (each test has its own, as they run at once).
+fn screenshot_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("browser-screenshots").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -95,7 +95,7 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
     client.submit(&smoke_sweep(&gate), &SubmitQuery::default()).await.unwrap();
     client.submit(BLOCKED_SWEEP, &SubmitQuery::default()).await.unwrap();
 
-    let screenshots = screenshot_dir();
+    let screenshots = screenshot_dir("pages");
     let script = tokio::process::Command::new("node")
         .arg(repo("tests/browser/pages.mjs"))
         .arg(&server.url)
@@ -109,10 +109,7 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
         .kill_on_drop(true)
         .spawn()
         .expect("starting node tests/browser/pages.mjs");
-    let output = tokio::time::timeout(SCRIPT_TIMEOUT, script.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("tests/browser/pages.mjs did not finish within {SCRIPT_TIMEOUT:?}"))
-        .unwrap();
+    let output = run_script(script).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");
@@ -126,4 +123,46 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
         let shot = screenshots.join(format!("{page}.png"));
         assert!(shot.exists(), "no screenshot of the {page} page at {}", shot.display());
     }
+}
+
+async fn run_script(script: tokio::process::Child) -> std::process::Output {
+    tokio::time::timeout(SCRIPT_TIMEOUT, script.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("the browser script did not finish within {SCRIPT_TIMEOUT:?}"))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_tokens_asks_the_page_for_one_once_per_browser_session() {
+    check_prerequisites();
+    const TOKEN: &str = "browser-user-token-0123456789";
+    let tokens = tempfile::tempdir().unwrap();
+    let user_file = tokens.path().join("user");
+    std::fs::write(&user_file, TOKEN).unwrap();
+    let server = ServerProcess::start_with(&format!("user_token_file = {user_file:?}\n"));
+    let options = client::ClientOptions { token: Some(TOKEN.into()), ca_pem: None };
+    let client = client::Client::with_options(&server.url, &options).unwrap();
+    client.submit("name: behind-a-token\ncommand: echo hi\n", &SubmitQuery::default()).await.unwrap();
+    let screenshots = screenshot_dir("signin");
+    let script = tokio::process::Command::new("node")
+        .arg(repo("tests/browser/signin.mjs"))
+        .arg(&server.url)
+        .arg(&screenshots)
+        .env("USER_TOKEN", TOKEN)
+        .env("SWEEP", "behind-a-token")
+        .env("CHROMIUM", chromium())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting node tests/browser/signin.mjs");
+    let output = run_script(script).await;
+    println!("{}", String::from_utf8_lossy(&output.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        eprintln!("--- server log (tail) ---\n{}", tail(&server_log(&server), 40));
+        panic!("the sign-in checks failed ({}); screenshots in {}", output.status, screenshots.display());
+    }
+    assert!(screenshots.join("signin.png").exists());
 }

@@ -49,6 +49,49 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Time allowed for one file upload or download.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// How to reach a server beyond its URL.
+#[derive(Clone, Default)]
+pub struct ClientOptions {
+    /// Bearer token (the user's for the CLI, the worker's for a worker).
+    pub token: Option<String>,
+    /// PEM certificates of a private CA to trust, besides the usual roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl ClientOptions {
+    /// Options from where people keep them: a token given directly (APP_TOKEN) or in a file
+    /// (its first line that is neither blank nor a `#` comment), and a CA certificate file.
+    pub fn load(
+        token: Option<String>,
+        token_file: Option<&std::path::Path>,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<ClientOptions, String> {
+        let mut options = ClientOptions { token: token.filter(|token| !token.trim().is_empty()), ca_pem: None };
+        if let Some(path) = token_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|error| format!("reading the token file {}: {error}", path.display()))?;
+            let line = text.lines().map(str::trim).find(|line| !line.is_empty() && !line.starts_with('#'));
+            options.token =
+                Some(line.ok_or_else(|| format!("the token file {} has no token in it", path.display()))?.into());
+        }
+        if let Some(path) = ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|error| format!("reading the CA certificate {}: {error}", path.display()))?;
+            options.ca_pem = Some(pem);
+        }
+        Ok(options)
+    }
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("token", &self.token.as_ref().map(|_| "(hidden)"))
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Client {
     base: String,
@@ -56,19 +99,43 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of the server at `base_url` (e.g. `http://127.0.0.1:8000`).
+    /// A client of the server at `base_url` (e.g. `http://127.0.0.1:8000`), without a token.
     pub fn new(base_url: &str) -> ClientResult<Client> {
+        Client::with_options(base_url, &ClientOptions::default())
+    }
+
+    /// A client that sends `options.token` as a bearer token on every request and, for
+    /// `https://` servers, also trusts the certificates in `options.ca_pem`.
+    pub fn with_options(base_url: &str, options: &ClientOptions) -> ClientResult<Client> {
         let base = base_url.trim_end_matches('/').to_string();
+        let rejected = |message: String| ClientError::Rejected { status: 0, message };
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(ClientError::Rejected {
-                status: 0,
-                message: format!("server URL `{base_url}` must start with http:// or https://"),
-            });
+            return Err(rejected(format!("server URL `{base_url}` must start with http:// or https://")));
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(50))
+            .pool_idle_timeout(Duration::from_secs(50));
+        if let Some(token) = &options.token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+                .map_err(|_| rejected("the token has characters that cannot go in an HTTP header".into()))?;
+            // Kept out of reqwest's debug output.
+            value.set_sensitive(true);
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+            builder = builder.default_headers(headers);
+        }
+        if let Some(pem) = &options.ca_pem {
+            let certificates = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|error| rejected(format!("the CA certificate file is not PEM: {error}")))?;
+            if certificates.is_empty() {
+                return Err(rejected("the CA certificate file has no certificate in it".into()));
+            }
+            for certificate in certificates {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let http = builder
             .build()
             .map_err(|error| ClientError::Unreachable { url: base.clone(), reason: error.to_string() })?;
         Ok(Client { base, http })
@@ -367,6 +434,8 @@ fn failure(url: String, status: StatusCode, text: &str) -> ClientError {
 fn rejection_message(status: StatusCode, message: String) -> String {
     if message.is_empty() {
         format!("request refused ({status})")
+    } else if status == StatusCode::UNAUTHORIZED {
+        format!("{message} (set APP_TOKEN or --token-file)")
     } else {
         message
     }

@@ -1,5 +1,7 @@
-// Every request of the page goes through here, so a header (a bearer token, later) is added
-// in one place. Error answers ({"error": "..."}) become thrown ApiErrors with the status.
+// Every request of the page goes through here. Error answers ({"error": "..."}) become thrown
+// ApiErrors with the status; a 401 opens the sign-in dialog and the request is sent again.
+
+import { signIn } from './auth.js';
 
 /** Headers sent with every API request. */
 export const requestHeaders = {};
@@ -34,6 +36,16 @@ export const segment = encodeURIComponent;
  * as is (text); `options.signal` aborts it.
  */
 export async function api(path, options = {}) {
+  try {
+    return await request(path, options);
+  } catch (error) {
+    if (!(error instanceof ApiError) || error.status !== 401) throw error;
+    await signIn();
+    return request(path, options);
+  }
+}
+
+async function request(path, options) {
   const headers = { Accept: 'application/json', ...requestHeaders };
   let body = options.body;
   if (options.json !== undefined) {

@@ -131,6 +131,13 @@ function connect() {
   });
 }
 
+// After signing in, the refused event stream and the current view start over.
+window.addEventListener('app:signed-in', () => {
+  source?.close();
+  stopPolling();
+  connect();
+  remount();
+});
 window.addEventListener('hashchange', route);
 window.matchMedia('(prefers-color-scheme: dark)').addEventListener('change', remount);
 document.addEventListener('visibilitychange', () => {

@@ -30,6 +30,18 @@ pub struct ServerConfig {
     /// The largest result file accepted, in bytes (uploads only; other bodies keep
     /// `max_body_bytes`).
     pub max_upload_bytes: u64,
+    /// Bearer tokens; none: no authentication (the server then listens on loopback only,
+    /// unless told `--insecure-no-auth`).
+    pub tokens: crate::auth::Tokens,
+    /// Certificate and key (PEM) to serve HTTPS with.
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files of the server's certificate chain and private key.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +58,8 @@ impl Default for ServerConfig {
             max_log_bytes_per_job: 64 << 20,
             telemetry_retention: Duration::from_secs(3600),
             max_upload_bytes: 10 << 30,
+            tokens: crate::auth::Tokens::default(),
+            tls: None,
         }
     }
 }
@@ -65,6 +79,11 @@ pub struct ServerFile {
     pub max_log_bytes_per_job: Option<u64>,
     pub telemetry_retention_secs: Option<f64>,
     pub max_upload_bytes: Option<u64>,
+    /// Files with one token per line (see `auth`).
+    pub user_token_file: Option<PathBuf>,
+    pub worker_token_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,6 +144,17 @@ impl ServerConfig {
         }
         if let Some(value) = file.max_upload_bytes {
             self.max_upload_bytes = value;
+        }
+        if let Some(path) = &file.user_token_file {
+            self.tokens.add_file(crate::auth::Role::User, path)?;
+        }
+        if let Some(path) = &file.worker_token_file {
+            self.tokens.add_file(crate::auth::Role::Worker, path)?;
+        }
+        match (&file.tls_cert, &file.tls_key) {
+            (Some(cert), Some(key)) => self.tls = Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
+            (None, None) => {}
+            _ => anyhow::bail!("`tls_cert` and `tls_key` go together: set both or neither"),
         }
         Ok(())
     }

@@ -11,6 +11,12 @@ use shared::api::ErrorBody;
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    /// No token, or one the server does not know: answered with `WWW-Authenticate: Bearer`.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A known token whose role may not do this.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -37,6 +43,8 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -59,7 +67,13 @@ impl IntoResponse for ApiError {
         } else {
             self.to_string()
         };
-        (status, Json(ErrorBody { error: message })).into_response()
+        let mut response = (status, Json(ErrorBody { error: message })).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }
 

@@ -3,6 +3,7 @@
 //! [`run`] serves on a listener the caller bound (port 0 works) until the shutdown future
 //! completes. Only this crate touches the database, and only through [`db`].
 
+pub mod auth;
 pub mod config;
 pub mod db;
 mod dispatch;
@@ -14,6 +15,7 @@ mod signals;
 mod startup;
 mod state;
 mod storage;
+mod tls;
 
 pub use config::ServerConfig;
 pub use startup::run;

@@ -5,6 +5,7 @@ use crate::config::ServerConfig;
 use crate::db::Db;
 use crate::routes;
 use crate::state::AppState;
+use crate::tls::TlsListener;
 use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
@@ -18,6 +19,8 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Certificate problems are start-up errors, before anything else is touched.
+    let tls = config.tls.as_ref().map(crate::tls::server_config).transpose()?;
     let db = Db::open(&config.data_dir).await?;
     crate::storage::Layout::new(&config.data_dir)
         .prepare()
@@ -47,14 +50,19 @@ pub async fn run(
     let reaper = tokio::spawn(crate::reaper::run(state.clone()));
     let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(state.clone()));
     if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, data_dir = %state.config.data_dir.display(), "server listening");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let auth = if state.config.tokens.is_empty() { "off" } else { "bearer tokens" };
+        tracing::info!(%address, scheme, auth, data_dir = %state.config.data_dir.display(), "server listening");
     }
-    let served = axum::serve(listener, routes::router(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop.send(true);
-        })
-        .await;
+    let router = routes::router(state);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    let served = match tls {
+        Some(tls) => axum::serve(TlsListener::new(listener, tls)?, router).with_graceful_shutdown(shutdown).await,
+        None => axum::serve(listener, router).with_graceful_shutdown(shutdown).await,
+    };
     let _ = reaper.await;
     let _ = checkpointer.await;
     // The dispatcher ends when the last sender (in the state the routes held) is gone.

@@ -60,6 +60,12 @@ pub struct WorkerArgs {
     /// reached the server (by default it is removed then).
     #[arg(long)]
     pub keep_work_dirs: bool,
+    /// A file holding the worker token (or set APP_TOKEN) when the server requires tokens.
+    #[arg(long, env = "APP_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM certificate of a private CA that signed the server's HTTPS certificate.
+    #[arg(long, env = "APP_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +80,22 @@ pub struct ServerArgs {
     /// A TOML config file (see configs/server.example.toml); flags and APP_* variables win.
     #[arg(long, env = "APP_CONFIG_FILE", global = true)]
     pub config: Option<PathBuf>,
+    /// File of user tokens, one per line (or set APP_USER_TOKEN): submit, cancel, read.
+    #[arg(long, env = "APP_USER_TOKEN_FILE")]
+    pub user_token_file: Option<PathBuf>,
+    /// File of worker tokens, one per line (or set APP_WORKER_TOKEN): register, claim, report.
+    #[arg(long, env = "APP_WORKER_TOKEN_FILE")]
+    pub worker_token_file: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, env = "APP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "APP_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow listening beyond loopback without tokens (anyone who reaches the port can then
+    /// run commands on every worker).
+    #[arg(long)]
+    pub insecure_no_auth: bool,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -81,6 +103,20 @@ pub struct UrlArg {
     /// The server's URL.
     #[arg(long, env = "APP_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
+    /// A file holding your user token (or set APP_TOKEN) when the server requires tokens.
+    #[arg(long, env = "APP_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM certificate of a private CA that signed the server's HTTPS certificate.
+    #[arg(long, env = "APP_CA")]
+    pub ca: Option<PathBuf>,
+}
+
+impl UrlArg {
+    /// The token (APP_TOKEN or --token-file) and CA to reach the server with.
+    pub fn options(&self) -> anyhow::Result<client::ClientOptions> {
+        client::ClientOptions::load(std::env::var("APP_TOKEN").ok(), self.token_file.as_deref(), self.ca.as_deref())
+            .map_err(anyhow::Error::msg)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,5 +178,5 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// The client for a verb, with the URL in any error.
 pub fn client(url: &UrlArg) -> anyhow::Result<client::Client> {
-    Ok(client::Client::new(&url.url)?)
+    Ok(client::Client::with_options(&url.url, &url.options()?)?)
 }

@@ -3,7 +3,9 @@
 
 use super::{ServerArgs, WorkerArgs};
 use anyhow::Context;
-use server::config::ConfigFile;
+use client::ClientOptions;
+use server::auth::Role;
+use server::config::{ConfigFile, TlsFiles};
 use server::ServerConfig;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -29,7 +31,59 @@ pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, String)
     if let Some(address) = &args.bind {
         bind = address.clone();
     }
+    add_tokens(&mut config, args)?;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(TlsFiles { cert: cert.clone(), key: key.clone() });
+    }
     Ok((config, bind))
+}
+
+/// Tokens from APP_USER_TOKEN / APP_WORKER_TOKEN and the token files (the config file's were
+/// added by `apply_file`).
+fn add_tokens(config: &mut ServerConfig, args: &ServerArgs) -> anyhow::Result<()> {
+    for (role, variable, file) in [
+        (Role::User, "APP_USER_TOKEN", &args.user_token_file),
+        (Role::Worker, "APP_WORKER_TOKEN", &args.worker_token_file),
+    ] {
+        if let Some(token) = std::env::var(variable).ok().filter(|token| !token.trim().is_empty()) {
+            config.tokens.add(role, &token, variable)?;
+        }
+        if let Some(path) = file {
+            config.tokens.add_file(role, path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Without tokens, anyone who can reach the port can run commands on every worker: refuse
+/// to listen beyond loopback unless told `--insecure-no-auth`.
+fn check_exposure(config: &ServerConfig, address: std::net::SocketAddr, insecure: bool) -> anyhow::Result<()> {
+    if config.tokens.is_empty() && !address.ip().is_loopback() && !insecure {
+        anyhow::bail!(
+            "refusing to listen on {address} without tokens: anyone who reaches it could run commands on your \
+             workers. Set APP_USER_TOKEN and APP_WORKER_TOKEN (or --user-token-file/--worker-token-file), bind \
+             127.0.0.1, or pass --insecure-no-auth"
+        );
+    }
+    if !config.tokens.is_empty() && config.tls.is_none() && !address.ip().is_loopback() {
+        tracing::warn!(%address, "tokens travel in clear text without TLS; use --tls-cert/--tls-key or a TLS proxy");
+    }
+    Ok(())
+}
+
+/// The worker token the embedded local worker uses: the first one configured.
+fn local_worker_token(args: &ServerArgs) -> anyhow::Result<Option<String>> {
+    if let Some(token) = std::env::var("APP_WORKER_TOKEN").ok().filter(|token| !token.trim().is_empty()) {
+        return Ok(Some(token.trim().to_string()));
+    }
+    let from_config = match &args.config {
+        Some(path) => ConfigFile::load(path)?.server.worker_token_file,
+        None => None,
+    };
+    match args.worker_token_file.clone().or(from_config) {
+        Some(path) => Ok(ClientOptions::load(None, Some(&path), None).map_err(anyhow::Error::msg)?.token),
+        None => Ok(None),
+    }
 }
 
 /// Worker settings: defaults, then the config file's `[worker]` table, then flags.
@@ -49,8 +103,15 @@ pub fn worker_config(server: &ServerArgs, args: &WorkerArgs, url: String) -> any
         telemetry_secs: None,
         kill_grace_secs: args.kill_grace_secs,
         keep_work_dirs: args.keep_work_dirs.then_some(true),
+        token_file: args.token_file.clone(),
+        ca_file: args.ca.clone(),
     };
     flags.apply(&mut config)?;
+    if let Some(token) = std::env::var("APP_TOKEN").ok().filter(|token| !token.trim().is_empty()) {
+        if args.token_file.is_none() {
+            config.connection.token = Some(token.trim().to_string());
+        }
+    }
     shared::names::check_name("worker", &config.name).map_err(anyhow::Error::msg)?;
     Ok(config)
 }
@@ -68,6 +129,7 @@ pub async fn run_worker(server: &ServerArgs, args: &WorkerArgs) -> anyhow::Resul
 pub async fn run(args: &ServerArgs, worker_args: &WorkerArgs, server_only: bool) -> anyhow::Result<()> {
     let (config, bind) = server_config(args)?;
     let listener = tokio::net::TcpListener::bind(&bind).await.with_context(|| format!("listening on {bind}"))?;
+    check_exposure(&config, listener.local_addr()?, args.insecure_no_auth)?;
     if server_only {
         let mut stops = stop_signals();
         return server::run(listener, config, async move {
@@ -79,10 +141,18 @@ pub async fn run(args: &ServerArgs, worker_args: &WorkerArgs, server_only: bool)
     // a remote one would. Stopping drains the worker first, then the server stops.
     let address = listener.local_addr()?;
     let host = if address.ip().is_unspecified() { "127.0.0.1".to_string() } else { address.ip().to_string() };
-    let url = format!("http://{host}:{}", address.port());
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{host}:{}", address.port());
     let mut worker_config = worker_config(args, worker_args, url)?;
     if worker_args.name.is_none() {
         worker_config.name = "local".into();
+    }
+    if !config.tokens.is_empty() {
+        worker_config.connection.token = local_worker_token(args)?;
+    }
+    if let (Some(tls), None) = (&config.tls, &worker_config.connection.ca_pem) {
+        // A self-signed certificate is its own CA; otherwise pass --ca.
+        worker_config.connection.ca_pem = std::fs::read(&tls.cert).ok();
     }
     let inventory = worker::detect(worker_config.fake_gpus.as_deref(), worker_config.gpus.as_deref())?;
     let (worker_done, server_stop) = tokio::sync::oneshot::channel::<()>();

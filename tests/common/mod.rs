@@ -14,6 +14,11 @@ pub fn app() -> Command {
         .env_remove("APP_WORKER_NAME")
         .env_remove("APP_FAKE_GPUS")
         .env_remove("RUST_LOG")
+        .env_remove("APP_TOKEN")
+        .env_remove("APP_TOKEN_FILE")
+        .env_remove("APP_USER_TOKEN")
+        .env_remove("APP_WORKER_TOKEN")
+        .env_remove("APP_CA")
         .stdin(Stdio::null());
     command
 }

@@ -30,6 +30,8 @@ pub struct WorkerConfig {
     pub ship_interval: Duration,
     /// Keep each attempt's directory after everything was delivered (default: remove it).
     pub keep_work_dirs: bool,
+    /// The worker token and the CA to trust (its Debug output hides the token).
+    pub connection: client::ClientOptions,
 }
 
 impl WorkerConfig {
@@ -46,6 +48,7 @@ impl WorkerConfig {
             claim_wait: Duration::from_secs(20),
             ship_interval: Duration::from_millis(250),
             keep_work_dirs: false,
+            connection: client::ClientOptions::default(),
         }
     }
 }
@@ -74,6 +77,10 @@ pub struct WorkerFile {
     pub telemetry_secs: Option<f64>,
     pub kill_grace_secs: Option<f64>,
     pub keep_work_dirs: Option<bool>,
+    /// A file holding the worker token (first non-comment line).
+    pub token_file: Option<PathBuf>,
+    /// PEM certificate(s) of a private CA that signed the server's certificate.
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -123,6 +130,16 @@ impl WorkerFile {
         }
         if let Some(value) = self.kill_grace_secs {
             config.kill_grace = seconds(value, "kill_grace_secs")?;
+        }
+        if self.token_file.is_some() || self.ca_file.is_some() {
+            let loaded = client::ClientOptions::load(None, self.token_file.as_deref(), self.ca_file.as_deref())
+                .map_err(anyhow::Error::msg)?;
+            if loaded.token.is_some() {
+                config.connection.token = loaded.token;
+            }
+            if loaded.ca_pem.is_some() {
+                config.connection.ca_pem = loaded.ca_pem;
+            }
         }
         Ok(())
     }

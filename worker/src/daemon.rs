@@ -45,7 +45,8 @@ pub async fn run(
     inventory: Arc<dyn GpuInventory>,
     mut stop: mpsc::UnboundedReceiver<()>,
 ) -> anyhow::Result<()> {
-    let client = Client::new(&config.url).with_context(|| format!("worker server URL {}", config.url))?;
+    let client = Client::with_options(&config.url, &config.connection)
+        .with_context(|| format!("worker server URL {}", config.url))?;
     tokio::fs::create_dir_all(&config.work_dir)
         .await
         .with_context(|| format!("creating the work directory {}", config.work_dir.display()))?;

@@ -138,6 +138,9 @@ pub async fn run(
         .arg("-c")
         .arg(command)
         .current_dir(&dirs.cwd)
+        // The worker's credentials are not the job's: a job runs user code and talks to no
+        // server. (The token may also sit in a file named by APP_TOKEN_FILE, which stays.)
+        .env_remove("APP_TOKEN")
         .envs(env.iter().map(|(key, value)| (key, value)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -9,6 +9,7 @@ mod metrics;
 mod overview;
 mod page;
 mod results;
+mod session;
 mod summary;
 mod sweeps;
 mod telemetry;
@@ -36,6 +37,7 @@ pub fn router(state: AppState) -> Router {
         .merge(logs::router())
         .merge(metrics::router())
         .merge(results::router())
+        .merge(session::router())
         .merge(summary::router())
         .merge(telemetry::router())
         .fallback(|| async {
@@ -43,6 +45,7 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), note_changes))
+        .layer(middleware::from_fn_with_state(state.clone(), crate::auth::authorize))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

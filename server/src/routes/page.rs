@@ -28,6 +28,7 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     asset!("style.css", CSS),
     asset!("app.js", JS),
     asset!("api.js", JS),
+    asset!("auth.js", JS),
     asset!("dom.js", JS),
     asset!("nav.js", JS),
     asset!("charts.js", JS),

@@ -1,6 +1,6 @@
 //! `TestApp` (a real server on a loopback port) and `wait_until`.
 
-use client::Client;
+use client::{Client, ClientOptions};
 use server::ServerConfig;
 use shared::api::{ClaimRequest, ClaimedJob, RegisterRequest, SubmitQuery, SubmitResponse, WorkerId};
 use shared::placement::Capacity;
@@ -38,17 +38,26 @@ impl TestApp {
             ..ServerConfig::default()
         };
         tweak(&mut config);
-        Self::start(config, data_dir).await
+        Self::start(config, data_dir, ClientOptions::default()).await
     }
 
-    async fn start(config: ServerConfig, data_dir: Arc<TempDir>) -> TestApp {
+    /// A server set up by `tweak` (tokens, TLS), reached by a client with `options`.
+    pub async fn spawn_secure(tweak: impl FnOnce(&mut ServerConfig), options: ClientOptions) -> TestApp {
+        let data_dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+        let mut config = ServerConfig { data_dir: data_dir.path().to_path_buf(), ..ServerConfig::default() };
+        tweak(&mut config);
+        Self::start(config, data_dir, options).await
+    }
+
+    async fn start(config: ServerConfig, data_dir: Arc<TempDir>, options: ClientOptions) -> TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if config.tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server::run(listener, config.clone(), async move {
             let _ = stopped.await;
         }));
-        let client = Client::new(&url).unwrap();
+        let client = Client::with_options(&url, &options).unwrap();
         let app = TestApp { client, url, config, data_dir, stop: Some(stop), task: Some(task) };
         wait_until("the server answers /api/health", Duration::from_secs(10), || async {
             app.client.health().await.ok()
@@ -71,7 +80,7 @@ impl TestApp {
     pub async fn restart(mut self) -> TestApp {
         self.stop().await;
         let config = self.config.clone();
-        Self::start(config, self.data_dir.clone()).await
+        Self::start(config, self.data_dir.clone(), ClientOptions::default()).await
     }
 
     pub async fn submit(&self, yaml: &str) -> SubmitResponse {
