@@ -9,10 +9,12 @@ cd "$(dirname "$0")/.."
 ./scripts/setup-torch.sh
 
 # docker-compose.yml must be a valid Compose file (no engine needed to check that).
+# (The file requires the two tokens to be set; any values do for the check.)
+compose_check=(env APP_USER_TOKEN=compose-check-user-token APP_WORKER_TOKEN=compose-check-worker-token)
 if docker compose version >/dev/null 2>&1; then
-    docker compose -f docker-compose.yml config -q
+    "${compose_check[@]}" docker compose -f docker-compose.yml config -q
 else
-    docker-compose -f docker-compose.yml config -q
+    "${compose_check[@]}" docker-compose -f docker-compose.yml config -q
 fi
 echo "docker-compose.yml: valid"
 

@@ -30,6 +30,8 @@ pub struct ServerConfig {
     /// The largest result file accepted, in bytes (uploads only; other bodies keep
     /// `max_body_bytes`).
     pub max_upload_bytes: u64,
+    /// The most bytes of result files one attempt may upload, all files together.
+    pub max_attempt_upload_bytes: u64,
     /// Bearer tokens; none: no authentication (the server then listens on loopback only,
     /// unless told `--insecure-no-auth`).
     pub tokens: crate::auth::Tokens,
@@ -58,6 +60,7 @@ impl Default for ServerConfig {
             max_log_bytes_per_job: 64 << 20,
             telemetry_retention: Duration::from_secs(3600),
             max_upload_bytes: 10 << 30,
+            max_attempt_upload_bytes: 50 << 30,
             tokens: crate::auth::Tokens::default(),
             tls: None,
         }
@@ -79,6 +82,7 @@ pub struct ServerFile {
     pub max_log_bytes_per_job: Option<u64>,
     pub telemetry_retention_secs: Option<f64>,
     pub max_upload_bytes: Option<u64>,
+    pub max_attempt_upload_bytes: Option<u64>,
     /// Files with one token per line (see `auth`).
     pub user_token_file: Option<PathBuf>,
     pub worker_token_file: Option<PathBuf>,
@@ -144,6 +148,9 @@ impl ServerConfig {
         }
         if let Some(value) = file.max_upload_bytes {
             self.max_upload_bytes = value;
+        }
+        if let Some(value) = file.max_attempt_upload_bytes {
+            self.max_attempt_upload_bytes = value;
         }
         if let Some(path) = &file.user_token_file {
             self.tokens.add_file(crate::auth::Role::User, path)?;

@@ -51,6 +51,20 @@ pub async fn staged(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result
         .collect()
 }
 
+/// Bytes already staged for an attempt, leaving out `except` (a file being uploaded again
+/// replaces its earlier upload).
+pub async fn staged_bytes(pool: &SqlitePool, job: JobId, attempt: u32, except: &str) -> sqlx::Result<u64> {
+    let total: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(size), 0) FROM staged_files WHERE job_id = ? AND attempt = ? AND path <> ?",
+    )
+    .bind(job)
+    .bind(attempt)
+    .bind(except)
+    .fetch_one(pool)
+    .await?;
+    Ok(total as u64)
+}
+
 /// Forgets every upload of an attempt (sealed, or its staging removed).
 pub async fn unstage_attempt(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM staged_files WHERE job_id = ? AND attempt = ?")

@@ -105,9 +105,22 @@ async fn store(
     if db::results::exists(&state.db.reader, id, attempt).await? {
         return Err(already_stored(id, attempt));
     }
-    let limit = state.config.max_upload_bytes;
-    let too_large =
-        || ApiError::PayloadTooLarge(format!("file `{path}` is larger than the upload limit of {limit} bytes"));
+    // Per file, and per attempt counting what is staged already (uploads of one attempt come
+    // one after another from its worker).
+    let (per_file, per_attempt) = (state.config.max_upload_bytes, state.config.max_attempt_upload_bytes);
+    let staged = db::results::staged_bytes(&state.db.reader, id, attempt, &path).await?;
+    let room = per_attempt.saturating_sub(staged);
+    let limit = per_file.min(room);
+    let too_large = || {
+        ApiError::PayloadTooLarge(if room < per_file {
+            format!(
+                "file `{path}` would take job {id} attempt {attempt} past its upload limit of {per_attempt} bytes \
+                 ({staged} bytes stored already)"
+            )
+        } else {
+            format!("file `{path}` is larger than the upload limit of {per_file} bytes")
+        })
+    };
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit) {
         return Err(too_large());

@@ -119,3 +119,38 @@ async fn garbage_bodies_get_json_errors_and_the_server_keeps_serving() {
     assert!(matches!(error, Err(ClientError::Rejected { status: 400, .. })));
     assert_eq!(app.client.health().await.unwrap().status, "ok");
 }
+
+#[tokio::test]
+async fn hostile_yaml_is_refused_quickly_and_the_server_keeps_serving() {
+    let app = TestApp::spawn().await;
+    let deep = format!("name: deep\ncommand: x\ngrid:\n  a: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let mut laughs =
+        String::from("name: laughs\ncommand: x\na0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+    for level in 1..10 {
+        let previous = format!("*a{}", level - 1);
+        laughs.push_str(&format!("a{level}: &a{level} [{}]\n", vec![previous; 10].join(", ")));
+    }
+    laughs.push_str("grid:\n  x: *a9\n");
+    for (yaml, needle) in [(deep, "levels deep"), (laughs, "aliases")] {
+        let started = std::time::Instant::now();
+        let message = refused(&app, &yaml).await;
+        assert!(message.contains(needle), "{message}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused in {:?}", started.elapsed());
+    }
+    assert!(app.client.sweeps().await.unwrap().is_empty());
+    app.submit(&crate::helpers::sweep_of("after", 2)).await;
+}
+
+#[tokio::test]
+async fn claims_and_heartbeats_of_an_unregistered_worker_are_404_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("waiting", 2)).await;
+    let claim = shared::api::ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0 };
+    let error = app.client.claim(424_242, &claim).await.unwrap_err();
+    assert_eq!(error.status(), Some(404), "{error}");
+    assert!(error.to_string().contains("register"), "{error}");
+    let beat = shared::api::HeartbeatRequest { running: Vec::new(), gpus: Vec::new() };
+    assert_eq!(app.client.heartbeat(424_242, &beat).await.unwrap_err().status(), Some(404));
+    let queued = JobQuery { status: Some(shared::job::JobStatus::Queued), ..JobQuery::default() };
+    assert_eq!(app.client.jobs(&queued).await.unwrap().total, 2);
+}

@@ -219,3 +219,18 @@ async fn uploads_of_an_attempt_that_ended_unsealed_are_cleaned_up() {
     .await;
     assert!(app.client.results(job.id).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn an_attempt_may_upload_only_so_much_in_all() {
+    let app = TestApp::spawn_with(|config| config.max_attempt_upload_bytes = 1_000).await;
+    let (worker, job) = app.start_one("quota").await;
+    upload(&app, &job, worker, "a.bin", &[1u8; 600]).await.unwrap();
+    let error = upload(&app, &job, worker, "b.bin", &[2u8; 600]).await.unwrap_err();
+    assert_eq!(error.status(), Some(413), "{error}");
+    assert!(error.to_string().contains("600 bytes stored already"), "{error}");
+    // Uploading a file again replaces it, so its old size does not count twice.
+    upload(&app, &job, worker, "a.bin", &[3u8; 900]).await.unwrap();
+    upload(&app, &job, worker, "c.bin", &[4u8; 100]).await.unwrap();
+    let staged = app.config.data_dir.join(format!("results/.staging/{}-{}", job.id, job.attempt));
+    assert!(staged.join("c.bin").exists() && !staged.join("b.bin").exists(), "the refused file left nothing");
+}

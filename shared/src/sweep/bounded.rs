@@ -21,6 +21,9 @@ use super::yaml::{join, key_text};
 
 /// The most nodes a document may expand to, counting each alias's copy.
 pub(crate) const MAX_NODES: usize = 1_000_000;
+/// The deepest nesting of lists and maps accepted. Sweep files need a handful of levels; the
+/// YAML reader itself would stop at 128 with a terser message.
+pub const MAX_DEPTH: usize = 64;
 /// String bytes allowed beyond twice the file's own length (escapes can lengthen a string
 /// a little: `\L` is two characters in the file and three bytes in the string).
 const SPARE_STRING_BYTES: usize = 64 << 20;
@@ -56,7 +59,7 @@ impl Allowance {
 /// error, say).
 pub(crate) fn parse(text: &str, allowance: &Allowance) -> Result<Value, Result<SweepError, serde_norway::Error>> {
     let budget = Budget { allowance, refusal: RefCell::new(None) };
-    let result = Node { budget: &budget, at: None }.deserialize(serde_norway::Deserializer::from_str(text));
+    let result = Node { budget: &budget, at: None, depth: 0 }.deserialize(serde_norway::Deserializer::from_str(text));
     // A refusal wins over the error serde_norway built around it.
     match (result, budget.refusal.into_inner()) {
         (_, Some(refusal)) => Err(Ok(refusal)),
@@ -143,6 +146,8 @@ fn path_of(at: Option<&Link<'_>>) -> String {
 struct Node<'b> {
     budget: &'b Budget<'b>,
     at: Option<&'b Link<'b>>,
+    /// Lists and maps around this node.
+    depth: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for Node<'_> {
@@ -150,6 +155,10 @@ impl<'de> DeserializeSeed<'de> for Node<'_> {
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
         self.budget.take_node()?;
+        if self.depth > MAX_DEPTH {
+            let message = format!("the YAML is nested more than {MAX_DEPTH} levels deep; refusing it");
+            return Err(self.budget.refuse(invalid(path_of(self.at), message)));
+        }
         deserializer.deserialize_any(self)
     }
 }
@@ -224,7 +233,7 @@ impl<'de> Visitor<'de> for Node<'_> {
         let mut sequence = Vec::new();
         loop {
             let link = Link { parent: self.at, step: Step::Index(sequence.len()) };
-            match items.next_element_seed(Node { budget: self.budget, at: Some(&link) })? {
+            match items.next_element_seed(Node { budget: self.budget, at: Some(&link), depth: self.depth + 1 })? {
                 Some(item) => sequence.push(item),
                 None => return Ok(Value::Sequence(sequence)),
             }
@@ -238,7 +247,8 @@ impl<'de> Visitor<'de> for Node<'_> {
                 return Err(de::Error::custom(duplicate_key(&key)));
             }
             let link = Link { parent: self.at, step: Step::Key(&key) };
-            let value = entries.next_value_seed(Node { budget: self.budget, at: Some(&link) })?;
+            let value =
+                entries.next_value_seed(Node { budget: self.budget, at: Some(&link), depth: self.depth + 1 })?;
             mapping.insert(key, value);
         }
         Ok(Value::Mapping(mapping))

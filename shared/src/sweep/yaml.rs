@@ -237,7 +237,16 @@ fn parse_document(text: &str, allowance: &Allowance) -> Result<Value, SweepError
 }
 
 fn syntax_error(error: serde_norway::Error) -> SweepError {
-    let message = error.to_string();
+    let mut message = error.to_string();
+    // The YAML reader's own guards against hostile input, said plainly.
+    if message.contains("repetition limit exceeded") {
+        message = message.replace(
+            "repetition limit exceeded",
+            "too many aliases expanded (a \"billion laughs\" document?); refusing it",
+        );
+    } else if message.contains("recursion limit exceeded") {
+        message = message.replace("recursion limit exceeded", "nested too deep; refusing it");
+    }
     let Some(location) = error.location() else {
         return SweepError::Syntax { line: 1, column: 1, message };
     };
