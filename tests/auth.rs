@@ -90,3 +90,39 @@ fn listening_beyond_loopback_without_tokens_is_refused_unless_insecure() {
     let _ = insecure.kill();
     let _ = insecure.wait();
 }
+
+#[tokio::test]
+async fn tokens_never_reach_the_server_log_even_at_trace_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = dir.path().join("server.log");
+    let mut server = app()
+        .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("APP_USER_TOKEN", USER)
+        .env("APP_WORKER_TOKEN", WORKER)
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    wait_until("the server answers", Duration::from_secs(20), || async {
+        http.get(format!("{url}/api/health")).send().await.ok()
+    })
+    .await;
+    for token in [USER, WORKER, "wrong-token-wrong-token-1"] {
+        let _ = http.get(format!("{url}/api/jobs")).bearer_auth(token).send().await.unwrap();
+        let _ = http.get(format!("{url}/api/jobs?token={token}")).send().await.unwrap();
+        let _ = http.get(format!("{url}/api/events")).header("cookie", format!("app_token={token}")).send().await;
+        let _ = http.post(format!("{url}/api/session")).bearer_auth(token).send().await.unwrap();
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("/api/jobs"), "the log has the requests: {}", &text[..text.len().min(2000)]);
+    for token in [USER, WORKER, "wrong-token-wrong-token-1"] {
+        assert!(!text.contains(token), "a token reached the log");
+    }
+}

@@ -46,7 +46,11 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), note_changes))
         .layer(middleware::from_fn_with_state(state.clone(), crate::auth::authorize))
-        .layer(TraceLayer::new_for_http())
+        // Spans name the path only: a query string may carry what should not be logged (a
+        // token sent there by mistake is refused, and must not end up in the log either).
+        .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
+            tracing::debug_span!("request", method = %request.method(), path = %request.uri().path())
+        }))
         .with_state(state)
 }
 
