@@ -11,8 +11,9 @@ rounds=${ROUNDS:-3}
 
 ./scripts/setup-torch.sh --full
 . scripts/torch-env.sh
-cargo build --release --features torch
-app=./target/release/app
+# APP_BIN: an `app` built with --features torch elsewhere (skips the build).
+app=${APP_BIN:-./target/release/app}
+[ -n "${APP_BIN:-}" ] || cargo build --release --features torch
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

@@ -1,7 +1,7 @@
 //! Background batch assembly: worker threads gather the rows of their batches (batch k goes to
 //! thread k mod threads), pin them in page-locked memory when the target is a GPU, and queue up
 //! to `prefetch` ready batches each; the training thread takes them in order and copies them
-//! to the device without blocking.
+//! to the device without blocking. Without a GPU the batches are gathered inline instead.
 
 use super::data::Dataset;
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -45,6 +45,9 @@ pub struct LoaderOptions {
 
 /// One pass over the batches listed by `rows`; dropping it stops the threads.
 pub struct Loader {
+    /// On a CPU run the batches are gathered on the calling thread: the computation already
+    /// uses every core, and loader threads would only take cores from it.
+    inline: Option<Inline>,
     queues: Vec<Receiver<Batch>>,
     next: usize,
     remaining: usize,
@@ -76,6 +79,16 @@ impl Loader {
         let total = order.size()[0];
         let batch = options.batch_size.max(1) as i64;
         let batches = ((total + batch - 1) / batch) as usize;
+        if options.pin_for.is_none_or(|device| !device.is_cuda()) {
+            let inline = Inline { x: data.x.shallow_clone(), y: data.y.shallow_clone(), order, batch, total, next: 0 };
+            return Loader {
+                inline: Some(inline),
+                queues: Vec::new(),
+                next: 0,
+                remaining: batches,
+                threads: Vec::new(),
+            };
+        }
         let threads = options.threads.clamp(1, batches.max(1));
         let mut queues = Vec::with_capacity(threads);
         let mut handles = Vec::with_capacity(threads);
@@ -104,7 +117,7 @@ impl Loader {
             queues.push(receiver);
             handles.push(handle);
         }
-        Loader { queues, next: 0, remaining: batches, threads: handles }
+        Loader { inline: None, queues, next: 0, remaining: batches, threads: handles }
     }
 }
 
@@ -114,6 +127,13 @@ impl Iterator for Loader {
     fn next(&mut self) -> Option<Batch> {
         if self.remaining == 0 {
             return None;
+        }
+        if let Some(inline) = &mut self.inline {
+            self.remaining -= 1;
+            let start = inline.next;
+            inline.next += inline.batch;
+            let rows = inline.order.narrow(0, start, inline.batch.min(inline.total - start));
+            return Some(Batch { x: inline.x.index_select(0, &rows), y: inline.y.index_select(0, &rows) });
         }
         let Ok(batch) = self.queues[self.next].recv() else {
             // The thread ended before its batches did: it panicked (a libtorch error, such as
@@ -128,6 +148,15 @@ impl Iterator for Loader {
         self.remaining -= 1;
         Some(batch)
     }
+}
+
+struct Inline {
+    x: Tensor,
+    y: Tensor,
+    order: Tensor,
+    batch: i64,
+    total: i64,
+    next: i64,
 }
 
 impl Drop for Loader {
