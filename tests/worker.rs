@@ -388,8 +388,8 @@ async fn a_relative_work_dir_still_gives_jobs_paths_that_work_from_their_own_dir
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let command =
-        r#"echo "{\"step\": 1, \"acc\": 0.5}" >> "$APP_METRICS_FILE"; cat "$APP_CONFIG" > "$APP_OUTPUT_DIR/config""#;
+    // `app` in a job's command is the worker's own binary (a `train:` sweep runs `app train`).
+    let command = r#"echo "{\"step\": 1, \"acc\": 0.5}" >> "$APP_METRICS_FILE"; cat "$APP_CONFIG" > "$APP_OUTPUT_DIR/config"; command -v app > "$APP_OUTPUT_DIR/app""#;
     submit(&server, &format!("name: rel\ncommand: '{command}'\ngrid: {{x: [7]}}\n")).await;
     let job = finished(&server, "rel").await.remove(0);
     let _ = child.kill();
@@ -397,6 +397,7 @@ async fn a_relative_work_dir_still_gives_jobs_paths_that_work_from_their_own_dir
     assert_eq!(job.status, JobStatus::Succeeded, "{:?}", job.reason);
     assert_eq!(job.metrics["acc"].last, 0.5);
     assert!(result_file(&server, job.id, "config").await.contains("\"x\":7"));
+    assert_eq!(result_file(&server, job.id, "app").await.trim(), env!("CARGO_BIN_EXE_app"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

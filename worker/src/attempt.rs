@@ -101,7 +101,9 @@ pub async fn run(
         Err(error) => Outcome::Error { reason: format!("preparing {}: {error}", dirs.root.display()) },
         Ok(()) => {
             let port = if indices.len() > 1 { executor::free_port() } else { None };
-            let env = executor::environment(&job, &dirs, &indices, port);
+            let mut env = executor::environment(&job, &dirs, &indices, port);
+            let own = std::env::current_exe().ok();
+            env.extend(own.and_then(|exe| executor::path_with(&exe, std::env::var_os("PATH").as_deref())));
             let written = Arc::new(Notify::new());
             let timeout = job.timeout_secs.map(Duration::from_secs);
             // Its own task: a slow or long shipping pass must never delay a timeout, a cancel

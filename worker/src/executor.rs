@@ -105,6 +105,14 @@ pub fn environment(
     env
 }
 
+/// `PATH` with the directory of this worker's own binary first, so `app` in a job's command
+/// (the `app train` of a `train:` sweep) is the same build as the worker running it.
+pub fn path_with(own_binary: &Path, path: Option<&std::ffi::OsStr>) -> Option<(String, String)> {
+    let dir = own_binary.parent()?.to_str()?.to_string();
+    let rest = path.map(|path| path.to_string_lossy().into_owned()).unwrap_or_default();
+    Some(("PATH".to_string(), if rest.is_empty() { dir } else { format!("{dir}:{rest}") }))
+}
+
 /// A free TCP port on loopback for `torchrun`'s rendezvous.
 pub fn free_port() -> Option<u16> {
     std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok().map(|address| address.port())
