@@ -16,8 +16,10 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use shared::api::{FileUploadQuery, JobId, ManifestEntry, ResultUpload, ResultVersion, WorkerId};
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -215,6 +217,14 @@ async fn seal(
     let staging = layout.staging(id, attempt);
     let target = layout.absolute(&version.path);
     let what = format!("sealing result v{attempt} of job {id}");
+    let Some(_sealing) = SealLock::take(&target) else {
+        return Err(ApiError::Conflict(format!("result v{attempt} of job {id} is being sealed by another request")));
+    };
+    // Looked at again under the lock: a seal that ended meanwhile has recorded it.
+    if db::results::exists(&state.db.reader, id, attempt).await? {
+        return Err(already_stored(id, attempt));
+    }
+    remove_unrecorded(&target).await.map_err(|error| disk_error(error, what.clone()))?;
     seal_on_disk(&staging, &target, &version).await.map_err(|error| match error {
         SealError::Mismatch(why) => ApiError::BadRequest(format!("{what}: {why}")),
         SealError::AlreadyStored => already_stored(id, attempt),
@@ -231,6 +241,39 @@ async fn seal(
     recorded?;
     tracing::info!(job = id, attempt, path = %version.path, files = version.files.len(), "result sealed");
     Ok(Json(version))
+}
+
+/// The version directories being sealed by this process: one seal at a time per attempt, so
+/// that a version directory found without its record is never one about to be recorded.
+static SEALING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+struct SealLock(PathBuf);
+
+impl SealLock {
+    fn take(target: &Path) -> Option<SealLock> {
+        let mut sealing = SEALING.lock().unwrap_or_else(PoisonError::into_inner);
+        sealing.insert(target.to_path_buf()).then(|| SealLock(target.to_path_buf()))
+    }
+}
+
+impl Drop for SealLock {
+    fn drop(&mut self) {
+        SEALING.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.0);
+    }
+}
+
+/// Removes a version directory that has no record: what a server killed between the rename
+/// and the record leaves behind. Left in place, it would make every later seal of the attempt
+/// a 409 "already stored", and the job would succeed with no result.
+async fn remove_unrecorded(target: &Path) -> io::Result<()> {
+    match tokio::fs::remove_dir_all(target).await {
+        Ok(()) => {
+            tracing::warn!(path = %target.display(), "removed a result version left unrecorded by a crash");
+            Ok(())
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error),
+    }
 }
 
 async fn seal_on_disk(
