@@ -1,6 +1,7 @@
 //! The command line: modes (`--server-only`, `--client-only`, embedded) and verbs against a
 //! server (`submit`, `status`, `cancel`, `retry`, `bench-queue`). One file per verb.
 
+mod bench_load;
 mod bench_page;
 mod bench;
 mod bench_queue;
@@ -135,6 +136,8 @@ pub enum Command {
     Results(results::ResultsArgs),
     /// A job's stored result versions and files; --download fetches them.
     Files(results::FilesArgs),
+    /// Load test: 500 simulated workers heartbeat, claim and report while sweeps arrive (5xx, latency, memory).
+    BenchLoad(bench_load::BenchLoadArgs),
     /// Measure the web page's JSON endpoints on a large queue (100,000 jobs, 1,000,000 points).
     BenchPage(bench_page::BenchPageArgs),
     /// Measure the queue on this machine: submission, claim throughput, dispatch latency.
@@ -168,6 +171,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Logs(args)) => logs::run(args).await,
         Some(Command::Results(args)) => results::run(args).await,
         Some(Command::Files(args)) => results::files(args).await,
+        Some(Command::BenchLoad(args)) => bench_load::run(args).await,
         Some(Command::BenchPage(args)) => bench_page::run(args).await,
         Some(Command::BenchQueue(args)) => bench_queue::run(args).await,
         Some(Command::BenchWorker(args)) => bench_worker::run(args).await,
