@@ -104,6 +104,9 @@ pub async fn remove_abandoned_staging(state: &AppState) -> anyhow::Result<usize>
     Ok(removed)
 }
 
+/// A WAL longer than this (in pages of 4 KiB) is restarted from its beginning.
+const RESTART_WAL_PAGES: i64 = 16_384;
+
 /// Checkpoints the WAL every half second until the server shuts down.
 pub async fn run_checkpointer(state: AppState) {
     let mut shutting_down = state.shutting_down.clone();
@@ -115,8 +118,17 @@ pub async fn run_checkpointer(state: AppState) {
             _ = shutting_down.wait_for(|stop| *stop) => return,
         }
         match state.db.checkpoint().await {
-            // A WAL this long means readers keep the checkpoint from finishing; say so.
-            Ok(pages) if pages > 250_000 => tracing::warn!(pages, "the write-ahead log keeps growing"),
+            // The passive pass has just copied nearly all of it: restarting costs the writer
+            // only the last few pages.
+            Ok(pages) if pages > RESTART_WAL_PAGES => {
+                // This long means readers kept even the restarts from finishing; say so.
+                if pages > 250_000 {
+                    tracing::warn!(pages, "the write-ahead log keeps growing");
+                }
+                if let Err(error) = state.db.restart_wal().await {
+                    tracing::warn!(%error, pages, "restarting the write-ahead log failed");
+                }
+            }
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "checkpoint failed"),
         }
