@@ -306,10 +306,14 @@ pub async fn run(args: BenchLoadArgs) -> anyhow::Result<()> {
     let every = Duration::try_from_secs_f64(args.sweep_every).context("--sweep-every")?;
     tasks.push(tokio::spawn(submitter(Client::new(&url)?, args.sweep_jobs, every, stats.clone(), stopped.clone())));
     let mut peak = baseline;
+    let wal = data_dir.path().join("queue.db-wal");
+    let wal_mib = || std::fs::metadata(&wal).map_or(0.0, |meta| meta.len() as f64 / f64::from(1 << 20));
+    let mut wal_peak = wal_mib();
     let deadline = started + Duration::from_secs(args.seconds);
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250).min(deadline - Instant::now())).await;
         peak = peak.max(rss_mib());
+        wal_peak = wal_peak.max(wal_mib());
     }
     let _ = stop.send(true);
     for task in tasks {
@@ -352,6 +356,8 @@ pub async fn run(args: BenchLoadArgs) -> anyhow::Result<()> {
     let cycles = stats.cycles.load(Ordering::Relaxed);
     println!("claim+report cycles: {cycles} ({:.0}/s)", cycles as f64 / elapsed);
     println!("resident memory (server and simulated workers): baseline {baseline:.0} MiB, peak {peak:.0} MiB, end {end:.0} MiB");
+    let database = std::fs::metadata(data_dir.path().join("queue.db")).map_or(0, |meta| meta.len()) >> 20;
+    println!("database: queue.db {database} MiB, write-ahead log peak {wal_peak:.0} MiB, end {:.0} MiB", wal_mib());
     let _ = stop_server.send(());
     server.await??;
     Ok(())
