@@ -11,7 +11,7 @@ use shared::api::{
     SubmitQuery,
 };
 use shared::job::{JobStatus, Outcome};
-use shared::placement::Capacity;
+use shared::placement::{Capacity, GpuSlot};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -301,6 +301,54 @@ async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_
     let destination = tempfile::NamedTempFile::new().unwrap();
     client.download_file(job.id, version.attempt, "out.txt", destination.path()).await.unwrap();
     assert_eq!(std::fs::read_to_string(destination.path()).unwrap(), "sent again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bodies_from_workers_get_a_4xx_and_the_queue_keeps_working() {
+    let server = ServerProcess::start();
+    let client = server.client();
+    let gpu =
+        |index| GpuSlot { index, memory_total: 1 << 34, memory_free: 1 << 34, exclusive_held: false, shared_jobs: 0 };
+    let twice = Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(0)] };
+    let register = |capacity| RegisterRequest {
+        name: "twice".into(),
+        protocol: shared::PROTOCOL_VERSION,
+        capacity,
+        holding: Vec::new(),
+    };
+    let refused = client.register(&register(twice.clone())).await.unwrap_err();
+    assert_eq!(refused.status(), Some(400), "{refused}");
+    assert!(refused.to_string().contains("GPU 0 is listed twice"), "{refused}");
+    let worker_id =
+        client.register(&register(Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(1)] })).await.unwrap().worker_id;
+    let refused = client.claim(worker_id, &ClaimRequest { capacity: twice, wait_ms: 0 }).await.unwrap_err();
+    assert_eq!(refused.status(), Some(400), "{refused}");
+    // Garbage where JSON is expected: refused, never a server error.
+    let http = reqwest::Client::new();
+    let garbage: [&[u8]; 5] = [b"", b"{", b"null", b"{\"capacity\": {\"job_slots\": -1}}", &[0xff, 0xfe, 0x00]];
+    for path in [
+        "/api/workers".to_string(),
+        format!("/api/workers/{worker_id}/claim"),
+        format!("/api/workers/{worker_id}/heartbeat"),
+        "/api/jobs/1/report".to_string(),
+    ] {
+        for body in garbage {
+            let response = http
+                .post(format!("{}{path}", server.url))
+                .header("content-type", "application/json")
+                .body(body.to_vec())
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_client_error(), "POST {path} {body:?}: {}", response.status());
+        }
+    }
+    // The queue is unharmed: a real worker runs a job to its result.
+    let _worker = WorkerProcess::start(&server.url, "sane", &[]);
+    submit(&server, "name: after-garbage\ncommand: 'echo ok > \"$APP_OUTPUT_DIR/ok.txt\"'\n").await;
+    let job = finished(&server, "after-garbage").await.remove(0);
+    assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
+    only_version(&server, &job, Some(&server.data_dir())).await;
 }
 
 /// Size of each of the two large files of the upload tests.

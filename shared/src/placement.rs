@@ -85,6 +85,17 @@ pub fn keep_or_place(request: &Resources, proposed: &Placement, capacity: &Capac
 }
 
 impl Capacity {
+    /// Refuses a capacity that lists a GPU index twice. Placement tells GPUs apart by index,
+    /// so a repeated one could give a job the same GPU twice, or an exclusive job a GPU that
+    /// is shared under its other entry (found by fuzzing the claim body).
+    pub fn check(&self) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        match self.gpus.iter().find(|gpu| !seen.insert(gpu.index)) {
+            Some(gpu) => Err(format!("GPU {} is listed twice in the capacity", gpu.index)),
+            None => Ok(()),
+        }
+    }
+
     /// Books a placed job, so the next [`place`] sees it.
     pub fn reserve(&mut self, request: &Resources, placement: &Placement) {
         self.job_slots = self.job_slots.saturating_sub(1);

@@ -37,6 +37,7 @@ async fn register(
     ApiJson(request): ApiJson<RegisterRequest>,
 ) -> ApiResult<Json<RegisterResponse>> {
     check_name("worker", &request.name).map_err(ApiError::BadRequest)?;
+    request.capacity.check().map_err(ApiError::BadRequest)?;
     if request.protocol != shared::PROTOCOL_VERSION {
         return Err(ApiError::BadRequest(format!(
             "worker speaks protocol {} but this server speaks {}; run the same app version on both",
@@ -125,6 +126,7 @@ async fn claim(
     Path(id): Path<WorkerId>,
     ApiJson(request): ApiJson<ClaimRequest>,
 ) -> ApiResult<Json<ClaimResponse>> {
+    request.capacity.check().map_err(ApiError::BadRequest)?;
     let wait = Duration::from_millis(request.wait_ms).min(state.config.max_long_poll);
     let deadline = Instant::now() + wait;
     let mut shutting_down = state.shutting_down.clone();
