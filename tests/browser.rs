@@ -96,20 +96,9 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
     client.submit(BLOCKED_SWEEP, &SubmitQuery::default()).await.unwrap();
 
     let screenshots = screenshot_dir("pages");
-    let script = tokio::process::Command::new("node")
-        .arg(repo("tests/browser/pages.mjs"))
-        .arg(&server.url)
-        .arg(&screenshots)
-        .env("GATE_FILE", &gate)
-        .env("WORKER_NAME", WORKER)
-        .env("CHROMIUM", chromium())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting node tests/browser/pages.mjs");
-    let output = run_script(script).await;
+    let gate_env = gate.to_string_lossy().into_owned();
+    let env = [("GATE_FILE", gate_env.as_str()), ("WORKER_NAME", WORKER)];
+    let output = run_script("pages.mjs", &server.url, &screenshots, &env).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");
@@ -125,10 +114,24 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
     }
 }
 
-async fn run_script(script: tokio::process::Child) -> std::process::Output {
-    tokio::time::timeout(SCRIPT_TIMEOUT, script.wait_with_output())
+/// Runs `node tests/browser/<script> URL SCREENSHOTS` with `env` and the browser's path, within
+/// the time limit; answers its output.
+async fn run_script(script: &str, url: &str, screenshots: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    let child = tokio::process::Command::new("node")
+        .arg(repo(&format!("tests/browser/{script}")))
+        .arg(url)
+        .arg(screenshots)
+        .envs(env.iter().copied())
+        .env("CHROMIUM", chromium())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|error| panic!("starting node tests/browser/{script}: {error}"));
+    tokio::time::timeout(SCRIPT_TIMEOUT, child.wait_with_output())
         .await
-        .unwrap_or_else(|_| panic!("the browser script did not finish within {SCRIPT_TIMEOUT:?}"))
+        .unwrap_or_else(|_| panic!("tests/browser/{script} did not finish within {SCRIPT_TIMEOUT:?}"))
         .unwrap()
 }
 
@@ -144,20 +147,8 @@ async fn a_server_with_tokens_asks_the_page_for_one_once_per_browser_session() {
     let client = client::Client::with_options(&server.url, &options).unwrap();
     client.submit("name: behind-a-token\ncommand: echo hi\n", &SubmitQuery::default()).await.unwrap();
     let screenshots = screenshot_dir("signin");
-    let script = tokio::process::Command::new("node")
-        .arg(repo("tests/browser/signin.mjs"))
-        .arg(&server.url)
-        .arg(&screenshots)
-        .env("USER_TOKEN", TOKEN)
-        .env("SWEEP", "behind-a-token")
-        .env("CHROMIUM", chromium())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting node tests/browser/signin.mjs");
-    let output = run_script(script).await;
+    let env = [("USER_TOKEN", TOKEN), ("SWEEP", "behind-a-token")];
+    let output = run_script("signin.mjs", &server.url, &screenshots, &env).await;
     println!("{}", String::from_utf8_lossy(&output.stdout));
     eprintln!("{}", String::from_utf8_lossy(&output.stderr));
     if !output.status.success() {

@@ -5,10 +5,11 @@
 //! latency, claim+report cycles and the process's memory; asserts nothing.
 
 use super::bench_queue::{num_cpus, percentile};
+use super::bench_server::{gpu_samples, BenchServer};
 use anyhow::Context;
 use clap::Args;
 use client::{Client, ClientError};
-use shared::api::{ClaimRequest, GpuSample, HeartbeatRequest, JobAttempt, RegisterRequest, ReportRequest, SubmitQuery};
+use shared::api::{ClaimRequest, HeartbeatRequest, JobAttempt, RegisterRequest, ReportRequest, SubmitQuery};
 use shared::job::Outcome;
 use shared::placement::Capacity;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,22 +84,6 @@ impl Stats {
             }
         }
     }
-}
-
-fn gpu_samples(gpus: u32, tick: u64) -> Vec<GpuSample> {
-    (0..gpus)
-        .map(|index| GpuSample {
-            index,
-            uuid: format!("GPU-load-{index}"),
-            name: "Load GPU".into(),
-            memory_total: 80 << 30,
-            memory_used: (tick % 80) << 30,
-            utilization: Some((tick % 100) as u32),
-            temperature: Some(60),
-            power_watts: Some(300.0),
-            at: 0,
-        })
-        .collect()
 }
 
 /// The resident memory of this process (server and simulated workers together), in MiB.
@@ -263,26 +248,8 @@ fn line(kind: &str, counter: &Counter) {
 }
 
 pub async fn run(args: BenchLoadArgs) -> anyhow::Result<()> {
-    let data_dir = tempfile::tempdir().context("creating a temporary data directory")?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let config = server::ServerConfig {
-        data_dir: data_dir.path().to_path_buf(),
-        heartbeat: Duration::from_secs(1),
-        ..server::ServerConfig::default()
-    };
-    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::run(listener, config, async move {
-        let _ = server_stopped.await;
-    }));
-    let control = Client::new(&url)?;
-    for _ in 0..100 {
-        if control.health().await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    control.health().await.context("the in-process server did not come up")?;
+    let bench = BenchServer::start(|config| config.heartbeat = Duration::from_secs(1)).await?;
+    let (url, data_dir) = (bench.url.clone(), bench.data_dir());
     let baseline = rss_mib();
     println!(
         "load benchmark on {} ({} cores), server at {url}: {} workers for {} s, a {}-job sweep every {} s",
@@ -306,7 +273,7 @@ pub async fn run(args: BenchLoadArgs) -> anyhow::Result<()> {
     let every = Duration::try_from_secs_f64(args.sweep_every).context("--sweep-every")?;
     tasks.push(tokio::spawn(submitter(Client::new(&url)?, args.sweep_jobs, every, stats.clone(), stopped.clone())));
     let mut peak = baseline;
-    let wal = data_dir.path().join("queue.db-wal");
+    let wal = data_dir.join("queue.db-wal");
     let wal_mib = || std::fs::metadata(&wal).map_or(0.0, |meta| meta.len() as f64 / f64::from(1 << 20));
     let mut wal_peak = wal_mib();
     let deadline = started + Duration::from_secs(args.seconds);
@@ -356,9 +323,8 @@ pub async fn run(args: BenchLoadArgs) -> anyhow::Result<()> {
     let cycles = stats.cycles.load(Ordering::Relaxed);
     println!("claim+report cycles: {cycles} ({:.0}/s)", cycles as f64 / elapsed);
     println!("resident memory (server and simulated workers): baseline {baseline:.0} MiB, peak {peak:.0} MiB, end {end:.0} MiB");
-    let database = std::fs::metadata(data_dir.path().join("queue.db")).map_or(0, |meta| meta.len()) >> 20;
+    let database = std::fs::metadata(data_dir.join("queue.db")).map_or(0, |meta| meta.len()) >> 20;
     println!("database: queue.db {database} MiB, write-ahead log peak {wal_peak:.0} MiB, end {:.0} MiB", wal_mib());
-    let _ = stop_server.send(());
-    server.await??;
+    bench.stop().await?;
     Ok(())
 }

@@ -3,12 +3,13 @@
 //! process on 127.0.0.1 with a temporary data directory. Prints figures; asserts nothing.
 
 use super::bench_queue::{num_cpus, percentile};
+use super::bench_server::{gpu_samples, BenchServer};
 use anyhow::Context;
 use clap::Args;
 use client::Client;
 use shared::api::{
-    ClaimRequest, GpuSample, HeartbeatRequest, JobAttempt, JobQuery, MetricPoint, MetricsBatch, RegisterRequest,
-    ReportRequest, SubmitQuery,
+    ClaimRequest, HeartbeatRequest, JobAttempt, JobQuery, MetricPoint, MetricsBatch, RegisterRequest, ReportRequest,
+    SubmitQuery,
 };
 use shared::job::{JobStatus, Outcome};
 use shared::placement::Capacity;
@@ -38,20 +39,6 @@ fn sweep_yaml(jobs: u64) -> String {
         axis((jobs / 1000).max(1)),
         axis(jobs.min(1000))
     )
-}
-
-fn gpu_sample(index: u32, tick: u64) -> GpuSample {
-    GpuSample {
-        index,
-        uuid: format!("GPU-bench-{index}"),
-        name: "Bench GPU".into(),
-        memory_total: 80 << 30,
-        memory_used: (tick % 80) << 30,
-        utilization: Some((tick % 100) as u32),
-        temperature: Some(60),
-        power_watts: Some(300.0),
-        at: 0,
-    }
 }
 
 /// Runs `finished` jobs through claim, metrics and report (a few fail, a few keep running),
@@ -93,7 +80,7 @@ async fn fill(client: &Client, args: &BenchPageArgs) -> anyhow::Result<()> {
         }
     }
     for tick in 0..720 {
-        let gpus = (0..8).map(|index| gpu_sample(index, tick)).collect();
+        let gpus = gpu_samples(8, tick);
         client.heartbeat(worker, &HeartbeatRequest { running: running.clone(), gpus }).await?;
     }
     Ok(())
@@ -114,19 +101,9 @@ async fn time_get(http: &reqwest::Client, url: &str, path: &str, requests: u32) 
 }
 
 pub async fn run(args: BenchPageArgs) -> anyhow::Result<()> {
-    let data_dir = tempfile::tempdir().context("creating a temporary data directory")?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
     // A long lease: the jobs left running stay running while the endpoints are measured.
-    let config = server::ServerConfig {
-        data_dir: data_dir.path().to_path_buf(),
-        lease: std::time::Duration::from_secs(3600),
-        ..server::ServerConfig::default()
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::run(listener, config, async move {
-        let _ = stopped.await;
-    }));
+    let bench = BenchServer::start(|config| config.lease = std::time::Duration::from_secs(3600)).await?;
+    let url = bench.url.clone();
     let client = Client::new(&url)?;
     println!("web page endpoints on {} ({} cores), server at {url}", std::env::consts::ARCH, num_cpus());
 
@@ -177,7 +154,6 @@ pub async fn run(args: BenchPageArgs) -> anyhow::Result<()> {
         );
     }
     println!("slowest p95: {worst:.1} ms (target < 100 ms)");
-    let _ = stop.send(());
-    server.await??;
+    bench.stop().await?;
     Ok(())
 }

@@ -1,7 +1,6 @@
 //! `app bench-queue`: measures the queue on this machine, against a server started in this
 //! process on 127.0.0.1 with a temporary data directory. Prints figures; asserts nothing.
 
-use anyhow::Context;
 use clap::Args;
 use client::Client;
 use shared::api::{ClaimRequest, JobQuery, RegisterRequest, ReportRequest, SubmitQuery};
@@ -85,14 +84,8 @@ pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let data_dir = tempfile::tempdir().context("creating a temporary data directory")?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let config = server::ServerConfig { data_dir: data_dir.path().to_path_buf(), ..server::ServerConfig::default() };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::run(listener, config, async move {
-        let _ = stopped.await;
-    }));
+    let bench = super::bench_server::BenchServer::start(|_| {}).await?;
+    let url = bench.url.clone();
     let client = Client::new(&url)?;
     let http = reqwest::Client::new();
     println!("queue benchmark on {} ({} cores), server at {url}", std::env::consts::ARCH, num_cpus());
@@ -155,8 +148,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         percentile(&latencies, 0.99),
         latencies.last().copied().unwrap_or(f64::NAN)
     );
-    let _ = stop.send(());
-    server.await??;
+    bench.stop().await?;
     Ok(())
 }
 

@@ -33,18 +33,12 @@ fn now_ns() -> u128 {
 }
 
 pub async fn run(args: BenchWorkerArgs) -> anyhow::Result<()> {
-    let scratch = tempfile::tempdir().context("creating a temporary directory")?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let config = server::ServerConfig { data_dir: scratch.path().join("data"), ..server::ServerConfig::default() };
-    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::run(listener, config, async move {
-        let _ = server_stopped.await;
-    }));
+    let bench = super::bench_server::BenchServer::start(|_| {}).await?;
+    let (url, scratch) = (bench.url.clone(), bench.scratch().to_path_buf());
     let mut worker_config = worker::WorkerConfig::new(url.clone());
     worker_config.name = "bench".into();
     worker_config.max_jobs = Some(args.max_jobs);
-    worker_config.work_dir = scratch.path().join("work");
+    worker_config.work_dir = scratch.as_path().join("work");
     let (stop_worker, worker_stop) = tokio::sync::mpsc::unbounded_channel();
     let inventory: Arc<dyn worker::GpuInventory> = Arc::new(worker::inventory::NoGpus);
     let worker = tokio::spawn(worker::run(worker_config, inventory, worker_stop));
@@ -86,7 +80,7 @@ pub async fn run(args: BenchWorkerArgs) -> anyhow::Result<()> {
     }
 
     // (b) dispatch latency, idle worker
-    let marks = scratch.path().join("marks");
+    let marks = scratch.as_path().join("marks");
     std::fs::create_dir_all(&marks)?;
     let mut latencies = Vec::new();
     for sample in 0..args.samples {
@@ -117,7 +111,7 @@ pub async fn run(args: BenchWorkerArgs) -> anyhow::Result<()> {
     worker.await??;
 
     // (c) an idle worker process
-    match idle_usage(&url, scratch.path(), Duration::from_secs(args.idle_secs)).await {
+    match idle_usage(&url, scratch.as_path(), Duration::from_secs(args.idle_secs)).await {
         Ok((cpu, rss)) => println!(
             "(c) idle `app --client-only` over {} s: {cpu:.2}% of one core, RSS {:.1} MB",
             args.idle_secs,
@@ -125,8 +119,7 @@ pub async fn run(args: BenchWorkerArgs) -> anyhow::Result<()> {
         ),
         Err(error) => println!("(c) idle worker not measured: {error:#}"),
     }
-    let _ = stop_server.send(());
-    server.await??;
+    bench.stop().await?;
     Ok(())
 }
 

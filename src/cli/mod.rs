@@ -5,6 +5,7 @@ mod bench_load;
 mod bench_page;
 mod bench;
 mod bench_queue;
+mod bench_server;
 mod bench_worker;
 mod cancel;
 mod logs;
