@@ -1,9 +1,9 @@
 //! The command line: modes (`--server-only`, `--client-only`, embedded) and verbs against a
 //! server (`submit`, `status`, `cancel`, `retry`, `bench-queue`). One file per verb.
 
+mod bench;
 mod bench_load;
 mod bench_page;
-mod bench;
 mod bench_queue;
 mod bench_server;
 mod bench_worker;
