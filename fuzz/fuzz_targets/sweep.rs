@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(yaml) = std::str::from_utf8(text) else { return };
     // `app submit --command` for the CVLab-Kit form, or not.
     let command = (flags & 1 == 1).then(|| "python main.py --config {config} --seed {index}".to_string());
-    let options = ExpandOptions { max_jobs: MAX_JOBS, command };
+    let options = ExpandOptions { max_jobs: MAX_JOBS, command, ..ExpandOptions::default() };
     let Ok(sweep) = Sweep::parse(yaml, &options) else { return };
     let count = sweep.count();
     assert!(count <= MAX_JOBS, "a sweep of {count} jobs passed a limit of {MAX_JOBS}");

@@ -19,8 +19,10 @@ pub struct ServerConfig {
     pub max_crashes: u32,
     /// The largest sweep accepted, in jobs.
     pub max_jobs_per_sweep: u64,
-    /// The largest request body accepted, in bytes.
+    /// The largest request body accepted, in bytes (this bounds a sweep file too).
     pub max_body_bytes: usize,
+    /// The deepest nesting of lists and maps a sweep file may have (at most 100).
+    pub max_yaml_depth: usize,
     /// The longest a claim or a log follower waits.
     pub max_long_poll: Duration,
     /// Log bytes kept per attempt; past this, the rest is dropped behind one marker line.
@@ -56,6 +58,7 @@ impl Default for ServerConfig {
             max_crashes: 3,
             max_jobs_per_sweep: 100_000,
             max_body_bytes: 4 << 20,
+            max_yaml_depth: 64,
             max_long_poll: Duration::from_secs(25),
             max_log_bytes_per_job: 64 << 20,
             telemetry_retention: Duration::from_secs(3600),
@@ -78,6 +81,7 @@ pub struct ServerFile {
     pub max_crashes: Option<u32>,
     pub max_jobs_per_sweep: Option<u64>,
     pub max_body_bytes: Option<usize>,
+    pub max_yaml_depth: Option<usize>,
     pub max_long_poll_secs: Option<f64>,
     pub max_log_bytes_per_job: Option<u64>,
     pub telemetry_retention_secs: Option<f64>,
@@ -136,6 +140,11 @@ impl ServerConfig {
         }
         if let Some(value) = file.max_body_bytes {
             self.max_body_bytes = value;
+        }
+        if let Some(value) = file.max_yaml_depth {
+            let limit = shared::sweep::MAX_YAML_DEPTH;
+            anyhow::ensure!((1..=limit).contains(&value), "`max_yaml_depth` must be 1 to {limit}, not {value}");
+            self.max_yaml_depth = value;
         }
         if let Some(value) = file.max_log_bytes_per_job {
             self.max_log_bytes_per_job = value;

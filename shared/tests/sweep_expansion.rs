@@ -156,7 +156,11 @@ fn cvlab_config_sweeps_every_list_leaf() {
 
 #[test]
 fn cvlab_command_option_and_short_placeholders() {
-    let options = ExpandOptions { max_jobs: 100, command: Some("python run.py {lr} {optimizer.lr} {index}".into()) };
+    let options = ExpandOptions {
+        max_jobs: 100,
+        command: Some("python run.py {lr} {optimizer.lr} {index}".into()),
+        ..ExpandOptions::default()
+    };
     let sweep = Sweep::parse(CVLAB, &options).unwrap();
     assert_eq!(sweep.job(4).unwrap().command, "python run.py 0.01 0.01 4");
     let plain = parse("lr: 0.1\nname: x").unwrap();
@@ -286,7 +290,7 @@ fn oversized_grid_is_refused_at_once() {
     assert_eq!(params(&capped.job(19).unwrap())["p29"], 9);
     assert_eq!(params(&capped.job(19).unwrap())["p28"], 1);
 
-    let options = ExpandOptions { max_jobs: 100, command: None };
+    let options = ExpandOptions { max_jobs: 100, ..ExpandOptions::default() };
     let too_many_runs = Sweep::parse("method: random\nrun_cap: 101\nprogram: x\nparameters: {}", &options);
     assert_eq!(too_many_runs.unwrap_err(), SweepError::TooManyJobs { count: 101, limit: 100 });
     let cvlab = Sweep::parse("a: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]\nb: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]", &options);

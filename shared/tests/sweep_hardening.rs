@@ -294,7 +294,7 @@ fn unknown_placeholders_are_refused_with_the_parameter_names() {
     assert!(message.contains("lr, batch_size"), "{message}");
     let cvlab = Sweep::parse(
         "optim: {lr: [1, 2]}\n",
-        &ExpandOptions { max_jobs: 10, command: Some("python x.py {optim.lrr}".into()) },
+        &ExpandOptions { max_jobs: 10, command: Some("python x.py {optim.lrr}".into()), ..ExpandOptions::default() },
     );
     assert_eq!(invalid(cvlab).0, "command");
 }

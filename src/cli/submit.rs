@@ -48,7 +48,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
         return dry_run(&args, &source, &default_name);
     }
     // Check the file here first: a syntax error needs no server to be reported.
-    let local = ExpandOptions { max_jobs: u64::MAX, command: args.command.clone() };
+    let local = ExpandOptions { max_jobs: u64::MAX, command: args.command.clone(), ..ExpandOptions::default() };
     Sweep::parse(&source, &local).with_context(|| format!("in {}", args.file.display()))?;
     let client = super::client(&args.url)?;
     let query = SubmitQuery { dry_run: false, command: args.command.clone(), name: Some(default_name) };
@@ -109,7 +109,7 @@ async fn wait_for(client: &client::Client, sweep: &str, total: u64) -> anyhow::R
 }
 
 fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {
-    let options = ExpandOptions { max_jobs: args.max_jobs, command: args.command.clone() };
+    let options = ExpandOptions { max_jobs: args.max_jobs, command: args.command.clone(), ..ExpandOptions::default() };
     let sweep = Sweep::parse(source, &options).with_context(|| format!("in {}", args.file.display()))?;
     let name = sweep.name.clone().unwrap_or_else(|| default_name.to_string());
     let mut out = std::io::stdout().lock();

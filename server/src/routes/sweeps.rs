@@ -32,7 +32,11 @@ async fn submit(
     let timing =
         move || AppendHeaders([("server-timing", format!("submit;dur={:.3}", started.elapsed().as_secs_f64() * 1e3))]);
     let source = body?;
-    let options = ExpandOptions { max_jobs: state.config.max_jobs_per_sweep, command: query.command.clone() };
+    let options = ExpandOptions {
+        max_jobs: state.config.max_jobs_per_sweep,
+        command: query.command.clone(),
+        max_depth: state.config.max_yaml_depth,
+    };
     let sweep = Sweep::parse(&source, &options).map_err(|error| ApiError::BadRequest(error.to_string()))?;
     let base_name = sweep.name.clone().or(query.name).unwrap_or_else(|| "sweep".into());
     check_name("sweep", &base_name).map_err(ApiError::BadRequest)?;

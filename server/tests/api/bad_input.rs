@@ -154,3 +154,19 @@ async fn claims_and_heartbeats_of_an_unregistered_worker_are_404_and_change_noth
     let queued = JobQuery { status: Some(shared::job::JobStatus::Queued), ..JobQuery::default() };
     assert_eq!(app.client.jobs(&queued).await.unwrap().total, 2);
 }
+
+#[tokio::test]
+async fn the_nesting_limit_is_a_setting() {
+    let app = TestApp::spawn_with(|config| config.max_yaml_depth = 4).await;
+    let nested =
+        |depth: usize| format!("name: n{depth}\ncommand: x\ngrid:\n  a: {}1{}\n", "[".repeat(depth), "]".repeat(depth));
+    let message = refused(&app, &nested(6)).await;
+    assert!(message.contains("more than 4 levels deep"), "{message}");
+    app.submit(&nested(2)).await;
+    let mut config = server::ServerConfig::default();
+    for bad in [0, 101] {
+        let file = server::config::ServerFile { max_yaml_depth: Some(bad), ..Default::default() };
+        let error = config.apply_file(&file).unwrap_err().to_string();
+        assert!(error.contains("max_yaml_depth"), "{error}");
+    }
+}

@@ -21,9 +21,10 @@ use super::yaml::{join, key_text};
 
 /// The most nodes a document may expand to, counting each alias's copy.
 pub(crate) const MAX_NODES: usize = 1_000_000;
-/// The deepest nesting of lists and maps accepted. Sweep files need a handful of levels; the
-/// YAML reader itself would stop at 128 with a terser message.
-pub const MAX_DEPTH: usize = 64;
+/// The deepest nesting of lists and maps a sweep file may be allowed (the YAML reader itself
+/// stops at 128, with a terser message), and the default. Sweep files need a handful.
+pub const MAX_DEPTH: usize = 100;
+pub const DEFAULT_DEPTH: usize = 64;
 /// String bytes allowed beyond twice the file's own length (escapes can lengthen a string
 /// a little: `\L` is two characters in the file and three bytes in the string).
 const SPARE_STRING_BYTES: usize = 64 << 20;
@@ -36,6 +37,8 @@ pub(crate) struct Allowance {
     bytes_left: Cell<usize>,
     /// Whether a document has gone over the budget.
     spent: Cell<bool>,
+    /// The deepest nesting accepted.
+    max_depth: usize,
 }
 
 impl Allowance {
@@ -45,7 +48,14 @@ impl Allowance {
             nodes_left: Cell::new(MAX_NODES),
             bytes_left: Cell::new(text.len().saturating_mul(2).saturating_add(SPARE_STRING_BYTES)),
             spent: Cell::new(false),
+            max_depth: DEFAULT_DEPTH,
         }
+    }
+
+    /// The same budget with another nesting limit (capped at [`MAX_DEPTH`]).
+    pub(crate) fn with_max_depth(mut self, depth: usize) -> Allowance {
+        self.max_depth = depth.min(MAX_DEPTH);
+        self
     }
 
     /// Whether a document parsed with this allowance was refused for going over it.
@@ -155,8 +165,9 @@ impl<'de> DeserializeSeed<'de> for Node<'_> {
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
         self.budget.take_node()?;
-        if self.depth > MAX_DEPTH {
-            let message = format!("the YAML is nested more than {MAX_DEPTH} levels deep; refusing it");
+        let max_depth = self.budget.allowance.max_depth;
+        if self.depth > max_depth {
+            let message = format!("the YAML is nested more than {max_depth} levels deep; refusing it");
             return Err(self.budget.refuse(invalid(path_of(self.at), message)));
         }
         deserializer.deserialize_any(self)

@@ -30,6 +30,7 @@ mod wandb;
 mod wandb_spec;
 mod yaml;
 
+pub use bounded::MAX_DEPTH as MAX_YAML_DEPTH;
 pub use error::SweepError;
 
 /// Which of the three accepted sweep forms a file was written in.
@@ -88,11 +89,13 @@ pub struct ExpandOptions {
     /// The command for the CVLab-Kit form (`app submit --command`); `None` means
     /// `python main.py --config {config}`.
     pub command: Option<String>,
+    /// Refuse YAML nested deeper than this many lists and maps (at most [`MAX_YAML_DEPTH`]).
+    pub max_depth: usize,
 }
 
 impl Default for ExpandOptions {
     fn default() -> Self {
-        Self { max_jobs: 100_000, command: None }
+        Self { max_jobs: 100_000, command: None, max_depth: bounded::DEFAULT_DEPTH }
     }
 }
 
@@ -128,7 +131,7 @@ impl Sweep {
     /// Parses and validates a sweep file, detecting its form; refuses it when its job count
     /// exceeds `options.max_jobs` without building any job.
     pub fn parse(yaml: &str, options: &ExpandOptions) -> Result<Sweep, SweepError> {
-        let loader = yaml::Loader::for_text(yaml);
+        let loader = yaml::Loader::for_text(yaml).with_max_depth(options.max_depth);
         let root = match loader.load(yaml)? {
             Value::Mapping(root) => root,
             other => {

@@ -38,6 +38,12 @@ impl Loader {
         Loader { python_marker, allowance: Allowance::for_text(text) }
     }
 
+    /// The same loader, refusing documents nested deeper than `depth`.
+    pub(crate) fn with_max_depth(mut self, depth: usize) -> Loader {
+        self.allowance = self.allowance.with_max_depth(depth);
+        self
+    }
+
     /// Parses one YAML document, resolving merge keys (`<<: *defaults`), common in configs.
     pub(crate) fn load(&self, text: &str) -> Result<Value, SweepError> {
         let marker = self.python_marker.as_deref().filter(|_| text.contains(PYTHON_TAG));
