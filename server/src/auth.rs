@@ -66,6 +66,11 @@ impl Tokens {
         self.tokens.is_empty()
     }
 
+    /// Whether any token of `role` is configured.
+    pub fn has(&self, role: Role) -> bool {
+        self.tokens.iter().any(|(_, known)| *known == role)
+    }
+
     /// Adds a token for `role`; refuses short or blank ones, naming `source` (never the value).
     pub fn add(&mut self, role: Role, token: &str, source: &str) -> anyhow::Result<()> {
         let token = token.trim();

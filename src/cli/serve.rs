@@ -65,6 +65,11 @@ fn check_exposure(config: &ServerConfig, address: std::net::SocketAddr, insecure
              127.0.0.1, or pass --insecure-no-auth"
         );
     }
+    for (role, variable) in [(Role::User, "APP_USER_TOKEN"), (Role::Worker, "APP_WORKER_TOKEN")] {
+        if !config.tokens.is_empty() && !config.tokens.has(role) {
+            tracing::warn!("no {variable} (or token file) is set: nothing can do what that role does");
+        }
+    }
     if !config.tokens.is_empty() && config.tls.is_none() && !address.ip().is_loopback() {
         tracing::warn!(%address, "tokens travel in clear text without TLS; use --tls-cert/--tls-key or a TLS proxy");
     }
