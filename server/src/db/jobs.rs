@@ -186,20 +186,24 @@ pub async fn state(conn: &mut SqliteConnection, id: JobId) -> anyhow::Result<Opt
 
 /// Running jobs whose lease ran out before `now`.
 pub async fn expired(conn: &mut SqliteConnection, now: i64) -> anyhow::Result<Vec<JobState>> {
-    let rows =
-        sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE status = 'running' AND lease_expires_at < ?"))
-            .bind(now)
-            .fetch_all(&mut *conn)
-            .await?;
+    let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_lease
+             WHERE status = 'running' AND lease_expires_at < ?"
+    ))
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await?;
     rows.iter().map(state_from_row).collect()
 }
 
 /// Running jobs the server believes `worker_id` holds.
 pub async fn running_on(conn: &mut SqliteConnection, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
-    let rows = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE status = 'running' AND worker_id = ?"))
-        .bind(worker_id)
-        .fetch_all(&mut *conn)
-        .await?;
+    let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_worker WHERE status = 'running' AND worker_id = ?"
+    ))
+    .bind(worker_id)
+    .fetch_all(&mut *conn)
+    .await?;
     rows.iter().map(state_from_row).collect()
 }
 
@@ -211,6 +215,9 @@ pub struct Candidate {
 
 /// Queued jobs in dispatch order (priority, then age) that could fit a worker with `gpus`
 /// GPUs, the largest having `max_free_memory` bytes free. The caller places them exactly.
+/// `INDEXED BY`: without statistics SQLite would take `jobs_by_status` for `status = ?` and
+/// sort every queued job (a 25x slower claim on a million-job queue); the partial index is
+/// already in dispatch order.
 pub async fn queued_candidates(
     conn: &mut SqliteConnection,
     gpus: u32,
@@ -221,7 +228,7 @@ pub async fn queued_candidates(
     // round trip to sqlx's SQLite thread, and this runs on every claim.
     let packed: Option<String> = sqlx::query_scalar(
         "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive)) FROM (
-             SELECT id, gpus, gpu_memory, exclusive FROM jobs
+             SELECT id, gpus, gpu_memory, exclusive FROM jobs INDEXED BY jobs_queue
              WHERE status = 'queued' AND (gpus IS NULL OR gpus <= ?) AND (gpu_memory IS NULL OR gpu_memory <= ?)
              ORDER BY priority DESC, id LIMIT ?)",
     )
