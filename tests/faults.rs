@@ -8,7 +8,6 @@ mod common;
 use common::{alive, signal, wait_exit, wait_until, ServerProcess, WorkerProcess};
 use shared::api::{
     AttemptRecord, ClaimRequest, Job, JobQuery, RegisterRequest, ReportRequest, ResultUpload, ResultVersion,
-    SubmitQuery,
 };
 use shared::job::{JobStatus, Outcome};
 use shared::placement::{Capacity, GpuSlot};
@@ -18,15 +17,6 @@ use std::time::{Duration, Instant};
 
 /// Generous: these run in parallel with each other on small machines.
 const LONG: Duration = Duration::from_secs(90);
-
-async fn submit(server: &ServerProcess, yaml: &str) -> String {
-    server.client().submit(yaml, &SubmitQuery::default()).await.unwrap().name
-}
-
-async fn jobs_of(server: &ServerProcess, sweep: &str) -> Vec<Job> {
-    let query = JobQuery { sweep: Some(sweep.into()), limit: Some(1000), ..JobQuery::default() };
-    server.client().jobs(&query).await.unwrap().jobs
-}
 
 /// Waits until every job of the sweep has finished; the server may be briefly unreachable.
 async fn finished(server: &ServerProcess, sweep: &str) -> Vec<Job> {
@@ -40,7 +30,7 @@ async fn finished(server: &ServerProcess, sweep: &str) -> Vec<Job> {
 
 async fn job_in(server: &ServerProcess, sweep: &str, status: JobStatus) -> Job {
     wait_until(&format!("a job of {sweep} is {status:?}"), LONG, || async {
-        jobs_of(server, sweep).await.into_iter().find(|job| job.status == status)
+        server.jobs_of(sweep).await.into_iter().find(|job| job.status == status)
     })
     .await
 }
@@ -124,7 +114,7 @@ async fn a_server_killed_mid_sweep_loses_and_duplicates_nothing_once_restarted()
         (0..4).map(|n| WorkerProcess::start(&server.url, &format!("box-{n}"), &["--max-jobs", "3"])).collect();
     let command = r#"sleep 0.1; echo "{i}" > "$APP_OUTPUT_DIR/index.txt""#;
     let indices: Vec<String> = (0..JOBS).map(|i| i.to_string()).collect();
-    submit(&server, &format!("name: crash\ncommand: '{command}'\ngrid:\n  i: [{}]\n", indices.join(", "))).await;
+    server.submit(&format!("name: crash\ncommand: '{command}'\ngrid:\n  i: [{}]\n", indices.join(", "))).await;
     let query = JobQuery {
         sweep: Some("crash".into()),
         status: Some(JobStatus::Succeeded),
@@ -135,7 +125,7 @@ async fn a_server_killed_mid_sweep_loses_and_duplicates_nothing_once_restarted()
         (server.client().jobs(&query).await.unwrap().total >= JOBS as u64 / 4).then_some(())
     })
     .await;
-    let running = jobs_of(&server, "crash").await.iter().filter(|job| job.status == JobStatus::Running).count();
+    let running = server.jobs_of("crash").await.iter().filter(|job| job.status == JobStatus::Running).count();
     kill_server(&mut server);
     // Down until every worker has noticed (heartbeats every 0.5 s), so that all of them go
     // through their retry paths.
@@ -174,7 +164,7 @@ async fn a_worker_frozen_past_its_lease_loses_its_job_and_its_late_report_change
     let server = ServerProcess::start();
     let frozen = WorkerProcess::start(&server.url, "frozen", &[]);
     let command = r#"sleep 1; echo "$APP_ATTEMPT" > "$APP_OUTPUT_DIR/who.txt""#;
-    submit(&server, &format!("name: stale\ncommand: '{command}'\n")).await;
+    server.submit(&format!("name: stale\ncommand: '{command}'\n")).await;
     let job = job_in(&server, "stale", JobStatus::Running).await;
     assert_eq!((job.worker.as_deref(), job.attempt), (Some("frozen"), 1));
     let frozen_id = job.worker_id.unwrap();
@@ -255,7 +245,7 @@ async fn a_server_restart_during_a_long_poll_claim_leaves_the_worker_claiming_fr
     })
     .await;
     server.restart();
-    submit(&server, "name: after-poll\ncommand: 'echo claimed > \"$APP_OUTPUT_DIR/claimed.txt\"'\n").await;
+    server.submit("name: after-poll\ncommand: 'echo claimed > \"$APP_OUTPUT_DIR/claimed.txt\"'\n").await;
     let job = finished(&server, "after-poll").await.remove(0);
     assert_eq!((job.status, job.attempt, job.worker.as_deref()), (JobStatus::Succeeded, 1, Some("poller")));
     let version = only_version(&server, &job, Some(&server.data_dir())).await;
@@ -269,7 +259,7 @@ async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_
     // The worker here is this test, through the typed client: a long lease, no heartbeats.
     let server = ServerProcess::start_with("lease_secs = 300\n");
     let client = server.client();
-    submit(&server, "name: leftover\ncommand: 'true'\n").await;
+    server.submit("name: leftover\ncommand: 'true'\n").await;
     let capacity = Capacity { job_slots: 1, gpus: Vec::new() };
     let register = RegisterRequest {
         name: "by-hand".into(),
@@ -345,7 +335,7 @@ async fn bad_bodies_from_workers_get_a_4xx_and_the_queue_keeps_working() {
     }
     // The queue is unharmed: a real worker runs a job to its result.
     let _worker = WorkerProcess::start(&server.url, "sane", &[]);
-    submit(&server, "name: after-garbage\ncommand: 'echo ok > \"$APP_OUTPUT_DIR/ok.txt\"'\n").await;
+    server.submit("name: after-garbage\ncommand: 'echo ok > \"$APP_OUTPUT_DIR/ok.txt\"'\n").await;
     let job = finished(&server, "after-garbage").await.remove(0);
     assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
     only_version(&server, &job, Some(&server.data_dir())).await;
@@ -362,8 +352,8 @@ async fn an_upload_cut_by_a_server_kill_is_sent_again_in_full_and_sealed_once() 
     let command = format!(
         "head -c {mib}M /dev/urandom > \"$APP_OUTPUT_DIR/a.bin\"; head -c {mib}M /dev/urandom > \"$APP_OUTPUT_DIR/b.bin\"; echo small > \"$APP_OUTPUT_DIR/c.txt\""
     );
-    submit(&server, &format!("name: cut\ncommand: '{command}'\n")).await;
-    let job = jobs_of(&server, "cut").await.remove(0);
+    server.submit(&format!("name: cut\ncommand: '{command}'\n")).await;
+    let job = server.jobs_of("cut").await.remove(0);
     // Catch a file half-way through its upload, then freeze the server there and kill it.
     let data_dir = server.data_dir();
     let caught = tokio::task::spawn_blocking(move || {
@@ -483,7 +473,7 @@ async fn a_full_disk_refuses_the_upload_keeps_serving_and_takes_it_once_space_is
     let filler = data.join("filler");
     std::fs::write(&filler, vec![0u8; 24 << 20]).unwrap();
     let worker = WorkerProcess::start(&server.url, "filler-up", &["--max-jobs", "2"]);
-    submit(&server, "name: huge\ncommand: 'head -c 32M /dev/urandom > \"$APP_OUTPUT_DIR/huge.bin\"'\n").await;
+    server.submit("name: huge\ncommand: 'head -c 32M /dev/urandom > \"$APP_OUTPUT_DIR/huge.bin\"'\n").await;
     wait_until("the worker was told the server's disk is full", LONG, || async {
         worker.log().contains("disk is full").then_some(())
     })
@@ -493,12 +483,12 @@ async fn a_full_disk_refuses_the_upload_keeps_serving_and_takes_it_once_space_is
     // The server keeps serving: health, and a small job from submission to result.
     let client = server.client();
     assert_eq!(client.health().await.unwrap().status, "ok");
-    submit(&server, "name: tiny\ncommand: 'echo fits > \"$APP_OUTPUT_DIR/tiny.txt\"'\n").await;
+    server.submit("name: tiny\ncommand: 'echo fits > \"$APP_OUTPUT_DIR/tiny.txt\"'\n").await;
     let tiny = finished(&server, "tiny").await.remove(0);
     assert_eq!(tiny.status, JobStatus::Succeeded, "{tiny:#?}");
     only_version(&server, &tiny, Some(&data)).await;
     // Nothing of the big one is recorded: no version, neither listed nor on disk.
-    let huge = jobs_of(&server, "huge").await.remove(0);
+    let huge = server.jobs_of("huge").await.remove(0);
     assert_eq!(huge.status, JobStatus::Running, "its worker keeps retrying the upload: {huge:#?}");
     assert!(client.results(huge.id).await.unwrap().is_empty());
     assert!(!data.join("results/huge").exists(), "no version directory for the refused upload");

@@ -4,26 +4,17 @@
 mod common;
 
 use common::{alive, app, wait_until, ServerProcess, WorkerProcess};
-use shared::api::{Job, JobQuery, LogQuery, SubmitQuery};
+use shared::api::{Job, LogQuery};
 use shared::job::JobStatus;
 use std::collections::HashMap;
 use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
 
-async fn submit(server: &ServerProcess, yaml: &str) -> String {
-    server.client().submit(yaml, &SubmitQuery::default()).await.unwrap().name
-}
-
-async fn jobs_of(server: &ServerProcess, sweep: &str) -> Vec<Job> {
-    let query = JobQuery { sweep: Some(sweep.into()), limit: Some(1000), ..JobQuery::default() };
-    server.client().jobs(&query).await.unwrap().jobs
-}
-
 /// Waits until every job of the sweep has finished (succeeded, failed or cancelled).
 async fn finished(server: &ServerProcess, sweep: &str) -> Vec<Job> {
     wait_until(&format!("every job of {sweep} finished"), LONG, || async {
-        let jobs = jobs_of(server, sweep).await;
+        let jobs = server.jobs_of(sweep).await;
         jobs.iter().all(|job| job.status.is_terminal()).then_some(jobs)
     })
     .await
@@ -32,7 +23,7 @@ async fn finished(server: &ServerProcess, sweep: &str) -> Vec<Job> {
 /// Waits until a job of the sweep runs, and returns it.
 async fn running_job(server: &ServerProcess, sweep: &str) -> Job {
     wait_until(&format!("a job of {sweep} runs"), LONG, || async {
-        jobs_of(server, sweep).await.into_iter().find(|job| job.status == JobStatus::Running)
+        server.jobs_of(sweep).await.into_iter().find(|job| job.status == JobStatus::Running)
     })
     .await
 }
@@ -68,7 +59,7 @@ async fn two_workers_with_two_fake_gpus_each_spread_a_sweep_without_sharing_a_gp
         "name: spread\ncommand: '{SPAN_JOB}'\nresources: {{gpus: 1}}\ngrid:\n  i: [{}]\n",
         (0..12).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
     );
-    submit(&server, &yaml).await;
+    server.submit(&yaml).await;
     let jobs = finished(&server, "spread").await;
     assert!(jobs.iter().all(|job| job.status == JobStatus::Succeeded), "{jobs:#?}");
     let mut spans: HashMap<(String, String), Vec<(u128, u128)>> = HashMap::new();
@@ -106,7 +97,7 @@ async fn jobs_that_declare_memory_pack_three_to_a_24_gib_gpu() {
     let server = ServerProcess::start();
     let _worker = WorkerProcess::start(&server.url, "packer", &["--fake-gpus", "1x24GiB", "--max-jobs", "8"]);
     let yaml = format!("name: packed\ncommand: '{SPAN_JOB}'\nresources: {{gpus: 1, gpu_memory: 8GiB}}\ngrid:\n  i: [0, 1, 2, 3, 4, 5, 6]\n");
-    submit(&server, &yaml).await;
+    server.submit(&yaml).await;
     let jobs = finished(&server, "packed").await;
     let mut events = Vec::new();
     for job in &jobs {
@@ -131,7 +122,7 @@ async fn a_two_gpu_job_gets_two_distinct_gpus_and_torchrun_variables() {
     let server = ServerProcess::start();
     let _worker = WorkerProcess::start(&server.url, "duo", &["--fake-gpus", "2x24GiB"]);
     let command = r#"env | grep -E "^(CUDA_VISIBLE_DEVICES|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|APP_PARAM_LR|APP_SWEEP|APP_ATTEMPT)=" | sort > "$APP_OUTPUT_DIR/env""#;
-    submit(&server, &format!("name: duo\ncommand: '{command}'\nresources: {{gpus: 2}}\ngrid: {{lr: [0.5]}}\n")).await;
+    server.submit(&format!("name: duo\ncommand: '{command}'\nresources: {{gpus: 2}}\ngrid: {{lr: [0.5]}}\n")).await;
     let jobs = finished(&server, "duo").await;
     let env = result_file(&server, jobs[0].id, "env").await;
     assert!(env.contains("CUDA_VISIBLE_DEVICES=0,1") || env.contains("CUDA_VISIBLE_DEVICES=1,0"), "{env}");
@@ -148,7 +139,7 @@ async fn a_two_gpu_job_gets_two_distinct_gpus_and_torchrun_variables() {
 async fn a_killed_worker_s_job_is_requeued_after_its_lease_and_finished_by_another() {
     let server = ServerProcess::start();
     let mut first = WorkerProcess::start(&server.url, "doomed", &[]);
-    submit(&server, "name: survivor\ncommand: 'sleep 2; echo done > \"$APP_OUTPUT_DIR/done\"'\n").await;
+    server.submit("name: survivor\ncommand: 'sleep 2; echo done > \"$APP_OUTPUT_DIR/done\"'\n").await;
     let client = server.client();
     let job = running_job(&server, "survivor").await;
     assert_eq!(job.worker.as_deref(), Some("doomed"));
@@ -170,13 +161,13 @@ async fn cancelling_a_running_job_kills_its_whole_process_group() {
     let pids = worker.dir.path().join("pids");
     std::fs::create_dir_all(&pids).unwrap();
     let command = format!("sleep 1000 & echo $! > {0}/child; echo $$ > {0}/parent; sleep 1000", pids.display());
-    submit(&server, &format!("name: forever\ncommand: '{command}'\n")).await;
+    server.submit(&format!("name: forever\ncommand: '{command}'\n")).await;
     let read_pid =
         |name: &str| std::fs::read_to_string(pids.join(name)).ok().and_then(|text| text.trim().parse::<u32>().ok());
     let (parent, child) =
         wait_until("the job wrote its pids", LONG, || async { read_pid("parent").zip(read_pid("child")) }).await;
     assert!(alive(parent) && alive(child));
-    let job = jobs_of(&server, "forever").await.remove(0);
+    let job = server.jobs_of("forever").await.remove(0);
     server.client().cancel_job(job.id).await.unwrap();
     // Heartbeat (0.5 s) + grace (2 s) + slack.
     wait_until("the job and the child it forked are gone", Duration::from_secs(8), || async {
@@ -195,9 +186,9 @@ async fn cancelling_a_running_job_kills_its_whole_process_group() {
 async fn exit_codes_fail_jobs_retries_rerun_them_and_missing_commands_say_so() {
     let server = ServerProcess::start();
     let _worker = WorkerProcess::start(&server.url, "strict", &[]);
-    submit(&server, "name: three\ncommand: 'exit 3'\n").await;
-    submit(&server, "name: three-again\ncommand: 'exit 3'\nretries: 1\n").await;
-    submit(&server, "name: typo\ncommand: 'pyhton-not-installed train.py'\n").await;
+    server.submit("name: three\ncommand: 'exit 3'\n").await;
+    server.submit("name: three-again\ncommand: 'exit 3'\nretries: 1\n").await;
+    server.submit("name: typo\ncommand: 'pyhton-not-installed train.py'\n").await;
     let three = finished(&server, "three").await.remove(0);
     assert_eq!((three.status, three.exit_code, three.attempt), (JobStatus::Failed, Some(3), 1));
     let again = finished(&server, "three-again").await.remove(0);
@@ -212,7 +203,7 @@ async fn exit_codes_fail_jobs_retries_rerun_them_and_missing_commands_say_so() {
     let log = server.client().log(typo.id, &LogQuery::default()).await.unwrap();
     assert!(log.text.contains("pyhton-not-installed"), "{}", log.text);
     // The worker is unaffected.
-    submit(&server, "name: after\ncommand: 'true'\n").await;
+    server.submit("name: after\ncommand: 'true'\n").await;
     assert_eq!(finished(&server, "after").await[0].status, JobStatus::Succeeded);
 }
 
@@ -222,7 +213,7 @@ async fn metrics_reach_the_api_and_the_leaderboard_and_garbage_lines_are_skipped
     let _worker = WorkerProcess::start(&server.url, "scorer", &[]);
     let command = r#"for s in 1 2 3; do echo "{\"step\": $s, \"val_loss\": $(awk "BEGIN { print {loss} + 1 / $s }")}" >> "$APP_METRICS_FILE"; done; echo "not json" >> "$APP_METRICS_FILE"; echo "{\"step\": 4, \"val_loss\": {loss}}" >> "$APP_METRICS_FILE""#;
     let yaml = format!("name: board\ncommand: '{command}'\nmetric: {{name: val_loss, goal: minimize}}\ngrid:\n  loss: [0.5, 0.1, 0.9]\n");
-    submit(&server, &yaml).await;
+    server.submit(&yaml).await;
     let jobs = finished(&server, "board").await;
     assert!(jobs.iter().all(|job| job.status == JobStatus::Succeeded), "{jobs:#?}");
     let client = server.client();
@@ -251,7 +242,7 @@ async fn a_symlink_out_of_the_output_directory_is_not_followed() {
     let secret = worker.dir.path().join("secret.txt");
     std::fs::write(&secret, "do not upload").unwrap();
     let command = format!("echo ok > \"$APP_OUTPUT_DIR/ok.txt\"; ln -s {} \"$APP_OUTPUT_DIR/leak\"", secret.display());
-    submit(&server, &format!("name: links\ncommand: '{command}'\n")).await;
+    server.submit(&format!("name: links\ncommand: '{command}'\n")).await;
     let job = finished(&server, "links").await.remove(0);
     let version = server.client().results(job.id).await.unwrap().pop().unwrap();
     let paths: Vec<&str> = version.files.iter().map(|file| file.path.as_str()).collect();
@@ -262,7 +253,7 @@ async fn a_symlink_out_of_the_output_directory_is_not_followed() {
 async fn logs_follow_shows_a_printed_line_within_two_seconds() {
     let server = ServerProcess::start();
     let _worker = WorkerProcess::start(&server.url, "talker", &[]);
-    submit(&server, "name: talk\ncommand: 'echo hello-from-the-job; sleep 4'\n").await;
+    server.submit("name: talk\ncommand: 'echo hello-from-the-job; sleep 4'\n").await;
     let job = running_job(&server, "talk").await;
     let started = std::time::Instant::now();
     let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_app"))
@@ -287,11 +278,9 @@ async fn logs_follow_shows_a_printed_line_within_two_seconds() {
 async fn running_jobs_survive_a_server_restart_and_their_results_arrive() {
     let mut server = ServerProcess::start();
     let _worker = WorkerProcess::start(&server.url, "steady", &[]);
-    submit(
-        &server,
-        "name: outage\ncommand: 'echo before; sleep 4; echo after; echo kept > \"$APP_OUTPUT_DIR/kept\"'\n",
-    )
-    .await;
+    server
+        .submit("name: outage\ncommand: 'echo before; sleep 4; echo after; echo kept > \"$APP_OUTPUT_DIR/kept\"'\n")
+        .await;
     running_job(&server, "outage").await;
     server.stop();
     // Down for several heartbeats (0.5 s each), though less than the lease.
@@ -328,28 +317,28 @@ async fn a_worker_started_before_its_server_keeps_retrying_then_registers() {
 async fn sigterm_drains_running_jobs_then_the_worker_exits_zero() {
     let server = ServerProcess::start();
     let mut worker = WorkerProcess::start(&server.url, "drainer", &[]);
-    submit(&server, "name: drain\ncommand: 'sleep 1.5; echo finished'\n").await;
+    server.submit("name: drain\ncommand: 'sleep 1.5; echo finished'\n").await;
     running_job(&server, "drain").await;
     worker.signal("TERM");
-    submit(&server, "name: not-taken\ncommand: 'true'\n").await;
+    server.submit("name: not-taken\ncommand: 'true'\n").await;
     let status = worker.wait_exit(LONG);
     assert!(status.success(), "{status:?}\n{}", worker.log());
-    assert_eq!(jobs_of(&server, "drain").await[0].status, JobStatus::Succeeded);
-    assert_eq!(jobs_of(&server, "not-taken").await[0].status, JobStatus::Queued, "a draining worker claims nothing");
+    assert_eq!(server.jobs_of("drain").await[0].status, JobStatus::Succeeded);
+    assert_eq!(server.jobs_of("not-taken").await[0].status, JobStatus::Queued, "a draining worker claims nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_kills_the_jobs_and_hands_them_back() {
     let server = ServerProcess::start();
     let mut worker = WorkerProcess::start(&server.url, "quitter", &[]);
-    submit(&server, "name: handed-back\ncommand: 'sleep 1000'\n").await;
+    server.submit("name: handed-back\ncommand: 'sleep 1000'\n").await;
     running_job(&server, "handed-back").await;
     worker.signal("TERM");
     tokio::time::sleep(Duration::from_millis(300)).await;
     worker.signal("TERM");
     let status = worker.wait_exit(LONG);
     assert!(status.success(), "{status:?}\n{}", worker.log());
-    let job = jobs_of(&server, "handed-back").await.remove(0);
+    let job = server.jobs_of("handed-back").await.remove(0);
     assert_eq!((job.status, job.crash_count), (JobStatus::Queued, 0), "requeued at once, not counted as a crash");
 }
 
@@ -371,7 +360,7 @@ async fn the_result_records_the_git_commit_of_the_working_tree() {
     git(&["commit", "-q", "--allow-empty", "-m", "experiment code"]);
     let head = git(&["rev-parse", "HEAD"]);
     let _worker = WorkerProcess::start_in(dir, &server.url, "versioned", &[]);
-    submit(&server, "name: tracked\ncommand: 'true'\n").await;
+    server.submit("name: tracked\ncommand: 'true'\n").await;
     let job = finished(&server, "tracked").await.remove(0);
     let version = server.client().results(job.id).await.unwrap().pop().unwrap();
     assert_eq!(version.record.git_commit.as_deref(), Some(head.as_str()));
@@ -390,7 +379,7 @@ async fn a_relative_work_dir_still_gives_jobs_paths_that_work_from_their_own_dir
         .unwrap();
     // `app` in a job's command is the worker's own binary (a `train:` sweep runs `app train`).
     let command = r#"echo "{\"step\": 1, \"acc\": 0.5}" >> "$APP_METRICS_FILE"; cat "$APP_CONFIG" > "$APP_OUTPUT_DIR/config"; command -v app > "$APP_OUTPUT_DIR/app""#;
-    submit(&server, &format!("name: rel\ncommand: '{command}'\ngrid: {{x: [7]}}\n")).await;
+    server.submit(&format!("name: rel\ncommand: '{command}'\ngrid: {{x: [7]}}\n")).await;
     let job = finished(&server, "rel").await.remove(0);
     let _ = child.kill();
     let _ = child.wait();
@@ -404,7 +393,7 @@ async fn a_relative_work_dir_still_gives_jobs_paths_that_work_from_their_own_dir
 async fn a_job_past_its_timeout_is_killed_and_gpu_telemetry_reaches_the_server() {
     let server = ServerProcess::start();
     let _worker = WorkerProcess::start(&server.url, "timer", &["--fake-gpus", "1x16GiB"]);
-    submit(&server, "name: slow\ncommand: 'echo started; sleep 60'\ntimeout: 1\nresources: {gpus: 1}\n").await;
+    server.submit("name: slow\ncommand: 'echo started; sleep 60'\ntimeout: 1\nresources: {gpus: 1}\n").await;
     let started = std::time::Instant::now();
     let job = finished(&server, "slow").await.remove(0);
     assert_eq!(job.status, JobStatus::Failed);
@@ -430,7 +419,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 async fn a_full_worker_waits_quietly_instead_of_spinning() {
     let server = ServerProcess::start();
     let worker = WorkerProcess::start(&server.url, "full", &["--max-jobs", "1"]);
-    submit(&server, "name: occupy\ncommand: 'sleep 30'\ngrid: {i: [1, 2]}\n").await;
+    server.submit("name: occupy\ncommand: 'sleep 30'\ngrid: {i: [1, 2]}\n").await;
     running_job(&server, "occupy").await;
     let before = cpu_ticks(worker.child.id());
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -442,14 +431,14 @@ async fn a_full_worker_waits_quietly_instead_of_spinning() {
 async fn attempt_directories_go_once_delivered_unless_asked_to_stay() {
     let server = ServerProcess::start();
     let tidy = WorkerProcess::start(&server.url, "tidy", &[]);
-    submit(&server, "name: scratch\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;
+    server.submit("name: scratch\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;
     let job = finished(&server, "scratch").await.remove(0);
     assert_eq!(result_file(&server, job.id, "out.txt").await.trim(), "data");
     let attempt_dir = tidy.dir.path().join("work/scratch/0/attempt-1");
     wait_until("the attempt directory is removed", LONG, || async { (!attempt_dir.exists()).then_some(()) }).await;
     drop(tidy);
     let keeper = WorkerProcess::start(&server.url, "keeper", &["--keep-work-dirs"]);
-    submit(&server, "name: kept\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;
+    server.submit("name: kept\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;
     finished(&server, "kept").await;
     assert!(keeper.dir.path().join("work/kept/0/attempt-1/output/out.txt").exists());
 }

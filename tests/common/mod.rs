@@ -104,6 +104,17 @@ impl ServerProcess {
         client::Client::new(&self.url).unwrap()
     }
 
+    /// Submits a sweep through the typed client; answers the sweep's name.
+    pub async fn submit(&self, yaml: &str) -> String {
+        self.client().submit(yaml, &shared::api::SubmitQuery::default()).await.unwrap().name
+    }
+
+    /// The jobs of a sweep (up to 1,000).
+    pub async fn jobs_of(&self, sweep: &str) -> Vec<shared::api::Job> {
+        let query = shared::api::JobQuery { sweep: Some(sweep.into()), limit: Some(1000), ..Default::default() };
+        self.client().jobs(&query).await.unwrap().jobs
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
