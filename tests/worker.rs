@@ -29,7 +29,7 @@ async fn running_job(server: &ServerProcess, sweep: &str) -> Job {
 }
 
 /// Reads a file of a job's latest result version.
-async fn result_file(server: &ServerProcess, job: i64, path: &str) -> String {
+async fn result_file(server: &ServerProcess, job: shared::api::JobId, path: &str) -> String {
     let versions = server.client().results(job).await.unwrap();
     let version = versions.last().unwrap_or_else(|| panic!("job {job} has no result"));
     let destination = tempfile::NamedTempFile::new().unwrap();

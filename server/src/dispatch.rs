@@ -9,7 +9,7 @@
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
-use shared::api::{ClaimedJob, JobId, WorkerId};
+use shared::api::{ClaimedJob, JobId, SweepId, WorkerId};
 use shared::job::{self, JobStatus, Outcome};
 use shared::placement::{place, Capacity, Placement};
 use sqlx::Row;
@@ -148,7 +148,7 @@ async fn claim_batch(state: &AppState, batch: &[ClaimTicket]) -> ApiResult<Vec<V
         db::jobs::mark_running(&mut writer, &assignments, lease_expires_at, now).await?
     };
     for row in &rows {
-        let id: JobId = row.try_get("id")?;
+        let id: JobId = JobId::new(row.try_get("id")?);
         if let Some((position, placement)) = chosen.remove(&id) {
             per_ticket[position].push(claimed_job(state, &mut writer, row, placement).await?);
         }
@@ -178,7 +178,7 @@ async fn give_back(state: &AppState, worker_id: WorkerId, jobs: Vec<ClaimedJob>)
         }
         let decision = job::finish(&Outcome::Abandoned, current.retries_left, current.cancel_requested);
         if let Ok(true) = db::jobs::finish(&mut writer, &current, worker_id, &decision, now_ms()).await {
-            tracing::info!(job = job.id, "claimed for a worker that hung up; back in the queue");
+            tracing::info!(job = %job.id, "claimed for a worker that hung up; back in the queue");
         }
     }
     drop(writer);
@@ -191,10 +191,10 @@ async fn claimed_job(
     row: &sqlx::sqlite::SqliteRow,
     placement: Placement,
 ) -> ApiResult<ClaimedJob> {
-    let sweep_id: i64 = row.try_get("sweep_id")?;
+    let sweep_id = SweepId::new(row.try_get("sweep_id")?);
     let params: String = row.try_get("params")?;
     Ok(ClaimedJob {
-        id: row.try_get("id")?,
+        id: JobId::new(row.try_get("id")?),
         attempt: row.try_get("attempt")?,
         sweep_id,
         sweep: sweep_name(state, conn, sweep_id).await?,
@@ -209,7 +209,7 @@ async fn claimed_job(
     })
 }
 
-async fn sweep_name(state: &AppState, conn: &mut sqlx::SqliteConnection, sweep_id: i64) -> ApiResult<String> {
+async fn sweep_name(state: &AppState, conn: &mut sqlx::SqliteConnection, sweep_id: SweepId) -> ApiResult<String> {
     let cached = state.sweep_names.read().ok().and_then(|names| names.get(&sweep_id).cloned());
     if let Some(name) = cached {
         return Ok(name);

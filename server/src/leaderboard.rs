@@ -115,7 +115,7 @@ fn push_field(out: &mut String, field: &str) {
 mod tests {
     use super::*;
     use serde_json::json;
-    use shared::api::MetricSummary;
+    use shared::api::{JobId, MetricSummary};
     use shared::job::JobStatus;
 
     fn row(index: u64, loss: Option<f64>) -> SummaryRow {
@@ -128,7 +128,7 @@ mod tests {
         }
         SummaryRow {
             rank: None,
-            job_id: index as i64 + 100,
+            job_id: JobId::new(index as i64 + 100),
             index,
             status: JobStatus::Succeeded,
             params: json!({"lr": 0.1, "name": "a,\"b\"", "dims": [1, 2]}),

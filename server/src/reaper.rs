@@ -95,7 +95,7 @@ pub async fn remove_abandoned_staging(state: &AppState) -> anyhow::Result<usize>
         }
         db::results::unstage_attempt(&mut *state.db.writer.acquire().await?, attempt.job_id, attempt.attempt).await?;
         tracing::info!(
-            job = attempt.job_id,
+            job = %attempt.job_id,
             attempt = attempt.attempt,
             "removed the unsealed uploads of an ended attempt"
         );
@@ -146,7 +146,7 @@ pub async fn requeue_expired_leases(state: &AppState) -> anyhow::Result<usize> {
         let attempt = JobAttempt { job_id: expired.id, attempt: expired.attempt };
         if db::jobs::expire(&mut tx, attempt, &decision, now).await? {
             ended.push(expired.id);
-            tracing::warn!(job = expired.id, attempt = expired.attempt, to = %decision.status, reason = decision.reason, "lease expired");
+            tracing::warn!(job = %expired.id, attempt = expired.attempt, to = %decision.status, reason = decision.reason, "lease expired");
             requeued += usize::from(decision.status == JobStatus::Queued);
         }
     }

@@ -54,12 +54,12 @@ mod tests {
     #[tokio::test]
     async fn a_wake_reaches_the_followers_of_that_job_only() {
         let signals = JobSignals::default();
-        let (one, two) = (signals.listen(1), signals.listen(2));
+        let (one, two) = (signals.listen(JobId::new(1)), signals.listen(JobId::new(2)));
         let (woken, other) = (one.notified(), two.notified());
         tokio::pin!(woken, other);
         woken.as_mut().enable();
         other.as_mut().enable();
-        signals.wake(1);
+        signals.wake(JobId::new(1));
         tokio::time::timeout(Duration::from_secs(1), woken).await.expect("job 1 woken");
         assert!(tokio::time::timeout(Duration::from_millis(50), other).await.is_err(), "job 2 was woken");
     }
@@ -67,8 +67,8 @@ mod tests {
     #[test]
     fn entries_of_gone_followers_are_dropped() {
         let signals = JobSignals::default();
-        drop(signals.listen(7));
-        signals.wake(7);
+        drop(signals.listen(JobId::new(7)));
+        signals.wake(JobId::new(7));
         assert!(signals.waiting.lock().unwrap().is_empty());
     }
 }

@@ -41,7 +41,7 @@ fn version_paths_are_relative_to_the_data_dir() {
     assert_eq!(Layout::version_path("vaep-grid", 3, 1), "results/vaep-grid/3/v1");
     let layout = Layout::new(Path::new("/data"));
     assert_eq!(layout.absolute("results/s/0/v2/a/b.pt"), Path::new("/data/results/s/0/v2/a/b.pt"));
-    assert_eq!(layout.staging(4, 2), Path::new("/data/results/.staging/4-2"));
+    assert_eq!(layout.staging(JobId::new(4), 2), Path::new("/data/results/.staging/4-2"));
 }
 
 #[tokio::test]

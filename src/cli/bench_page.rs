@@ -63,7 +63,7 @@ async fn fill(client: &Client, args: &BenchPageArgs) -> anyhow::Result<()> {
                 .map(|point| {
                     let step = (point / 2) as i64;
                     let name = if point % 2 == 0 { "val_loss" } else { "train_loss" };
-                    let value = 1.0 / (1.0 + step as f64) + (job.id % 97) as f64 * 1e-3;
+                    let value = 1.0 / (1.0 + step as f64) + (job.id.get() % 97) as f64 * 1e-3;
                     MetricPoint { step: Some(step), name: name.into(), value }
                 })
                 .collect();

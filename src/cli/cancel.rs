@@ -18,7 +18,7 @@ pub struct CancelArgs {
 
 pub async fn run(args: CancelArgs) -> anyhow::Result<()> {
     let client = super::client(&args.url)?;
-    let job_id = args.target.parse::<i64>().ok().filter(|_| !args.sweep);
+    let job_id = args.target.parse::<shared::api::JobId>().ok().filter(|_| !args.sweep);
     let (what, response) = match job_id {
         Some(id) => (format!("job {id}"), client.cancel_job(id).await),
         None => (format!("sweep {}", args.target), client.cancel_sweep(&args.target).await),
@@ -36,7 +36,7 @@ pub async fn run(args: CancelArgs) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 pub struct RetryArgs {
     /// The job id.
-    pub job: i64,
+    pub job: shared::api::JobId,
     #[command(flatten)]
     pub url: UrlArg,
 }

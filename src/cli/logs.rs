@@ -9,7 +9,7 @@ use std::io::Write;
 #[derive(Debug, Args)]
 pub struct LogsArgs {
     /// The job id.
-    pub job: i64,
+    pub job: shared::api::JobId,
     /// Keep printing as the job writes, until its attempt ends.
     #[arg(short, long)]
     pub follow: bool,

@@ -100,7 +100,7 @@ fn cells(
 #[derive(Debug, Args)]
 pub struct FilesArgs {
     /// The job id.
-    pub job: i64,
+    pub job: shared::api::JobId,
     /// Download the files of the latest version (or --attempt) into this directory.
     #[arg(long)]
     pub download: Option<PathBuf>,

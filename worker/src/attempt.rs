@@ -59,17 +59,17 @@ impl Delivery {
         match result {
             Ok(()) => {
                 if self.warned {
-                    tracing::info!(job, "{what} delivered after the server came back");
+                    tracing::info!(%job, "{what} delivered after the server came back");
                 }
                 Some(true)
             }
             Err(ShipError::Lost(reason)) => {
-                tracing::warn!(job, attempt = self.attempt.attempt, %reason, "{what} dropped: the attempt is no longer ours");
+                tracing::warn!(%job, attempt = self.attempt.attempt, %reason, "{what} dropped: the attempt is no longer ours");
                 Some(false)
             }
             Err(ShipError::Retry(error)) => {
                 if !self.warned {
-                    tracing::warn!(job, %error, "{what} failed; retrying with backoff");
+                    tracing::warn!(%job, %error, "{what} failed; retrying with backoff");
                     self.warned = true;
                 }
                 tokio::time::sleep(self.delay).await;
@@ -122,7 +122,7 @@ pub async fn run(
                     _ = tick(&written, config.ship_interval) => {
                         if lost { continue; }
                         if let Err(ShipError::Lost(reason)) = shipper.ship(false).await {
-                            tracing::warn!(job = job.id, %reason, "the server no longer holds this attempt for us; stopping it");
+                            tracing::warn!(job = %job.id, %reason, "the server no longer holds this attempt for us; stopping it");
                             lost = true;
                             let _ = stop_self.try_send(Stop::Lost);
                         }
@@ -133,7 +133,7 @@ pub async fn run(
     };
     let _ = events.send(AttemptEvent::ProcessEnded(attempt)).await;
     let finished_at = now_ms();
-    tracing::info!(job = job.id, attempt = job.attempt, outcome = ?outcome, "process ended");
+    tracing::info!(job = %job.id, attempt = job.attempt, outcome = ?outcome, "process ended");
     if !lost && !matches!(outcome, Outcome::Killed { ref reason } if reason == "lease lost") {
         let delivered =
             finish(&context, &job, attempt, &dirs, &mut shipper, &outcome, &gpus, started_at, finished_at).await;
@@ -141,7 +141,7 @@ pub async fn run(
         // directory would only fill the worker's disk. Undelivered attempts stay for a look.
         if delivered && !context.config.keep_work_dirs {
             if let Err(error) = tokio::fs::remove_dir_all(&dirs.root).await {
-                tracing::warn!(job = job.id, %error, path = %dirs.root.display(), "removing the attempt directory");
+                tracing::warn!(job = %job.id, %error, path = %dirs.root.display(), "removing the attempt directory");
             }
         }
     }
@@ -215,7 +215,7 @@ async fn finish(
     let reported = loop {
         let result = match context.client.report(job.id, &report).await {
             Ok(response) => {
-                tracing::info!(job = job.id, attempt = job.attempt, status = %response.status, "reported");
+                tracing::info!(job = %job.id, attempt = job.attempt, status = %response.status, "reported");
                 Ok(())
             }
             Err(error) if error.is_retryable() => Err(ShipError::Retry(error)),

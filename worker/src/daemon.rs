@@ -62,7 +62,7 @@ pub async fn run(
         config: Arc::new(config),
         inventory,
         max_jobs,
-        worker_id: 0,
+        worker_id: WorkerId::new(0),
         heartbeat: Duration::from_secs(5),
         reservations: Reservations::new(max_jobs),
         running: HashMap::new(),
@@ -200,7 +200,7 @@ impl Daemon {
                     self.worker_id = response.worker_id;
                     self.heartbeat = Duration::from_millis(response.heartbeat_ms.max(100));
                     tracing::info!(
-                        worker = %self.config.name, id = response.worker_id, url = %self.client.base_url(),
+                        worker = %self.config.name, id = %response.worker_id, url = %self.client.base_url(),
                         max_jobs = self.max_jobs, "registered with the server"
                     );
                     return Ok(());
@@ -234,7 +234,7 @@ impl Daemon {
     fn start(&mut self, job: ClaimedJob) {
         let gpus = self.inventory.sample();
         let Some(placement) = keep_or_place(&job.resources, &job.placement, &self.reservations.capacity(&gpus)) else {
-            tracing::warn!(job = job.id, "claimed a job that no longer fits; handing it back");
+            tracing::warn!(job = %job.id, "claimed a job that no longer fits; handing it back");
             return self.give_back(job);
         };
         let names: Vec<(u32, String)> = placement
@@ -249,7 +249,7 @@ impl Daemon {
         self.reservations.hold(attempt, job.resources.clone(), placement);
         let (stop, stopped) = mpsc::channel(4);
         self.running.insert(attempt, stop.clone());
-        tracing::info!(job = job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
+        tracing::info!(job = %job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
         let context = AttemptContext {
             client: self.client.clone(),
             worker_id: self.worker_id,
@@ -267,7 +267,7 @@ impl Daemon {
         let client = self.client.clone();
         tokio::spawn(async move {
             if let Err(error) = client.report(job.id, &report).await {
-                tracing::warn!(job = job.id, %error, "handing a job back failed; it returns to the queue when its lease ends");
+                tracing::warn!(job = %job.id, %error, "handing a job back failed; it returns to the queue when its lease ends");
             }
         });
     }
@@ -277,7 +277,7 @@ impl Daemon {
         for (attempts, reason) in [(&response.cancel, Stop::Cancel), (&response.unknown, Stop::Lost)] {
             for attempt in attempts {
                 if let Some(stop) = self.running.get(attempt) {
-                    tracing::info!(job = attempt.job_id, ?reason, "stopping an attempt at the server's word");
+                    tracing::info!(job = %attempt.job_id, ?reason, "stopping an attempt at the server's word");
                     let _ = stop.try_send(reason);
                 }
             }

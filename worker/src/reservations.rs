@@ -88,7 +88,7 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn attempt(job_id: i64) -> JobAttempt {
-        JobAttempt { job_id, attempt: 1 }
+        JobAttempt { job_id: job_id.into(), attempt: 1 }
     }
 
     fn gpu(index: u32, total: u64, used: u64) -> GpuSample {

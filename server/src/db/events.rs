@@ -10,7 +10,7 @@ pub async fn list(pool: &SqlitePool, job_id: JobId) -> anyhow::Result<Vec<JobEve
          FROM job_events e LEFT JOIN workers w ON w.id = e.worker_id
          WHERE e.job_id = ? ORDER BY e.id",
     )
-    .bind(job_id)
+    .bind(job_id.get())
     .fetch_all(pool)
     .await?;
     rows.iter()

@@ -36,8 +36,8 @@ pub fn gpu_ids_of(row: &SqliteRow) -> anyhow::Result<Vec<u32>> {
 fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
     let params: String = row.try_get("params")?;
     Ok(Job {
-        id: row.try_get("id")?,
-        sweep_id: row.try_get("sweep_id")?,
+        id: JobId::new(row.try_get("id")?),
+        sweep_id: SweepId::new(row.try_get("sweep_id")?),
         sweep: row.try_get("sweep_name")?,
         index: row.try_get::<i64, _>("idx")? as u64,
         params: serde_json::from_str(&params)?,
@@ -49,7 +49,7 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
         retries_left: row.try_get("retries_left")?,
         resources: resources_of(row)?,
         timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
-        worker_id: row.try_get("worker_id")?,
+        worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
         worker: row.try_get("worker_name")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         cancel_requested: row.try_get("cancel_requested")?,
@@ -66,7 +66,7 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
 
 /// A job with the metric summaries of its latest attempt.
 pub async fn get(pool: &SqlitePool, id: JobId) -> anyhow::Result<Option<Job>> {
-    let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = ?")).bind(id).fetch_optional(pool).await?;
+    let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = ?")).bind(id.get()).fetch_optional(pool).await?;
     let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
     job.metrics = super::metrics::summaries(pool, &[id]).await?.remove(&id).unwrap_or_default();
     Ok(Some(job))
@@ -86,10 +86,10 @@ fn push_filter<'a>(query: &mut QueryBuilder<'a, Sqlite>, filter: &'a JobFilter) 
         query.push(" AND j.status = ").push_bind(status.as_str());
     }
     if let Some(sweep_id) = filter.sweep_id {
-        query.push(" AND j.sweep_id = ").push_bind(sweep_id);
+        query.push(" AND j.sweep_id = ").push_bind(sweep_id.get());
     }
     if let Some(worker_id) = filter.worker_id {
-        query.push(" AND j.worker_id = ").push_bind(worker_id);
+        query.push(" AND j.worker_id = ").push_bind(worker_id.get());
     }
 }
 
@@ -164,10 +164,10 @@ pub struct JobState {
 
 fn state_from_row(row: &SqliteRow) -> anyhow::Result<JobState> {
     Ok(JobState {
-        id: row.try_get("id")?,
+        id: JobId::new(row.try_get("id")?),
         status: status_of(row)?,
         attempt: row.try_get("attempt")?,
-        worker_id: row.try_get("worker_id")?,
+        worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
         retries_left: row.try_get("retries_left")?,
         crash_count: row.try_get("crash_count")?,
         cancel_requested: row.try_get("cancel_requested")?,
@@ -178,7 +178,7 @@ const STATE_COLUMNS: &str = "id, status, attempt, worker_id, retries_left, crash
 
 pub async fn state(conn: &mut SqliteConnection, id: JobId) -> anyhow::Result<Option<JobState>> {
     let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = ?"))
-        .bind(id)
+        .bind(id.get())
         .fetch_optional(&mut *conn)
         .await?;
     row.as_ref().map(state_from_row).transpose()
@@ -201,7 +201,7 @@ pub async fn running_on(conn: &mut SqliteConnection, worker_id: WorkerId) -> any
     let rows = sqlx::query(&format!(
         "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_worker WHERE status = 'running' AND worker_id = ?"
     ))
-    .bind(worker_id)
+    .bind(worker_id.get())
     .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(state_from_row).collect()
@@ -302,9 +302,9 @@ pub async fn finish(
     .bind(decision.reason.as_deref())
     .bind(decision.status.is_terminal())
     .bind(now)
-    .bind(seen.id)
+    .bind(seen.id.get())
     .bind(seen.attempt)
-    .bind(worker_id)
+    .bind(worker_id.get())
     .bind(seen.retries_left)
     .bind(seen.cancel_requested)
     .execute(&mut *conn)
@@ -330,9 +330,9 @@ pub async fn succeed(
     .bind(decision.exit_code)
     .bind(decision.reason.as_deref())
     .bind(now)
-    .bind(attempt.job_id)
+    .bind(attempt.job_id.get())
     .bind(attempt.attempt)
-    .bind(worker_id)
+    .bind(worker_id.get())
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -367,7 +367,7 @@ pub async fn expire(
     .bind(decision.reason)
     .bind(decision.status.is_terminal())
     .bind(now)
-    .bind(attempt.job_id)
+    .bind(attempt.job_id.get())
     .bind(attempt.attempt)
     .execute(&mut *conn)
     .await?;
@@ -385,7 +385,8 @@ pub async fn extend_leases(
     if attempts.is_empty() {
         return Ok(Vec::new());
     }
-    let pairs = serde_json::to_string(&attempts.iter().map(|a| [a.job_id, a.attempt as i64]).collect::<Vec<_>>())?;
+    let pairs =
+        serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
     let rows = sqlx::query(
         "UPDATE jobs SET lease_expires_at = ?
          WHERE status = 'running' AND worker_id = ?
@@ -393,13 +394,13 @@ pub async fn extend_leases(
          RETURNING id, attempt, cancel_requested",
     )
     .bind(lease_until)
-    .bind(worker_id)
+    .bind(worker_id.get())
     .bind(pairs)
     .fetch_all(&mut *conn)
     .await?;
     rows.iter()
         .map(|row| {
-            let attempt = JobAttempt { job_id: row.try_get("id")?, attempt: row.try_get("attempt")? };
+            let attempt = JobAttempt { job_id: JobId::new(row.try_get("id")?), attempt: row.try_get("attempt")? };
             Ok((attempt, row.try_get("cancel_requested")?))
         })
         .collect()
@@ -412,7 +413,7 @@ pub async fn cancel_queued(conn: &mut SqliteConnection, id: JobId, now: i64) -> 
          WHERE id = ? AND status = 'queued'",
     )
     .bind(now)
-    .bind(id)
+    .bind(id.get())
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -421,7 +422,7 @@ pub async fn cancel_queued(conn: &mut SqliteConnection, id: JobId, now: i64) -> 
 /// Flags a running attempt for its worker to kill.
 pub async fn request_cancel(conn: &mut SqliteConnection, attempt: JobAttempt) -> sqlx::Result<bool> {
     let done = sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'running' AND attempt = ?")
-        .bind(attempt.job_id)
+        .bind(attempt.job_id.get())
         .bind(attempt.attempt)
         .execute(&mut *conn)
         .await?;
@@ -435,14 +436,14 @@ pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i
          WHERE sweep_id = ? AND status = 'queued'",
     )
     .bind(now)
-    .bind(sweep_id)
+    .bind(sweep_id.get())
     .execute(&mut *conn)
     .await?
     .rows_affected();
     let requested = sqlx::query(
         "UPDATE jobs SET cancel_requested = 1 WHERE sweep_id = ? AND status = 'running' AND cancel_requested = 0",
     )
-    .bind(sweep_id)
+    .bind(sweep_id.get())
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -457,7 +458,7 @@ pub async fn cancel_many(
     now: i64,
 ) -> anyhow::Result<(Vec<JobId>, Vec<JobId>)> {
     let ids = serde_json::to_string(ids)?;
-    let cancelled = sqlx::query_scalar(
+    let cancelled: Vec<i64> = sqlx::query_scalar(
         "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
          WHERE status = 'queued' AND id IN (SELECT value FROM json_each(?)) RETURNING id",
     )
@@ -465,14 +466,15 @@ pub async fn cancel_many(
     .bind(&ids)
     .fetch_all(&mut *conn)
     .await?;
-    let requested = sqlx::query_scalar(
+    let requested: Vec<i64> = sqlx::query_scalar(
         "UPDATE jobs SET cancel_requested = 1
          WHERE status = 'running' AND id IN (SELECT value FROM json_each(?)) RETURNING id",
     )
     .bind(&ids)
     .fetch_all(&mut *conn)
     .await?;
-    Ok((cancelled, requested))
+    let typed = |ids: Vec<i64>| -> Vec<JobId> { ids.into_iter().map(JobId::new).collect() };
+    Ok((typed(cancelled), typed(requested)))
 }
 
 /// `failed | cancelled -> queued`, by hand.
@@ -482,7 +484,7 @@ pub async fn retry(conn: &mut SqliteConnection, id: JobId, from: JobStatus) -> s
                 lease_expires_at = NULL, cancel_requested = 0, crash_count = 0
          WHERE id = ? AND status = ?",
     )
-    .bind(id)
+    .bind(id.get())
     .bind(from.as_str())
     .execute(&mut *conn)
     .await?;
@@ -497,7 +499,7 @@ pub async fn set_priority(
 ) -> sqlx::Result<bool> {
     let done = sqlx::query("UPDATE jobs SET priority = ? WHERE id = ? AND status = ?")
         .bind(priority)
-        .bind(id)
+        .bind(id.get())
         .bind(from.as_str())
         .execute(&mut *conn)
         .await?;

@@ -17,7 +17,7 @@ pub async fn length(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sq
     let row = sqlx::query(
         "SELECT log_received, log_stored, log_truncated FROM job_attempts WHERE job_id = ? AND attempt = ?",
     )
-    .bind(job)
+    .bind(job.get())
     .bind(attempt)
     .fetch_optional(&mut *conn)
     .await?;
@@ -35,7 +35,7 @@ pub async fn set_length(conn: &mut SqliteConnection, job: JobId, attempt: u32, l
          ON CONFLICT (job_id, attempt) DO UPDATE SET log_received = excluded.log_received,
              log_stored = excluded.log_stored, log_truncated = excluded.log_truncated",
     )
-    .bind(job)
+    .bind(job.get())
     .bind(attempt)
     .bind(length.received as i64)
     .bind(length.stored as i64)
@@ -54,7 +54,7 @@ pub async fn append(
     data: &[u8],
 ) -> sqlx::Result<()> {
     sqlx::query("INSERT INTO job_logs (job_id, attempt, byte_offset, data) VALUES (?, ?, ?, ?)")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .bind(offset as i64)
         .bind(data)
@@ -67,7 +67,7 @@ pub async fn append(
 pub async fn stored_length(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<u64> {
     let stored: Option<i64> =
         sqlx::query_scalar("SELECT log_stored FROM job_attempts WHERE job_id = ? AND attempt = ?")
-            .bind(job)
+            .bind(job.get())
             .bind(attempt)
             .fetch_optional(pool)
             .await?;
@@ -85,10 +85,10 @@ pub async fn read(pool: &SqlitePool, job: JobId, attempt: u32, offset: u64, max:
              (SELECT max(byte_offset) FROM job_logs WHERE job_id = ? AND attempt = ? AND byte_offset <= ?), 0)
          ORDER BY byte_offset",
     )
-    .bind(job)
+    .bind(job.get())
     .bind(attempt)
     .bind(end.min(i64::MAX as u64) as i64)
-    .bind(job)
+    .bind(job.get())
     .bind(attempt)
     .bind(offset.min(i64::MAX as u64) as i64)
     .fetch_all(pool)

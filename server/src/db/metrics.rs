@@ -17,7 +17,7 @@ pub type Summaries = HashMap<JobId, BTreeMap<String, MetricSummary>>;
 /// The metrics-file offset stored up to, and how many points the attempt has.
 pub async fn progress(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sqlx::Result<(u64, u64)> {
     let row = sqlx::query("SELECT metrics_offset, metrics_points FROM job_attempts WHERE job_id = ? AND attempt = ?")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .fetch_optional(&mut *conn)
         .await?;
@@ -37,7 +37,7 @@ pub async fn set_progress(
          ON CONFLICT (job_id, attempt) DO UPDATE SET metrics_offset = excluded.metrics_offset,
              metrics_points = excluded.metrics_points",
     )
-    .bind(job)
+    .bind(job.get())
     .bind(attempt)
     .bind(offset.min(i64::MAX as u64) as i64)
     .bind(points as i64)
@@ -57,7 +57,7 @@ pub async fn append(
     for (batch, chunk) in points.chunks(POINTS_PER_STATEMENT).enumerate() {
         let mut query: QueryBuilder<Sqlite> =
             QueryBuilder::new("INSERT INTO job_metrics (job_id, attempt, seq, step, name, value) SELECT ");
-        query.push_bind(job).push(", ").push_bind(attempt);
+        query.push_bind(job.get()).push(", ").push_bind(attempt);
         query.push(", column1, column2, column3, column4 FROM (VALUES ");
         let mut rows = query.separated(", ");
         for (position, point) in chunk.iter().enumerate() {
@@ -82,7 +82,7 @@ pub async fn merge_summaries(
     batch: &BTreeMap<String, MetricSummary>,
 ) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM job_metric_summaries WHERE job_id = ? AND attempt < ?")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .execute(&mut *conn)
         .await?;
@@ -93,7 +93,7 @@ pub async fn merge_summaries(
         "INSERT INTO job_metric_summaries
              (job_id, attempt, name, last_value, min_value, max_value, last_step, point_count) SELECT ",
     );
-    query.push_bind(job).push(", ").push_bind(attempt);
+    query.push_bind(job.get()).push(", ").push_bind(attempt);
     query.push(", column1, column2, column3, column4, column5, column6 FROM (VALUES ");
     let mut rows = query.separated(", ");
     for (name, summary) in batch {
@@ -123,7 +123,7 @@ fn summary_of(row: &SqliteRow) -> sqlx::Result<(JobId, String, MetricSummary)> {
         step: row.try_get("last_step")?,
         count: row.try_get::<i64, _>("point_count")? as u64,
     };
-    Ok((row.try_get("job_id")?, row.try_get("name")?, summary))
+    Ok((JobId::new(row.try_get("job_id")?), row.try_get("name")?, summary))
 }
 
 fn collect(rows: &[SqliteRow]) -> sqlx::Result<Summaries> {
@@ -160,7 +160,7 @@ pub async fn summaries_of_attempt(
 ) -> sqlx::Result<BTreeMap<String, MetricSummary>> {
     let rows =
         sqlx::query(&format!("SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s WHERE job_id = ? AND attempt = ?"))
-            .bind(job)
+            .bind(job.get())
             .bind(attempt)
             .fetch_all(pool)
             .await?;
@@ -170,7 +170,7 @@ pub async fn summaries_of_attempt(
 /// Every point of an attempt, grouped by metric in the order each first appeared.
 pub async fn series(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<Vec<MetricSeries>> {
     let rows = sqlx::query("SELECT step, name, value FROM job_metrics WHERE job_id = ? AND attempt = ? ORDER BY seq")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .fetch_all(pool)
         .await?;
@@ -199,7 +199,7 @@ pub struct SweepJob {
 /// Every job of a sweep in index order, with the summaries of their latest attempts.
 pub async fn sweep_jobs(pool: &SqlitePool, sweep: SweepId) -> anyhow::Result<(Vec<SweepJob>, Summaries)> {
     let rows = sqlx::query("SELECT id, idx, status, params FROM jobs WHERE sweep_id = ? ORDER BY idx")
-        .bind(sweep)
+        .bind(sweep.get())
         .fetch_all(pool)
         .await?;
     let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
@@ -207,7 +207,7 @@ pub async fn sweep_jobs(pool: &SqlitePool, sweep: SweepId) -> anyhow::Result<(Ve
         "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
          WHERE j.sweep_id = ?"
     ))
-    .bind(sweep)
+    .bind(sweep.get())
     .fetch_all(pool)
     .await?;
     Ok((jobs, collect(&rows)?))
@@ -216,7 +216,7 @@ pub async fn sweep_jobs(pool: &SqlitePool, sweep: SweepId) -> anyhow::Result<(Ve
 fn sweep_job_of(row: &SqliteRow) -> anyhow::Result<SweepJob> {
     let status: String = row.try_get("status")?;
     Ok(SweepJob {
-        id: row.try_get("id")?,
+        id: JobId::new(row.try_get("id")?),
         index: row.try_get::<i64, _>("idx")? as u64,
         status: status.parse().map_err(anyhow::Error::msg)?,
         params: row.try_get("params")?,
@@ -238,28 +238,34 @@ pub async fn sweep_top_jobs(
             Goal::Minimize => ("s.min_value", "ASC"),
             Goal::Maximize => ("s.max_value", "DESC"),
         };
-        ids = sqlx::query_scalar(&format!(
+        ids = sqlx::query_scalar::<_, i64>(&format!(
             "SELECT j.id FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
              WHERE j.sweep_id = ? AND s.name = ? ORDER BY {score} {direction}, j.idx LIMIT ?"
         ))
-        .bind(sweep)
+        .bind(sweep.get())
         .bind(&metric.name)
         .bind(top)
         .fetch_all(pool)
-        .await?;
+        .await?
+        .into_iter()
+        .map(JobId::new)
+        .collect();
     }
     if (ids.len() as u32) < top {
-        let unscored: Vec<JobId> = sqlx::query_scalar(
+        let unscored: Vec<JobId> = sqlx::query_scalar::<_, i64>(
             "SELECT j.id FROM jobs j WHERE j.sweep_id = ?
                AND NOT EXISTS (SELECT 1 FROM job_metric_summaries s
                                WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = ?)
              ORDER BY j.idx LIMIT ?",
         )
-        .bind(sweep)
+        .bind(sweep.get())
         .bind(metric.map(|metric| metric.name.as_str()).unwrap_or(""))
         .bind(top - ids.len() as u32)
         .fetch_all(pool)
-        .await?;
+        .await?
+        .into_iter()
+        .map(JobId::new)
+        .collect();
         ids.extend(unscored);
     }
     let rows = sqlx::query("SELECT id, idx, status, params FROM jobs WHERE id IN (SELECT value FROM json_each(?))")

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 /// path unrecorded rather than recorded with the old hash).
 pub async fn unstage(conn: &mut SqliteConnection, job: JobId, attempt: u32, path: &str) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM staged_files WHERE job_id = ? AND attempt = ? AND path = ?")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .bind(path)
         .execute(&mut *conn)
@@ -22,7 +22,7 @@ pub async fn stage(conn: &mut SqliteConnection, job: JobId, attempt: u32, entry:
         "INSERT INTO staged_files (job_id, attempt, path, size, sha256) VALUES (?, ?, ?, ?, ?)
          ON CONFLICT (job_id, attempt, path) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256",
     )
-    .bind(job)
+    .bind(job.get())
     .bind(attempt)
     .bind(entry.path.as_str())
     .bind(entry.size as i64)
@@ -35,7 +35,7 @@ pub async fn stage(conn: &mut SqliteConnection, job: JobId, attempt: u32, entry:
 /// The uploaded files of an attempt, by path.
 pub async fn staged(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<HashMap<String, ManifestEntry>> {
     let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = ? AND attempt = ?")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .fetch_all(pool)
         .await?;
@@ -57,7 +57,7 @@ pub async fn staged_bytes(pool: &SqlitePool, job: JobId, attempt: u32, except: &
     let total: i64 = sqlx::query_scalar(
         "SELECT coalesce(sum(size), 0) FROM staged_files WHERE job_id = ? AND attempt = ? AND path <> ?",
     )
-    .bind(job)
+    .bind(job.get())
     .bind(attempt)
     .bind(except)
     .fetch_one(pool)
@@ -68,7 +68,7 @@ pub async fn staged_bytes(pool: &SqlitePool, job: JobId, attempt: u32, except: &
 /// Forgets every upload of an attempt (sealed, or its staging removed).
 pub async fn unstage_attempt(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sqlx::Result<()> {
     sqlx::query("DELETE FROM staged_files WHERE job_id = ? AND attempt = ?")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .execute(&mut *conn)
         .await?;
@@ -81,7 +81,7 @@ pub async fn insert(conn: &mut SqliteConnection, version: &ResultVersion) -> any
         "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt) DO NOTHING",
     )
-    .bind(version.job_id)
+    .bind(version.job_id.get())
     .bind(version.attempt)
     .bind(version.path.as_str())
     .bind(serde_json::to_string(&version.files)?)
@@ -97,7 +97,7 @@ pub async fn insert(conn: &mut SqliteConnection, version: &ResultVersion) -> any
 fn version_of(row: &SqliteRow) -> anyhow::Result<ResultVersion> {
     let text = |column: &str| -> anyhow::Result<String> { Ok(row.try_get(column)?) };
     Ok(ResultVersion {
-        job_id: row.try_get("job_id")?,
+        job_id: JobId::new(row.try_get("job_id")?),
         attempt: row.try_get("attempt")?,
         path: row.try_get("path")?,
         files: serde_json::from_str(&text("manifest")?)?,
@@ -110,13 +110,14 @@ fn version_of(row: &SqliteRow) -> anyhow::Result<ResultVersion> {
 
 /// A job's versions, oldest first.
 pub async fn list(pool: &SqlitePool, job: JobId) -> anyhow::Result<Vec<ResultVersion>> {
-    let rows = sqlx::query("SELECT * FROM results WHERE job_id = ? ORDER BY attempt").bind(job).fetch_all(pool).await?;
+    let rows =
+        sqlx::query("SELECT * FROM results WHERE job_id = ? ORDER BY attempt").bind(job.get()).fetch_all(pool).await?;
     rows.iter().map(version_of).collect()
 }
 
 pub async fn get(pool: &SqlitePool, job: JobId, attempt: u32) -> anyhow::Result<Option<ResultVersion>> {
     let row = sqlx::query("SELECT * FROM results WHERE job_id = ? AND attempt = ?")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .fetch_optional(pool)
         .await?;
@@ -125,7 +126,7 @@ pub async fn get(pool: &SqlitePool, job: JobId, attempt: u32) -> anyhow::Result<
 
 pub async fn exists(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<bool> {
     let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM results WHERE job_id = ? AND attempt = ?")
-        .bind(job)
+        .bind(job.get())
         .bind(attempt)
         .fetch_optional(pool)
         .await?;
@@ -137,7 +138,8 @@ pub async fn running(pool: &SqlitePool, attempts: &[JobAttempt]) -> anyhow::Resu
     if attempts.is_empty() {
         return Ok(Vec::new());
     }
-    let pairs = serde_json::to_string(&attempts.iter().map(|a| [a.job_id, a.attempt as i64]).collect::<Vec<_>>())?;
+    let pairs =
+        serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
     let rows = sqlx::query(
         "SELECT id, attempt FROM jobs WHERE status = 'running'
            AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))",
@@ -145,5 +147,7 @@ pub async fn running(pool: &SqlitePool, attempts: &[JobAttempt]) -> anyhow::Resu
     .bind(pairs)
     .fetch_all(pool)
     .await?;
-    rows.iter().map(|row| Ok(JobAttempt { job_id: row.try_get("id")?, attempt: row.try_get("attempt")? })).collect()
+    rows.iter()
+        .map(|row| Ok(JobAttempt { job_id: JobId::new(row.try_get("id")?), attempt: row.try_get("attempt")? }))
+        .collect()
 }

@@ -37,7 +37,7 @@ pub async fn insert(
     source: &str,
     now: i64,
 ) -> sqlx::Result<SweepId> {
-    sqlx::query_scalar(
+    sqlx::query_scalar::<_, i64>(
         "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at)
          VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
     )
@@ -50,6 +50,7 @@ pub async fn insert(
     .bind(now)
     .fetch_one(&mut *conn)
     .await
+    .map(SweepId::new)
 }
 
 /// Inserts every job of the sweep, in index order, a few thousand per statement.
@@ -75,7 +76,7 @@ pub async fn insert_jobs(conn: &mut SqliteConnection, sweep_id: SweepId, sweep: 
         }
         sql.push(')');
         let mut query = sqlx::query(&sql)
-            .bind(sweep_id)
+            .bind(sweep_id.get())
             .bind(resources.gpus)
             .bind(resources.gpu_memory.map(|bytes| bytes as i64))
             .bind(resources.exclusive)
@@ -92,7 +93,7 @@ pub async fn insert_jobs(conn: &mut SqliteConnection, sweep_id: SweepId, sweep: 
 }
 
 pub async fn name_of(conn: &mut SqliteConnection, id: SweepId) -> sqlx::Result<String> {
-    sqlx::query_scalar("SELECT name FROM sweeps WHERE id = ?").bind(id).fetch_one(&mut *conn).await
+    sqlx::query_scalar("SELECT name FROM sweeps WHERE id = ?").bind(id.get()).fetch_one(&mut *conn).await
 }
 
 fn form_text(form: SweepForm) -> &'static str {
@@ -123,7 +124,7 @@ fn info_from_row(row: &SqliteRow) -> sqlx::Result<SweepInfo> {
     let metric_goal: Option<String> = row.try_get("metric_goal")?;
     let form: String = row.try_get("form")?;
     Ok(SweepInfo {
-        id: row.try_get("id")?,
+        id: SweepId::new(row.try_get("id")?),
         name: row.try_get("name")?,
         form: parse_form(&form),
         metric: metric_name.map(|name| Metric {
@@ -162,7 +163,7 @@ pub async fn list(pool: &SqlitePool) -> anyhow::Result<Vec<SweepInfo>> {
         .fetch_all(pool)
         .await?;
     for row in per_sweep {
-        let sweep_id: i64 = row.try_get("sweep_id")?;
+        let sweep_id = SweepId::new(row.try_get("sweep_id")?);
         let status: String = row.try_get("status")?;
         let count: i64 = row.try_get("n")?;
         if let Some(sweep) = sweeps.iter_mut().find(|sweep| sweep.id == sweep_id) {
@@ -178,7 +179,7 @@ pub async fn counts(pool: &SqlitePool, sweep_id: Option<SweepId>) -> anyhow::Res
     let rows = match sweep_id {
         Some(id) => {
             sqlx::query("SELECT status, count(*) AS n FROM jobs WHERE sweep_id = ? GROUP BY status")
-                .bind(id)
+                .bind(id.get())
                 .fetch_all(pool)
                 .await?
         }

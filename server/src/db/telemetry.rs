@@ -14,7 +14,7 @@ pub async fn insert(conn: &mut SqliteConnection, worker: WorkerId, at: i64, samp
                                         utilization, temperature, power_watts) ",
         );
         query.push_values(chunk, |mut row, sample| {
-            row.push_bind(worker)
+            row.push_bind(worker.get())
                 .push_bind(at)
                 .push_bind(sample.index)
                 .push_bind(sample.uuid.as_str())
@@ -34,7 +34,7 @@ pub async fn insert(conn: &mut SqliteConnection, worker: WorkerId, at: i64, samp
 /// Samples of `worker` taken at or after `since`, oldest first.
 pub async fn list(pool: &SqlitePool, worker: WorkerId, since: i64) -> sqlx::Result<Vec<GpuSample>> {
     let rows = sqlx::query("SELECT * FROM gpu_telemetry WHERE worker_id = ? AND at >= ? ORDER BY at, gpu_index")
-        .bind(worker)
+        .bind(worker.get())
         .bind(since)
         .fetch_all(pool)
         .await?;

@@ -1,6 +1,6 @@
 //! `workers`: registration (an upsert by name) and liveness.
 
-use shared::api::{WorkerId, WorkerInfo, WorkerState};
+use shared::api::{JobId, WorkerId, WorkerInfo, WorkerState};
 use shared::placement::Capacity;
 use sqlx::SqliteConnection;
 use sqlx::{Row, SqlitePool};
@@ -12,7 +12,7 @@ pub async fn upsert(
     capacity: &Capacity,
     now: i64,
 ) -> anyhow::Result<WorkerId> {
-    let id = sqlx::query_scalar(
+    let id: i64 = sqlx::query_scalar(
         "INSERT INTO workers (name, capacity, registered_at, last_seen_at) VALUES (?, ?, ?, ?)
          ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity,
              registered_at = excluded.registered_at, last_seen_at = excluded.last_seen_at
@@ -24,24 +24,29 @@ pub async fn upsert(
     .bind(now)
     .fetch_one(&mut *conn)
     .await?;
-    Ok(id)
+    Ok(WorkerId::new(id))
 }
 
 /// Marks the worker alive; false when no such worker is registered.
 pub async fn touch(conn: &mut SqliteConnection, id: WorkerId, now: i64) -> sqlx::Result<bool> {
-    let done =
-        sqlx::query("UPDATE workers SET last_seen_at = ? WHERE id = ?").bind(now).bind(id).execute(&mut *conn).await?;
+    let done = sqlx::query("UPDATE workers SET last_seen_at = ? WHERE id = ?")
+        .bind(now)
+        .bind(id.get())
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
 pub async fn exists(pool: &SqlitePool, id: WorkerId) -> sqlx::Result<bool> {
     let found: Option<i64> =
-        sqlx::query_scalar("SELECT 1 FROM workers WHERE id = ?").bind(id).fetch_optional(pool).await?;
+        sqlx::query_scalar("SELECT 1 FROM workers WHERE id = ?").bind(id.get()).fetch_optional(pool).await?;
     Ok(found.is_some())
 }
 
 pub async fn id_by_name(pool: &SqlitePool, name: &str) -> sqlx::Result<Option<WorkerId>> {
-    sqlx::query_scalar("SELECT id FROM workers WHERE name = ?").bind(name).fetch_optional(pool).await
+    let id: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM workers WHERE name = ?").bind(name).fetch_optional(pool).await?;
+    Ok(id.map(WorkerId::new))
 }
 
 /// Every worker with the ids of its running jobs and its state as of `now`.
@@ -57,10 +62,10 @@ pub async fn list(pool: &SqlitePool, now: i64, heartbeat_ms: u64, lease_ms: u64)
     rows.iter()
         .map(|row| {
             let capacity: String = row.try_get("capacity")?;
-            let running_jobs: Vec<i64> = serde_json::from_str(row.try_get("running_jobs")?)?;
+            let running_jobs: Vec<JobId> = serde_json::from_str(row.try_get("running_jobs")?)?;
             let last_seen_at = row.try_get("last_seen_at")?;
             Ok(WorkerInfo {
-                id: row.try_get("id")?,
+                id: WorkerId::new(row.try_get("id")?),
                 name: row.try_get("name")?,
                 capacity: serde_json::from_str(&capacity)?,
                 registered_at: row.try_get("registered_at")?,

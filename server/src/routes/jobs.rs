@@ -201,6 +201,6 @@ async fn report(
     }
     // Followers of the attempt's log learn it ended.
     state.job_signals.wake(id);
-    tracing::debug!(job = id, attempt = request.attempt, status = %decision.status, "attempt finished");
+    tracing::debug!(job = %id, attempt = request.attempt, status = %decision.status, "attempt finished");
     Ok(Json(ReportResponse { status: decision.status }))
 }

@@ -84,7 +84,7 @@ async fn append(
     let mut stored = body[plan.keep.clone()].to_vec();
     if let Some(marker) = &plan.marker {
         stored.extend_from_slice(marker.as_bytes());
-        tracing::warn!(job = id, attempt = query.attempt, "log truncated at the per-attempt cap");
+        tracing::warn!(job = %id, attempt = query.attempt, "log truncated at the per-attempt cap");
     }
     if !stored.is_empty() {
         db::logs::append(&mut tx, id, query.attempt, current.stored, &stored).await?;

@@ -140,7 +140,7 @@ async fn store(
         let _ = tokio::fs::remove_file(&received.temp).await;
     }
     placed?;
-    tracing::debug!(job = id, attempt, path = %entry.path, size = entry.size, "result file uploaded");
+    tracing::debug!(job = %id, attempt, path = %entry.path, size = entry.size, "result file uploaded");
     Ok(Json(entry))
 }
 
@@ -235,11 +235,11 @@ async fn seal(
     let recorded = record(&state, &version, upload.worker_id).await;
     if recorded.is_err() {
         if let Err(error) = tokio::fs::rename(&target, &staging).await {
-            tracing::error!(%error, job = id, attempt, "could not move an unrecorded result back to staging");
+            tracing::error!(%error, job = %id, attempt, "could not move an unrecorded result back to staging");
         }
     }
     recorded?;
-    tracing::info!(job = id, attempt, path = %version.path, files = version.files.len(), "result sealed");
+    tracing::info!(job = %id, attempt, path = %version.path, files = version.files.len(), "result sealed");
     Ok(Json(version))
 }
 

@@ -76,7 +76,7 @@ async fn register(
         tracing::warn!(worker = %request.name, jobs = ?requeued, "worker re-registered without its jobs; requeued them");
         state.work_available.notify_waiters();
     }
-    tracing::info!(worker = %request.name, id = worker_id, "worker registered");
+    tracing::info!(worker = %request.name, id = %worker_id, "worker registered");
     Ok(Json(RegisterResponse {
         worker_id,
         lease_ms: state.config.lease.as_millis() as u64,

@@ -67,9 +67,9 @@ async fn a_body_over_the_limit_is_a_413() {
 #[tokio::test]
 async fn unknown_ids_are_404_and_illegal_transitions_are_409() {
     let app = TestApp::spawn().await;
-    assert_eq!(app.client.job(4242).await.unwrap_err().status(), Some(404));
+    assert_eq!(app.client.job(4242.into()).await.unwrap_err().status(), Some(404));
     assert_eq!(app.client.sweep("nope").await.unwrap_err().status(), Some(404));
-    assert_eq!(app.client.cancel_job(4242).await.unwrap_err().status(), Some(404));
+    assert_eq!(app.client.cancel_job(4242.into()).await.unwrap_err().status(), Some(404));
     assert_eq!(app.client.cancel_sweep("nope").await.unwrap_err().status(), Some(404));
     app.submit(&sweep_of("t", 2)).await;
     let worker = app.register("w", 1).await;
@@ -146,11 +146,11 @@ async fn claims_and_heartbeats_of_an_unregistered_worker_are_404_and_change_noth
     let app = TestApp::spawn().await;
     app.submit(&sweep_of("waiting", 2)).await;
     let claim = shared::api::ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0 };
-    let error = app.client.claim(424_242, &claim).await.unwrap_err();
+    let error = app.client.claim(424_242.into(), &claim).await.unwrap_err();
     assert_eq!(error.status(), Some(404), "{error}");
     assert!(error.to_string().contains("register"), "{error}");
     let beat = shared::api::HeartbeatRequest { running: Vec::new(), gpus: Vec::new() };
-    assert_eq!(app.client.heartbeat(424_242, &beat).await.unwrap_err().status(), Some(404));
+    assert_eq!(app.client.heartbeat(424_242.into(), &beat).await.unwrap_err().status(), Some(404));
     let queued = JobQuery { status: Some(shared::job::JobStatus::Queued), ..JobQuery::default() };
     assert_eq!(app.client.jobs(&queued).await.unwrap().total, 2);
 }

@@ -1,11 +1,11 @@
 //! The job lifecycle: reports fenced by attempt, retries, leases, cancels, restarts.
 
 use crate::helpers::{cpu, sweep_of, wait_until, TestApp};
-use shared::api::{HeartbeatRequest, JobAttempt, JobQuery, RegisterRequest, ReportRequest};
+use shared::api::{HeartbeatRequest, JobAttempt, JobQuery, RegisterRequest, ReportRequest, WorkerId};
 use shared::job::{JobStatus, Outcome};
 use std::time::Duration;
 
-fn exited(worker_id: i64, attempt: u32, code: i32) -> ReportRequest {
+fn exited(worker_id: WorkerId, attempt: u32, code: i32) -> ReportRequest {
     ReportRequest { worker_id, attempt, outcome: Outcome::Exited { code } }
 }
 
@@ -108,7 +108,8 @@ async fn heartbeats_keep_leases_alive_carry_cancels_and_name_unknown_attempts() 
         outcome: Outcome::Killed { reason: "cancelled".into() },
     };
     assert_eq!(app.client.report(held[1].job_id, &killed).await.unwrap().status, JobStatus::Cancelled);
-    let unknown = app.client.heartbeat(worker + 100, &HeartbeatRequest::default()).await.unwrap_err();
+    let unknown =
+        app.client.heartbeat(WorkerId::new(worker.get() + 100), &HeartbeatRequest::default()).await.unwrap_err();
     assert_eq!(unknown.status(), Some(404));
 }
 

@@ -2,11 +2,11 @@
 //! the per-attempt cap.
 
 use crate::helpers::{wait_until, TestApp};
-use shared::api::{LogAppend, LogQuery, ReportRequest};
+use shared::api::{JobId, LogAppend, LogQuery, ReportRequest, WorkerId};
 use shared::job::{JobStatus, Outcome};
 use std::time::{Duration, Instant};
 
-fn at(worker_id: i64, attempt: u32, offset: u64) -> LogAppend {
+fn at(worker_id: WorkerId, attempt: u32, offset: u64) -> LogAppend {
     LogAppend { worker_id, attempt, offset }
 }
 
@@ -49,9 +49,10 @@ async fn a_gap_a_stale_attempt_or_another_worker_is_refused() {
     let other = app.register("intruder", 1).await;
     let intruder = client.append_log(job.id, &at(other, job.attempt, 4), b"x".to_vec()).await.unwrap_err();
     assert_eq!(intruder.status(), Some(409));
-    let missing = client.append_log(job.id + 100, &at(worker, 1, 0), b"x".to_vec()).await.unwrap_err();
+    let missing =
+        client.append_log(JobId::new(job.id.get() + 100), &at(worker, 1, 0), b"x".to_vec()).await.unwrap_err();
     assert_eq!(missing.status(), Some(404));
-    assert_eq!(client.log(job.id + 100, &from(0)).await.unwrap_err().status(), Some(404));
+    assert_eq!(client.log(JobId::new(job.id.get() + 100), &from(0)).await.unwrap_err().status(), Some(404));
     // After the report the attempt is over: appends are stale, readers see it finished.
     let report = ReportRequest { worker_id: worker, attempt: job.attempt, outcome: Outcome::Exited { code: 0 } };
     client.report(job.id, &report).await.unwrap();

@@ -4,6 +4,7 @@
 use crate::helpers::{sweep_of, wait_until, TestApp};
 use shared::api::{
     GpuSample, HeartbeatRequest, JobAttempt, JobQuery, MetricPoint, MetricSummary, MetricsBatch, ReportRequest,
+    WorkerId,
 };
 use shared::job::{JobStatus, Outcome};
 use std::time::Duration;
@@ -12,7 +13,7 @@ fn point(step: i64, name: &str, value: f64) -> MetricPoint {
     MetricPoint { step: Some(step), name: name.into(), value }
 }
 
-fn batch(worker_id: i64, attempt: u32, offset: u64, points: Vec<MetricPoint>) -> MetricsBatch {
+fn batch(worker_id: WorkerId, attempt: u32, offset: u64, points: Vec<MetricPoint>) -> MetricsBatch {
     MetricsBatch { worker_id, attempt, offset, points }
 }
 

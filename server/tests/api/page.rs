@@ -3,7 +3,7 @@
 
 use crate::helpers::{sweep_of, wait_until, TestApp};
 use futures_util::StreamExt;
-use shared::api::{ClaimRequest, JobQuery, JobSort, RegisterRequest, ReportRequest, SortOrder, WorkerState};
+use shared::api::{ClaimRequest, JobId, JobQuery, JobSort, RegisterRequest, ReportRequest, SortOrder, WorkerState};
 use shared::job::{JobStatus, Outcome};
 use shared::placement::{Capacity, GpuSlot};
 use std::time::Duration;
@@ -77,13 +77,13 @@ async fn the_event_stream_announces_changes_and_ends_when_the_server_stops() {
 async fn jobs_sort_by_any_column_in_either_order_with_stable_pages() {
     let app = TestApp::spawn().await;
     app.submit(&sweep_of("sorted", 6)).await;
-    let ids: Vec<i64> = app.client.jobs(&JobQuery::default()).await.unwrap().jobs.iter().map(|job| job.id).collect();
+    let ids: Vec<JobId> = app.client.jobs(&JobQuery::default()).await.unwrap().jobs.iter().map(|job| job.id).collect();
     for (id, priority) in ids.iter().zip([3, 1, 3, 0, 2, 1]) {
         app.client.set_priority(*id, priority).await.unwrap();
     }
     let query = JobQuery { sort: Some(JobSort::Priority), order: Some(SortOrder::Desc), ..JobQuery::default() };
     let page = app.client.jobs(&query).await.unwrap();
-    let order: Vec<(i64, i64)> = page.jobs.iter().map(|job| (job.priority, job.id)).collect();
+    let order: Vec<(i64, JobId)> = page.jobs.iter().map(|job| (job.priority, job.id)).collect();
     let expected = vec![(3, ids[2]), (3, ids[0]), (2, ids[4]), (1, ids[5]), (1, ids[1]), (0, ids[3])];
     assert_eq!(order, expected);
     // Pages of two walk the same order without overlap.
@@ -140,7 +140,7 @@ async fn attempts_record_the_worker_gpus_end_and_exit_code_of_each_run() {
     app.client.report(second.id, &report(second.attempt)).await.unwrap();
     let last = app.client.job_attempts(first.id).await.unwrap().pop().unwrap();
     assert_eq!((last.status, last.exit_code), (JobStatus::Failed, Some(3)));
-    let missing = app.client.job_attempts(999_999).await.unwrap_err();
+    let missing = app.client.job_attempts(999_999.into()).await.unwrap_err();
     assert_eq!(missing.status(), Some(404));
 }
 
@@ -150,19 +150,19 @@ async fn bulk_cancel_cancels_queued_flags_running_and_skips_the_rest() {
     app.submit(&sweep_of("many", 4)).await;
     let worker = app.register("w", 1).await;
     let running = app.claim(worker, 1).await.pop().unwrap();
-    let ids: Vec<i64> = app.client.jobs(&JobQuery::default()).await.unwrap().jobs.iter().map(|job| job.id).collect();
+    let ids: Vec<JobId> = app.client.jobs(&JobQuery::default()).await.unwrap().jobs.iter().map(|job| job.id).collect();
     let done = ids.iter().copied().find(|id| *id != running.id).unwrap();
     app.client.cancel_job(done).await.unwrap();
     let mut asked = ids.clone();
-    asked.push(999_999);
+    asked.push(JobId::new(999_999));
     let response = app.client.cancel_jobs(&asked).await.unwrap();
     assert_eq!((response.cancelled, response.cancel_requested), (2, 1));
-    assert_eq!(response.skipped, vec![done, 999_999]);
+    assert_eq!(response.skipped, vec![done, JobId::new(999_999)]);
     let flagged = app.client.job(running.id).await.unwrap();
     assert_eq!((flagged.status, flagged.cancel_requested), (JobStatus::Running, true));
     let overview = app.client.overview().await.unwrap();
     assert_eq!((overview.counts.cancelled, overview.counts.running, overview.sweeps), (3, 1, 1));
-    let too_many: Vec<i64> = (0..1001).collect();
+    let too_many: Vec<JobId> = (0..1001).map(JobId::new).collect();
     let refused = app.client.cancel_jobs(&too_many).await.unwrap_err();
     assert_eq!(refused.status(), Some(400), "{refused}");
 }

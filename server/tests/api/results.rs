@@ -4,7 +4,7 @@
 use crate::helpers::TestApp;
 use client::ClientError;
 use sha2::{Digest, Sha256};
-use shared::api::{AttemptRecord, ClaimedJob, ManifestEntry, ReportRequest, ResultUpload, WorkerId};
+use shared::api::{AttemptRecord, ClaimedJob, JobId, ManifestEntry, ReportRequest, ResultUpload, WorkerId};
 use shared::job::Outcome;
 use std::path::{Path, PathBuf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -143,14 +143,17 @@ async fn only_the_worker_of_the_running_attempt_may_upload_or_seal() {
     let other = app.register("other", 1).await;
     let foreign = app.client.upload_file(job.id, job.attempt, "a", other, file_of(dir.path(), "a", b"a").await).await;
     assert_eq!(foreign.unwrap_err().status(), Some(409));
-    let missing = app.client.upload_file(job.id + 9, 1, "a", worker, file_of(dir.path(), "a", b"a").await).await;
+    let missing = app
+        .client
+        .upload_file(JobId::new(job.id.get() + 9), 1, "a", worker, file_of(dir.path(), "a", b"a").await)
+        .await;
     assert_eq!(missing.unwrap_err().status(), Some(404));
     let entry = upload(&app, &job, worker, "a", b"a").await.unwrap();
     let report = ReportRequest { worker_id: worker, attempt: job.attempt, outcome: Outcome::Exited { code: 0 } };
     app.client.report(job.id, &report).await.unwrap();
     let ended = app.client.seal_result(job.id, job.attempt, &sealing(worker, vec![entry])).await.unwrap_err();
     assert_eq!(ended.status(), Some(409), "{ended}");
-    assert_eq!(app.client.results(job.id + 9).await.unwrap_err().status(), Some(404));
+    assert_eq!(app.client.results(JobId::new(job.id.get() + 9)).await.unwrap_err().status(), Some(404));
 }
 
 #[tokio::test]

@@ -9,9 +9,8 @@ use crate::sweep::{Metric, Resources, SweepForm};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub type JobId = i64;
-pub type SweepId = i64;
-pub type WorkerId = i64;
+mod ids;
+pub use ids::{JobId, SweepId, WorkerId};
 
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
