@@ -192,19 +192,21 @@ async fn a_worker_frozen_past_its_lease_loses_its_job_and_its_late_report_change
             .then_some(())
     })
     .await;
-    // Its late report, upload and seal, sent as it would: each a 409 that changes nothing.
+    // Its own late deliveries were 409s it dropped (its log above). Sent by anyone else (who
+    // lacks its session), the same report, upload and seal are refused outright: each a 401
+    // that changes nothing.
     let client = server.client();
     let report = ReportRequest { worker_id: frozen_id, attempt: 1, outcome: Outcome::Exited { code: 0 } };
     let refused = client.report(job.id, &report).await.unwrap_err();
-    assert_eq!(refused.status(), Some(409), "{refused}");
+    assert_eq!(refused.status(), Some(401), "{refused}");
     let late = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(late.path(), "1 on the frozen box").unwrap();
     let file = tokio::fs::File::open(late.path()).await.unwrap();
     let refused = client.upload_file(job.id, 1, "who.txt", frozen_id, file).await.unwrap_err();
-    assert_eq!(refused.status(), Some(409), "{refused}");
+    assert_eq!(refused.status(), Some(401), "{refused}");
     let upload = ResultUpload { worker_id: frozen_id, manifest: Vec::new(), record: before.record.clone() };
     let refused = client.seal_result(job.id, 1, &upload).await.unwrap_err();
-    assert_eq!(refused.status(), Some(409), "{refused}");
+    assert_eq!(refused.status(), Some(401), "{refused}");
     let after = client.job(job.id).await.unwrap();
     assert_eq!((after.status, after.attempt, after.worker.as_deref()), (JobStatus::Succeeded, 2, Some("rescuer")));
     let version = only_version(&server, &after, Some(&server.data_dir())).await;
@@ -264,6 +266,7 @@ async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_
     let register = RegisterRequest {
         name: "by-hand".into(),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: capacity.clone(),
         holding: Vec::new(),
     };
@@ -303,6 +306,7 @@ async fn bad_bodies_from_workers_get_a_4xx_and_the_queue_keeps_working() {
     let register = |capacity| RegisterRequest {
         name: "twice".into(),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity,
         holding: Vec::new(),
     };

@@ -9,6 +9,8 @@ use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use shared::api::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +98,20 @@ impl std::fmt::Debug for ClientOptions {
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// A registered worker's session and server instance, sent with every worker request.
+    session: Option<Arc<Session>>,
+    /// Sessions of the workers registered through this client (and its clones), by worker:
+    /// used for worker requests when no session was set with [`Client::with_session`]. A tool
+    /// that speaks for several workers through one client (a load test) relies on it; the
+    /// worker daemon sets its session explicitly, per registration.
+    registered: Arc<Mutex<HashMap<WorkerId, Arc<Session>>>>,
+}
+
+/// `SESSION_HEADER` and `INSTANCE_HEADER` of one registration.
+#[derive(Debug)]
+struct Session {
+    session: reqwest::header::HeaderValue,
+    instance: reqwest::header::HeaderValue,
 }
 
 impl Client {
@@ -138,17 +154,61 @@ impl Client {
         let http = builder
             .build()
             .map_err(|error| ClientError::Unreachable { url: base.clone(), reason: error.to_string() })?;
-        Ok(Client { base, http })
+        Ok(Client { base, http, session: None, registered: Arc::default() })
     }
 
     pub fn base_url(&self) -> &str {
         &self.base
     }
 
+    /// This client speaking as the registered worker `response` describes: every request
+    /// carries its session and the server instance it registered with. Clones made before
+    /// keep their own (an attempt started under an old registration stays under it).
+    pub fn with_session(&self, response: &RegisterResponse) -> ClientResult<Client> {
+        Ok(Client { session: Some(Arc::new(self.session_of(response)?)), ..self.clone() })
+    }
+
+    fn session_of(&self, response: &RegisterResponse) -> ClientResult<Session> {
+        let header = |value: &str| {
+            let mut header = reqwest::header::HeaderValue::from_str(value).map_err(|_| ClientError::Decode {
+                url: self.base.clone(),
+                reason: "the server sent a session that cannot go in a header".into(),
+            })?;
+            header.set_sensitive(true);
+            Ok::<_, ClientError>(header)
+        };
+        Ok(Session { session: header(&response.session)?, instance: header(&response.instance)? })
+    }
+
     fn request(&self, method: Method, path: &str) -> (String, RequestBuilder) {
         let url = format!("{}{}", self.base, path);
         let builder = self.http.request(method, &url).timeout(REQUEST_TIMEOUT);
         (url, builder)
+    }
+
+    /// A request of `worker`'s, carrying its session.
+    fn worker_request(&self, worker: WorkerId, method: Method, path: &str) -> (String, RequestBuilder) {
+        let (url, builder) = self.request(method, path);
+        let remembered = || self.registered.lock().ok()?.get(&worker).cloned();
+        match self.session.clone().or_else(remembered) {
+            Some(session) => (
+                url,
+                builder
+                    .header(SESSION_HEADER, session.session.clone())
+                    .header(INSTANCE_HEADER, session.instance.clone()),
+            ),
+            None => (url, builder),
+        }
+    }
+
+    async fn worker_post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        worker: WorkerId,
+        path: &str,
+        body: &B,
+    ) -> ClientResult<T> {
+        let (url, builder) = self.worker_request(worker, Method::POST, path);
+        Self::send(url, builder.json(body)).await
     }
 
     async fn send<T: DeserializeOwned>(url: String, builder: RequestBuilder) -> ClientResult<T> {
@@ -247,8 +307,21 @@ impl Client {
         self.post(&format!("/api/jobs/{id}/priority"), &PriorityRequest { priority }).await
     }
 
+    /// Registers a worker. Its session is remembered by this client (see `registered`).
     pub async fn register(&self, request: &RegisterRequest) -> ClientResult<RegisterResponse> {
-        self.post("/api/workers", request).await
+        let response: RegisterResponse = self.post("/api/workers", request).await?;
+        self.remember_session(&response)?;
+        Ok(response)
+    }
+
+    /// Speaks for the worker of `response` from now on (when no session was set explicitly):
+    /// for a registration made through another client, e.g. before a server restart.
+    pub fn remember_session(&self, response: &RegisterResponse) -> ClientResult<()> {
+        let session = self.session_of(response)?;
+        if let Ok(mut registered) = self.registered.lock() {
+            registered.insert(response.worker_id, Arc::new(session));
+        }
+        Ok(())
     }
 
     pub async fn workers(&self) -> ClientResult<Vec<WorkerInfo>> {
@@ -258,26 +331,40 @@ impl Client {
     /// Asks for work; the server answers at once when something fits, otherwise waits up to
     /// `request.wait_ms` for a job to arrive.
     pub async fn claim(&self, worker: WorkerId, request: &ClaimRequest) -> ClientResult<ClaimResponse> {
-        let (url, builder) = self.request(Method::POST, &format!("/api/workers/{worker}/claim"));
+        let (url, builder) = self.worker_request(worker, Method::POST, &format!("/api/workers/{worker}/claim"));
         let builder = builder.timeout(REQUEST_TIMEOUT + Duration::from_millis(request.wait_ms)).json(request);
         Self::send(url, builder).await
     }
 
     pub async fn heartbeat(&self, worker: WorkerId, request: &HeartbeatRequest) -> ClientResult<HeartbeatResponse> {
-        self.post(&format!("/api/workers/{worker}/heartbeat"), request).await
+        self.worker_post(worker, &format!("/api/workers/{worker}/heartbeat"), request).await
+    }
+
+    /// Ends an attempt in one request (log tail, metrics, result, outcome) and, when the
+    /// request asks, claims the next jobs. A 409 means the attempt is stale: nothing was applied.
+    pub async fn finish(&self, worker: WorkerId, request: &FinishRequest) -> ClientResult<FinishResponse> {
+        let wait = request.claim.as_ref().map_or(0, |claim| claim.wait_ms);
+        let (url, builder) = self.worker_request(worker, Method::POST, &format!("/api/workers/{worker}/finish"));
+        let builder = builder.timeout(REQUEST_TIMEOUT + Duration::from_millis(wait)).json(request);
+        Self::send(url, builder).await
+    }
+
+    /// Tells the server this worker takes no more jobs: its parked claim returns at once.
+    pub async fn drain(&self, worker: WorkerId) -> ClientResult<serde_json::Value> {
+        self.worker_post(worker, &format!("/api/workers/{worker}/drain"), &serde_json::json!({})).await
     }
 
     /// Reports how an attempt ended. A 409 means the attempt is stale (the lease was lost and
     /// the job requeued): the report changed nothing and should be dropped.
     pub async fn report(&self, job: JobId, request: &ReportRequest) -> ClientResult<ReportResponse> {
-        self.post(&format!("/api/jobs/{job}/report"), request).await
+        self.worker_post(request.worker_id, &format!("/api/jobs/{job}/report"), request).await
     }
 }
 
 impl Client {
     /// Appends log bytes of an attempt at `append.offset` (a retried append is recognised).
     pub async fn append_log(&self, job: JobId, append: &LogAppend, bytes: Vec<u8>) -> ClientResult<LogAck> {
-        let (url, builder) = self.request(Method::POST, &format!("/api/jobs/{job}/log"));
+        let (url, builder) = self.worker_request(append.worker_id, Method::POST, &format!("/api/jobs/{job}/log"));
         let builder =
             builder.query(append).header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(bytes);
         Self::send(url, builder).await
@@ -291,7 +378,7 @@ impl Client {
     }
 
     pub async fn send_metrics(&self, job: JobId, batch: &MetricsBatch) -> ClientResult<MetricsAck> {
-        self.post(&format!("/api/jobs/{job}/metrics"), batch).await
+        self.worker_post(batch.worker_id, &format!("/api/jobs/{job}/metrics"), batch).await
     }
 
     pub async fn metrics(&self, job: JobId) -> ClientResult<Vec<MetricSeries>> {
@@ -308,14 +395,14 @@ impl Client {
         file: tokio::fs::File,
     ) -> ClientResult<ManifestEntry> {
         let route = format!("/api/jobs/{job}/attempts/{attempt}/files/{}", encode_path(path));
-        let (url, builder) = self.request(Method::PUT, &route);
+        let (url, builder) = self.worker_request(worker_id, Method::PUT, &route);
         let builder = builder.timeout(UPLOAD_TIMEOUT).query(&FileUploadQuery { worker_id }).body(file);
         Self::send(url, builder).await
     }
 
     /// Seals the uploaded files of an attempt as its immutable result version.
     pub async fn seal_result(&self, job: JobId, attempt: u32, upload: &ResultUpload) -> ClientResult<ResultVersion> {
-        self.post(&format!("/api/jobs/{job}/attempts/{attempt}/result"), upload).await
+        self.worker_post(upload.worker_id, &format!("/api/jobs/{job}/attempts/{attempt}/result"), upload).await
     }
 
     /// Every stored result version of a job, oldest first.

@@ -128,7 +128,7 @@ pub fn access_for(method: &Method, path: &str) -> Access {
         // The page's sign-in checks the token it is given itself.
         ("POST" | "DELETE", ["api", "session"]) => Access::Public,
         ("POST", ["api", "workers"]) => worker,
-        ("POST", ["api", "workers", _, "claim" | "heartbeat"]) => worker,
+        ("POST", ["api", "workers", _, "claim" | "heartbeat" | "drain" | "finish"]) => worker,
         ("POST", ["api", "jobs", _, "report" | "log" | "metrics"]) => worker,
         ("PUT", ["api", "jobs", _, "attempts", _, "files", ..]) => worker,
         ("POST", ["api", "jobs", _, "attempts", _, "result"]) => worker,

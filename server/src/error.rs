@@ -29,17 +29,72 @@ pub enum ApiError {
     /// keeps serving and the request can be retried once space is freed.
     #[error("{0}")]
     InsufficientStorage(String),
+    /// The server cannot do this now (its database is read-only or failing); says why, and the
+    /// request can be retried.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("server is shutting down")]
     ShuttingDown,
     #[error(transparent)]
-    Sqlx(#[from] sqlx::Error),
+    Sqlx(sqlx::Error),
     #[error(transparent)]
-    Internal(#[from] anyhow::Error),
+    Internal(anyhow::Error),
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// SQLite's primary result codes that say the disk, not the request, is the problem.
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_FULL: i32 = 13;
+const SQLITE_CANTOPEN: i32 = 14;
+
+impl From<sqlx::Error> for ApiError {
+    /// A full disk is a 507 and an unwritable or failing database a 503, each saying so; other
+    /// database errors are internal (500, logged, not shown).
+    fn from(error: sqlx::Error) -> ApiError {
+        let code = match &error {
+            sqlx::Error::Database(database) => database.code().and_then(|code| code.parse::<i32>().ok()),
+            _ => None,
+        };
+        // Extended codes keep the primary code in their low byte (SQLITE_IOERR_WRITE = 778).
+        match code.map(|code| code & 0xff) {
+            Some(SQLITE_FULL) => ApiError::InsufficientStorage(format!(
+                "the server's disk is full (the queue database could not grow): {error}; free space and retry"
+            )),
+            Some(SQLITE_READONLY) => ApiError::Unavailable(format!(
+                "the queue database is read-only (check the data directory's permissions and mount): {error}"
+            )),
+            Some(SQLITE_IOERR | SQLITE_CANTOPEN) => ApiError::Unavailable(format!(
+                "the queue database cannot be written (I/O error on the data directory): {error}; retry"
+            )),
+            _ => ApiError::Sqlx(error),
+        }
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    /// A database error carried in an `anyhow` keeps its meaning (a full disk stays a 507).
+    fn from(error: anyhow::Error) -> ApiError {
+        match error.downcast::<sqlx::Error>() {
+            Ok(database) => ApiError::from(database),
+            Err(error) => ApiError::Internal(error),
+        }
+    }
+}
+
 impl ApiError {
+    /// The same outcome for another request that shared a failed transaction with this one:
+    /// disk problems keep their message, anything else says the write was not committed.
+    pub fn retry_copy(&self) -> ApiError {
+        match self {
+            ApiError::InsufficientStorage(message) => ApiError::InsufficientStorage(message.clone()),
+            ApiError::Unavailable(message) => ApiError::Unavailable(message.clone()),
+            ApiError::ShuttingDown => ApiError::ShuttingDown,
+            _ => ApiError::Unavailable("the write was not committed (see the server log); retry".into()),
+        }
+    }
+
     fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -50,7 +105,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
-            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Sqlx(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -60,7 +115,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         // A full disk is the operator's to fix, so its message is worth showing.
-        let shown = matches!(self, ApiError::ShuttingDown | ApiError::InsufficientStorage(_));
+        let shown =
+            matches!(self, ApiError::ShuttingDown | ApiError::InsufficientStorage(_) | ApiError::Unavailable(_));
         let message = if status.is_server_error() && !shown {
             tracing::error!(error = ?self, "request failed");
             "internal server error (see the server log)".to_string()

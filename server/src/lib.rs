@@ -6,12 +6,11 @@
 pub mod auth;
 pub mod config;
 pub mod db;
-mod dispatch;
 mod error;
 mod leaderboard;
+pub mod queue;
 mod reaper;
 mod routes;
-mod signals;
 mod startup;
 mod state;
 mod storage;

@@ -3,6 +3,7 @@
 
 use crate::config::ServerConfig;
 use crate::db::Db;
+use crate::queue::Queue;
 use crate::routes;
 use crate::state::AppState;
 use crate::tls::TlsListener;
@@ -10,7 +11,7 @@ use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 /// Serves the API on `listener` (bound by the caller, so port 0 works) until `shutdown`
 /// completes; then ends long polls, lets requests in flight finish and closes the database.
@@ -26,29 +27,27 @@ pub async fn run(
         .prepare()
         .await
         .with_context(|| format!("preparing the results directory in {}", config.data_dir.display()))?;
+    let logs = crate::queue::LogStore::new(&config.data_dir);
+    let exported = crate::queue::logs::export_database_logs(&db, &logs)
+        .await
+        .with_context(|| format!("moving job logs out of the database into {}", config.data_dir.display()))?;
+    if exported > 0 {
+        tracing::info!(attempts = exported, "moved the logs that were kept in the database into files");
+    }
+    let (stop, shutting_down) = watch::channel(false);
+    let config = Arc::new(config);
+    let instance = crate::db::workers::instance(&db.reader).await.context("reading the server's instance id")?;
+    let (queue, tasks) = Queue::start(db.clone(), config.clone(), instance, shutting_down.clone());
     // While the server was down no worker could heartbeat; give them a lease to reconnect
     // before their jobs count as lost.
-    let until = crate::db::now_ms() + config.lease.as_millis() as i64;
-    let extended = crate::db::jobs::extend_running_leases(&mut *db.writer.acquire().await?, until).await?;
+    let extended = queue.extend_all_leases().await.map_err(|error| anyhow::anyhow!("{error}"))?;
     if extended > 0 {
         tracing::info!(jobs = extended, "running jobs keep their leases while workers reconnect");
     }
-    let (stop, shutting_down) = watch::channel(false);
-    let (claims, tickets) = tokio::sync::mpsc::channel(1024);
-    let state = AppState {
-        db: db.clone(),
-        config: Arc::new(config),
-        work_available: Arc::new(Notify::new()),
-        shutting_down,
-        sweep_names: Arc::default(),
-        known_workers: Arc::default(),
-        job_signals: Arc::default(),
-        claims,
-        changes: Arc::new(watch::channel(0).0),
-    };
-    let dispatcher = tokio::spawn(crate::dispatch::run(state.clone(), tickets));
-    let reaper = tokio::spawn(crate::reaper::run(state.clone()));
-    let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(state.clone()));
+    let state = AppState { queue: queue.clone(), config, shutting_down: shutting_down.clone() };
+    let reaper = tokio::spawn(crate::reaper::run(queue.clone(), shutting_down.clone()));
+    let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(queue.clone(), shutting_down));
+    drop(queue);
     if let Ok(address) = listener.local_addr() {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let auth = if state.config.tokens.is_empty() { "off" } else { "bearer tokens" };
@@ -65,9 +64,9 @@ pub async fn run(
     };
     let _ = reaper.await;
     let _ = checkpointer.await;
-    // The dispatcher ends when the last sender (in the state the routes held) is gone.
-    dispatcher.abort();
-    let _ = dispatcher.await;
+    // The writer and the dispatcher end once the last handle on the queue (in the state the
+    // routes held) is gone.
+    tasks.finish().await;
     db.close().await;
     served.map_err(Into::into)
 }

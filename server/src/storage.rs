@@ -131,7 +131,7 @@ pub enum ReceiveError {
 }
 
 /// A received file, not yet in place.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Received {
     pub temp: PathBuf,
     pub size: u64,
@@ -298,6 +298,19 @@ fn remove_unlisted(dir: &Path, prefix: &str, keep: &HashSet<&str>) -> io::Result
         }
     }
     Ok(empty)
+}
+
+/// A disk error as the client should see it: a full disk (507) or a read-only one (503) is
+/// the operator's to fix and worth saying; other disk errors are internal.
+pub fn disk_error(error: io::Error, what: String) -> crate::error::ApiError {
+    use crate::error::ApiError;
+    if is_disk_full(&error) {
+        ApiError::InsufficientStorage(format!("the server's disk is full ({what}): {error}; free space and retry"))
+    } else if error.kind() == io::ErrorKind::ReadOnlyFilesystem || error.kind() == io::ErrorKind::PermissionDenied {
+        ApiError::Unavailable(format!("the server cannot write its data directory ({what}): {error}"))
+    } else {
+        ApiError::Internal(anyhow::Error::new(error).context(what))
+    }
 }
 
 /// Whether a disk error means the disk (or the quota) is full.

@@ -14,4 +14,4 @@ pub mod size;
 pub mod sweep;
 
 /// Bumped whenever a request or response type changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;

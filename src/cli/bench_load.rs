@@ -116,14 +116,18 @@ async fn simulated_worker(
     let register = RegisterRequest {
         name: format!("load-{number}"),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: Capacity { job_slots: 1, gpus: Vec::new() },
         holding: Vec::new(),
     };
-    let worker_id = loop {
+    let (worker_id, client) = loop {
         let registered = client.register(&register).await;
         stats.note(&stats.register, &registered);
         match registered {
-            Ok(response) => break response.worker_id,
+            Ok(response) => match client.with_session(&response) {
+                Ok(session) => break (response.worker_id, session),
+                Err(_) => return,
+            },
             Err(_) if !*stop.borrow() => tokio::time::sleep(Duration::from_millis(200)).await,
             Err(_) => return,
         }

@@ -47,10 +47,13 @@ async fn fill(client: &Client, args: &BenchPageArgs) -> anyhow::Result<()> {
     let register = RegisterRequest {
         name: "bench-worker".into(),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: Capacity { job_slots: 100, gpus: Vec::new() },
         holding: Vec::new(),
     };
-    let worker = client.register(&register).await?.worker_id;
+    let registered = client.register(&register).await?;
+    let worker = registered.worker_id;
+    let client = &client.with_session(&registered)?;
     let mut done = 0;
     let mut running = Vec::new();
     while done < args.finished {

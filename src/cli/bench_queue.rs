@@ -3,7 +3,7 @@
 
 use clap::Args;
 use client::Client;
-use shared::api::{ClaimRequest, JobQuery, RegisterRequest, ReportRequest, SubmitQuery};
+use shared::api::{ClaimRequest, FinishRequest, JobQuery, RegisterRequest, ReportRequest, SubmitQuery};
 use shared::job::{JobStatus, Outcome};
 use shared::placement::Capacity;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,6 +160,7 @@ fn cpu_worker(name: String) -> RegisterRequest {
     RegisterRequest {
         name,
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: Capacity { job_slots: 1, gpus: Vec::new() },
         holding: Vec::new(),
     }
@@ -174,17 +175,27 @@ async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> 
         let cycles = cycles.clone();
         tasks.push(tokio::spawn(async move {
             let worker = client.register(&cpu_worker(format!("bench-{number}"))).await?;
+            let client = client.with_session(&worker)?;
             let request = ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new() }, wait_ms: 1_000 };
+            // As a worker does: one claim to start, then each finish claims the next job.
+            let mut jobs = client.claim(worker.worker_id, &request).await?.jobs;
             while Instant::now() < deadline {
-                for job in client.claim(worker.worker_id, &request).await?.jobs {
-                    let report = ReportRequest {
-                        worker_id: worker.worker_id,
-                        attempt: job.attempt,
-                        outcome: Outcome::Exited { code: 0 },
-                    };
-                    client.report(job.id, &report).await?;
-                    cycles.fetch_add(1, Ordering::Relaxed);
-                }
+                let Some(job) = jobs.pop() else {
+                    jobs = client.claim(worker.worker_id, &request).await?.jobs;
+                    continue;
+                };
+                let finish = FinishRequest {
+                    job_id: job.id,
+                    attempt: job.attempt,
+                    outcome: Outcome::Exited { code: 0 },
+                    log: None,
+                    metrics: None,
+                    result: None,
+                    notes: Vec::new(),
+                    claim: Some(ClaimRequest { wait_ms: 0, ..request.clone() }),
+                };
+                jobs = client.finish(worker.worker_id, &finish).await?.jobs;
+                cycles.fetch_add(1, Ordering::Relaxed);
             }
             anyhow::Ok(())
         }));
@@ -200,6 +211,7 @@ async fn dispatch_latency(client: &Client, samples: u32) -> anyhow::Result<Vec<f
         client.jobs(&JobQuery { status: Some(JobStatus::Queued), limit: Some(1), ..JobQuery::default() }).await?;
     anyhow::ensure!(queued.total == 0, "the queue should be empty before measuring dispatch latency");
     let worker = client.register(&cpu_worker("latency".into())).await?;
+    let client = &client.with_session(&worker)?;
     let mut latencies = Vec::new();
     for sample in 0..samples {
         let claimer = client.clone();

@@ -1,23 +1,35 @@
-//! One attempt from start to report: prepare its directory, run it while shipping its log and
-//! metrics, then (after the process ended and its GPUs were released) ship the rest, upload
-//! its results and report its outcome, retrying while the server is unreachable.
+//! One attempt from start to finish: prepare its directory, run it while shipping its log and
+//! metrics, then (after the process ended and its GPUs were released) end it with one finish
+//! request: the log tail, the last metric points, the result (small files inline, large ones
+//! streamed first) and the outcome, retried while the server is unreachable.
 
 use crate::config::WorkerConfig;
-use crate::executor::{self, AttemptDirs, Stop};
-use crate::results;
+use crate::executor::{self, AttemptDirs, Ended, Launch, Stop};
+use crate::guard::Guard;
+use crate::results::{self, OutputFile};
 use crate::shipper::{append_local, ShipError, Shipper};
-use client::Client;
-use shared::api::{AttemptRecord, ClaimedJob, JobAttempt, ReportRequest, WorkerId};
+use client::{Client, ClientError, ClientResult};
+use shared::api::{AttemptRecord, ClaimedJob, FinishRequest, FinishResponse, InlineResult, JobAttempt, WorkerId};
 use shared::job::Outcome;
+use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+/// Output bytes sent inline with the finish at most; more are streamed file by file first.
+const INLINE_OUTPUT_BYTES: u64 = 512 << 10;
+/// Log and metrics bytes not shipped yet that the finish carries at most; more are shipped by
+/// the streaming endpoints first.
+const INLINE_TAIL_BYTES: u64 = 512 << 10;
 
 /// What an attempt tells the daemon.
 #[derive(Debug)]
 pub enum AttemptEvent {
     /// The process is gone: its slot and GPUs are free again.
     ProcessEnded(JobAttempt),
+    /// The attempt is ready to end: the daemon sends the request (with a claim for the next
+    /// jobs when it can) and gives the answer back on `reply`.
+    Finishing { request: Box<FinishRequest>, reply: oneshot::Sender<ClientResult<FinishResponse>> },
     /// Reported (or given up): forget the attempt.
     Done(JobAttempt),
 }
@@ -25,6 +37,8 @@ pub enum AttemptEvent {
 /// What every attempt of this worker shares.
 #[derive(Clone)]
 pub struct AttemptContext {
+    /// The client of the registration the attempt started under: should the worker register
+    /// again (a new server instance), this attempt's reports are refused, never misfiled.
     pub client: Client,
     pub worker_id: WorkerId,
     pub worker_name: String,
@@ -33,6 +47,10 @@ pub struct AttemptContext {
     /// Whether the work directory sits inside a git working tree (checked once: asking git
     /// for every attempt would cost a process per job for nothing).
     pub in_git_tree: bool,
+    /// Kills the jobs should the worker die.
+    pub guard: Arc<Guard>,
+    /// The worker's environment without `APP_*`, read once.
+    pub inherited: Arc<Vec<(OsString, OsString)>>,
 }
 
 fn now_ms() -> i64 {
@@ -80,7 +98,15 @@ impl Delivery {
     }
 }
 
-/// Runs `job` on `gpus` to its report.
+fn classify(error: ClientError) -> ShipError {
+    if error.is_retryable() {
+        ShipError::Retry(error)
+    } else {
+        ShipError::Lost(error.to_string())
+    }
+}
+
+/// Runs `job` on `gpus` to its finish.
 pub async fn run(
     context: AttemptContext,
     job: ClaimedJob,
@@ -97,8 +123,11 @@ pub async fn run(
     let mut shipper =
         Shipper::new(context.client.clone(), context.worker_id, attempt, dirs.log.clone(), dirs.metrics.clone());
     let mut lost = false;
-    let outcome = match dirs.prepare(&job).await {
-        Err(error) => Outcome::Error { reason: format!("preparing {}: {error}", dirs.root.display()) },
+    let ended = match dirs.prepare(&job).await {
+        Err(error) => Ended {
+            outcome: Outcome::Error { reason: format!("preparing {}: {error}", dirs.root.display()) },
+            notes: Vec::new(),
+        },
         Ok(()) => {
             let port = if indices.len() > 1 { executor::free_port() } else { None };
             let mut env = executor::environment(&job, &dirs, &indices, port);
@@ -111,13 +140,28 @@ pub async fn run(
             let process = tokio::spawn({
                 let (command, dirs, grace, written) =
                     (job.command.clone(), dirs.clone(), config.kill_grace, written.clone());
-                async move { executor::run(&command, &dirs, &env, timeout, grace, stop, written).await }
+                let (guard, inherited) = (context.guard.clone(), context.inherited.clone());
+                async move {
+                    let launch = Launch {
+                        command: &command,
+                        dirs: &dirs,
+                        inherited: &inherited,
+                        env: &env,
+                        timeout,
+                        grace,
+                        guard: &guard,
+                    };
+                    executor::run(launch, stop, written).await
+                }
             });
             tokio::pin!(process);
             loop {
                 tokio::select! {
-                    outcome = &mut process => {
-                        break outcome.unwrap_or_else(|error| Outcome::Error { reason: format!("the job's task failed: {error}") });
+                    ended = &mut process => {
+                        break ended.unwrap_or_else(|error| Ended {
+                            outcome: Outcome::Error { reason: format!("the job's task failed: {error}") },
+                            notes: Vec::new(),
+                        });
                     }
                     _ = tick(&written, config.ship_interval) => {
                         if lost { continue; }
@@ -133,10 +177,11 @@ pub async fn run(
     };
     let _ = events.send(AttemptEvent::ProcessEnded(attempt)).await;
     let finished_at = now_ms();
-    tracing::info!(job = %job.id, attempt = job.attempt, outcome = ?outcome, "process ended");
-    if !lost && !matches!(outcome, Outcome::Killed { ref reason } if reason == "lease lost") {
-        let delivered =
-            finish(&context, &job, attempt, &dirs, &mut shipper, &outcome, &gpus, started_at, finished_at).await;
+    tracing::debug!(job = %job.id, attempt = job.attempt, outcome = ?ended.outcome, "process ended");
+    let lease_lost = matches!(ended.outcome, Outcome::Killed { ref reason } if reason == executor::LEASE_LOST);
+    if !lost && !lease_lost {
+        let times = (started_at, finished_at);
+        let delivered = finish(&context, &job, &dirs, &mut shipper, ended, &gpus, times, &events).await;
         // Everything the attempt left is on the server now (log, metrics, outputs): its
         // directory would only fill the worker's disk. Undelivered attempts stay for a look.
         if delivered && !context.config.keep_work_dirs {
@@ -148,46 +193,29 @@ pub async fn run(
     let _ = events.send(AttemptEvent::Done(attempt)).await;
 }
 
-/// Ships the rest, uploads the results, reports; true when all of it was delivered.
+/// Builds the attempt's finish request (streaming first what is too large to go inline) and
+/// delivers it; true when all of it was delivered.
 #[allow(clippy::too_many_arguments)]
 async fn finish(
     context: &AttemptContext,
     job: &ClaimedJob,
-    attempt: JobAttempt,
     dirs: &AttemptDirs,
     shipper: &mut Shipper,
-    outcome: &Outcome,
+    ended: Ended,
     gpus: &[(u32, String)],
-    started_at: i64,
-    finished_at: i64,
+    (started_at, finished_at): (i64, i64),
+    events: &mpsc::Sender<AttemptEvent>,
 ) -> bool {
-    let mut complete = true;
-    if outcome != &Outcome::Abandoned {
-        let output = dirs.output.clone();
-        let collected = tokio::task::spawn_blocking(move || results::collect(&output)).await;
-        let (files, skipped) = match collected {
-            Ok(Ok(found)) => found,
-            Ok(Err(error)) => (Vec::new(), vec![format!("the output directory could not be read: {error}")]),
-            Err(error) => (Vec::new(), vec![format!("listing outputs failed: {error}")]),
-        };
-        for note in &skipped {
-            append_local(&dirs.log, &format!("[app] output not uploaded: {note}\n")).await;
-        }
-        let mut delivery = Delivery::new("log and metrics", attempt);
-        let shipped = loop {
-            if let Some(done) = delivery.settle(shipper.ship(true).await).await {
-                break done;
-            }
-        };
-        if !shipped {
-            return false;
-        }
+    let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
+    let mut result = None;
+    if ended.outcome != Outcome::Abandoned {
+        let files = collect_outputs(dirs).await;
         let record = AttemptRecord {
-            exit_code: match outcome {
-                Outcome::Exited { code } => Some(*code),
+            exit_code: match ended.outcome {
+                Outcome::Exited { code } => Some(code),
                 _ => None,
             },
-            outcome: describe(outcome),
+            outcome: describe(&ended.outcome),
             started_at,
             finished_at,
             worker: context.worker_name.clone(),
@@ -196,36 +224,85 @@ async fn finish(
             cuda_visible_devices: Some(gpus.iter().map(|(index, _)| index.to_string()).collect::<Vec<_>>().join(",")),
             git_commit: if context.in_git_tree { results::git_commit(&dirs.cwd).await } else { None },
         };
-        let mut delivery = Delivery::new("results", attempt);
-        let uploaded = loop {
-            let result = results::upload(&context.client, context.worker_id, attempt, &files, &record).await;
-            if let Some(done) = delivery.settle(result).await {
-                break done;
-            }
+        let size: u64 = files.iter().map(|file| file.entry.size).sum();
+        let (inline, streamed) = if size <= INLINE_OUTPUT_BYTES {
+            (results::read_inline(&files).await, Vec::new())
+        } else {
+            let mut delivery = Delivery::new("results", attempt);
+            let streamed = loop {
+                let uploaded = results::upload_streamed(&context.client, context.worker_id, attempt, &files).await;
+                let (settled, manifest) = match uploaded {
+                    Ok(manifest) => (Ok(()), manifest),
+                    Err(error) => (Err(error), Vec::new()),
+                };
+                match delivery.settle(settled).await {
+                    Some(true) => break manifest,
+                    Some(false) => return false,
+                    None => {}
+                }
+            };
+            (Vec::new(), streamed)
         };
-        complete &= uploaded;
-        if !uploaded {
-            // Refused results are no reason to leave the outcome unknown: the report below is
-            // fenced on its own (a stale attempt gets 409 there too).
-            append_local(&dirs.log, "[app] results not stored; reporting the outcome anyway\n").await;
-        }
+        result = Some(InlineResult { files: inline, streamed, record });
     }
-    let report = ReportRequest { worker_id: context.worker_id, attempt: job.attempt, outcome: outcome.clone() };
-    let mut delivery = Delivery::new("report", attempt);
-    let reported = loop {
-        let result = match context.client.report(job.id, &report).await {
-            Ok(response) => {
-                tracing::info!(job = %job.id, attempt = job.attempt, status = %response.status, "reported");
-                Ok(())
+    let (log, metrics) = match shipper.tail(INLINE_TAIL_BYTES).await {
+        Some(tail) => tail,
+        None => {
+            let mut delivery = Delivery::new("log and metrics", attempt);
+            loop {
+                match delivery.settle(shipper.ship(true).await).await {
+                    Some(true) => break,
+                    Some(false) => return false,
+                    None => {}
+                }
             }
-            Err(error) if error.is_retryable() => Err(ShipError::Retry(error)),
-            Err(error) => Err(ShipError::Lost(error.to_string())),
-        };
-        if let Some(done) = delivery.settle(result).await {
-            break done;
+            shipper.tail(INLINE_TAIL_BYTES).await.unwrap_or((None, None))
         }
     };
-    complete && reported
+    let request = FinishRequest {
+        job_id: job.id,
+        attempt: job.attempt,
+        outcome: ended.outcome,
+        log,
+        metrics,
+        result,
+        notes: ended.notes,
+        claim: None,
+    };
+    // The first try goes through the daemon, which may claim the next jobs with it.
+    let (reply, answer) = oneshot::channel();
+    let mut sent = match events.send(AttemptEvent::Finishing { request: Box::new(request.clone()), reply }).await {
+        Ok(()) => answer.await.ok(),
+        Err(_) => None,
+    };
+    let mut delivery = Delivery::new("finish", attempt);
+    loop {
+        let answered = match sent.take() {
+            Some(answered) => answered,
+            None => context.client.finish(context.worker_id, &request).await,
+        };
+        let settled = answered.map(|response| {
+            tracing::debug!(job = %job.id, attempt = job.attempt, status = %response.status, "finished");
+        });
+        if let Some(done) = delivery.settle(settled.map_err(classify)).await {
+            return done;
+        }
+    }
+}
+
+/// The attempt's output files; what cannot be uploaded is said in its log.
+async fn collect_outputs(dirs: &AttemptDirs) -> Vec<OutputFile> {
+    let output = dirs.output.clone();
+    let collected = tokio::task::spawn_blocking(move || results::collect(&output)).await;
+    let (files, skipped) = match collected {
+        Ok(Ok(found)) => found,
+        Ok(Err(error)) => (Vec::new(), vec![format!("the output directory could not be read: {error}")]),
+        Err(error) => (Vec::new(), vec![format!("listing outputs failed: {error}")]),
+    };
+    for note in &skipped {
+        append_local(&dirs.log, &format!("[app] output not uploaded: {note}\n")).await;
+    }
+    files
 }
 
 async fn tick(written: &Notify, interval: Duration) {

@@ -1,32 +1,46 @@
 //! The worker's main loop: register, then claim what fits, start attempts, heartbeat (with
-//! telemetry, bringing back cancels), and drain on the first stop request, abort on the second.
+//! telemetry, bringing back cancels), finish attempts (claiming the next jobs in the same
+//! request), and drain on the first stop request, abort on the second.
 
 use crate::attempt::{self, AttemptContext, AttemptEvent};
 use crate::config::WorkerConfig;
 use crate::executor::Stop;
+use crate::guard::Guard;
 use crate::inventory::GpuInventory;
 use crate::reservations::{default_max_jobs, Reservations};
 use anyhow::Context;
-use client::{Client, ClientResult};
+use client::{Client, ClientError, ClientResult};
 use shared::api::{
-    ClaimRequest, ClaimResponse, ClaimedJob, HeartbeatRequest, HeartbeatResponse, JobAttempt, RegisterRequest,
-    ReportRequest, WorkerId,
+    ClaimRequest, ClaimResponse, ClaimedJob, FinishRequest, FinishResponse, HeartbeatRequest, HeartbeatResponse,
+    JobAttempt, RegisterRequest, ReportRequest, WorkerId,
 };
 use shared::job::Outcome;
 use shared::placement::keep_or_place;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+/// What a request that can hand out jobs brought back.
+enum Claimed {
+    Claim(ClientResult<ClaimResponse>),
+    /// A finish that carried a claim: its answer also goes back to the attempt.
+    Finish(ClientResult<FinishResponse>, oneshot::Sender<ClientResult<FinishResponse>>),
+}
+
 struct Daemon {
+    /// The client as configured, without a session.
+    base: Client,
+    /// The client of the current registration.
     client: Client,
     config: Arc<WorkerConfig>,
     inventory: Arc<dyn GpuInventory>,
     max_jobs: u32,
     worker_id: WorkerId,
+    name: String,
+    key: String,
     heartbeat: Duration,
     reservations: Reservations,
     /// The attempts this worker runs (or is still reporting), each with the channel that stops
@@ -36,6 +50,9 @@ struct Daemon {
     events: mpsc::Sender<AttemptEvent>,
     hostname: String,
     in_git_tree: bool,
+    guard: Arc<Guard>,
+    inherited: Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
+    draining: bool,
 }
 
 /// Runs the worker until `stop` has been signalled and its jobs are done (first signal:
@@ -45,7 +62,7 @@ pub async fn run(
     inventory: Arc<dyn GpuInventory>,
     mut stop: mpsc::UnboundedReceiver<()>,
 ) -> anyhow::Result<()> {
-    let client = Client::with_options(&config.url, &config.connection)
+    let base = Client::with_options(&config.url, &config.connection)
         .with_context(|| format!("worker server URL {}", config.url))?;
     tokio::fs::create_dir_all(&config.work_dir)
         .await
@@ -54,11 +71,15 @@ pub async fn run(
     config.work_dir = tokio::fs::canonicalize(&config.work_dir)
         .await
         .with_context(|| format!("resolving the work directory {}", config.work_dir.display()))?;
+    let identity = crate::identity::take(&config.work_dir)?;
+    let guard = Guard::start().context("starting the guard that ends jobs with their worker")?;
     let max_jobs = config.max_jobs.unwrap_or_else(|| default_max_jobs(inventory.sample().len())).max(1);
     let (events, mut received) = mpsc::channel(256);
-    let hostname = crate::config::default_name();
     let mut daemon = Daemon {
-        client,
+        client: base.clone(),
+        base,
+        name: config.name.clone(),
+        key: identity.key.clone(),
         config: Arc::new(config),
         inventory,
         max_jobs,
@@ -67,15 +88,18 @@ pub async fn run(
         reservations: Reservations::new(max_jobs),
         running: HashMap::new(),
         events,
-        hostname,
+        hostname: crate::config::default_name(),
         in_git_tree: false,
+        guard: Arc::new(guard),
+        inherited: Arc::new(crate::executor::inherited_environment()),
+        draining: false,
     };
     daemon.in_git_tree = crate::results::inside_git_tree(&daemon.config.work_dir);
     tokio::select! {
         registered = daemon.register() => registered?,
         _ = stop.recv() => return Ok(()),
     }
-    let mut claim: Option<JoinHandle<ClientResult<ClaimResponse>>> = None;
+    let mut claim: Option<JoinHandle<Claimed>> = None;
     let mut claim_not_before = Instant::now();
     let mut claim_failures = 0u32;
     let mut beat: Option<JoinHandle<ClientResult<HeartbeatResponse>>> = None;
@@ -83,10 +107,9 @@ pub async fn run(
     beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_telemetry: Option<Instant> = None;
     let mut beat_failures = 0u32;
-    let mut draining = false;
     let mut abort_deadline: Option<Instant> = None;
     loop {
-        if draining && daemon.running.is_empty() && claim.is_none() {
+        if daemon.draining && daemon.running.is_empty() && claim.is_none() {
             tracing::info!("drained: every job finished and reported");
             return Ok(());
         }
@@ -94,34 +117,55 @@ pub async fn run(
             tracing::warn!(jobs = daemon.running.len(), "exiting before every abandoned job was reported");
             return Ok(());
         }
-        if !draining && claim.is_none() && Instant::now() >= claim_not_before {
+        if !daemon.draining && claim.is_none() && Instant::now() >= claim_not_before {
             claim = daemon.start_claim();
         }
         tokio::select! {
             finished = async { claim.as_mut().expect("guarded").await }, if claim.is_some() => {
                 claim = None;
-                match finished {
-                    Ok(Ok(response)) => {
+                let (claimed, reply) = match finished {
+                    Ok(Claimed::Claim(answer)) => (answer.map(|response| response.jobs), None),
+                    Ok(Claimed::Finish(answer, reply)) => {
+                        let jobs = answer.as_ref().map(|response| response.jobs.clone()).map_err(copy_error);
+                        (jobs, Some((reply, answer)))
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "claim task failed");
+                        continue;
+                    }
+                };
+                if let Some((reply, answer)) = reply {
+                    let _ = reply.send(answer);
+                }
+                match claimed {
+                    Ok(jobs) => {
                         claim_failures = 0;
-                        for job in response.jobs {
-                            if draining { daemon.give_back(job) } else { daemon.start(job) }
+                        for job in jobs {
+                            if daemon.draining { daemon.give_back(job) } else { daemon.start(job) }
                         }
                     }
-                    Ok(Err(error)) => {
+                    Err(error) if error.status() == Some(401) => daemon.register_again(&error).await?,
+                    Err(error) => {
                         claim_failures += 1;
                         let delay = backoff(claim_failures);
                         claim_not_before = Instant::now() + delay;
-                        if error.status() == Some(404) {
-                            daemon.register().await?;
-                        } else if claim_failures == 1 || claim_failures.is_multiple_of(10) {
+                        if claim_failures == 1 || claim_failures.is_multiple_of(10) {
                             tracing::warn!(%error, retry_in = ?delay, "claiming work failed; retrying with backoff");
                         }
                     }
-                    Err(error) => tracing::error!(%error, "claim task failed"),
                 }
             }
             Some(event) = received.recv() => match event {
                 AttemptEvent::ProcessEnded(attempt) => daemon.reservations.release(attempt),
+                AttemptEvent::Finishing { request, reply } => {
+                    // With no claim in flight, the finish asks for the next jobs itself.
+                    if claim.is_none() && !daemon.draining && Instant::now() >= claim_not_before {
+                        claim = Some(daemon.finish_and_claim(*request, reply));
+                    } else {
+                        let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
+                        tokio::spawn(async move { let _ = reply.send(client.finish(worker_id, &request).await); });
+                    }
+                }
                 AttemptEvent::Done(attempt) => { daemon.running.remove(&attempt); }
             },
             _ = beat_tick.tick(), if beat.is_none() => {
@@ -141,7 +185,7 @@ pub async fn run(
                         beat_failures = 0;
                         daemon.apply(&response);
                     }
-                    Ok(Err(error)) if error.status() == Some(404) => daemon.register().await?,
+                    Ok(Err(error)) if matches!(error.status(), Some(401 | 404)) => daemon.register_again(&error).await?,
                     Ok(Err(error)) => {
                         beat_failures += 1;
                         if beat_failures == 1 || beat_failures.is_multiple_of(12) {
@@ -152,7 +196,7 @@ pub async fn run(
                 }
             }
             signal = stop.recv() => {
-                if signal.is_none() || draining {
+                if signal.is_none() || daemon.draining {
                     tracing::warn!(jobs = daemon.running.len(), "second stop: killing jobs and handing them back");
                     for stop in daemon.running.values() {
                         let _ = stop.try_send(Stop::Abandon);
@@ -161,19 +205,22 @@ pub async fn run(
                         pending.abort();
                     }
                     abort_deadline = Some(Instant::now() + daemon.config.kill_grace + Duration::from_secs(10));
-                    draining = true;
+                    daemon.draining = true;
                 } else {
                     tracing::info!(jobs = daemon.running.len(), "draining: no new jobs; running jobs finish (stop again to kill them)");
-                    draining = true;
-                    // A parked claim would hold the drain for its whole wait. The server hands
-                    // back jobs claimed for a worker that hung up before the answer.
-                    if let Some(pending) = claim.take() {
-                        pending.abort();
-                    }
+                    daemon.draining = true;
+                    // The server ends this worker's parked claim at once and hands it nothing
+                    // more; a claim answered meanwhile is handed back (see the claim branch).
+                    let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
+                    tokio::spawn(async move {
+                        if let Err(error) = client.drain(worker_id).await {
+                            tracing::warn!(%error, "telling the server this worker drains failed");
+                        }
+                    });
                 }
             }
             // Only while a backoff is pending: a full worker (no claim to start) must not spin.
-            _ = tokio::time::sleep_until(claim_not_before), if claim.is_none() && !draining && claim_not_before > Instant::now() => {}
+            _ = tokio::time::sleep_until(claim_not_before), if claim.is_none() && !daemon.draining && claim_not_before > Instant::now() => {}
             _ = tokio::time::sleep(Duration::from_millis(500)), if abort_deadline.is_some() => {}
         }
     }
@@ -181,6 +228,22 @@ pub async fn run(
 
 fn backoff(failures: u32) -> Duration {
     Duration::from_millis(250u64.saturating_mul(1 << failures.min(7))).min(Duration::from_secs(30))
+}
+
+/// The same failure for a second reader (the claim branch and the attempt both look at it).
+fn copy_error(error: &ClientError) -> ClientError {
+    match error {
+        ClientError::Unreachable { url, reason } => {
+            ClientError::Unreachable { url: url.clone(), reason: reason.clone() }
+        }
+        ClientError::Server { url, status, message } => {
+            ClientError::Server { url: url.clone(), status: *status, message: message.clone() }
+        }
+        ClientError::Rejected { status, message } => {
+            ClientError::Rejected { status: *status, message: message.clone() }
+        }
+        ClientError::Decode { url, reason } => ClientError::Decode { url: url.clone(), reason: reason.clone() },
+    }
 }
 
 impl Daemon {
@@ -192,15 +255,24 @@ impl Daemon {
             let request = RegisterRequest {
                 name: self.config.name.clone(),
                 protocol: shared::PROTOCOL_VERSION,
+                key: Some(self.key.clone()),
                 capacity: Reservations::new(self.max_jobs).capacity(&self.inventory.sample()),
                 holding: self.running.keys().copied().collect(),
             };
-            match self.client.register(&request).await {
+            match self.base.register(&request).await {
                 Ok(response) => {
+                    self.client = self.base.with_session(&response).context("registering with the server")?;
                     self.worker_id = response.worker_id;
+                    self.name = response.name.clone();
                     self.heartbeat = Duration::from_millis(response.heartbeat_ms.max(100));
+                    if response.name != self.config.name {
+                        tracing::warn!(
+                            asked = %self.config.name, registered = %response.name,
+                            "a live worker on another box uses this name; registered under another (set --name)"
+                        );
+                    }
                     tracing::info!(
-                        worker = %self.config.name, id = %response.worker_id, url = %self.client.base_url(),
+                        worker = %response.name, id = %response.worker_id, url = %self.client.base_url(),
                         max_jobs = self.max_jobs, "registered with the server"
                     );
                     return Ok(());
@@ -218,7 +290,19 @@ impl Daemon {
         }
     }
 
-    fn start_claim(&self) -> Option<JoinHandle<ClientResult<ClaimResponse>>> {
+    /// The server no longer knows this registration (it is another instance, on a new
+    /// database, or the worker registered again elsewhere): what runs here was handed out by
+    /// the old one, so it is stopped (and reports nothing), and the worker registers afresh.
+    async fn register_again(&mut self, error: &ClientError) -> anyhow::Result<()> {
+        tracing::warn!(%error, jobs = self.running.len(), "the server no longer knows this worker's session; stopping its jobs and registering again");
+        for stop in self.running.values() {
+            let _ = stop.try_send(Stop::Lost);
+        }
+        self.running.clear();
+        self.register().await
+    }
+
+    fn start_claim(&self) -> Option<JoinHandle<Claimed>> {
         let capacity = self.reservations.capacity(&self.inventory.sample());
         if capacity.job_slots == 0 {
             return None;
@@ -227,7 +311,21 @@ impl Daemon {
         let wait = if self.reservations.is_empty() { self.config.claim_wait } else { Duration::from_secs(1) };
         let request = ClaimRequest { capacity, wait_ms: wait.as_millis() as u64 };
         let (client, worker_id) = (self.client.clone(), self.worker_id);
-        Some(tokio::spawn(async move { client.claim(worker_id, &request).await }))
+        Some(tokio::spawn(async move { Claimed::Claim(client.claim(worker_id, &request).await) }))
+    }
+
+    /// Sends an attempt's finish with a claim of what fits now (without waiting for new work).
+    fn finish_and_claim(
+        &self,
+        mut request: FinishRequest,
+        reply: oneshot::Sender<ClientResult<FinishResponse>>,
+    ) -> JoinHandle<Claimed> {
+        let capacity = self.reservations.capacity(&self.inventory.sample());
+        if capacity.job_slots > 0 {
+            request.claim = Some(ClaimRequest { capacity, wait_ms: 0 });
+        }
+        let (client, worker_id) = (self.client.clone(), self.worker_id);
+        tokio::spawn(async move { Claimed::Finish(client.finish(worker_id, &request).await, reply) })
     }
 
     /// Places a claimed job on this worker's GPUs and starts it.
@@ -249,14 +347,16 @@ impl Daemon {
         self.reservations.hold(attempt, job.resources.clone(), placement);
         let (stop, stopped) = mpsc::channel(4);
         self.running.insert(attempt, stop.clone());
-        tracing::info!(job = %job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
+        tracing::debug!(job = %job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
         let context = AttemptContext {
             client: self.client.clone(),
             worker_id: self.worker_id,
-            worker_name: self.config.name.clone(),
+            worker_name: self.name.clone(),
             hostname: self.hostname.clone(),
             config: self.config.clone(),
             in_git_tree: self.in_git_tree,
+            guard: self.guard.clone(),
+            inherited: self.inherited.clone(),
         };
         tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
     }

@@ -2,6 +2,7 @@
 //! process group, stdout and stderr appended to the attempt's log file as they come, and a
 //! whole-group kill (SIGTERM, then SIGKILL after a grace period) on cancel or timeout.
 
+use crate::guard::Guard;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use shared::api::ClaimedJob;
@@ -118,6 +119,24 @@ pub fn free_port() -> Option<u16> {
     std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok().map(|address| address.port())
 }
 
+/// The shell jobs run in, by absolute path: with a bare `sh`, and `PATH` set for the job, the
+/// standard library would fall back from `posix_spawn` to a full fork of the multi-threaded
+/// worker for every job.
+pub const SHELL: &str = "/bin/sh";
+
+/// The worker's own environment as jobs inherit it: without any `APP_*` variable. The worker
+/// and the server read their credentials and settings from those (`APP_TOKEN`,
+/// `APP_WORKER_TOKEN`, `APP_USER_TOKEN`, the `*_TOKEN_FILE`s, `APP_TLS_KEY`, `APP_URL`, ...), and
+/// a job runs user code whose output ends up in a log: it gets only the `APP_*` variables the
+/// worker sets for it (see `environment`).
+pub fn inherited_environment() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    std::env::vars_os().filter(|(key, _)| !key.as_encoded_bytes().starts_with(b"APP_")).collect()
+}
+
+/// The reason of an attempt the worker stopped because the server no longer holds it for it:
+/// such an attempt reports nothing.
+pub const LEASE_LOST: &str = "lease lost";
+
 /// Why the worker ends an attempt early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -128,27 +147,42 @@ pub enum Stop {
     Lost,
 }
 
+/// What starting a job needs besides its command.
+pub struct Launch<'a> {
+    pub command: &'a str,
+    pub dirs: &'a AttemptDirs,
+    /// The worker's environment without `APP_*` ([`inherited_environment`]).
+    pub inherited: &'a [(std::ffi::OsString, std::ffi::OsString)],
+    /// The job's own variables ([`environment`]).
+    pub env: &'a [(String, String)],
+    pub timeout: Option<Duration>,
+    pub grace: Duration,
+    pub guard: &'a Guard,
+}
+
+/// How a job's process ended, and what is worth knowing beyond that.
+#[derive(Debug)]
+pub struct Ended {
+    pub outcome: Outcome,
+    /// Sentences for the attempt's notes (the worker's disk filled up and the log was cut).
+    pub notes: Vec<String>,
+}
+
 /// Runs the command to its end, or until `stop` says otherwise or `timeout` passes.
-pub async fn run(
-    command: &str,
-    dirs: &AttemptDirs,
-    env: &[(String, String)],
-    timeout: Option<Duration>,
-    grace: Duration,
-    mut stop: mpsc::Receiver<Stop>,
-    log_written: Arc<Notify>,
-) -> Outcome {
+pub async fn run(launch: Launch<'_>, mut stop: mpsc::Receiver<Stop>, log_written: Arc<Notify>) -> Ended {
+    let Launch { command, dirs, inherited, env, timeout, grace, guard } = launch;
+    let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, notes: Vec::new() };
     let log = match tokio::fs::OpenOptions::new().append(true).open(&dirs.log).await {
         Ok(file) => file,
-        Err(error) => return Outcome::Error { reason: format!("opening the job log {}: {error}", dirs.log.display()) },
+        Err(error) => return failed(format!("opening the job log {}: {error}", dirs.log.display())),
     };
-    let mut child = match Command::new("sh")
+    let mut child = match Command::new(SHELL)
         .arg("-c")
         .arg(command)
         .current_dir(&dirs.cwd)
-        // The worker's credentials are not the job's: a job runs user code and talks to no
-        // server. (The token may also sit in a file named by APP_TOKEN_FILE, which stays.)
-        .env_remove("APP_TOKEN")
+        // Jobs get the worker's environment without its own settings and credentials.
+        .env_clear()
+        .envs(inherited.iter().map(|(key, value)| (key, value)))
         .envs(env.iter().map(|(key, value)| (key, value)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -157,9 +191,12 @@ pub async fn run(
         .spawn()
     {
         Ok(child) => child,
-        Err(error) => return Outcome::Error { reason: format!("starting `sh -c {command}`: {error}") },
+        Err(error) => return failed(format!("starting `sh -c {command}`: {error}")),
     };
     let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+    if let Some(group) = group {
+        guard.watch(group.as_raw());
+    }
     let (chunks, received) = mpsc::channel::<Vec<u8>>(64);
     let pipes = [
         child.stdout.take().map(|out| tokio::spawn(forward(out, chunks.clone()))),
@@ -183,7 +220,7 @@ pub async fn run(
         Some(reason) = stop.recv() => {
             stopped = Some(match reason {
                 Stop::Cancel => Outcome::Killed { reason: "cancelled".into() },
-                Stop::Lost => Outcome::Killed { reason: "lease lost".into() },
+                Stop::Lost => Outcome::Killed { reason: LEASE_LOST.into() },
                 Stop::Abandon => Outcome::Abandoned,
             });
             terminate(&mut child, group, grace).await
@@ -198,6 +235,7 @@ pub async fn run(
     // when every process holding it has ended).
     if let Some(group) = group {
         let _ = killpg(group, Signal::SIGKILL);
+        guard.forget(group.as_raw());
     }
     for mut pipe in pipes.into_iter().flatten() {
         // A grandchild that left the group (setsid) could hold a pipe open: give it two
@@ -207,14 +245,20 @@ pub async fn run(
         }
     }
     let mut writer = writer;
-    if tokio::time::timeout(Duration::from_secs(2), &mut writer).await.is_err() {
-        writer.abort();
-    }
-    match (stopped, status) {
+    let notes = match tokio::time::timeout(Duration::from_secs(2), &mut writer).await {
+        Ok(Ok(Some(note))) => vec![note],
+        Ok(_) => Vec::new(),
+        Err(_) => {
+            writer.abort();
+            Vec::new()
+        }
+    };
+    let outcome = match (stopped, status) {
         (Some(outcome), _) => outcome,
         (None, Ok(status)) => Outcome::Exited { code: exit_code(status) },
         (None, Err(error)) => Outcome::Error { reason: format!("waiting for the job: {error}") },
-    }
+    };
+    Ended { outcome, notes }
 }
 
 /// SIGTERM to the whole group, SIGKILL after `grace`. The grace is for every process of the
@@ -257,25 +301,49 @@ async fn forward(mut pipe: impl AsyncRead + Unpin, chunks: mpsc::Sender<Vec<u8>>
 /// The most a job's log file grows on the worker's disk (the server keeps less).
 pub const MAX_LOCAL_LOG_BYTES: u64 = 256 << 20;
 
-async fn write_log(mut log: tokio::fs::File, mut chunks: mpsc::Receiver<Vec<u8>>, written: Arc<Notify>) {
+/// Writes the job's output to its log file as it comes; returns a note when the log could not
+/// be kept whole. The pipes are read to the end either way, so the job never blocks on them.
+async fn write_log(
+    mut log: tokio::fs::File,
+    mut chunks: mpsc::Receiver<Vec<u8>>,
+    written: Arc<Notify>,
+) -> Option<String> {
     let mut size = 0u64;
+    let mut note = None;
     while let Some(chunk) = chunks.recv().await {
-        if size >= MAX_LOCAL_LOG_BYTES {
+        if note.is_some() || size >= MAX_LOCAL_LOG_BYTES {
             continue;
         }
-        size += chunk.len() as u64;
-        let result = if size >= MAX_LOCAL_LOG_BYTES {
-            let note = format!("\n[app] log truncated at {MAX_LOCAL_LOG_BYTES} bytes on the worker\n");
-            log.write_all(note.as_bytes()).await
+        let result = if size + chunk.len() as u64 >= MAX_LOCAL_LOG_BYTES {
+            let kept = &chunk[..((MAX_LOCAL_LOG_BYTES - size) as usize).min(chunk.len())];
+            // On a line of its own, never glued to the line it cut.
+            let mid_line = kept.last().is_some_and(|byte| *byte != b'\n');
+            let marker = format!(
+                "{}[app] log truncated at {MAX_LOCAL_LOG_BYTES} bytes on the worker\n",
+                if mid_line { "\n" } else { "" }
+            );
+            size = MAX_LOCAL_LOG_BYTES;
+            let written = match log.write_all(kept).await {
+                Ok(()) => log.write_all(marker.as_bytes()).await,
+                Err(error) => Err(error),
+            };
+            if written.is_ok() {
+                note = Some(format!("log truncated at {MAX_LOCAL_LOG_BYTES} bytes on the worker"));
+            }
+            written
         } else {
+            size += chunk.len() as u64;
             log.write_all(&chunk).await
         };
-        if result.is_err() {
-            break;
+        if let Err(error) = result.and(log.flush().await) {
+            let full = matches!(error.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded);
+            let why = if full { "worker disk full" } else { "the worker could not write the job's log" };
+            note = Some(format!("{why}: log truncated after about {size} bytes ({error})"));
+            tracing::warn!(%error, path = "job.log", "{why}; the rest of the job's output is dropped");
         }
-        let _ = log.flush().await;
         written.notify_one();
     }
     let _ = log.sync_data().await;
     written.notify_one();
+    note
 }

@@ -10,6 +10,8 @@ mod attempt;
 pub mod config;
 mod daemon;
 pub mod executor;
+pub mod guard;
+mod identity;
 pub mod inventory;
 pub mod reservations;
 pub mod results;

@@ -5,7 +5,7 @@
 use crate::shipper::ShipError;
 use client::Client;
 use sha2::{Digest, Sha256};
-use shared::api::{AttemptRecord, JobAttempt, ManifestEntry, ResultUpload, WorkerId};
+use shared::api::{InlineFile, JobAttempt, ManifestEntry, WorkerId};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -73,15 +73,36 @@ fn hash_file(path: &Path) -> std::io::Result<(u64, String)> {
     Ok((size, digest.iter().map(|byte| format!("{byte:02x}")).collect()))
 }
 
-/// Uploads the files and seals them. A 409 on sealing means the version is already stored
-/// (an earlier try got through) or the attempt is stale: either way there is nothing to redo.
-pub async fn upload(
+/// The files as inline files of a finish request (read whole: callers keep this for small
+/// outputs, see `shared::api::MAX_INLINE_BYTES`). A file that vanished is left out.
+pub async fn read_inline(files: &[OutputFile]) -> Vec<InlineFile> {
+    let mut inline = Vec::with_capacity(files.len());
+    for file in files {
+        match tokio::fs::read(&file.source).await {
+            Ok(data) => {
+                let sha256 = hex_digest(&data);
+                inline.push(InlineFile { path: file.entry.path.clone(), sha256, data });
+            }
+            Err(error) => {
+                tracing::warn!(path = %file.source.display(), %error, "an output file could not be read; left out")
+            }
+        }
+    }
+    inline
+}
+
+fn hex_digest(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Uploads the files one by one (streamed) into the attempt's staging; returns what the server
+/// stored of each, for the finish request to seal. A 409 means the attempt is stale.
+pub async fn upload_streamed(
     client: &Client,
     worker_id: WorkerId,
     attempt: JobAttempt,
     files: &[OutputFile],
-    record: &AttemptRecord,
-) -> Result<(), ShipError> {
+) -> Result<Vec<ManifestEntry>, ShipError> {
     let mut manifest = Vec::with_capacity(files.len());
     for file in files {
         let Ok(handle) = tokio::fs::File::open(&file.source).await else {
@@ -96,8 +117,6 @@ pub async fn upload(
                 tracing::warn!(path = %file.entry.path, %error, "output file refused by the server; left out");
                 continue;
             }
-            // Already sealed by an earlier try whose answer got lost: nothing left to do.
-            Err(error) if error.status() == Some(409) && already_stored(client, attempt).await => return Ok(()),
             Err(error) => return Err(classify_upload(error)),
         };
         // What the server received is what the version holds; a file the job was still writing
@@ -107,24 +126,12 @@ pub async fn upload(
         }
         manifest.push(stored);
     }
-    let upload = ResultUpload { worker_id, manifest, record: record.clone() };
-    match client.seal_result(attempt.job_id, attempt.attempt, &upload).await {
-        Ok(_) => Ok(()),
-        Err(error) if error.status() == Some(409) => Ok(()),
-        Err(error) => Err(classify_upload(error)),
-    }
-}
-
-async fn already_stored(client: &Client, attempt: JobAttempt) -> bool {
-    client
-        .results(attempt.job_id)
-        .await
-        .is_ok_and(|versions| versions.iter().any(|version| version.attempt == attempt.attempt))
+    Ok(manifest)
 }
 
 fn classify_upload(error: client::ClientError) -> ShipError {
     match error.status() {
-        Some(404 | 409) => ShipError::Lost(error.to_string()),
+        Some(401 | 404 | 409) => ShipError::Lost(error.to_string()),
         // A 4xx other than those (bad path, too large) will not get better by retrying.
         Some(status) if (400..500).contains(&status) => ShipError::Lost(error.to_string()),
         _ => ShipError::Retry(error),

@@ -5,7 +5,7 @@
 //! so a retry after a lost answer is not stored twice.
 
 use client::{Client, ClientError};
-use shared::api::{JobAttempt, LogAppend, MetricPoint, MetricsBatch, WorkerId};
+use shared::api::{JobAttempt, LogAppend, LogTail, MetricPoint, MetricsBatch, MetricsTail, WorkerId};
 use std::path::PathBuf;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
@@ -24,7 +24,7 @@ pub enum ShipError {
 
 fn classify(error: ClientError) -> ShipError {
     match error.status() {
-        Some(404 | 409) => ShipError::Lost(error.to_string()),
+        Some(401 | 404 | 409) => ShipError::Lost(error.to_string()),
         _ => ShipError::Retry(error),
     }
 }
@@ -143,6 +143,51 @@ impl Shipper {
             self.metrics_offset = offset;
         }
         Ok(())
+    }
+}
+
+impl Shipper {
+    /// What the server does not have yet, for the attempt's finish request, when both parts
+    /// are at most `max` bytes: the log from the last shipped offset, and the metrics file's
+    /// remaining lines as points (a last line without a newline counts; bad lines add a warning
+    /// to the log first). `None`: too much, ship it with [`Shipper::ship`] instead.
+    pub async fn tail(&mut self, max: u64) -> Option<(Option<LogTail>, Option<MetricsTail>)> {
+        let metrics_end = file_length(&self.metrics_path).await;
+        if metrics_end.saturating_sub(self.metrics_offset) > max
+            || file_length(&self.log_path).await.saturating_sub(self.log_offset) > max
+        {
+            return None;
+        }
+        let mut metrics = None;
+        if metrics_end > self.metrics_offset {
+            let bytes = read_from(&self.metrics_path, self.metrics_offset, max as usize).await;
+            let mut points = Vec::new();
+            let mut warnings = String::new();
+            for line in bytes.split_inclusive(|byte| *byte == b'\n') {
+                self.metrics_lines += 1;
+                match parse_line(line) {
+                    Ok(parsed) => points.extend(parsed),
+                    Err(reason) => {
+                        warnings.push_str(&format!("[app] metrics line {} skipped: {reason}\n", self.metrics_lines))
+                    }
+                }
+            }
+            if !warnings.is_empty() {
+                append_local(&self.log_path, &warnings).await;
+            }
+            let offset = self.metrics_offset + bytes.len() as u64;
+            metrics = Some(MetricsTail { offset, points });
+        }
+        let log_end = file_length(&self.log_path).await;
+        let log = (log_end > self.log_offset).then_some(());
+        let log = match log {
+            Some(()) => {
+                let data = read_from(&self.log_path, self.log_offset, (log_end - self.log_offset) as usize).await;
+                Some(LogTail { offset: self.log_offset, data })
+            }
+            None => None,
+        };
+        Some((log, metrics))
     }
 }
 

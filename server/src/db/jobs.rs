@@ -11,8 +11,9 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::SqliteConnection;
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
-const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name
-     FROM jobs j JOIN sweeps s ON s.id = j.sweep_id LEFT JOIN workers w ON w.id = j.worker_id";
+const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name, a.notes AS notes
+     FROM jobs j JOIN sweeps s ON s.id = j.sweep_id LEFT JOIN workers w ON w.id = j.worker_id
+     LEFT JOIN job_attempts a ON a.job_id = j.id AND a.attempt = j.attempt";
 
 fn status_of(row: &SqliteRow) -> anyhow::Result<JobStatus> {
     let text: String = row.try_get("status")?;
@@ -59,6 +60,12 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
         gpus: gpu_ids_of(row)?,
+        notes: row
+            .try_get::<Option<String>, _>("notes")?
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()?
+            .unwrap_or_default(),
         // Filled by `get` and `list` from `job_metric_summaries`.
         metrics: Default::default(),
     })
@@ -70,6 +77,19 @@ pub async fn get(pool: &SqlitePool, id: JobId) -> anyhow::Result<Option<Job>> {
     let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
     job.metrics = super::metrics::summaries(pool, &[id]).await?.remove(&id).unwrap_or_default();
     Ok(Some(job))
+}
+
+/// What a result version records of its job: the sweep's name, the index and the params.
+pub async fn for_result<'e>(
+    db: impl sqlx::SqliteExecutor<'e>,
+    id: JobId,
+) -> anyhow::Result<Option<(String, u64, serde_json::Value)>> {
+    let row: Option<(String, i64, String)> =
+        sqlx::query_as("SELECT s.name, j.idx, j.params FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?")
+            .bind(id.get())
+            .fetch_optional(db)
+            .await?;
+    row.map(|(sweep, index, params)| Ok((sweep, index as u64, serde_json::from_str(&params)?))).transpose()
 }
 
 /// Resolved filters of a job listing.
@@ -154,6 +174,7 @@ pub async fn list(
 #[derive(Debug, Clone)]
 pub struct JobState {
     pub id: JobId,
+    pub sweep_id: SweepId,
     pub status: JobStatus,
     pub attempt: u32,
     pub worker_id: Option<WorkerId>,
@@ -165,6 +186,7 @@ pub struct JobState {
 fn state_from_row(row: &SqliteRow) -> anyhow::Result<JobState> {
     Ok(JobState {
         id: JobId::new(row.try_get("id")?),
+        sweep_id: SweepId::new(row.try_get("sweep_id")?),
         status: status_of(row)?,
         attempt: row.try_get("attempt")?,
         worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
@@ -174,7 +196,7 @@ fn state_from_row(row: &SqliteRow) -> anyhow::Result<JobState> {
     })
 }
 
-const STATE_COLUMNS: &str = "id, status, attempt, worker_id, retries_left, crash_count, cancel_requested";
+const STATE_COLUMNS: &str = "id, sweep_id, status, attempt, worker_id, retries_left, crash_count, cancel_requested";
 
 pub async fn state(conn: &mut SqliteConnection, id: JobId) -> anyhow::Result<Option<JobState>> {
     let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = ?"))
@@ -194,6 +216,15 @@ pub async fn expired(conn: &mut SqliteConnection, now: i64) -> anyhow::Result<Ve
     .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(state_from_row).collect()
+}
+
+/// When the first lease of a running job runs out, if any job runs.
+pub async fn earliest_lease(pool: &SqlitePool) -> sqlx::Result<Option<i64>> {
+    sqlx::query_scalar(
+        "SELECT min(lease_expires_at) FROM jobs INDEXED BY jobs_running_by_lease WHERE status = 'running'",
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// Running jobs the server believes `worker_id` holds.
@@ -291,10 +322,13 @@ pub async fn finish(
     now: i64,
 ) -> sqlx::Result<bool> {
     let done = sqlx::query(
-        "UPDATE jobs SET status = ?, retries_left = ?, exit_code = ?, reason = ?, lease_expires_at = NULL,
-                finished_at = CASE WHEN ? THEN ? ELSE NULL END
-         WHERE id = ? AND status = 'running' AND attempt = ? AND worker_id = ?
-           AND retries_left = ? AND cancel_requested = ?",
+        "UPDATE jobs SET status = ?1, retries_left = ?2, exit_code = ?3, reason = ?4, lease_expires_at = NULL,
+                finished_at = CASE WHEN ?5 THEN ?6 ELSE NULL END,
+                worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
+                gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
+                started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
+         WHERE id = ?7 AND status = 'running' AND attempt = ?8 AND worker_id = ?9
+           AND retries_left = ?10 AND cancel_requested = ?11",
     )
     .bind(decision.status.as_str())
     .bind(decision.retries_left)
@@ -307,32 +341,6 @@ pub async fn finish(
     .bind(worker_id.get())
     .bind(seen.retries_left)
     .bind(seen.cancel_requested)
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Marks the attempt succeeded if it is still running on `worker_id` with no cancel pending:
-/// the outcome of a zero exit does not depend on anything else, so the hot path of the queue
-/// needs no read before its write.
-pub async fn succeed(
-    conn: &mut SqliteConnection,
-    attempt: JobAttempt,
-    worker_id: WorkerId,
-    decision: &Finish,
-    now: i64,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE jobs SET status = ?, exit_code = ?, reason = ?, lease_expires_at = NULL, finished_at = ?
-         WHERE id = ? AND status = 'running' AND attempt = ? AND worker_id = ? AND cancel_requested = 0",
-    )
-    .bind(decision.status.as_str())
-    .bind(decision.exit_code)
-    .bind(decision.reason.as_deref())
-    .bind(now)
-    .bind(attempt.job_id.get())
-    .bind(attempt.attempt)
-    .bind(worker_id.get())
     .execute(&mut *conn)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -358,9 +366,12 @@ pub async fn expire(
     now: i64,
 ) -> sqlx::Result<bool> {
     let done = sqlx::query(
-        "UPDATE jobs SET status = ?, crash_count = ?, reason = ?, lease_expires_at = NULL,
-                finished_at = CASE WHEN ? THEN ? ELSE NULL END
-         WHERE id = ? AND status = 'running' AND attempt = ?",
+        "UPDATE jobs SET status = ?1, crash_count = ?2, reason = ?3, lease_expires_at = NULL,
+                finished_at = CASE WHEN ?4 THEN ?5 ELSE NULL END,
+                worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
+                gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
+                started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
+         WHERE id = ?6 AND status = 'running' AND attempt = ?7",
     )
     .bind(decision.status.as_str())
     .bind(decision.crash_count)
@@ -429,17 +440,17 @@ pub async fn request_cancel(conn: &mut SqliteConnection, attempt: JobAttempt) ->
     Ok(done.rows_affected() == 1)
 }
 
-/// Cancels a whole sweep: queued jobs now, running ones flagged. Returns both counts.
-pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i64) -> sqlx::Result<(u64, u64)> {
-    let cancelled = sqlx::query(
+/// Cancels a whole sweep: queued jobs now, running ones flagged. Returns the ids of the jobs
+/// cancelled now and how many running ones were flagged.
+pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i64) -> sqlx::Result<(Vec<JobId>, u64)> {
+    let cancelled: Vec<i64> = sqlx::query_scalar(
         "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
-         WHERE sweep_id = ? AND status = 'queued'",
+         WHERE sweep_id = ? AND status = 'queued' RETURNING id",
     )
     .bind(now)
     .bind(sweep_id.get())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+    .fetch_all(&mut *conn)
+    .await?;
     let requested = sqlx::query(
         "UPDATE jobs SET cancel_requested = 1 WHERE sweep_id = ? AND status = 'running' AND cancel_requested = 0",
     )
@@ -447,7 +458,7 @@ pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i
     .execute(&mut *conn)
     .await?
     .rows_affected();
-    Ok((cancelled, requested))
+    Ok((cancelled.into_iter().map(JobId::new).collect(), requested))
 }
 
 /// Cancels the listed jobs: queued ones now, running ones flagged for their worker. Returns
@@ -481,7 +492,8 @@ pub async fn cancel_many(
 pub async fn retry(conn: &mut SqliteConnection, id: JobId, from: JobStatus) -> sqlx::Result<bool> {
     let done = sqlx::query(
         "UPDATE jobs SET status = 'queued', reason = 'retried', exit_code = NULL, finished_at = NULL,
-                lease_expires_at = NULL, cancel_requested = 0, crash_count = 0
+                lease_expires_at = NULL, cancel_requested = 0, crash_count = 0,
+                worker_id = NULL, gpu_ids = NULL, started_at = NULL
          WHERE id = ? AND status = ?",
     )
     .bind(id.get())
@@ -504,4 +516,21 @@ pub async fn set_priority(
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Adds a sentence to the notes of an attempt (once: the same note twice is kept once).
+pub async fn add_note(conn: &mut SqliteConnection, job: JobId, attempt: u32, note: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO job_attempts (job_id, attempt, notes) VALUES (?1, ?2, json_array(?3))
+         ON CONFLICT (job_id, attempt) DO UPDATE SET notes = CASE
+             WHEN EXISTS (SELECT 1 FROM json_each(coalesce(job_attempts.notes, '[]')) WHERE value = ?3)
+                 THEN job_attempts.notes
+             ELSE json_insert(coalesce(job_attempts.notes, '[]'), '$[#]', ?3) END",
+    )
+    .bind(job.get())
+    .bind(attempt)
+    .bind(note)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }

@@ -1,6 +1,7 @@
-//! `job_logs` (append-only log chunks) and the log columns of `job_attempts`.
+//! The log columns of `job_attempts` (the bytes are files, see `queue::logs`), and the
+//! `job_logs` table where older versions kept the bytes, read once to move them into files.
 
-use shared::api::JobId;
+use shared::api::{JobId, SweepId};
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 /// How much of an attempt's log the server has: `received` counts bytes of the worker's log
@@ -45,24 +46,6 @@ pub async fn set_length(conn: &mut SqliteConnection, job: JobId, attempt: u32, l
     Ok(())
 }
 
-/// Stores one chunk starting at `offset` of the stored log.
-pub async fn append(
-    conn: &mut SqliteConnection,
-    job: JobId,
-    attempt: u32,
-    offset: u64,
-    data: &[u8],
-) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO job_logs (job_id, attempt, byte_offset, data) VALUES (?, ?, ?, ?)")
-        .bind(job.get())
-        .bind(attempt)
-        .bind(offset as i64)
-        .bind(data)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
 /// Bytes kept of an attempt's log, for readers.
 pub async fn stored_length(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<u64> {
     let stored: Option<i64> =
@@ -74,20 +57,25 @@ pub async fn stored_length(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx:
     Ok(stored.unwrap_or(0) as u64)
 }
 
-/// Up to `max` stored bytes from `offset` on.
-pub async fn read(pool: &SqlitePool, job: JobId, attempt: u32, offset: u64, max: u64) -> sqlx::Result<Vec<u8>> {
-    let end = offset.saturating_add(max);
-    // The chunk holding `offset` starts at the largest chunk start <= offset; from there on the
-    // index walks chunks in order, and stopping at `end` bounds what is fetched.
+/// An attempt whose log bytes are still in the database (kept there by older versions),
+/// with its sweep: `(sweep, job, attempt)`.
+pub async fn first_stored_attempt(pool: &SqlitePool) -> sqlx::Result<Option<(SweepId, JobId, u32)>> {
+    let row =
+        sqlx::query("SELECT j.sweep_id, l.job_id, l.attempt FROM job_logs l JOIN jobs j ON j.id = l.job_id LIMIT 1")
+            .fetch_optional(pool)
+            .await?;
+    row.map(|row| {
+        Ok((SweepId::new(row.try_get("sweep_id")?), JobId::new(row.try_get("job_id")?), row.try_get("attempt")?))
+    })
+    .transpose()
+}
+
+/// Up to about `max` log bytes kept in the database from `offset` on (whole chunks).
+pub async fn read_blobs(pool: &SqlitePool, job: JobId, attempt: u32, offset: u64, max: u64) -> sqlx::Result<Vec<u8>> {
     let rows = sqlx::query(
-        "SELECT byte_offset, data FROM job_logs
-         WHERE job_id = ? AND attempt = ? AND byte_offset < ? AND byte_offset >= coalesce(
-             (SELECT max(byte_offset) FROM job_logs WHERE job_id = ? AND attempt = ? AND byte_offset <= ?), 0)
+        "SELECT byte_offset, data FROM job_logs WHERE job_id = ? AND attempt = ? AND byte_offset >= ?
          ORDER BY byte_offset",
     )
-    .bind(job.get())
-    .bind(attempt)
-    .bind(end.min(i64::MAX as u64) as i64)
     .bind(job.get())
     .bind(attempt)
     .bind(offset.min(i64::MAX as u64) as i64)
@@ -96,10 +84,20 @@ pub async fn read(pool: &SqlitePool, job: JobId, attempt: u32, offset: u64, max:
     let mut bytes = Vec::new();
     for row in rows {
         let start = row.try_get::<i64, _>("byte_offset")? as u64;
-        let data: Vec<u8> = row.try_get("data")?;
-        let from = offset.saturating_sub(start).min(data.len() as u64) as usize;
-        let to = (end.saturating_sub(start)).min(data.len() as u64) as usize;
-        bytes.extend_from_slice(&data[from..to.max(from)]);
+        if start != offset + bytes.len() as u64 || bytes.len() as u64 >= max {
+            break;
+        }
+        bytes.extend_from_slice(&row.try_get::<Vec<u8>, _>("data")?);
     }
     Ok(bytes)
+}
+
+/// Drops an attempt's log bytes from the database once they are in a file.
+pub async fn forget_blobs(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM job_logs WHERE job_id = ? AND attempt = ?")
+        .bind(job.get())
+        .bind(attempt)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }

@@ -153,8 +153,8 @@ pub async fn summaries(pool: &SqlitePool, jobs: &[JobId]) -> anyhow::Result<Summ
 }
 
 /// Summaries of one attempt, as they stand (for a result version).
-pub async fn summaries_of_attempt(
-    pool: &SqlitePool,
+pub async fn summaries_of_attempt<'e>(
+    db: impl sqlx::SqliteExecutor<'e>,
     job: JobId,
     attempt: u32,
 ) -> sqlx::Result<BTreeMap<String, MetricSummary>> {
@@ -162,7 +162,7 @@ pub async fn summaries_of_attempt(
         sqlx::query(&format!("SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s WHERE job_id = ? AND attempt = ?"))
             .bind(job.get())
             .bind(attempt)
-            .fetch_all(pool)
+            .fetch_all(db)
             .await?;
     Ok(collect(&rows)?.remove(&job).unwrap_or_default())
 }

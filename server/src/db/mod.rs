@@ -87,9 +87,9 @@ impl Db {
     /// Under a steady stream of writes a passive checkpoint never catches up with the end of
     /// the log, the log is never restarted and grows without bound (1.6 GB a minute with 500
     /// workers heartbeating: `app bench-load`). Waits for readers (busy timeout) meanwhile.
+    /// The caller holds writes off meanwhile (`Queue::restart_wal` runs it between two write
+    /// groups).
     pub async fn restart_wal(&self) -> sqlx::Result<i64> {
-        // Holding the only writer connection keeps every write out until the log is restarted.
-        let _writes_held = self.writer.acquire().await?;
         let (_busy, wal_pages, _copied): (i64, i64, i64) =
             sqlx::query_as("PRAGMA wal_checkpoint(RESTART)").fetch_one(&self.checkpointer).await?;
         Ok(wal_pages)

@@ -33,11 +33,15 @@ pub async fn stage(conn: &mut SqliteConnection, job: JobId, attempt: u32, entry:
 }
 
 /// The uploaded files of an attempt, by path.
-pub async fn staged(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<HashMap<String, ManifestEntry>> {
+pub async fn staged<'e>(
+    db: impl sqlx::SqliteExecutor<'e>,
+    job: JobId,
+    attempt: u32,
+) -> sqlx::Result<HashMap<String, ManifestEntry>> {
     let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = ? AND attempt = ?")
         .bind(job.get())
         .bind(attempt)
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     rows.iter()
         .map(|row| {
@@ -124,11 +128,11 @@ pub async fn get(pool: &SqlitePool, job: JobId, attempt: u32) -> anyhow::Result<
     row.as_ref().map(version_of).transpose()
 }
 
-pub async fn exists(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<bool> {
+pub async fn exists<'e>(db: impl sqlx::SqliteExecutor<'e>, job: JobId, attempt: u32) -> sqlx::Result<bool> {
     let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM results WHERE job_id = ? AND attempt = ?")
         .bind(job.get())
         .bind(attempt)
-        .fetch_optional(pool)
+        .fetch_optional(db)
         .await?;
     Ok(found.is_some())
 }

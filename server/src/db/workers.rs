@@ -1,30 +1,94 @@
-//! `workers`: registration (an upsert by name) and liveness.
+//! `workers`: registration (by name, told apart by key), sessions, liveness; and the
+//! server's instance id.
 
 use shared::api::{JobId, WorkerId, WorkerInfo, WorkerState};
 use shared::placement::Capacity;
 use sqlx::SqliteConnection;
 use sqlx::{Row, SqlitePool};
 
-/// Registers `name`, or re-registers it (same id) after a restart or reconnect.
-pub async fn upsert(
+/// What registration decides on about a worker already known by a name.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Registered {
+    pub id: i64,
+    pub key_hash: Option<String>,
+    pub last_seen_at: i64,
+}
+
+pub async fn by_name(conn: &mut SqliteConnection, name: &str) -> sqlx::Result<Option<Registered>> {
+    sqlx::query_as("SELECT id, key_hash, last_seen_at FROM workers WHERE name = ?")
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await
+}
+
+/// The first of `base`, `base-2`, `base-3`, ... that no worker uses.
+pub async fn unique_name(conn: &mut SqliteConnection, base: &str) -> sqlx::Result<String> {
+    for n in 2u32.. {
+        let name = format!("{base}-{n}");
+        if by_name(conn, &name).await?.is_none() {
+            return Ok(name);
+        }
+    }
+    unreachable!("some suffix is free")
+}
+
+/// A new worker.
+pub async fn insert(
     conn: &mut SqliteConnection,
     name: &str,
     capacity: &Capacity,
+    (key_hash, session_hash): (Option<&str>, &str),
     now: i64,
 ) -> anyhow::Result<WorkerId> {
     let id: i64 = sqlx::query_scalar(
-        "INSERT INTO workers (name, capacity, registered_at, last_seen_at) VALUES (?, ?, ?, ?)
-         ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity,
-             registered_at = excluded.registered_at, last_seen_at = excluded.last_seen_at
-         RETURNING id",
+        "INSERT INTO workers (name, capacity, registered_at, last_seen_at, key_hash, session_hash)
+         VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
     )
     .bind(name)
     .bind(serde_json::to_string(capacity)?)
     .bind(now)
     .bind(now)
+    .bind(key_hash)
+    .bind(session_hash)
     .fetch_one(&mut *conn)
     .await?;
     Ok(WorkerId::new(id))
+}
+
+/// A worker registering again (restarted, or taking over the name of a lost one): new
+/// capacity, key and session, same id.
+pub async fn renew(
+    conn: &mut SqliteConnection,
+    id: WorkerId,
+    capacity: &Capacity,
+    (key_hash, session_hash): (Option<&str>, &str),
+    now: i64,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "UPDATE workers SET capacity = ?, registered_at = ?, last_seen_at = ?, key_hash = ?, session_hash = ?
+         WHERE id = ?",
+    )
+    .bind(serde_json::to_string(capacity)?)
+    .bind(now)
+    .bind(now)
+    .bind(key_hash)
+    .bind(session_hash)
+    .bind(id.get())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The SHA-256 (hex) of the worker's current session secret, if it is registered.
+pub async fn session_hash(pool: &SqlitePool, id: WorkerId) -> sqlx::Result<Option<String>> {
+    let hash: Option<Option<String>> =
+        sqlx::query_scalar("SELECT session_hash FROM workers WHERE id = ?").bind(id.get()).fetch_optional(pool).await?;
+    Ok(hash.flatten())
+}
+
+/// This database's instance id (made by the migration that created the table).
+pub async fn instance(pool: &SqlitePool) -> sqlx::Result<String> {
+    sqlx::query_scalar("SELECT id FROM server_instance LIMIT 1").fetch_one(pool).await
 }
 
 /// Marks the worker alive; false when no such worker is registered.

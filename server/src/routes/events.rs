@@ -22,7 +22,8 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn events(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let follower = Follower { changes: state.changes.subscribe(), stop: state.shutting_down.clone(), first: true };
+    let follower =
+        Follower { changes: state.queue.events().page_changes(), stop: state.shutting_down.clone(), first: true };
     let stream = futures_util::stream::unfold(follower, |mut follower| async move {
         let seq = follower.next().await?;
         Some((Ok(Event::default().event("change").data(format!("{{\"seq\":{seq}}}"))), follower))

@@ -1,7 +1,6 @@
 //! The HTTP API: one module per resource, each exposing `router()`.
 
 mod events;
-mod fence;
 mod health;
 mod jobs;
 mod logs;
@@ -10,6 +9,7 @@ mod overview;
 mod page;
 mod results;
 mod session;
+mod session_worker;
 mod summary;
 mod sweeps;
 mod telemetry;
@@ -17,10 +17,8 @@ mod workers;
 
 use crate::state::AppState;
 use axum::extract::DefaultBodyLimit;
-use axum::extract::{Request, State};
-use axum::http::Method;
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::extract::Request;
+use axum::middleware;
 use axum::Router;
 use tower_http::trace::TraceLayer;
 
@@ -44,7 +42,6 @@ pub fn router(state: AppState) -> Router {
             crate::error::ApiError::NotFound("no such endpoint; see the API list in README.md".into())
         })
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn_with_state(state.clone(), note_changes))
         .layer(middleware::from_fn_with_state(state.clone(), crate::auth::authorize))
         // Spans name the path only: a query string may carry what should not be logged (a
         // token sent there by mistake is refused, and must not end up in the log either).
@@ -52,15 +49,4 @@ pub fn router(state: AppState) -> Router {
             tracing::debug_span!("request", method = %request.method(), path = %request.uri().path())
         }))
         .with_state(state)
-}
-
-/// Every successful write request may change what the web page shows; log appends are left
-/// out (the job page follows its log by long poll, and they are the most frequent writes).
-async fn note_changes(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let writes = request.method() != Method::GET && !request.uri().path().ends_with("/log");
-    let response = next.run(request).await;
-    if writes && response.status().is_success() {
-        state.changed();
-    }
-    response
 }

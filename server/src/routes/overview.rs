@@ -13,10 +13,10 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn overview(State(state): State<AppState>) -> ApiResult<Json<Overview>> {
-    let counts = db::sweeps::counts(&state.db.reader, None).await?;
-    let sweeps = db::sweeps::count(&state.db.reader).await?;
+    let counts = db::sweeps::counts(state.queue.reader(), None).await?;
+    let sweeps = db::sweeps::count(state.queue.reader()).await?;
     let mut overview = Overview { counts, sweeps, ..Overview::default() };
-    for worker in super::workers::list_workers(&state).await? {
+    for worker in state.queue.workers().await? {
         match worker.state {
             WorkerState::Healthy => overview.workers.healthy += 1,
             WorkerState::Stale => overview.workers.stale += 1,

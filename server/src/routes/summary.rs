@@ -26,10 +26,10 @@ async fn summary(
         Some("csv") => true,
         Some(other) => return Err(ApiError::BadRequest(format!("unknown format `{other}`; use `json` or `csv`"))),
     };
-    let sweep = super::sweeps::find(&state, &key).await?.info;
+    let sweep = state.queue.find_sweep(&key).await?.info;
     let (jobs, mut summaries) = match query.top {
-        Some(top) => db::metrics::sweep_top_jobs(&state.db.reader, sweep.id, sweep.metric.as_ref(), top).await?,
-        None => db::metrics::sweep_jobs(&state.db.reader, sweep.id).await?,
+        Some(top) => db::metrics::sweep_top_jobs(state.queue.reader(), sweep.id, sweep.metric.as_ref(), top).await?,
+        None => db::metrics::sweep_jobs(state.queue.reader(), sweep.id).await?,
     };
     let rows = jobs
         .into_iter()

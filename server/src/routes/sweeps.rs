@@ -1,16 +1,16 @@
 //! `/api/sweeps`: submit (expanded here, on the server, in one transaction), list, show, cancel.
 
-use crate::db::{self, now_ms};
-use crate::error::{ApiError, ApiQuery, ApiResult};
+use crate::db;
+use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult};
 use crate::state::AppState;
 use axum::extract::rejection::StringRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::AppendHeaders;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use shared::api::{CancelResponse, JobPreview, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo};
 use shared::names::check_name;
-use shared::sweep::{ExpandOptions, Sweep};
+use std::sync::Arc;
 
 /// Jobs shown by a dry run.
 const PREVIEW_JOBS: u64 = 10;
@@ -31,13 +31,8 @@ async fn submit(
     let started = std::time::Instant::now();
     let timing =
         move || AppendHeaders([("server-timing", format!("submit;dur={:.3}", started.elapsed().as_secs_f64() * 1e3))]);
-    let source = body?;
-    let options = ExpandOptions {
-        max_jobs: state.config.max_jobs_per_sweep,
-        command: query.command.clone(),
-        max_depth: state.config.max_yaml_depth,
-    };
-    let sweep = Sweep::parse(&source, &options).map_err(|error| ApiError::BadRequest(error.to_string()))?;
+    let source = Arc::new(body?);
+    let sweep = state.queue.parse_sweep(source.clone(), query.command.clone()).await?;
     let base_name = sweep.name.clone().or(query.name).unwrap_or_else(|| "sweep".into());
     check_name("sweep", &base_name).map_err(ApiError::BadRequest)?;
     if query.dry_run {
@@ -52,20 +47,13 @@ async fn submit(
         };
         return Ok((timing(), Json(response)));
     }
-    let now = now_ms();
-    let mut tx = state.db.writer.begin().await?;
-    let name = db::sweeps::unique_name(&mut tx, &base_name).await?;
-    let sweep_id = db::sweeps::insert(&mut tx, &name, &sweep, &source, now).await?;
-    let inserted = db::sweeps::insert_jobs(&mut tx, sweep_id, &sweep, now).await?;
-    tx.commit().await?;
-    tracing::info!(sweep = %name, jobs = inserted, "sweep submitted");
-    state.sweep_names.write().map_err(|_| anyhow::anyhow!("sweep name cache poisoned"))?.insert(sweep_id, name.clone());
-    state.work_available.notify_waiters();
+    let form = sweep.form;
+    let submitted = state.queue.submit(Arc::new(sweep), source, base_name).await?;
     let response = SubmitResponse {
-        sweep_id: Some(sweep_id),
-        name,
-        form: sweep.form,
-        count: inserted,
+        sweep_id: Some(submitted.sweep_id),
+        name: submitted.name,
+        form,
+        count: submitted.count,
         dry_run: false,
         preview: Vec::new(),
     };
@@ -79,22 +67,13 @@ fn preview(job: shared::sweep::JobSpec) -> Result<JobPreview, ApiError> {
 }
 
 async fn list(State(state): State<AppState>) -> ApiResult<Json<Vec<SweepInfo>>> {
-    Ok(Json(db::sweeps::list(&state.db.reader).await?))
+    Ok(Json(db::sweeps::list(state.queue.reader()).await?))
 }
 
-pub async fn find(state: &AppState, key: &str) -> ApiResult<SweepDetail> {
-    db::sweeps::find(&state.db.reader, key).await?.ok_or_else(|| ApiError::NotFound(format!("no sweep `{key}`")))
+async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<SweepDetail>> {
+    Ok(Json(state.queue.find_sweep(&key).await?))
 }
 
-async fn show(State(state): State<AppState>, Path(key): Path<String>) -> ApiResult<Json<SweepDetail>> {
-    Ok(Json(find(&state, &key).await?))
-}
-
-async fn cancel(State(state): State<AppState>, Path(key): Path<String>) -> ApiResult<Json<CancelResponse>> {
-    let sweep = find(&state, &key).await?;
-    let mut tx = state.db.writer.begin().await?;
-    let (cancelled, cancel_requested) = db::jobs::cancel_sweep(&mut tx, sweep.info.id, now_ms()).await?;
-    tx.commit().await?;
-    tracing::info!(sweep = %sweep.info.name, cancelled, cancel_requested, "sweep cancelled");
-    Ok(Json(CancelResponse { cancelled, cancel_requested }))
+async fn cancel(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<CancelResponse>> {
+    Ok(Json(state.queue.cancel_sweep(&key).await?))
 }

@@ -16,10 +16,10 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn telemetry(State(state): State<AppState>, ApiPath(name): ApiPath<String>) -> ApiResult<Json<Vec<GpuSample>>> {
-    let worker = db::workers::id_by_name(&state.db.reader, &name)
+    let worker = db::workers::id_by_name(state.queue.reader(), &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no worker `{name}`")))?;
     // The reaper prunes now and then; the window is applied here too so the answer is exact.
     let since = now_ms() - state.config.telemetry_retention.as_millis() as i64;
-    Ok(Json(db::telemetry::list(&state.db.reader, worker, since).await?))
+    Ok(Json(db::telemetry::list(state.queue.reader(), worker, since).await?))
 }

@@ -29,6 +29,7 @@ fn register(name: &str) -> RegisterRequest {
     RegisterRequest {
         name: name.into(),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: Capacity { job_slots: 1, gpus: Vec::new() },
         holding: Vec::new(),
     }

@@ -96,13 +96,24 @@ async fn garbage_bodies_get_json_errors_and_the_server_keeps_serving() {
     let app = TestApp::spawn().await;
     let http = reqwest::Client::new();
     let response = http
-        .post(format!("{}/api/jobs/1/report", app.url))
+        .post(format!("{}/api/jobs/cancel", app.url))
         .header("content-type", "application/json")
         .body("{not json")
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 400);
+    let body: shared::api::ErrorBody = response.json().await.unwrap();
+    assert!(!body.error.is_empty());
+    // A worker endpoint without a session is refused before its body is read, in the same shape.
+    let response = http
+        .post(format!("{}/api/jobs/1/report", app.url))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
     let body: shared::api::ErrorBody = response.json().await.unwrap();
     assert!(!body.error.is_empty());
     let response = http.get(format!("{}/api/jobs?status=exploded", app.url)).send().await.unwrap();
@@ -112,6 +123,7 @@ async fn garbage_bodies_get_json_errors_and_the_server_keeps_serving() {
     let bad_name = shared::api::RegisterRequest {
         name: "bad name!".into(),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: Default::default(),
         holding: Vec::new(),
     };
@@ -142,15 +154,15 @@ async fn hostile_yaml_is_refused_quickly_and_the_server_keeps_serving() {
 }
 
 #[tokio::test]
-async fn claims_and_heartbeats_of_an_unregistered_worker_are_404_and_change_nothing() {
+async fn claims_and_heartbeats_of_an_unregistered_worker_are_401_and_change_nothing() {
     let app = TestApp::spawn().await;
     app.submit(&sweep_of("waiting", 2)).await;
     let claim = shared::api::ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0 };
     let error = app.client.claim(424_242.into(), &claim).await.unwrap_err();
-    assert_eq!(error.status(), Some(404), "{error}");
+    assert_eq!(error.status(), Some(401), "{error}");
     assert!(error.to_string().contains("register"), "{error}");
     let beat = shared::api::HeartbeatRequest { running: Vec::new(), gpus: Vec::new() };
-    assert_eq!(app.client.heartbeat(424_242.into(), &beat).await.unwrap_err().status(), Some(404));
+    assert_eq!(app.client.heartbeat(424_242.into(), &beat).await.unwrap_err().status(), Some(401));
     let queued = JobQuery { status: Some(shared::job::JobStatus::Queued), ..JobQuery::default() };
     assert_eq!(app.client.jobs(&queued).await.unwrap().total, 2);
 }

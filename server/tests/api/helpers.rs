@@ -15,6 +15,8 @@ pub struct TestApp {
     pub client: Client,
     pub url: String,
     pub config: ServerConfig,
+    /// Every registration made through `register`, so a restart keeps speaking for them.
+    pub registered: std::sync::Mutex<Vec<shared::api::RegisterResponse>>,
     data_dir: Arc<TempDir>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
@@ -58,7 +60,15 @@ impl TestApp {
             let _ = stopped.await;
         }));
         let client = Client::with_options(&url, &options).unwrap();
-        let app = TestApp { client, url, config, data_dir, stop: Some(stop), task: Some(task) };
+        let app = TestApp {
+            client,
+            url,
+            config,
+            registered: Default::default(),
+            data_dir,
+            stop: Some(stop),
+            task: Some(task),
+        };
         wait_until("the server answers /api/health", Duration::from_secs(10), || async {
             app.client.health().await.ok()
         })
@@ -80,7 +90,19 @@ impl TestApp {
     pub async fn restart(mut self) -> TestApp {
         self.stop().await;
         let config = self.config.clone();
-        Self::start(config, self.data_dir.clone(), ClientOptions::default()).await
+        let app = Self::start(config, self.data_dir.clone(), ClientOptions::default()).await;
+        let registered = std::mem::take(&mut *self.registered.lock().unwrap());
+        for response in &registered {
+            app.client.remember_session(response).unwrap();
+        }
+        *app.registered.lock().unwrap() = registered;
+        app
+    }
+
+    /// The session header of a worker registered through `register`, for raw requests.
+    pub fn session_of(&self, worker: WorkerId) -> String {
+        let registered = self.registered.lock().unwrap();
+        registered.iter().rev().find(|response| response.worker_id == worker).expect("registered here").session.clone()
     }
 
     pub async fn submit(&self, yaml: &str) -> SubmitResponse {
@@ -91,10 +113,13 @@ impl TestApp {
         let request = RegisterRequest {
             name: name.into(),
             protocol: shared::PROTOCOL_VERSION,
+            key: None,
             capacity: cpu(job_slots),
             holding: Vec::new(),
         };
-        self.client.register(&request).await.expect("register").worker_id
+        let response = self.client.register(&request).await.expect("register");
+        self.registered.lock().unwrap().push(response.clone());
+        response.worker_id
     }
 
     /// Submits a one-job sweep called `name` and claims it on a new worker `name-w`.

@@ -110,7 +110,7 @@ async fn heartbeats_keep_leases_alive_carry_cancels_and_name_unknown_attempts() 
     assert_eq!(app.client.report(held[1].job_id, &killed).await.unwrap().status, JobStatus::Cancelled);
     let unknown =
         app.client.heartbeat(WorkerId::new(worker.get() + 100), &HeartbeatRequest::default()).await.unwrap_err();
-    assert_eq!(unknown.status(), Some(404));
+    assert_eq!(unknown.status(), Some(401), "a worker this server never registered has no session: {unknown}");
 }
 
 #[tokio::test]
@@ -139,6 +139,7 @@ async fn a_worker_that_comes_back_without_its_jobs_gets_them_requeued_at_once() 
     let request = RegisterRequest {
         name: "box".into(),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: cpu(2),
         holding: vec![kept],
     };

@@ -114,6 +114,7 @@ async fn attempts_record_the_worker_gpus_end_and_exit_code_of_each_run() {
     let register = RegisterRequest {
         name: "gpu-box".into(),
         protocol: shared::PROTOCOL_VERSION,
+        key: None,
         capacity: two_gpus(2),
         holding: Vec::new(),
     };

@@ -165,15 +165,24 @@ async fn file_paths_that_could_leave_the_result_directory_are_refused() {
     // The client encodes each segment; these are sent raw, as a hostile client would.
     for path in ["..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd", "/etc/passwd", "a%5C..%5Cb", "a/%00", ".app/result.json"]
     {
-        let response = http.put(format!("{base}/{path}?worker_id={worker}")).body("x").send().await.unwrap();
+        let response = http
+            .put(format!("{base}/{path}?worker_id={worker}"))
+            .header(shared::api::SESSION_HEADER, app.session_of(worker))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status().as_u16(), 400, "{path}: {}", response.text().await.unwrap());
     }
     // A literal `..` straight on the wire, where no URL library tidies it away first.
     let address = app.url.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
     let request = format!(
-        "PUT /api/jobs/{}/attempts/{}/files/../../etc/passwd?worker_id={worker} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
-        job.id, job.attempt
+        "PUT /api/jobs/{}/attempts/{}/files/../../etc/passwd?worker_id={worker} HTTP/1.1\r\nHost: {address}\r\n{}: {}\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        job.id,
+        job.attempt,
+        shared::api::SESSION_HEADER,
+        app.session_of(worker)
     );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = String::new();

@@ -131,6 +131,10 @@ pub struct Job {
     /// The GPU indices of the latest attempt (empty for a CPU job or before the first claim).
     #[serde(default)]
     pub gpus: Vec<u32>,
+    /// What is worth knowing about the latest attempt beyond its status, as sentences (its log
+    /// was cut at the server's cap, the worker's disk filled up).
+    #[serde(default)]
+    pub notes: Vec<String>,
     /// Last, min and max of each metric of the latest attempt.
     #[serde(default)]
     pub metrics: std::collections::BTreeMap<String, MetricSummary>,
@@ -284,10 +288,21 @@ pub struct JobAttempt {
     pub attempt: u32,
 }
 
+/// The header every request of a registered worker carries: `<worker id>:<session secret>`,
+/// the secret its registration returned. It proves the request comes from that registration.
+pub const SESSION_HEADER: &str = "x-app-session";
+/// The header naming the server instance a worker registered with: a server on a new database
+/// is another instance, and refuses what was meant for the old one.
+pub const INSTANCE_HEADER: &str = "x-app-instance";
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RegisterRequest {
     pub name: String,
     pub protocol: u32,
+    /// A random key the worker keeps in its work directory: the same worker restarted sends it
+    /// again, so it is told apart from a second live worker using the same name elsewhere.
+    #[serde(default)]
+    pub key: Option<String>,
     /// Total capacity of the box (all slots and GPUs, nothing reserved).
     pub capacity: Capacity,
     /// Attempts this worker is still running (after a server restart or a reconnect). Any other
@@ -299,6 +314,13 @@ pub struct RegisterRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RegisterResponse {
     pub worker_id: WorkerId,
+    /// The name registered: the one asked for, or a variant (`gpu-box-2`) when a live worker on
+    /// another box already uses it.
+    pub name: String,
+    /// The secret of this registration; send it as `SESSION_HEADER` with every request.
+    pub session: String,
+    /// The server instance; send it as `INSTANCE_HEADER` with every request.
+    pub instance: String,
     pub lease_ms: u64,
     pub heartbeat_ms: u64,
     /// Jobs that were held by an earlier run of this worker and went back to the queue.
@@ -380,5 +402,7 @@ pub struct WorkerInfo {
     pub running_jobs: Vec<JobId>,
 }
 
+mod finish;
 mod outputs;
+pub use finish::*;
 pub use outputs::*;

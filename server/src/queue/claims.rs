@@ -1,0 +1,274 @@
+//! Claims: a worker asks for jobs that fit its free capacity, waiting (long poll) until one
+//! arrives. Claims waiting together are served as a batch by one dispatcher: one read of the
+//! queue and one UPDATE, in one write unit, hand jobs to all of them.
+//!
+//! The single writer is the queue's bottleneck and every statement costs a round trip to
+//! SQLite's thread; under load this turns `2 x claims` statements into 2 per batch. Placement
+//! stays exact: each claim's jobs are chosen by `shared::placement::place` against the
+//! capacity that worker reported, in arrival order, best jobs first.
+
+use super::{Change, Queue, Tx};
+use crate::db::{self, now_ms};
+use crate::error::{ApiError, ApiResult};
+use shared::api::{ClaimedJob, JobAttempt, JobId, SweepId, WorkerId};
+use shared::job::{self, JobStatus, Outcome};
+use shared::placement::{place, Capacity, Placement};
+use sqlx::Row;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+/// Queued jobs looked at per free job slot of the batch: enough to skip past the few jobs the
+/// SQL filter lets through that still do not fit, without walking the queue.
+const CANDIDATES_PER_SLOT: u32 = 4;
+/// Claims served together at most.
+const MAX_BATCH: usize = 128;
+/// Queued jobs looked at per batch at most.
+const MAX_CANDIDATES: u32 = 16_384;
+
+/// One worker's claim waiting for its jobs.
+pub struct ClaimTicket {
+    worker_id: WorkerId,
+    capacity: Capacity,
+    reply: oneshot::Sender<ApiResult<Vec<ClaimedJob>>>,
+}
+
+pub type ClaimSender = mpsc::Sender<ClaimTicket>;
+
+/// What a claim got: jobs, or nothing within its wait.
+pub type ClaimOutcome = Vec<ClaimedJob>;
+
+/// Serves claims until the queue is gone.
+pub(super) async fn dispatch(queue: Weak<Queue>, mut tickets: mpsc::Receiver<ClaimTicket>) {
+    while let Some(first) = tickets.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match tickets.try_recv() {
+                Ok(ticket) => batch.push(ticket),
+                Err(_) => break,
+            }
+        }
+        // A worker that hung up gets nothing.
+        batch.retain(|ticket| !ticket.reply.is_closed());
+        let Some(queue) = queue.upgrade() else { return };
+        if batch.is_empty() {
+            continue;
+        }
+        let requests: Vec<(WorkerId, Capacity)> =
+            batch.iter().map(|ticket| (ticket.worker_id, ticket.capacity.clone())).collect();
+        let (lease, names) = (queue.config.lease, queue.sweep_names.clone());
+        let served =
+            queue.write(move |tx| Box::pin(async move { claim_batch(tx, &requests, lease, &names).await })).await;
+        match served {
+            Ok(per_ticket) => {
+                for (ticket, jobs) in batch.into_iter().zip(per_ticket) {
+                    if let Err(Ok(unsent)) = ticket.reply.send(Ok(jobs)) {
+                        queue.give_back(ticket.worker_id, unsent).await;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::error!(error = ?error, "serving a batch of claims");
+                for ticket in batch {
+                    let _ = ticket.reply.send(Err(error.retry_copy()));
+                }
+            }
+        }
+    }
+}
+
+impl Queue {
+    /// Hands `worker` the jobs that fit `capacity`, waiting up to `wait` for one to arrive.
+    pub async fn claim(&self, worker: WorkerId, capacity: Capacity, wait: Duration) -> ApiResult<ClaimOutcome> {
+        let deadline = Instant::now() + wait.min(self.config.max_long_poll);
+        let mut shutting_down = self.shutting_down();
+        loop {
+            // Listen before looking, so a job submitted between the look and the wait still wakes us.
+            let notified = self.events.work().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let jobs = self.claim_now(worker, capacity.clone()).await?;
+            if !jobs.is_empty() || Instant::now() >= deadline || capacity.job_slots == 0 || self.is_draining(worker) {
+                return Ok(jobs);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = shutting_down.wait_for(|stop| *stop) => return Err(ApiError::ShuttingDown),
+            }
+        }
+    }
+
+    /// Asks the dispatcher for jobs that fit `capacity` (without waiting for new work).
+    async fn claim_now(&self, worker_id: WorkerId, capacity: Capacity) -> ApiResult<Vec<ClaimedJob>> {
+        if self.is_draining(worker_id) {
+            return Ok(Vec::new());
+        }
+        let (reply, answer) = oneshot::channel();
+        self.claims.send(ClaimTicket { worker_id, capacity, reply }).await.map_err(|_| ApiError::ShuttingDown)?;
+        answer.await.map_err(|_| ApiError::ShuttingDown)?
+    }
+
+    /// Jobs claimed for a worker that hung up before the answer: back to the queue, no crash.
+    async fn give_back(&self, worker_id: WorkerId, jobs: Vec<ClaimedJob>) {
+        let attempts: Vec<JobAttempt> =
+            jobs.iter().map(|job| JobAttempt { job_id: job.id, attempt: job.attempt }).collect();
+        let given = self
+            .write(move |tx| {
+                Box::pin(async move {
+                    for attempt in attempts {
+                        let Some(current) = db::jobs::state(tx.conn(), attempt.job_id).await? else { continue };
+                        let still_ours = current.status == JobStatus::Running
+                            && current.attempt == attempt.attempt
+                            && current.worker_id == Some(worker_id);
+                        if !still_ours {
+                            continue;
+                        }
+                        let decision = job::finish(&Outcome::Abandoned, current.retries_left, current.cancel_requested);
+                        if db::jobs::finish(tx.conn(), &current, worker_id, &decision, now_ms()).await? {
+                            tracing::info!(job = %attempt.job_id, "claimed for a worker that hung up; back in the queue");
+                            tx.note(Change::Job(attempt.job_id));
+                            tx.note(Change::Claimable);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .await;
+        if let Err(error) = given {
+            tracing::warn!(%error, "handing back jobs of a worker that hung up; their leases will expire");
+        }
+    }
+}
+
+/// Chooses each claim's jobs, in arrival order, best jobs first: `place` against the capacity
+/// that worker reported, reserving as it goes. Returns the choices, the (job, worker) pairs in
+/// dispatch order, and whether some claim still has free slots.
+#[allow(clippy::type_complexity)]
+fn assign(
+    requests: &[(WorkerId, Capacity)],
+    candidates: &[db::jobs::Candidate],
+) -> (HashMap<JobId, (usize, Placement)>, Vec<(JobId, WorkerId)>, bool) {
+    let mut taken = vec![false; candidates.len()];
+    let mut chosen = HashMap::new();
+    let mut order = Vec::new();
+    let mut unfilled = false;
+    for (position, (worker_id, capacity)) in requests.iter().enumerate() {
+        let mut free = capacity.clone();
+        for (index, candidate) in candidates.iter().enumerate() {
+            if free.job_slots == 0 {
+                break;
+            }
+            if taken[index] {
+                continue;
+            }
+            if let Some(placement) = place(&candidate.resources, &free) {
+                free.reserve(&candidate.resources, &placement);
+                taken[index] = true;
+                order.push((candidate.id, *worker_id));
+                chosen.insert(candidate.id, (position, placement));
+            }
+        }
+        unfilled |= free.job_slots > 0;
+    }
+    (chosen, order, unfilled)
+}
+
+type SweepNames = Arc<RwLock<HashMap<SweepId, String>>>;
+
+async fn claim_batch(
+    tx: &mut Tx,
+    requests: &[(WorkerId, Capacity)],
+    lease: Duration,
+    names: &SweepNames,
+) -> ApiResult<Vec<Vec<ClaimedJob>>> {
+    let now = now_ms();
+    let lease_expires_at = now + lease.as_millis() as i64;
+    let slots: u32 = requests.iter().map(|(_, capacity)| capacity.job_slots).sum();
+    let usable = |capacity: &Capacity| capacity.gpus.iter().filter(|gpu| !gpu.exclusive_held).count() as u32;
+    let max_gpus = requests.iter().map(|(_, capacity)| usable(capacity)).max().unwrap_or(0);
+    let max_free_memory = requests
+        .iter()
+        .flat_map(|(_, capacity)| capacity.gpus.iter().filter(|gpu| !gpu.exclusive_held))
+        .map(|gpu| gpu.memory_free)
+        .max()
+        .unwrap_or(0);
+    let mut per_ticket: Vec<Vec<ClaimedJob>> = requests.iter().map(|_| Vec::new()).collect();
+    if slots == 0 {
+        return Ok(per_ticket);
+    }
+    // The look and the update run in one write unit: no other writer runs in between, and all
+    // chosen jobs change in one statement.
+    let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
+    let (mut chosen, order) = loop {
+        let candidates = db::jobs::queued_candidates(tx.conn(), max_gpus, max_free_memory, limit).await?;
+        let (chosen, order, unfilled) = assign(requests, &candidates);
+        // Jobs that fit nobody (exclusive ones while the GPUs are shared, say) may fill the
+        // head of the queue: look further while a claim still has room and the queue has more.
+        if !unfilled || (candidates.len() as u32) < limit || limit >= MAX_CANDIDATES {
+            break (chosen, order);
+        }
+        limit = limit.saturating_mul(8).min(MAX_CANDIDATES);
+    };
+    if order.is_empty() {
+        return Ok(per_ticket);
+    }
+    // The GPUs the server chose are recorded with the claim; the worker keeps them while
+    // they still fit (see worker/src/daemon.rs `start`).
+    let rows = {
+        let assignments: Vec<(JobId, WorkerId, &[u32])> =
+            order.iter().map(|(id, worker)| (*id, *worker, chosen[id].1.gpus.as_slice())).collect();
+        db::jobs::mark_running(tx.conn(), &assignments, lease_expires_at, now).await?
+    };
+    for row in &rows {
+        let id = JobId::new(row.try_get("id")?);
+        if let Some((position, placement)) = chosen.remove(&id) {
+            per_ticket[position].push(claimed_job(tx, row, placement, names).await?);
+            // Log followers waiting for a queued job's first attempt learn it started.
+            tx.note(Change::Job(id));
+        }
+    }
+    for jobs in &mut per_ticket {
+        // Dispatch order: priority first, then age, as the candidates came.
+        jobs.sort_by_key(|job| order.iter().position(|(id, _)| *id == job.id));
+    }
+    Ok(per_ticket)
+}
+
+async fn claimed_job(
+    tx: &mut Tx,
+    row: &sqlx::sqlite::SqliteRow,
+    placement: Placement,
+    names: &SweepNames,
+) -> ApiResult<ClaimedJob> {
+    let sweep_id = SweepId::new(row.try_get("sweep_id")?);
+    let params: String = row.try_get("params")?;
+    Ok(ClaimedJob {
+        id: JobId::new(row.try_get("id")?),
+        attempt: row.try_get("attempt")?,
+        sweep_id,
+        sweep: sweep_name(tx, sweep_id, names).await?,
+        index: row.try_get::<i64, _>("idx")? as u64,
+        params: serde_json::from_str(&params).map_err(anyhow::Error::from)?,
+        command: row.try_get("command")?,
+        config: row.try_get("config")?,
+        resources: db::jobs::resources_of(row)?,
+        timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
+        placement,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+    })
+}
+
+async fn sweep_name(tx: &mut Tx, sweep_id: SweepId, names: &SweepNames) -> ApiResult<String> {
+    let cached = names.read().ok().and_then(|names| names.get(&sweep_id).cloned());
+    if let Some(name) = cached {
+        return Ok(name);
+    }
+    let name = db::sweeps::name_of(tx.conn(), sweep_id).await?;
+    if let Ok(mut names) = names.write() {
+        names.insert(sweep_id, name.clone());
+    }
+    Ok(name)
+}

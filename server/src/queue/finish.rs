@@ -1,0 +1,197 @@
+//! The end of an attempt in one request (`shared::api::FinishRequest`): the log tail, the last
+//! metric points, the result version (inline files and the record) and the outcome are applied
+//! in one write unit, fenced once, so a stale attempt changes nothing at all; then, if asked,
+//! the worker's next jobs are claimed.
+
+use super::results::{check_upload_path, remove_unrecorded};
+use super::{Change, Queue, Tx, WorkerAttempt};
+use crate::db::{self, now_ms};
+use crate::error::{ApiError, ApiResult};
+use crate::storage::{self, disk_error, Layout, SealError};
+use sha2::{Digest, Sha256};
+use shared::api::{
+    FinishRequest, FinishResponse, InlineResult, JobAttempt, ManifestEntry, ResultVersion, MAX_INLINE_BYTES,
+};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Checks what can be checked before touching anything: inline files within the cap, with
+/// plain paths listed once and the hashes they claim.
+fn check_inline(request: &FinishRequest) -> ApiResult<()> {
+    let Some(result) = &request.result else { return Ok(()) };
+    let total: u64 = result.files.iter().map(|file| file.data.len() as u64).sum();
+    if total > MAX_INLINE_BYTES {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "{total} bytes of inline files in one finish; at most {MAX_INLINE_BYTES}: upload them with \
+             PUT /api/jobs/{}/attempts/{}/files/PATH and finish without them",
+            request.job_id, request.attempt
+        )));
+    }
+    let mut seen = HashSet::new();
+    for file in result.files.iter().map(|file| &file.path).chain(result.streamed.iter().map(|entry| &entry.path)) {
+        check_upload_path(file)?;
+        if !seen.insert(file.as_str()) {
+            return Err(ApiError::BadRequest(format!("`{file}` is listed twice in the result")));
+        }
+    }
+    for file in &result.files {
+        let digest = hex::encode(Sha256::digest(&file.data));
+        if !digest.eq_ignore_ascii_case(&file.sha256) {
+            return Err(ApiError::BadRequest(format!(
+                "inline file `{}` has SHA-256 {digest}, not the {} its request says",
+                file.path, file.sha256
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes the inline files into the attempt's staging directory (blocking).
+fn stage_inline(staging: &std::path::Path, result: &InlineResult) -> std::io::Result<()> {
+    for file in &result.files {
+        let path = file.path.split('/').fold(staging.to_path_buf(), |path, segment| path.join(segment));
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, &file.data)?;
+    }
+    Ok(())
+}
+
+impl Queue {
+    /// Applies a finishing attempt's last report, then claims its worker's next jobs if asked.
+    pub async fn finish(&self, worker: WorkerId, request: FinishRequest) -> ApiResult<FinishResponse> {
+        check_inline(&request)?;
+        if let Some(claim) = &request.claim {
+            claim.capacity.check().map_err(ApiError::BadRequest)?;
+        }
+        let at = WorkerAttempt { job: request.job_id, attempt: request.attempt, worker };
+        let staging = self.layout.staging(at.job, at.attempt);
+        if let Some(result) = request.result.as_ref().filter(|result| !result.files.is_empty()) {
+            // Staged before the write unit, so the writer does no large file writes itself. A
+            // stale attempt's files are removed by the reaper with the rest of its staging.
+            super::fence::holder(&mut *self.reader().acquire().await?, at.job, at.attempt, worker, "finish").await?;
+            let (dir, result) = (staging.clone(), result.clone());
+            tokio::task::spawn_blocking(move || stage_inline(&dir, &result))
+                .await
+                .map_err(|error| anyhow::anyhow!("staging inline files: {error}"))?
+                .map_err(|error| {
+                    disk_error(error, format!("storing the results of job {} attempt {}", at.job, at.attempt))
+                })?;
+        }
+        let claim = request.claim.clone();
+        let (logs, cap, layout) = (self.logs.clone(), self.config.max_log_bytes_per_job, self.layout.clone());
+        let status = self
+            .write(move |tx| Box::pin(async move { apply(tx, at, request, (&logs, cap), &layout, staging).await }))
+            .await?;
+        let jobs = match claim {
+            Some(claim) if !self.is_draining(worker) => {
+                self.claim(worker, claim.capacity, Duration::from_millis(claim.wait_ms)).await?
+            }
+            _ => Vec::new(),
+        };
+        Ok(FinishResponse { status, jobs })
+    }
+}
+
+use shared::api::WorkerId;
+
+async fn apply(
+    tx: &mut Tx,
+    at: WorkerAttempt,
+    request: FinishRequest,
+    logs: (&super::LogStore, u64),
+    layout: &Layout,
+    staging: PathBuf,
+) -> ApiResult<shared::job::JobStatus> {
+    super::fence::holder(tx.conn(), at.job, at.attempt, at.worker, "finish").await?;
+    if let Some(log) = &request.log {
+        super::logs::append(tx, logs, at, log.offset, &log.data).await?;
+    }
+    if let Some(metrics) = &request.metrics {
+        super::metrics::record(tx, at.job, at.attempt, at.worker, metrics.offset, &metrics.points).await?;
+    }
+    for note in &request.notes {
+        db::jobs::add_note(tx.conn(), at.job, at.attempt, note).await?;
+        super::logs::append_server_line(tx, logs.0, at, &format!("[app] {note}\n")).await?;
+    }
+    if let Some(result) = request.result {
+        seal(tx, at, result, layout, &staging).await?;
+    }
+    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+    super::reports::apply_outcome(tx, attempt, at.worker, &request.outcome).await
+}
+
+/// Seals the staged files (inline and streamed) as the attempt's result version, inside the
+/// finish's write unit; a version already recorded (a retried finish) is left as it is.
+async fn seal(
+    tx: &mut Tx,
+    at: WorkerAttempt,
+    result: InlineResult,
+    layout: &Layout,
+    staging: &std::path::Path,
+) -> ApiResult<()> {
+    let (id, attempt) = (at.job, at.attempt);
+    if db::results::exists(tx.conn(), id, attempt).await? {
+        return Ok(());
+    }
+    let (sweep, index, params) = db::jobs::for_result(tx.conn(), id).await?.ok_or_else(|| super::no_job(id))?;
+    let relative = Layout::version_path(&sweep, index, attempt);
+    storage::check_relative_path(&relative).map_err(|why| anyhow::anyhow!("result path of job {id}: {why}"))?;
+    let mut files: Vec<ManifestEntry> = result
+        .files
+        .iter()
+        .map(|file| ManifestEntry {
+            path: file.path.clone(),
+            size: file.data.len() as u64,
+            sha256: file.sha256.to_ascii_lowercase(),
+        })
+        .collect();
+    if !result.streamed.is_empty() {
+        let staged = db::results::staged(tx.conn(), id, attempt).await?;
+        for entry in &result.streamed {
+            match staged.get(&entry.path) {
+                Some(uploaded)
+                    if uploaded.size == entry.size && uploaded.sha256.eq_ignore_ascii_case(&entry.sha256) =>
+                {
+                    files.push(uploaded.clone())
+                }
+                _ => {
+                    return Err(ApiError::BadRequest(format!(
+                        "`{}` is in the result but was not uploaded with that size and hash",
+                        entry.path
+                    )))
+                }
+            }
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let version = ResultVersion {
+        job_id: id,
+        attempt,
+        path: relative,
+        files,
+        record: result.record,
+        params,
+        metrics: db::metrics::summaries_of_attempt(tx.conn(), id, attempt).await?,
+        stored_at: now_ms(),
+    };
+    let target = layout.absolute(&version.path);
+    let what = format!("sealing result v{attempt} of job {id}");
+    remove_unrecorded(&target).await.map_err(|error| disk_error(error, what.clone()))?;
+    let manifest_json = serde_json::to_vec_pretty(&version.files).map_err(anyhow::Error::from)?;
+    let result_json = serde_json::to_vec_pretty(&version).map_err(anyhow::Error::from)?;
+    std::fs::create_dir_all(staging).map_err(|error| disk_error(error, what.clone()))?;
+    storage::seal(staging, &target, &version.files, &manifest_json, &result_json).map_err(|error| match error {
+        SealError::Mismatch(why) => ApiError::BadRequest(format!("{what}: {why}")),
+        SealError::AlreadyStored => ApiError::Conflict(format!("result v{attempt} of job {id} is already stored")),
+        SealError::Disk(error) => disk_error(error, what.clone()),
+    })?;
+    if !db::results::insert(tx.conn(), &version).await? {
+        return Err(ApiError::Conflict(format!("result v{attempt} of job {id} is already stored")));
+    }
+    db::results::unstage_attempt(tx.conn(), id, attempt).await?;
+    tx.note(Change::Page);
+    Ok(())
+}

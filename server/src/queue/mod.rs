@@ -1,0 +1,158 @@
+//! The queue service: the one layer between the HTTP routes and the database.
+//!
+//! Routes parse a request into typed values, call one method here and map its answer. This
+//! layer owns the database handle, the writer (every change is a write unit, group-committed:
+//! [`writer`]), the claim dispatcher ([`claims`]) and the wake-ups ([`events`]): it applies the
+//! pure decisions of `shared::job` through typed `db` calls, each unit noting what it changed,
+//! and only the writer turns committed changes into wake-ups. Reads go to the reader pool
+//! directly ([`Queue::reader`]); nothing outside this module writes.
+
+mod claims;
+pub mod events;
+mod fence;
+mod finish;
+mod jobs;
+mod leases;
+pub mod logs;
+mod metrics;
+mod reports;
+mod results;
+mod sessions;
+mod signals;
+mod sweeps;
+mod workers;
+mod writer;
+
+pub use claims::ClaimOutcome;
+pub use events::{Change, Events};
+pub use jobs::no_job;
+pub use leases::LeaseExpiry;
+pub use logs::LogStore;
+pub use sessions::same_worker;
+pub use writer::Tx;
+
+use crate::config::ServerConfig;
+use crate::db::Db;
+use crate::error::ApiResult;
+use crate::storage::Layout;
+use futures_util::future::BoxFuture;
+use shared::api::{JobId, SweepId, WorkerId};
+use sqlx::SqlitePool;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::watch;
+
+/// An attempt as its worker names it: everything a worker sends about an attempt is fenced by
+/// all three (the job runs this attempt, on this worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerAttempt {
+    pub job: JobId,
+    pub attempt: u32,
+    pub worker: WorkerId,
+}
+
+/// The service. Cheap to share: handlers hold an `Arc<Queue>`.
+pub struct Queue {
+    db: Db,
+    writer: writer::Writer,
+    events: Events,
+    config: Arc<ServerConfig>,
+    claims: claims::ClaimSender,
+    layout: Layout,
+    logs: LogStore,
+    /// Sweep names never change, and every claimed job carries its sweep's name.
+    sweep_names: Arc<RwLock<HashMap<SweepId, String>>>,
+    /// Turns true when the server shuts down, so long polls end instead of holding it open.
+    shutting_down: watch::Receiver<bool>,
+    /// This database's identity (see `sessions`).
+    instance: String,
+    sessions: sessions::Sessions,
+    /// Workers that stopped taking jobs.
+    draining: Mutex<HashSet<WorkerId>>,
+}
+
+/// The service's background tasks, awaited at shutdown.
+pub struct Tasks {
+    writer: tokio::task::JoinHandle<()>,
+    dispatcher: tokio::task::JoinHandle<()>,
+}
+
+impl Tasks {
+    /// Waits for the tasks to end; call after every handle on the [`Queue`] is gone.
+    pub async fn finish(self) {
+        let _ = self.dispatcher.await;
+        let _ = self.writer.await;
+    }
+}
+
+impl Queue {
+    /// The service over an opened database; starts the writer and the claim dispatcher.
+    pub fn start(
+        db: Db,
+        config: Arc<ServerConfig>,
+        instance: String,
+        shutting_down: watch::Receiver<bool>,
+    ) -> (Arc<Queue>, Tasks) {
+        let events = Events::default();
+        let (writer, writer_task) = writer::start(db.writer.clone(), events.clone());
+        let (claims, tickets) = tokio::sync::mpsc::channel(1024);
+        let layout = Layout::new(&config.data_dir);
+        let queue = Arc::new(Queue {
+            logs: LogStore::new(&config.data_dir),
+            db,
+            writer,
+            events,
+            config,
+            claims,
+            layout,
+            sweep_names: Arc::default(),
+            shutting_down,
+            instance,
+            sessions: sessions::Sessions::default(),
+            draining: Mutex::default(),
+        });
+        let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
+        (queue, Tasks { writer: writer_task, dispatcher })
+    }
+
+    /// The reader pool, for queries that change nothing.
+    pub fn reader(&self) -> &SqlitePool {
+        &self.db.reader
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    pub fn events(&self) -> &Events {
+        &self.events
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Runs one write unit (see [`writer`]); its noted changes wake their waiters once committed.
+    pub async fn write<T, F>(&self, unit: F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
+    {
+        self.writer.write(unit).await
+    }
+
+    /// Moves the whole write-ahead log into the database and restarts it, with writes held off
+    /// between two groups (see `reaper::run_checkpointer`); returns its length in pages before.
+    pub async fn restart_wal(&self) -> ApiResult<sqlx::Result<i64>> {
+        let db = self.db.clone();
+        self.writer.outside(async move { db.restart_wal().await }).await
+    }
+
+    fn shutting_down(&self) -> watch::Receiver<bool> {
+        self.shutting_down.clone()
+    }
+}

@@ -1,0 +1,75 @@
+//! Sweeps: submission (parsed off the async executor, inserted in one write unit) and cancel.
+
+use super::{Change, Queue};
+use crate::db::{self, now_ms};
+use crate::error::{ApiError, ApiResult};
+use shared::api::{CancelResponse, SweepDetail, SweepId};
+use shared::sweep::{ExpandOptions, Sweep};
+use std::sync::Arc;
+
+/// A stored sweep: its id, unique name and job count.
+pub struct Submitted {
+    pub sweep_id: SweepId,
+    pub name: String,
+    pub count: u64,
+}
+
+impl Queue {
+    /// Parses and validates a sweep file. Parsing runs on a blocking thread: a hostile file can
+    /// take a while to refuse, and must not hold up the requests served beside it.
+    pub async fn parse_sweep(&self, source: Arc<String>, command: Option<String>) -> ApiResult<Sweep> {
+        let options =
+            ExpandOptions { max_jobs: self.config.max_jobs_per_sweep, command, max_depth: self.config.max_yaml_depth };
+        tokio::task::spawn_blocking(move || Sweep::parse(&source, &options))
+            .await
+            .map_err(|error| anyhow::anyhow!("parsing a sweep file: {error}"))?
+            .map_err(|error| ApiError::BadRequest(error.to_string()))
+    }
+
+    /// Stores a parsed sweep and all its jobs in one transaction, under a name made unique.
+    pub async fn submit(&self, sweep: Arc<Sweep>, source: Arc<String>, base_name: String) -> ApiResult<Submitted> {
+        let submitted = self
+            .write(move |tx| {
+                Box::pin(async move {
+                    let now = now_ms();
+                    let name = db::sweeps::unique_name(tx.conn(), &base_name).await?;
+                    let sweep_id = db::sweeps::insert(tx.conn(), &name, &sweep, &source, now).await?;
+                    let count = db::sweeps::insert_jobs(tx.conn(), sweep_id, &sweep, now).await?;
+                    tx.note(Change::Claimable);
+                    Ok(Submitted { sweep_id, name, count })
+                })
+            })
+            .await?;
+        if let Ok(mut names) = self.sweep_names.write() {
+            names.insert(submitted.sweep_id, submitted.name.clone());
+        }
+        tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
+        Ok(submitted)
+    }
+
+    /// A sweep by id or name.
+    pub async fn find_sweep(&self, key: &str) -> ApiResult<SweepDetail> {
+        db::sweeps::find(self.reader(), key).await?.ok_or_else(|| ApiError::NotFound(format!("no sweep `{key}`")))
+    }
+
+    /// Cancels a sweep: its queued jobs at once, its running ones at their workers.
+    pub async fn cancel_sweep(&self, key: &str) -> ApiResult<CancelResponse> {
+        let sweep = self.find_sweep(key).await?;
+        let id = sweep.info.id;
+        let response = self
+            .write(move |tx| {
+                Box::pin(async move {
+                    let (cancelled, cancel_requested) = db::jobs::cancel_sweep(tx.conn(), id, now_ms()).await?;
+                    tx.note(Change::Page);
+                    // Followers of a job's log that wait for it to start learn it never will.
+                    for job in &cancelled {
+                        tx.note(Change::Job(*job));
+                    }
+                    Ok(CancelResponse { cancelled: cancelled.len() as u64, cancel_requested })
+                })
+            })
+            .await?;
+        tracing::info!(sweep = %sweep.info.name, cancelled = response.cancelled, cancel_requested = response.cancel_requested, "sweep cancelled");
+        Ok(response)
+    }
+}

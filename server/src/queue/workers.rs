@@ -1,0 +1,160 @@
+//! Workers: registration (which also settles what a restarted worker no longer runs), the
+//! heartbeat (leases, telemetry, cancels), and the list the page and the CLI show.
+
+use super::leases::lose;
+use super::{Change, Queue};
+use crate::db::{self, now_ms};
+use crate::error::{ApiError, ApiResult};
+use shared::api::{
+    HeartbeatRequest, HeartbeatResponse, JobAttempt, JobId, RegisterRequest, RegisterResponse, WorkerId, WorkerInfo,
+};
+use shared::names::check_name;
+use std::collections::HashSet;
+
+pub fn unknown_worker(id: WorkerId) -> ApiError {
+    ApiError::NotFound(format!("no worker {id}; register first"))
+}
+
+impl Queue {
+    /// Registers a worker (again), telling it its id, its session and the server's timings.
+    ///
+    /// The name is looked up first. The same worker coming back (the key it keeps in its work
+    /// directory matches) keeps its id; jobs the server believes it runs but that it does not
+    /// list as held died with its box, and are lost now rather than a lease later. A second
+    /// worker using the name of a live one elsewhere gets its own id and name (`name-2`), so
+    /// neither requeues the other's jobs; the name of a lost worker is taken over.
+    pub async fn register(&self, request: RegisterRequest) -> ApiResult<RegisterResponse> {
+        check_name("worker", &request.name).map_err(ApiError::BadRequest)?;
+        request.capacity.check().map_err(ApiError::BadRequest)?;
+        if request.protocol != shared::PROTOCOL_VERSION {
+            return Err(ApiError::BadRequest(format!(
+                "worker speaks protocol {} but this server speaks {}; run the same app version on both",
+                request.protocol,
+                shared::PROTOCOL_VERSION
+            )));
+        }
+        let secret = super::sessions::random_hex()?;
+        let secret_digest = super::sessions::digest(&secret);
+        let (lease, max_crashes) = (self.config.lease, self.config.max_crashes);
+        let asked = request.name.clone();
+        let (worker_id, name, requeued) = self
+            .write(move |tx| {
+                Box::pin(async move {
+                    let now = now_ms();
+                    let session_hash = hex::encode(secret_digest);
+                    let key_hash = request.key.as_deref().map(|key| hex::encode(super::sessions::digest(key)));
+                    let hashes = (key_hash.as_deref(), session_hash.as_str());
+                    let live = |seen: i64| now.saturating_sub(seen) <= lease.as_millis() as i64;
+                    let (worker_id, name) = match db::workers::by_name(tx.conn(), &request.name).await? {
+                        None => {
+                            let id =
+                                db::workers::insert(tx.conn(), &request.name, &request.capacity, hashes, now).await?;
+                            (id, request.name.clone())
+                        }
+                        Some(known)
+                            if known.key_hash.is_some() && known.key_hash != key_hash && live(known.last_seen_at) =>
+                        {
+                            let name = db::workers::unique_name(tx.conn(), &request.name).await?;
+                            let id = db::workers::insert(tx.conn(), &name, &request.capacity, hashes, now).await?;
+                            (id, name)
+                        }
+                        Some(known) => {
+                            let id = WorkerId::new(known.id);
+                            db::workers::renew(tx.conn(), id, &request.capacity, hashes, now).await?;
+                            (id, request.name.clone())
+                        }
+                    };
+                    let holding: HashSet<JobAttempt> = request.holding.iter().copied().collect();
+                    let (mut held, mut lost) = (Vec::new(), Vec::new());
+                    for job in db::jobs::running_on(tx.conn(), worker_id).await? {
+                        let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
+                        if holding.contains(&attempt) {
+                            held.push(attempt);
+                        } else {
+                            lost.push(job);
+                        }
+                    }
+                    lose(tx, &lost, max_crashes, now).await?;
+                    let until = now + lease.as_millis() as i64;
+                    db::jobs::extend_leases(tx.conn(), worker_id, &held, until).await?;
+                    tx.note(Change::Page);
+                    let requeued: Vec<JobId> = lost.iter().map(|job| job.id).collect();
+                    Ok((worker_id, name, requeued))
+                })
+            })
+            .await?;
+        self.sessions.remember(worker_id, secret_digest);
+        self.set_draining(worker_id, false);
+        if name != asked {
+            tracing::warn!(asked = %asked, registered = %name, "a live worker on another box uses this name; registered under another");
+        }
+        if !requeued.is_empty() {
+            tracing::warn!(worker = %name, jobs = ?requeued, "worker re-registered without its jobs; they are lost");
+        }
+        tracing::info!(worker = %name, id = %worker_id, "worker registered");
+        Ok(RegisterResponse {
+            worker_id,
+            name,
+            session: format!("{worker_id}:{secret}"),
+            instance: self.instance.clone(),
+            lease_ms: self.config.lease.as_millis() as u64,
+            heartbeat_ms: self.config.heartbeat.as_millis() as u64,
+            requeued,
+        })
+    }
+
+    /// A worker stops taking jobs (it drains): its parked claim returns at once, empty, and
+    /// no claim of it gets a job until it registers again.
+    pub fn drain(&self, worker: WorkerId) {
+        self.set_draining(worker, true);
+        tracing::info!(worker = %worker, "worker draining: no new jobs for it");
+        self.events.work().notify_waiters();
+    }
+
+    fn set_draining(&self, worker: WorkerId, draining: bool) {
+        if let Ok(mut set) = self.draining.lock() {
+            if draining {
+                set.insert(worker);
+            } else {
+                set.remove(&worker);
+            }
+        }
+    }
+
+    pub(super) fn is_draining(&self, worker: WorkerId) -> bool {
+        self.draining.lock().is_ok_and(|set| set.contains(&worker))
+    }
+
+    /// Marks the worker alive, extends the leases of the attempts it really holds, stores its
+    /// telemetry; answers which attempts to cancel and which are no longer its own.
+    pub async fn heartbeat(&self, worker: WorkerId, request: HeartbeatRequest) -> ApiResult<HeartbeatResponse> {
+        let lease = self.config.lease;
+        self.write(move |tx| {
+            Box::pin(async move {
+                let now = now_ms();
+                let lease_expires_at = now + lease.as_millis() as i64;
+                if !db::workers::touch(tx.conn(), worker, now).await? {
+                    return Err(unknown_worker(worker));
+                }
+                let held = db::jobs::extend_leases(tx.conn(), worker, &request.running, lease_expires_at).await?;
+                if !request.gpus.is_empty() {
+                    db::telemetry::insert(tx.conn(), worker, now, &request.gpus).await?;
+                    tx.note(Change::Page);
+                }
+                let known: HashSet<JobAttempt> = held.iter().map(|(attempt, _)| *attempt).collect();
+                Ok(HeartbeatResponse {
+                    cancel: held.iter().filter(|(_, cancel)| *cancel).map(|(attempt, _)| *attempt).collect(),
+                    unknown: request.running.iter().filter(|attempt| !known.contains(attempt)).copied().collect(),
+                    lease_expires_at,
+                })
+            })
+        })
+        .await
+    }
+
+    /// Every worker, with its state judged by this server's heartbeat interval and lease.
+    pub async fn workers(&self) -> ApiResult<Vec<WorkerInfo>> {
+        let (heartbeat, lease) = (self.config.heartbeat.as_millis() as u64, self.config.lease.as_millis() as u64);
+        Ok(db::workers::list(self.reader(), now_ms(), heartbeat, lease).await?)
+    }
+}

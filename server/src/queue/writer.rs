@@ -1,0 +1,353 @@
+//! The one writer: a task that owns the database's single writer connection and runs every
+//! change as a *write unit*, committing the units waiting together in one transaction (group
+//! commit).
+//!
+//! A unit is a closure over a [`Tx`]; it reads what it decides on and writes through the same
+//! connection, so decide-then-apply needs no retry loop, and notes the [`Change`]s it made.
+//! Units of one group run one after another, each inside its own savepoint when the group has
+//! several, so a unit that fails (a 409, a bad request) leaves the others' work intact. Nothing
+//! is acknowledged before its group's COMMIT succeeded, and the changes a unit noted are
+//! announced only then: durability is never weaker than one transaction per request.
+//!
+//! Failures of the database itself (a full disk, a read-only file, an I/O error) may make SQLite
+//! roll back the whole transaction on its own. Then every unit of the group that already ran is
+//! answered with the error, the connection is closed (so no half-open transaction can survive
+//! on it: the bug behind "every write answers 200 and none is ever committed"), a fresh one is
+//! opened, and the remaining units run in a new transaction. Units are also run to the end even
+//! when the request that sent one went away, so a client disconnecting mid-write cannot leave a
+//! transaction open either.
+
+use super::events::{Change, Events};
+use crate::error::{ApiError, ApiResult};
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use sqlx::pool::PoolConnection;
+use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot};
+
+/// Units waiting to be written, at most (senders wait beyond that: back pressure).
+const QUEUE_DEPTH: usize = 4096;
+/// Units committed together at most.
+const MAX_GROUP: usize = 256;
+
+/// The write side of a unit: the connection, inside the group's transaction, and the changes
+/// the unit made.
+pub struct Tx {
+    conn: PoolConnection<Sqlite>,
+    changes: Vec<Change>,
+}
+
+impl Tx {
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+
+    /// Records that the unit changed something; announced once (and only if) it is committed.
+    pub fn note(&mut self, change: Change) {
+        self.changes.push(change);
+    }
+}
+
+impl std::ops::Deref for Tx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Tx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+}
+
+/// A unit's outcome, waiting for its group's commit.
+trait Settle: Send {
+    /// Whether the unit itself failed (its savepoint was rolled back).
+    fn failed(&self) -> Option<&ApiError>;
+    /// Answers the sender: the unit's own error, or its value once `committed` is Ok.
+    fn settle(self: Box<Self>, committed: Result<(), &ApiError>);
+}
+
+struct Pending<T> {
+    result: ApiResult<T>,
+    reply: oneshot::Sender<ApiResult<T>>,
+}
+
+impl<T: Send> Settle for Pending<T> {
+    fn failed(&self) -> Option<&ApiError> {
+        self.result.as_ref().err()
+    }
+
+    fn settle(self: Box<Self>, committed: Result<(), &ApiError>) {
+        let answer = match (self.result, committed) {
+            (Err(error), _) => Err(error),
+            (Ok(value), Ok(())) => Ok(value),
+            (Ok(_), Err(error)) => Err(error.retry_copy()),
+        };
+        let _ = self.reply.send(answer);
+    }
+}
+
+type RunUnit = Box<dyn for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, Box<dyn Settle>> + Send>;
+
+enum Work {
+    /// Runs inside the group's transaction.
+    Unit(RunUnit),
+    /// Runs alone, with no transaction open on the writer (a WAL restart must see no open
+    /// write transaction, else it waits for itself).
+    Outside(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>),
+}
+
+/// Sends write units to the writer task.
+#[derive(Clone)]
+pub struct Writer {
+    sender: mpsc::Sender<Work>,
+    /// Why the last units were dropped unrun (the database could not be opened for writing).
+    refused: Arc<Mutex<Option<String>>>,
+}
+
+impl Writer {
+    fn unanswered(&self) -> ApiError {
+        match self.refused.lock().ok().and_then(|why| why.clone()) {
+            Some(why) => ApiError::Unavailable(why),
+            None => ApiError::ShuttingDown,
+        }
+    }
+}
+
+impl Writer {
+    /// Runs `unit` in the next group and answers once the group committed (or the unit failed).
+    pub async fn write<T, F>(&self, unit: F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let run: RunUnit = Box::new(move |tx| {
+            Box::pin(async move {
+                let result = unit(tx).await;
+                Box::new(Pending { result, reply }) as Box<dyn Settle>
+            })
+        });
+        self.sender.send(Work::Unit(run)).await.map_err(|_| ApiError::ShuttingDown)?;
+        answer.await.map_err(|_| self.unanswered())?
+    }
+
+    /// Runs `task` between groups, while no write transaction is open.
+    pub async fn outside<T, F>(&self, task: F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let work = Work::Outside(Box::new(move || {
+            Box::pin(async move {
+                let _ = reply.send(task.await);
+            })
+        }));
+        self.sender.send(work).await.map_err(|_| ApiError::ShuttingDown)?;
+        answer.await.map_err(|_| ApiError::ShuttingDown)
+    }
+}
+
+/// Starts the writer task on `pool` (the single-connection writer pool); it ends when every
+/// [`Writer`] is dropped.
+pub fn start(pool: SqlitePool, events: Events) -> (Writer, tokio::task::JoinHandle<()>) {
+    let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
+    let refused = Arc::new(Mutex::new(None));
+    let task = tokio::spawn(run(pool, events, receiver, refused.clone()));
+    (Writer { sender, refused }, task)
+}
+
+async fn run(
+    pool: SqlitePool,
+    events: Events,
+    mut receiver: mpsc::Receiver<Work>,
+    refused: Arc<Mutex<Option<String>>>,
+) {
+    let mut connection: Option<PoolConnection<Sqlite>> = None;
+    let mut waiting: std::collections::VecDeque<Work> = Default::default();
+    loop {
+        if waiting.is_empty() {
+            match receiver.recv().await {
+                Some(work) => waiting.push_back(work),
+                None => return,
+            }
+        }
+        while waiting.len() < MAX_GROUP {
+            match receiver.try_recv() {
+                Ok(work) => waiting.push_back(work),
+                Err(_) => break,
+            }
+        }
+        // An outside task at the head runs alone; units before the next one form a group.
+        if let Some(Work::Outside(_)) = waiting.front() {
+            if let Some(Work::Outside(task)) = waiting.pop_front() {
+                task().await;
+            }
+            continue;
+        }
+        let end = waiting.iter().position(|work| matches!(work, Work::Outside(_))).unwrap_or(waiting.len());
+        let mut group: std::collections::VecDeque<RunUnit> = waiting
+            .drain(..end)
+            .filter_map(|work| match work {
+                Work::Unit(unit) => Some(unit),
+                Work::Outside(_) => None,
+            })
+            .collect();
+        while !group.is_empty() {
+            let conn = match connection.take() {
+                Some(conn) => conn,
+                None => match pool.acquire().await {
+                    Ok(conn) => conn,
+                    Err(error) => {
+                        let error = ApiError::from(error);
+                        tracing::error!(error = ?error, "opening the database for writing");
+                        if let Ok(mut why) = refused.lock() {
+                            *why = Some(format!("the database cannot be opened for writing: {error}; retry"));
+                        }
+                        // Dropped unrun: their senders read why above.
+                        group.clear();
+                        break;
+                    }
+                },
+            };
+            if let Ok(mut why) = refused.lock() {
+                *why = None;
+            }
+            let (kept, rest) = run_group(conn, &mut group, &events).await;
+            connection = kept;
+            group = rest;
+        }
+    }
+}
+
+/// Runs units from `group` in one transaction until they are all done or the transaction is
+/// lost; returns the connection if it is still sound, and the units not run yet.
+async fn run_group(
+    conn: PoolConnection<Sqlite>,
+    group: &mut std::collections::VecDeque<RunUnit>,
+    events: &Events,
+) -> (Option<PoolConnection<Sqlite>>, std::collections::VecDeque<RunUnit>) {
+    let mut tx = Tx { conn, changes: Vec::new() };
+    if let Err(error) = execute(&mut tx, "BEGIN IMMEDIATE").await {
+        let error = ApiError::from(error);
+        tracing::error!(error = ?error, "starting a write transaction");
+        let rest = std::mem::take(group);
+        // The units wait for a sound connection; closing this one makes the next try fresh.
+        close(tx.conn);
+        return (None, rest);
+    }
+    let savepoints = group.len() > 1;
+    let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
+    while let Some(unit) = group.pop_front() {
+        if savepoints && execute(&mut tx, "SAVEPOINT unit").await.is_err() {
+            group.push_front(unit);
+            return abandon(tx, ran, group, "a savepoint could not be set");
+        }
+        let outcome = match AssertUnwindSafe(unit(&mut tx)).catch_unwind().await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                // The unit's sender is gone with it; the others must not be committed half-checked.
+                tracing::error!("a write unit panicked; its group is rolled back");
+                return abandon(tx, ran, group, "a write failed inside the server");
+            }
+        };
+        let changes = std::mem::take(&mut tx.changes);
+        match outcome.failed().map(is_database_failure) {
+            None => {
+                if savepoints && execute(&mut tx, "RELEASE unit").await.is_err() {
+                    ran.push((outcome, changes));
+                    return abandon(tx, ran, group, "a savepoint could not be released");
+                }
+                ran.push((outcome, changes));
+            }
+            Some(false) => {
+                // The unit refused (409, 400, ...): undo what it wrote, keep the others.
+                let undone = if savepoints {
+                    execute(&mut tx, "ROLLBACK TO unit").await.is_ok() && execute(&mut tx, "RELEASE unit").await.is_ok()
+                } else {
+                    true
+                };
+                ran.push((outcome, Vec::new()));
+                if !undone {
+                    return abandon(tx, ran, group, "a refused unit could not be undone");
+                }
+            }
+            Some(true) => {
+                // The database failed under this unit: the transaction may be gone already.
+                ran.push((outcome, Vec::new()));
+                return abandon(tx, ran, group, "the database failed during a write");
+            }
+        }
+    }
+    let all_refused = ran.iter().all(|(outcome, _)| outcome.failed().is_some());
+    let statement = if all_refused && !savepoints { "ROLLBACK" } else { "COMMIT" };
+    match execute(&mut tx, statement).await {
+        Ok(()) => {
+            let mut changes = Vec::new();
+            for (outcome, noted) in ran {
+                outcome.settle(Ok(()));
+                changes.extend(noted);
+            }
+            events.emit(&changes);
+            (Some(tx.conn), std::mem::take(group))
+        }
+        Err(error) => {
+            let error = ApiError::from(error);
+            tracing::error!(error = ?error, units = ran.len(), "committing a group of writes failed");
+            for (outcome, _) in ran {
+                outcome.settle(Err(&error));
+            }
+            close(tx.conn);
+            (None, std::mem::take(group))
+        }
+    }
+}
+
+/// Gives up the transaction: every unit that ran is answered with a retryable error (nothing of
+/// theirs was committed), the connection is closed, and the units not run yet are returned.
+fn abandon(
+    tx: Tx,
+    ran: Vec<(Box<dyn Settle>, Vec<Change>)>,
+    group: &mut std::collections::VecDeque<RunUnit>,
+    why: &str,
+) -> (Option<PoolConnection<Sqlite>>, std::collections::VecDeque<RunUnit>) {
+    // The failing unit's own error says best what happened (a full disk); the others get it too.
+    let cause = ran
+        .iter()
+        .rev()
+        .find_map(|(outcome, _)| outcome.failed().filter(|error| is_database_failure(error)).map(ApiError::retry_copy))
+        .unwrap_or_else(|| ApiError::Unavailable(format!("{why}; retry")));
+    tracing::error!(error = %cause, units = ran.len(), "{why}; the write transaction was abandoned");
+    for (outcome, _) in ran {
+        outcome.settle(Err(&cause));
+    }
+    close(tx.conn);
+    (None, std::mem::take(group))
+}
+
+/// Closes a connection for good: SQLite rolls back whatever transaction it still had open.
+fn close(conn: PoolConnection<Sqlite>) {
+    let detached = conn.detach();
+    tokio::spawn(async move {
+        use sqlx::Connection;
+        let _ = detached.close().await;
+    });
+}
+
+async fn execute(tx: &mut Tx, statement: &str) -> sqlx::Result<()> {
+    sqlx::query(statement).execute(&mut *tx.conn).await.map(|_| ())
+}
+
+/// Whether a unit's error came from the database rather than from a decision: then the whole
+/// transaction is suspect.
+fn is_database_failure(error: &ApiError) -> bool {
+    matches!(
+        error,
+        ApiError::Sqlx(_) | ApiError::Internal(_) | ApiError::InsufficientStorage(_) | ApiError::Unavailable(_)
+    )
+}

@@ -1,0 +1,119 @@
+//! Jobs die with their worker, even a worker killed with SIGKILL.
+//!
+//! Each job runs in its own process group, which a killed worker can no longer signal: left
+//! alone, the job would run on beside the attempt the server starts elsewhere (or on this box,
+//! with a GPU the new worker thinks is free). So the worker starts a small guard at start-up: a
+//! `sh` in its own process group whose stdin is a pipe only the worker holds. The worker tells
+//! it `+<group>` when a job starts and `-<group>` once the job's group is gone. When the worker
+//! dies, however it dies, the kernel closes the pipe; the guard reads end-of-file and kills
+//! every group still listed. The guard costs one idle process and two short pipe writes per
+//! job.
+
+use std::io::Write;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Mutex;
+
+/// The guard's loop: keeps the list of live groups, kills them all at end-of-file.
+const SCRIPT: &str = r#"
+groups=""
+while IFS= read -r line; do
+    case "$line" in
+        +*) groups="$groups ${line#+}" ;;
+        -*) kept=""
+            for group in $groups; do [ "$group" = "${line#-}" ] || kept="$kept $group"; done
+            groups=$kept ;;
+    esac
+done
+for group in $groups; do kill -9 "-$group" 2>/dev/null; done
+"#;
+
+pub struct Guard {
+    stdin: Mutex<Option<ChildStdin>>,
+    child: Mutex<Child>,
+}
+
+impl Guard {
+    /// Starts the guard process.
+    pub fn start() -> std::io::Result<Guard> {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(crate::executor::SHELL)
+            .args(["-c", SCRIPT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own group: a Ctrl-C meant for the worker must not take the guard down first.
+            .process_group(0)
+            .spawn()?;
+        let stdin = child.stdin.take();
+        Ok(Guard { stdin: Mutex::new(stdin), child: Mutex::new(child) })
+    }
+
+    /// A job's process group to kill should the worker die.
+    pub fn watch(&self, group: i32) {
+        self.tell(&format!("+{group}\n"));
+    }
+
+    /// The job's group is gone: nothing to kill for it any more.
+    pub fn forget(&self, group: i32) {
+        self.tell(&format!("-{group}\n"));
+    }
+
+    fn tell(&self, line: &str) {
+        let Ok(mut stdin) = self.stdin.lock() else { return };
+        let written = stdin.as_mut().map(|pipe| pipe.write_all(line.as_bytes()));
+        if let Some(Err(error)) = written {
+            tracing::warn!(%error, "the job guard is gone; jobs would outlive a killed worker");
+            *stdin = None;
+        }
+    }
+}
+
+impl Drop for Guard {
+    /// A worker that ends normally has ended its jobs itself; the guard ends with the pipe.
+    fn drop(&mut self) {
+        if let Ok(mut stdin) = self.stdin.lock() {
+            stdin.take();
+        }
+        if let Ok(mut child) = self.child.lock() {
+            let _ = child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn alive(pid: i32) -> bool {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| stat.contains(") Z "))
+    }
+
+    fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !condition() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn groups_still_listed_die_when_the_guard_loses_its_worker() {
+        use std::os::unix::process::CommandExt;
+        let guard = Guard::start().unwrap();
+        let spawn = || Command::new("sleep").arg("1000").process_group(0).spawn().unwrap();
+        let (mut kept, mut forgotten) = (spawn(), spawn());
+        let (kept_pid, forgotten_pid) = (kept.id() as i32, forgotten.id() as i32);
+        guard.watch(kept_pid);
+        guard.watch(forgotten_pid);
+        guard.forget(forgotten_pid);
+        // What a dying worker does without meaning to: its end of the pipe closes.
+        drop(guard);
+        wait_until("the listed group is killed", || kept.try_wait().unwrap().is_some());
+        assert!(alive(forgotten_pid), "a group the worker took back is left alone");
+        forgotten.kill().unwrap();
+        forgotten.wait().unwrap();
+        assert!(!alive(kept_pid));
+    }
+}
