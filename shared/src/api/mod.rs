@@ -383,3 +383,6 @@ pub struct WorkerInfo {
 
 mod outputs;
 pub use outputs::*;
+
+mod analysis;
+pub use analysis::*;
