@@ -65,6 +65,7 @@ export class ParallelCoordinates {
     this.onBrush = onBrush;
     this.brushes = new Map(); // dimension key → [low, high] in [0, 1]
     this.data = null;
+    this.dragging = false; // a live refresh waits until the brush being dragged is let go
     this.observer = new ResizeObserver(() => this.redrawIfResized());
     this.observer.observe(container);
     this.drawnWidth = 0;
@@ -75,7 +76,7 @@ export class ParallelCoordinates {
     for (const key of [...this.brushes.keys()]) {
       if (!dimensions.some((dimension) => dimension.key === key)) this.brushes.delete(key);
     }
-    this.draw();
+    if (!this.dragging) this.draw();
   }
 
   clear() {
@@ -98,7 +99,7 @@ export class ParallelCoordinates {
   }
 
   redrawIfResized() {
-    if (this.data && Math.abs(this.container.clientWidth - this.drawnWidth) > 4) this.draw();
+    if (this.data && !this.dragging && Math.abs(this.container.clientWidth - this.drawnWidth) > 4) this.draw();
   }
 
   /** Whether `row` lies inside every brush. */
@@ -187,6 +188,7 @@ export class ParallelCoordinates {
       event.preventDefault();
       hit.setPointerCapture(event.pointerId);
       start = { at: toUnit(event), y: event.clientY };
+      this.dragging = true;
     });
     hit.addEventListener('pointermove', (event) => {
       if (!start) return;
@@ -201,7 +203,13 @@ export class ParallelCoordinates {
       if (moved) this.brushes.set(dimension.key, [Math.min(start.at, at), Math.max(start.at, at)]);
       else this.brushes.delete(dimension.key);
       start = null;
+      this.dragging = false;
       this.changed();
+    });
+    hit.addEventListener('pointercancel', () => {
+      start = null;
+      this.dragging = false;
+      this.draw();
     });
     group.append(band, hit);
     return group;
