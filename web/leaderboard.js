@@ -139,7 +139,9 @@ export function leaderboardPanel({ onTick, onClear }) {
       columns.map((column) => {
         const active = sort?.key === column.key;
         return h('th.sortable', {
-          class: [column.num ? 'num' : '', column.kind ? `kind-${column.kind}` : ''].filter(Boolean).join(' '),
+          // The rank, job, status and score columns take what they need; the rest share the width.
+          class: [column.num ? 'num' : '', column.kind ? `kind-${column.kind}` : '', (column.group || 'fixed') === 'fixed' ? 'narrow' : '']
+            .filter(Boolean).join(' '),
           title: column.title ? `${column.title}; click to sort` : 'click to sort',
           'aria-sort': active ? (sort.descending ? 'descending' : 'ascending') : 'none',
           dataset: { column: column.key },
