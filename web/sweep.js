@@ -18,6 +18,11 @@ import { importancePanel, bestSoFarPanel, etaText, analysisError } from './analy
 const STATUSES = ['queued', 'running', 'succeeded', 'failed', 'cancelled'];
 const SUMMARY_ROWS = 1000; // rows fetched for the leaderboard and the plots
 const MAX_AXES = 12; // parameters on the parallel coordinates, most important first
+/**
+ * The analysis reads every run of the sweep on the server: it is fetched again when the counts
+ * by status change, else at most this often (metrics of running jobs, the estimate's clock).
+ */
+const ANALYSIS_EVERY_MS = 10000;
 
 export function mount(root, route) {
   const name = route.params[0];
@@ -26,6 +31,8 @@ export function mount(root, route) {
   let sweep = null;
   let board = null; // the leaderboard JSON: {sweep, metric, rows, directions}
   let analysis = null;
+  let analysisKey = '';
+  let analysisAt = 0;
   let compared = [];
   let stopped = false;
   const controller = new AbortController();
@@ -74,9 +81,12 @@ export function mount(root, route) {
         compare.element, h('div.grid-2', {}, importance.element, bestSoFar.element), leaderboard.element);
       renderHead();
     }
+    const countsKey = JSON.stringify(sweep.counts);
+    const analyse = countsKey !== analysisKey || Date.now() - analysisAt >= ANALYSIS_EVERY_MS;
+    if (!analyse) loader.schedule(ANALYSIS_EVERY_MS - (Date.now() - analysisAt));
     const [summaryResult, analysisResult] = await Promise.allSettled([
       get(`${base}/summary`, { top: SUMMARY_ROWS }, { signal }),
-      get(`${base}/analysis`, {}, { signal }),
+      analyse ? get(`${base}/analysis`, {}, { signal }) : Promise.resolve(analysis),
     ]);
     if (stopped || signal.aborted) return;
     if (summaryResult.status === 'rejected') {
@@ -85,8 +95,15 @@ export function mount(root, route) {
     }
     fill(errorBox);
     board = summaryResult.value;
-    if (analysisResult.status === 'fulfilled') analysis = analysisResult.value;
-    else analysisError(errorBox, analysisResult.reason);
+    if (analysisResult.status === 'fulfilled') {
+      analysis = analysisResult.value;
+      if (analyse) {
+        analysisKey = countsKey;
+        analysisAt = Date.now();
+      }
+    } else {
+      analysisError(errorBox, analysisResult.reason);
+    }
     renderProgress();
     renderParallel();
     renderBoard();

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use shared::api::ParamImportance;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// How the page names the method.
 pub const METHOD: &str = "main-effect variance share (one-way ANOVA ε², the first-order term of fANOVA): \
@@ -86,15 +86,13 @@ fn one_parameter(name: &str, column: &[Option<&Value>], values: &[f64]) -> Optio
 
 /// Group numbers of categorical values, by their JSON text, in order of first appearance.
 fn categorical_groups(column: &[Option<&Value>]) -> Vec<usize> {
-    let mut seen: Vec<String> = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
     column
         .iter()
         .map(|value| {
             let text = value.map_or_else(|| "(absent)".to_string(), |value| value.to_string());
-            seen.iter().position(|known| *known == text).unwrap_or_else(|| {
-                seen.push(text);
-                seen.len() - 1
-            })
+            let next = seen.len();
+            *seen.entry(text).or_insert(next)
         })
         .collect()
 }
