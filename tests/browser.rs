@@ -1,7 +1,9 @@
-//! The web page in a real browser: the `app` binary as server and CPU-only worker, two sweeps
-//! submitted through the typed client, then `tests/browser/pages.mjs` drives headless
-//! Chromium (playwright-core) through every page and fails on any console error. Screenshots
-//! of each page, light and dark, land in `target/browser-screenshots/`.
+//! The web page in a real browser: the `app` binary as server and CPU-only worker, sweeps
+//! submitted through the typed client, a "ghost" worker that claims a GPU job, reports GPU
+//! readings and vanishes (so the job is requeued by the reaper), then `tests/browser/pages.mjs`
+//! drives headless Chromium (playwright-core) through every view at 1440x900 and at 390x844,
+//! with one check per defect the page had, and fails on any console error. Screenshots of each
+//! view at both sizes, light and dark, land in `target/browser-screenshots/`.
 //!
 //! Needs Debian's chromium and `npm ci` in tests/browser: `scripts/install-test-deps.sh`
 //! installs both. Without them this test fails, on purpose, rather than skip.
@@ -9,17 +11,23 @@
 mod common;
 
 use common::{repo, wait_until, ServerProcess, WorkerProcess};
-use shared::api::SubmitQuery;
+use shared::api::{ClaimRequest, GpuSample, HeartbeatRequest, JobAttempt, RegisterRequest, SubmitQuery};
+use shared::job::JobStatus;
+use shared::placement::{Capacity, GpuSlot};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 const WORKER: &str = "web-worker";
-const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+const GHOST: &str = "ghost-gpu-box";
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(480);
 
-/// Three jobs held at a gate (a file the script creates once it has seen them queued or
-/// running), then a log line, a `<script>` line, metrics and a result file. The `tag`
-/// parameter would run script if the page ever rendered it as HTML.
+/// Four jobs held at a gate (a file the script creates once it has seen them queued or
+/// running), then a log line, a `<script>` line, metrics and a result file; the job with the
+/// smallest lr then fails. Metrics: `loss` (the sweep's, minimised), `acc` (peaks at step 4,
+/// so its best, last and min differ), `lr` (a metric named like a parameter, direction
+/// unknown) and `test_acc` (written once). `wd` is a 17-digit value; the `tag` parameter
+/// would run script if the page ever rendered it as HTML.
 fn smoke_sweep(gate: &Path) -> String {
     format!(
         r#"name: web-smoke
@@ -27,11 +35,17 @@ command: |
   until [ -e '{gate}' ]; do sleep 0.1; done
   echo "hello from web-smoke job {{index}}"
   echo '<script>window.__xss = 1</script>'
-  for s in 1 2 3 4 5 6; do printf '{{"step": %d, "loss": %s, "acc": 0.%d}}\n' $s "$(awk -v s=$s -v lr={{lr}} 'BEGIN{{print 1/(s*(1+100*lr))}}')" $s >> "$APP_METRICS_FILE"; done
+  for s in 1 2 3 4 5 6; do
+    a=$(awk -v s=$s 'BEGIN{{print (s <= 4 ? s / 10 : (8 - s) / 10)}}')
+    printf '{{"step": %d, "loss": %s, "acc": %s, "lr": %s}}\n' $s "$(awk -v s=$s -v lr={{lr}} 'BEGIN{{print 1/(s*(1+100*lr))}}')" "$a" "$(awk -v s=$s -v lr={{lr}} 'BEGIN{{print lr/s}}')" >> "$APP_METRICS_FILE"
+  done
+  echo '{{"step": 6, "test_acc": 0.91}}' >> "$APP_METRICS_FILE"
   echo done > "$APP_OUTPUT_DIR/result.txt"
+  [ "{{lr}}" != "0.0001" ] || exit 3
 metric: {{name: loss, goal: minimize}}
 grid:
-  lr: [0.1, 0.01, 0.001]
+  lr: [0.1, 0.01, 0.001, 0.0001]
+  wd: [0.00026057902620338835]
   tag: ["<img src=x onerror=window.__xss=2>"]
 "#,
         gate = gate.display()
@@ -41,6 +55,28 @@ grid:
 /// Jobs that need a GPU: the CPU-only worker never claims them, so they stay queued until
 /// the page cancels them.
 const BLOCKED_SWEEP: &str = "name: web-blocked\ncommand: echo never\nresources: {gpus: 1}\ngrid:\n  i: [1, 2, 3]\n";
+
+/// One GPU job, claimed by the ghost worker and requeued when it goes silent.
+const REQUEUE_SWEEP: &str = "name: web-requeue\ncommand: echo lost\nresources: {gpus: 1}\ngrid:\n  i: [1]\n";
+
+/// A W&B random sweep for the analysis views: the loss follows lr (and a little dropout),
+/// batch size and optimizer do not matter; 8 steps each.
+const ANALYSIS_SWEEP: &str = r#"name: web-analysis
+method: random
+run_cap: 24
+seed: 7
+metric: {name: val_loss, goal: minimize}
+command: >-
+  awk -v lr="$APP_PARAM_LR" -v d="$APP_PARAM_DROPOUT" -v seed="$APP_JOB_ID"
+  'BEGIN { srand(seed); for (s = 1; s <= 8; s++) { loss = (log(lr) / log(10) + 2.5) ^ 2 * 0.3 + d * 0.4 + 0.2 + 1.5 / s + rand() * 0.05;
+  printf "{\"step\": %d, \"val_loss\": %.5f, \"val_acc\": %.5f}\n", s, loss, 1 - loss / 4 } }' >> "$APP_METRICS_FILE"
+resources: {gpus: 0}
+parameters:
+  lr: {distribution: log_uniform_values, min: 0.0001, max: 0.1}
+  dropout: {distribution: uniform, min: 0.0, max: 0.5}
+  batch_size: {values: [32, 64, 128]}
+  optimizer: {values: [adam, sgd]}
+"#;
 
 fn chromium() -> PathBuf {
     PathBuf::from(std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()))
@@ -81,23 +117,85 @@ fn server_log(server: &ServerProcess) -> String {
         .collect()
 }
 
+fn ghost_reading(index: u32, utilization: u32) -> GpuSample {
+    GpuSample {
+        index,
+        uuid: format!("GPU-ghost-{index}"),
+        name: "Ghost GPU".into(),
+        memory_total: 16 << 30,
+        memory_used: (2 + u64::from(utilization) / 10) << 30,
+        utilization: Some(utilization),
+        temperature: Some(60),
+        power_watts: Some(150.0),
+        at: 0,
+    }
+}
+
+/// A worker with two GPUs that claims the requeue sweep's job, sends a few heartbeats with GPU
+/// readings and then goes silent: the reaper requeues the job when its lease runs out. Answers
+/// the job's id once it is queued again.
+async fn ghost_claims_and_vanishes(server: &ServerProcess) -> shared::api::JobId {
+    let client = server.client();
+    let slot =
+        |index| GpuSlot { index, memory_total: 16 << 30, memory_free: 16 << 30, exclusive_held: false, shared_jobs: 0 };
+    let capacity = Capacity { job_slots: 1, gpus: vec![slot(0), slot(1)] };
+    let register = RegisterRequest {
+        name: GHOST.into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: capacity.clone(),
+        holding: vec![],
+    };
+    let ghost = client.register(&register).await.unwrap().worker_id;
+    let claimed = client.claim(ghost, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
+    let job = claimed.first().expect("the ghost claims the requeue job");
+    assert_eq!(job.sweep, "web-requeue");
+    let held = vec![JobAttempt { job_id: job.id, attempt: job.attempt }];
+    for utilization in [30, 70, 90] {
+        let beat =
+            HeartbeatRequest { running: held.clone(), gpus: vec![ghost_reading(0, utilization), ghost_reading(1, 5)] };
+        client.heartbeat(ghost, &beat).await.unwrap();
+        // Readings are stamped by the server as they arrive: let the clock move between them.
+        let sent = std::time::Instant::now();
+        wait_until("the clock moves on", Duration::from_secs(2), || async {
+            (sent.elapsed() >= Duration::from_millis(150)).then_some(())
+        })
+        .await;
+    }
+    wait_until("the ghost's job is requeued", Duration::from_secs(30), || async {
+        let stored = client.job(job.id).await.ok()?;
+        (stored.status == JobStatus::Queued && stored.attempt == 1).then_some(job.id)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
     check_prerequisites();
     let server = ServerProcess::start();
-    let worker = WorkerProcess::start(&server.url, WORKER, &["--max-jobs", "3"]);
     let client = server.client();
+    // First, so that the ghost's claim finds this job and nothing else.
+    client.submit(REQUEUE_SWEEP, &SubmitQuery::default()).await.unwrap();
+    let requeued = ghost_claims_and_vanishes(&server).await;
+    let worker = WorkerProcess::start(&server.url, WORKER, &["--max-jobs", "3"]);
     wait_until("the worker registered", Duration::from_secs(30), || async {
-        client.workers().await.ok().filter(|workers| !workers.is_empty())
+        client.workers().await.ok().filter(|workers| workers.iter().any(|w| w.name == WORKER))
     })
     .await;
     let gate = server.dir.path().join("gate");
     client.submit(&smoke_sweep(&gate), &SubmitQuery::default()).await.unwrap();
     client.submit(BLOCKED_SWEEP, &SubmitQuery::default()).await.unwrap();
+    client.submit(ANALYSIS_SWEEP, &SubmitQuery::default()).await.unwrap();
 
     let screenshots = screenshot_dir("pages");
     let gate_env = gate.to_string_lossy().into_owned();
-    let env = [("GATE_FILE", gate_env.as_str()), ("WORKER_NAME", WORKER)];
+    let requeued_env = requeued.to_string();
+    let env = [
+        ("GATE_FILE", gate_env.as_str()),
+        ("WORKER_NAME", WORKER),
+        ("GHOST_WORKER", GHOST),
+        ("REQUEUED_JOB", requeued_env.as_str()),
+    ];
     let output = run_script("pages.mjs", &server.url, &screenshots, &env).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -108,9 +206,11 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
         eprintln!("--- worker log (tail) ---\n{}", tail(&worker.log(), 40));
         panic!("the browser checks failed ({}); screenshots in {}", output.status, screenshots.display());
     }
-    for page in ["queue", "sweep", "job", "workers", "submit"] {
-        let shot = screenshots.join(format!("{page}.png"));
-        assert!(shot.exists(), "no screenshot of the {page} page at {}", shot.display());
+    for page in ["queue", "sweep", "analysis", "job", "requeued", "workers", "submit"] {
+        for variant in ["desktop-light", "desktop-dark", "phone-light", "phone-dark"] {
+            let shot = screenshots.join(format!("{page}-{variant}.png"));
+            assert!(shot.exists(), "no screenshot of the {page} page at {}", shot.display());
+        }
     }
 }
 

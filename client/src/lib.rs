@@ -487,6 +487,25 @@ impl Client {
     pub async fn telemetry(&self, worker: &str) -> ClientResult<Vec<GpuSample>> {
         self.get(&format!("/api/workers/{}/telemetry", encode(worker))).await
     }
+
+    /// A sweep's leaderboard with the direction each of its metrics improves in.
+    pub async fn leaderboard(&self, sweep: &str, top: Option<u32>) -> ClientResult<Leaderboard> {
+        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/summary", encode(sweep)));
+        Self::send(url, builder.query(&SummaryQuery { top, format: None })).await
+    }
+
+    /// A sweep analysed by `query.metric` (default: its own): parameter importance, the best
+    /// result over time and when the sweep will finish.
+    pub async fn sweep_analysis(&self, sweep: &str, query: &AnalysisQuery) -> ClientResult<SweepAnalysis> {
+        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/analysis", encode(sweep)));
+        Self::send(url, builder.query(query)).await
+    }
+
+    /// The readings of the GPUs an attempt of a job held (default: its latest), while it held them.
+    pub async fn job_gpu(&self, job: JobId, query: &JobGpuQuery) -> ClientResult<JobGpuUsage> {
+        let (url, builder) = self.request(Method::GET, &format!("/api/jobs/{job}/gpu"));
+        Self::send(url, builder.query(query)).await
+    }
 }
 
 /// Percent-encodes each segment of a relative file path, keeping the `/` between them.

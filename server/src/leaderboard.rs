@@ -1,8 +1,12 @@
-//! A sweep's leaderboard: its runs ranked by the sweep's metric, as JSON rows or CSV. Pure
-//! functions over rows already read, so ranking and quoting are tested without a server.
+//! A sweep's leaderboard: its runs ranked by the sweep's metric, which way each of its other
+//! metrics improves, as JSON rows or CSV. Pure functions over rows already read, so ranking,
+//! directions and quoting are tested without a server.
+
+pub mod importance;
+pub mod progress;
 
 use serde_json::Value;
-use shared::api::{SummaryRow, SweepSummary};
+use shared::api::{DirectionBasis, MetricDirection, MetricSummary, SummaryRow, SweepSummary};
 use shared::sweep::{Goal, Metric};
 use std::collections::BTreeSet;
 
@@ -11,13 +15,7 @@ use std::collections::BTreeSet;
 /// from 1, and keeps the first `top`. Without a metric, rows stay in index order.
 pub fn rank(mut rows: Vec<SummaryRow>, metric: Option<&Metric>, top: Option<u32>) -> Vec<SummaryRow> {
     for row in &mut rows {
-        row.score = metric.and_then(|metric| {
-            let summary = row.metrics.get(&metric.name)?;
-            Some(match metric.goal {
-                Goal::Minimize => summary.min,
-                Goal::Maximize => summary.max,
-            })
-        });
+        row.score = metric.and_then(|metric| Some(best_of(row.metrics.get(&metric.name)?, metric.goal)));
         row.rank = None;
     }
     let maximize = matches!(metric, Some(Metric { goal: Goal::Maximize, .. }));
@@ -39,8 +37,118 @@ pub fn rank(mut rows: Vec<SummaryRow>, metric: Option<&Metric>, top: Option<u32>
     rows
 }
 
+/// Name parts that say a metric is better higher: accuracy, F-scores, areas under curves,
+/// precision and recall, mean average precision, overlap scores, translation scores, rewards.
+/// The same reading of metric names as KerasTuner's and TensorBoard's HParams defaults: the
+/// name's words, not its letters anywhere (`mapping_time` is not mAP).
+const HIGHER_IS_BETTER: &[&str] = &[
+    "acc",
+    "accuracy",
+    "f1",
+    "fscore",
+    "f1score",
+    "auc",
+    "auroc",
+    "auprc",
+    "rocauc",
+    "precision",
+    "recall",
+    "map",
+    "ap",
+    "iou",
+    "miou",
+    "dice",
+    "bleu",
+    "rouge",
+    "psnr",
+    "ssim",
+    "r2",
+    "reward",
+    "rewards",
+    "return",
+    "returns",
+];
+
+/// Name parts that say a metric is better lower: losses, errors and error rates, perplexity,
+/// regret, and times.
+const LOWER_IS_BETTER: &[&str] = &[
+    "loss",
+    "losses",
+    "nll",
+    "error",
+    "err",
+    "mse",
+    "mae",
+    "rmse",
+    "mape",
+    "wer",
+    "cer",
+    "perplexity",
+    "ppl",
+    "regret",
+    "time",
+    "latency",
+    "duration",
+    "seconds",
+];
+
+/// Which way the metric `name` improves: the sweep's goal for the sweep's metric, else what its
+/// name says, else unknown (a name that says both, like `loss_acc`, is unknown too).
+pub fn direction(name: &str, sweep_metric: Option<&Metric>) -> MetricDirection {
+    if let Some(metric) = sweep_metric.filter(|metric| metric.name == name) {
+        return MetricDirection { name: name.into(), goal: Some(metric.goal), basis: DirectionBasis::SweepGoal };
+    }
+    let words = name_words(name);
+    let says = |list: &[&str]| words.iter().any(|word| list.contains(&word.as_str()));
+    let goal = match (says(HIGHER_IS_BETTER), says(LOWER_IS_BETTER)) {
+        (true, false) => Some(Goal::Maximize),
+        (false, true) => Some(Goal::Minimize),
+        _ => None,
+    };
+    let basis = if goal.is_some() { DirectionBasis::Name } else { DirectionBasis::Unknown };
+    MetricDirection { name: name.into(), goal, basis }
+}
+
+/// The words of a metric name, lowercase: split at anything not a letter or digit and before a
+/// capital that starts a word after a lowercase letter (`valAcc`, but `mAP` and `IoU` stay
+/// whole), each also without a trailing number (`acc1`, `map50`).
+fn name_words(name: &str) -> Vec<String> {
+    let characters: Vec<char> = name.chars().collect();
+    let mut words: Vec<String> = Vec::new();
+    let mut word = String::new();
+    for (at, &character) in characters.iter().enumerate() {
+        let starts_word = at > 0
+            && character.is_uppercase()
+            && characters[at - 1].is_lowercase()
+            && characters.get(at + 1).is_some_and(|next| next.is_lowercase());
+        if (starts_word || !character.is_alphanumeric()) && !word.is_empty() {
+            words.push(std::mem::take(&mut word));
+        }
+        if character.is_alphanumeric() {
+            word.extend(character.to_lowercase());
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let stripped: Vec<String> = words
+        .iter()
+        .map(|word| word.trim_end_matches(|c: char| c.is_ascii_digit()).to_string())
+        .filter(|word| !word.is_empty())
+        .collect();
+    words.extend(stripped);
+    words
+}
+
+/// The direction of every metric the rows have, by name.
+pub fn directions(rows: &[SummaryRow], sweep_metric: Option<&Metric>) -> Vec<MetricDirection> {
+    let names: BTreeSet<&String> = rows.iter().flat_map(|row| row.metrics.keys()).collect();
+    names.into_iter().map(|name| direction(name, sweep_metric)).collect()
+}
+
 /// The leaderboard as CSV: `rank,index,job_id,status,score`, then `param.<name>` for every
-/// top-level parameter and `<metric>.last`, `.min`, `.max` for every metric seen.
+/// top-level parameter and `<metric>.last`, `.min`, `.max` for every metric seen, and
+/// `<metric>.best` (its max or min) for each metric whose direction is known.
 pub fn to_csv(summary: &SweepSummary) -> String {
     let mut params: Vec<String> = Vec::new();
     for row in &summary.rows {
@@ -52,11 +160,14 @@ pub fn to_csv(summary: &SweepSummary) -> String {
             }
         }
     }
-    let metrics: BTreeSet<&String> = summary.rows.iter().flat_map(|row| row.metrics.keys()).collect();
+    let metrics = directions(&summary.rows, summary.metric.as_ref());
     let mut header: Vec<String> = ["rank", "index", "job_id", "status", "score"].map(String::from).to_vec();
     header.extend(params.iter().map(|name| format!("param.{name}")));
-    for name in &metrics {
-        header.extend(["last", "min", "max"].map(|field| format!("{name}.{field}")));
+    for metric in &metrics {
+        header.extend(["last", "min", "max"].map(|field| format!("{}.{field}", metric.name)));
+        if metric.goal.is_some() {
+            header.push(format!("{}.best", metric.name));
+        }
     }
     let mut out = String::new();
     push_record(&mut out, &header);
@@ -70,15 +181,27 @@ pub fn to_csv(summary: &SweepSummary) -> String {
             optional(row.score.map(|score| score.to_string())),
         ];
         record.extend(params.iter().map(|name| param_text(row.params.get(name))));
-        for name in &metrics {
-            match row.metrics.get(*name) {
-                Some(metric) => record.extend([metric.last, metric.min, metric.max].map(|value| value.to_string())),
+        for metric in &metrics {
+            let values = row.metrics.get(&metric.name);
+            match values {
+                Some(values) => record.extend([values.last, values.min, values.max].map(|value| value.to_string())),
                 None => record.extend([String::new(), String::new(), String::new()]),
+            }
+            if let Some(goal) = metric.goal {
+                record.push(optional(values.map(|values| best_of(values, goal).to_string())));
             }
         }
         push_record(&mut out, &record);
     }
     out
+}
+
+/// A metric's best value over a run: its max or its min.
+pub fn best_of(values: &MetricSummary, goal: Goal) -> f64 {
+    match goal {
+        Goal::Maximize => values.max,
+        Goal::Minimize => values.min,
+    }
 }
 
 /// A parameter as a CSV cell: strings as they are, lists and objects as compact JSON.
@@ -115,7 +238,7 @@ fn push_field(out: &mut String, field: &str) {
 mod tests {
     use super::*;
     use serde_json::json;
-    use shared::api::{JobId, MetricSummary};
+    use shared::api::JobId;
     use shared::job::JobStatus;
 
     fn row(index: u64, loss: Option<f64>) -> SummaryRow {
@@ -167,9 +290,95 @@ mod tests {
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(
             lines[0],
-            "rank,index,job_id,status,score,param.lr,param.name,param.dims,loss.last,loss.min,loss.max"
+            "rank,index,job_id,status,score,param.lr,param.name,param.dims,loss.last,loss.min,loss.max,loss.best"
         );
-        assert_eq!(lines[1], r#"1,0,100,succeeded,0.25,0.1,"a,""b""","[1,2]",0.25,0.25,0.25"#);
-        assert_eq!(lines[2], r#",1,101,succeeded,,0.1,"a,""b""","[1,2]",,,"#);
+        assert_eq!(lines[1], r#"1,0,100,succeeded,0.25,0.1,"a,""b""","[1,2]",0.25,0.25,0.25,0.25"#);
+        assert_eq!(lines[2], r#",1,101,succeeded,,0.1,"a,""b""","[1,2]",,,,"#);
+    }
+
+    fn goal_of(name: &str, sweep: Option<&Metric>) -> Option<Goal> {
+        direction(name, sweep).goal
+    }
+
+    #[test]
+    fn metric_names_say_which_way_they_improve() {
+        for name in [
+            "acc",
+            "val_acc",
+            "val_accuracy",
+            "top1_acc",
+            "acc1",
+            "valAcc",
+            "f1",
+            "macro_f1",
+            "roc_auc",
+            "auc",
+            "precision",
+            "recall@10",
+            "mAP",
+            "map50",
+            "bbox/AP",
+            "miou",
+            "test/IoU",
+            "bleu",
+            "episode_reward",
+            "mean_return",
+        ] {
+            assert_eq!(goal_of(name, None), Some(Goal::Maximize), "{name}");
+        }
+        for name in [
+            "loss",
+            "val_loss",
+            "trainLoss",
+            "error",
+            "top1_error",
+            "mse",
+            "val_mae",
+            "rmse",
+            "perplexity",
+            "ppl",
+            "epoch_time",
+            "step_time",
+            "wer",
+        ] {
+            assert_eq!(goal_of(name, None), Some(Goal::Minimize), "{name}");
+        }
+        // Letters inside another word do not count, and a name saying both ways is unknown.
+        for name in ["lr", "grad_norm", "mapping", "accumulation_steps", "timestep", "loss_acc", "epoch", "step"] {
+            assert_eq!(direction(name, None).basis, DirectionBasis::Unknown, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_sweep_metric_follows_the_sweep_goal_and_the_others_their_names() {
+        let maximized_loss = Metric { name: "loss".into(), goal: Goal::Maximize };
+        let own = direction("loss", Some(&maximized_loss));
+        assert_eq!((own.goal, own.basis), (Some(Goal::Maximize), DirectionBasis::SweepGoal));
+        // Under "minimize loss", accuracy is still best at its max.
+        let accuracy = direction("val_accuracy", Some(&metric(Goal::Minimize)));
+        assert_eq!((accuracy.goal, accuracy.basis), (Some(Goal::Maximize), DirectionBasis::Name));
+        let mut rows = vec![row(0, Some(0.5))];
+        rows[0].metrics.insert("lr".into(), MetricSummary { last: 0.1, min: 0.01, max: 0.1, step: None, count: 2 });
+        let found = directions(&rows, Some(&metric(Goal::Minimize)));
+        let names: Vec<(&str, Option<Goal>)> = found.iter().map(|d| (d.name.as_str(), d.goal)).collect();
+        assert_eq!(names, [("loss", Some(Goal::Minimize)), ("lr", None)]);
+    }
+
+    #[test]
+    fn csv_best_columns_follow_each_metrics_direction_and_unknown_ones_have_none() {
+        let mut first = row(0, Some(0.5));
+        first.metrics.insert("acc".into(), MetricSummary { last: 0.7, min: 0.2, max: 0.9, step: None, count: 3 });
+        first.metrics.insert("lr".into(), MetricSummary { last: 0.1, min: 0.01, max: 0.1, step: None, count: 2 });
+        let summary = SweepSummary { sweep: "s".into(), metric: Some(metric(Goal::Minimize)), rows: vec![first] };
+        let csv = to_csv(&summary);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert!(
+            lines[0].ends_with(
+                "acc.last,acc.min,acc.max,acc.best,loss.last,loss.min,loss.max,loss.best,lr.last,lr.min,lr.max"
+            ),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[1].ends_with("0.7,0.2,0.9,0.9,0.5,0.5,0.5,0.5,0.1,0.01,0.1"), "{}", lines[1]);
     }
 }

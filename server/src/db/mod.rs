@@ -6,6 +6,7 @@
 //! letting several connections collide and sleep in SQLite's busy handler. Reads use their
 //! own pool and never wait for writers (WAL).
 
+pub mod analysis;
 pub mod events;
 pub mod jobs;
 pub mod logs;

@@ -1,5 +1,6 @@
 //! The HTTP API: one module per resource, each exposing `router()`.
 
+mod analysis;
 mod events;
 mod health;
 mod jobs;
@@ -26,6 +27,7 @@ pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes;
     Router::new()
         .merge(page::router())
+        .merge(analysis::router())
         .merge(health::router())
         .merge(events::router())
         .merge(overview::router())

@@ -1,6 +1,8 @@
-//! The web page: static files embedded in the binary, served at `/` and `/assets/{*path}`.
-//! The page is a no-build single-page app (HTML, CSS, ES modules, a vendored chart library);
-//! it routes on the URL fragment, so the server has one HTML document to serve.
+//! The web page: the files of the top-level `web/` folder, embedded in the binary and served at
+//! `/` and `/assets/{*path}`. The page is a no-build single-page app (HTML, CSS, ES modules, a
+//! vendored chart library); it routes on the URL fragment, so the server has one HTML document
+//! to serve. `include_bytes!` makes each file a dependency of the build, so editing one
+//! rebuilds the server; a test checks that every file in `web/` is listed here.
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -18,11 +20,11 @@ const TEXT: &str = "text/plain; charset=utf-8";
 
 macro_rules! asset {
     ($path:literal, $content_type:expr) => {
-        ($path, $content_type, include_bytes!(concat!("../../assets/", $path)) as &[u8])
+        ($path, $content_type, include_bytes!(concat!("../../../web/", $path)) as &[u8])
     };
 }
 
-/// Every embedded asset: (path under `server/assets/`, content type, bytes).
+/// Every embedded asset: (path under `web/`, content type, bytes).
 const ASSETS: &[(&str, &str, &[u8])] = &[
     asset!("index.html", HTML),
     asset!("style.css", CSS),
@@ -31,10 +33,19 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     asset!("auth.js", JS),
     asset!("dom.js", JS),
     asset!("nav.js", JS),
+    asset!("params.js", JS),
+    asset!("reasons.js", JS),
     asset!("charts.js", JS),
     asset!("queue.js", JS),
     asset!("sweep.js", JS),
+    asset!("leaderboard.js", JS),
+    asset!("parcoords.js", JS),
+    asset!("curves.js", JS),
+    asset!("scatter.js", JS),
+    asset!("compare.js", JS),
+    asset!("analysis.js", JS),
     asset!("job.js", JS),
+    asset!("jobgpu.js", JS),
     asset!("log.js", JS),
     asset!("workers.js", JS),
     asset!("submit.js", JS),
@@ -68,7 +79,7 @@ mod tests {
     use super::ASSETS;
     use std::path::Path;
 
-    /// Every file under `server/assets/`, relative and with `/`.
+    /// Every file under `web/`, relative and with `/`.
     fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
@@ -81,14 +92,14 @@ mod tests {
     }
 
     #[test]
-    fn every_file_in_assets_is_embedded_and_nothing_else() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets");
+    fn every_file_in_web_is_embedded_and_nothing_else() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../web");
         let mut on_disk = Vec::new();
         files_under(&root, &root, &mut on_disk);
         on_disk.sort();
         let mut embedded: Vec<String> = ASSETS.iter().map(|(name, _, _)| name.to_string()).collect();
         embedded.sort();
-        assert_eq!(on_disk, embedded, "add new files under server/assets/ to ASSETS in page.rs");
+        assert_eq!(on_disk, embedded, "add new files under web/ to ASSETS in page.rs");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `GET /api/sweeps/{sweep}/summary`: a sweep's leaderboard (params and metrics of every run,
-//! best first by the sweep's metric) as JSON or, with `format=csv`, as CSV.
+//! best first by the sweep's metric, with the direction each metric improves in) as JSON or,
+//! with `format=csv`, as CSV.
 
 use crate::db;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult};
@@ -10,7 +11,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use shared::api::{SummaryQuery, SummaryRow, SweepSummary};
+use shared::api::{Leaderboard, SummaryQuery, SummaryRow, SweepSummary};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/api/sweeps/{sweep}/summary", get(summary))
@@ -51,5 +52,6 @@ async fn summary(
         let body = leaderboard::to_csv(&summary);
         return Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], body).into_response());
     }
-    Ok(Json(summary).into_response())
+    let directions = leaderboard::directions(&summary.rows, summary.metric.as_ref());
+    Ok(Json(Leaderboard { summary, directions }).into_response())
 }

@@ -1,6 +1,7 @@
 //! Integration tests of the server: each starts the real server on 127.0.0.1:0 with a
 //! temporary data directory and drives it through the same typed client the worker uses.
 
+mod analysis;
 mod auth;
 mod bad_input;
 mod claims;

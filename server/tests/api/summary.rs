@@ -60,15 +60,15 @@ async fn the_csv_has_one_quoted_row_per_run_in_rank_order() {
     let app = TestApp::spawn().await;
     scored_sweep(&app, "table", "minimize", [Some(0.25), Some(0.5), None, Some(0.125)]).await;
     let csv = app.client.summary_csv("table", None).await.unwrap();
-    let expected =
-        "rank,index,job_id,status,score,param.tag,acc.last,acc.min,acc.max,val_loss.last,val_loss.min,val_loss.max\n\
-        1,3,4,running,0.125,\"two\nlines\",0.875,0.875,0.875,0.125,0.125,1.125\n\
-        2,0,1,running,0.25,\"a,b\",0.75,0.75,0.75,0.25,0.25,1.25\n\
-        3,1,2,running,0.5,\"say \"\"hi\"\"\",0.5,0.5,0.5,0.5,0.5,1.5\n\
-        ,2,3,running,,plain,,,,,,\n";
+    let expected = "rank,index,job_id,status,score,param.tag,acc.last,acc.min,acc.max,acc.best,\
+        val_loss.last,val_loss.min,val_loss.max,val_loss.best\n\
+        1,3,4,running,0.125,\"two\nlines\",0.875,0.875,0.875,0.875,0.125,0.125,1.125,0.125\n\
+        2,0,1,running,0.25,\"a,b\",0.75,0.75,0.75,0.75,0.25,0.25,1.25,0.25\n\
+        3,1,2,running,0.5,\"say \"\"hi\"\"\",0.5,0.5,0.5,0.5,0.5,0.5,1.5,0.5\n\
+        ,2,3,running,,plain,,,,,,,,\n";
     assert_eq!(csv, expected);
     let top = app.client.summary_csv("table", Some(1)).await.unwrap();
-    let best_only = expected.split_inclusive("1.125\n").next().unwrap();
+    let best_only = expected.split_inclusive("1.125,0.125\n").next().unwrap();
     assert_eq!(top, best_only);
 }
 

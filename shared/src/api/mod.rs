@@ -406,3 +406,6 @@ mod finish;
 mod outputs;
 pub use finish::*;
 pub use outputs::*;
+
+mod analysis;
+pub use analysis::*;

@@ -1,14 +1,20 @@
 // The job page (#/jobs/ID): what it runs and with which parameters, its attempts, a live log
-// tail (long poll on /api/jobs/ID/log), its metric charts and its result files.
+// tail (long poll on /api/jobs/ID/log), its metric charts, its GPUs and its result files.
+//
+// What the job holds now follows its status: a queued job (new, retried or requeued after a
+// lost worker) holds no worker and no GPU and its duration does not count, whatever its last
+// attempt held; the attempts table keeps where each attempt ran.
 
-import { get, post, missingEndpoint, segment } from './api.js';
+import { get, post, segment } from './api.js';
 import {
-  h, fill, badge, message, notFound, number, bytes, timeAgo, elapsed, localTime, flatParams, paramText,
-  refresher, toast,
+  h, fill, badge, message, notFound, number, bytes, timeAgo, elapsed, localTime, refresher, toast,
 } from './dom.js';
+import { flatParams, paramFormatter } from './params.js';
+import { reasonText } from './reasons.js';
 import { Chart, metricPoints } from './charts.js';
 import { links } from './nav.js';
 import { logPanel } from './log.js';
+import { gpuPanel } from './jobgpu.js';
 
 export function mount(root, route) {
   const id = Number(route.params[0]);
@@ -34,6 +40,7 @@ export function mount(root, route) {
   const chartsBox = h('section.panel', {}, h('h2', {}, 'Metrics'), chartsGrid);
   const artifactsBox = h('section.panel');
   const log = logPanel(id, () => job);
+  const gpu = gpuPanel(id);
   fill(root, h('p.muted', {}, 'Loading…'));
 
   async function load() {
@@ -55,7 +62,8 @@ export function mount(root, route) {
     const first = job === null;
     job = fresh;
     if (first) {
-      fill(root, headBox, errorBox, h('div.grid-2', {}, detailsBox, paramsBox), log.element, chartsBox, attemptsBox, artifactsBox);
+      fill(root, headBox, errorBox, h('div.grid-2', {}, detailsBox, paramsBox), log.element, chartsBox, gpu.element,
+        attemptsBox, artifactsBox);
     }
     fill(errorBox);
     renderHead();
@@ -63,23 +71,17 @@ export function mount(root, route) {
     renderParams();
     log.jobChanged(job);
     const [attempts, events, results] = await Promise.allSettled([
-      loadAttempts(signal),
+      get(`/api/jobs/${id}/attempts`, {}, { signal }),
       get(`/api/jobs/${id}/events`, {}, { signal }),
       get(`/api/jobs/${id}/results`, {}, { signal }),
     ]);
     if (stopped) return;
     renderAttempts(attempts, events);
     renderArtifacts(results);
-    await loadMetrics(signal);
-  }
-
-  async function loadAttempts(signal) {
-    try {
-      return await get(`/api/jobs/${id}/attempts`, {}, { signal });
-    } catch (error) {
-      if (missingEndpoint(error)) return null; // an older server: the history stands in
-      throw error;
-    }
+    await Promise.all([
+      loadMetrics(signal),
+      gpu.update(job, attempts.status === 'fulfilled' ? attempts.value : null, signal),
+    ]);
   }
 
   async function loadMetrics(signal) {
@@ -117,23 +119,27 @@ export function mount(root, route) {
     fill(headBox,
       h('div.grow', {},
         h('h1', {}, `Job ${job.id} `, badge(job.status), job.cancel_requested && job.status === 'running' ? h('span.muted', {}, ' cancelling…') : null),
-        h('div.sub', {}, 'sweep ', h('a', { href: links.sweep(job.sweep) }, job.sweep), ` · index ${job.index} · attempt ${job.attempt}`,
-          job.reason ? ` · ${job.reason}` : '')),
+        h('div.sub', {}, 'sweep ', h('a', { href: links.sweep(job.sweep) }, job.sweep), ` · index ${job.index} · attempt ${job.attempt}`),
+        job.reason ? h('div.reason', { dataset: { reason: job.reason } }, reasonText(job.reason)) : null),
       h('div.toolbar', {}, controls));
   }
 
   function renderDetails() {
+    const queued = job.status === 'queued';
+    const waiting = queued ? h('span.muted', {}, job.attempt > 0 ? `— (waiting in the queue for attempt ${job.attempt + 1})` : '— (waiting in the queue)') : null;
+    const when = (ms) => (ms ? [timeAgo(ms), h('span.muted', {}, ` ${localTime(ms)}`)] : '—');
     const rows = [
       ['Command', h('pre.command', {}, job.command)],
-      ['Status', [badge(job.status), job.reason ? ` ${job.reason}` : '']],
-      ['Worker', job.worker ? [job.worker, ' ', h('a', { href: links.workers() }, '(workers)')] : '—'],
-      ['GPUs', Array.isArray(job.gpus) ? (job.gpus.length ? job.gpus.join(', ') : (job.started_at ? 'none (CPU)' : '—')) : '—'],
+      ['Status', [badge(job.status), job.reason ? h('span', { dataset: { reason: job.reason } }, ` ${reasonText(job.reason)}`) : '']],
+      ['Worker', queued ? waiting : job.worker ? [job.worker, ' ', h('a', { href: links.workers() }, '(workers)')] : '—'],
+      ['GPUs', queued ? '—' : job.gpus?.length ? job.gpus.join(', ') : (job.started_at ? 'none (CPU)' : '—')],
       ['Resources', resourcesText(job.resources)],
-      ['Created', [timeAgo(job.created_at), h('span.muted', {}, ` ${localTime(job.created_at)}`)]],
-      ['Started', job.started_at ? [timeAgo(job.started_at), h('span.muted', {}, ` ${localTime(job.started_at)}`)] : '—'],
-      ['Finished', job.finished_at ? [timeAgo(job.finished_at), h('span.muted', {}, ` ${localTime(job.finished_at)}`)] : '—'],
-      ['Duration', elapsed(job.started_at, job.status === 'running' ? null : job.finished_at)],
-      ['Exit code', job.exit_code ?? '—'],
+      ['Created', when(job.created_at)],
+      ['Started', queued ? '—' : when(job.started_at)],
+      ['Finished', queued ? '—' : when(job.finished_at)],
+      ['Duration', queued ? h('span.muted', { dataset: { duration: 'none' } }, '—')
+        : elapsed(job.started_at, job.status === 'running' ? null : job.finished_at)],
+      ['Exit code', queued ? '—' : job.exit_code ?? '—'],
       ['Attempts', `${job.attempt} (crashes ${job.crash_count}, retries left ${job.retries_left})`],
       ['Timeout', job.timeout_secs ? `${job.timeout_secs} s` : 'none'],
     ];
@@ -142,7 +148,10 @@ export function mount(root, route) {
 
   function renderParams() {
     const flat = flatParams(job.params);
-    const rows = Object.entries(flat).map(([key, value]) => [key, h('span.mono', {}, paramText(value))]);
+    const rows = Object.entries(flat).map(([key, value]) => {
+      const { text, exact } = paramFormatter([value])(value);
+      return [key, h('span.mono', { title: exact ?? undefined, dataset: { param: key } }, text)];
+    });
     const metrics = Object.entries(job.metrics || {}).map(([name, summary]) =>
       [name, h('span.mono', { title: `${summary.count} values` }, `last ${number(summary.last)} · min ${number(summary.min)} · max ${number(summary.max)}`)]);
     fill(paramsBox,
@@ -153,9 +162,8 @@ export function mount(root, route) {
 
   function renderAttempts(attempts, events) {
     const history = events.status === 'fulfilled' ? events.value : [];
-    let list = attempts.status === 'fulfilled' ? attempts.value : null;
+    const list = attempts.status === 'fulfilled' ? attempts.value : [];
     const note = attempts.status === 'rejected' ? message(`Cannot load attempts: ${attempts.reason.message}`, 'error') : null;
-    if (!list) list = attemptsFromHistory(history);
     const rows = list.slice().reverse().map((attempt) => h('tr', { dataset: { attempt: String(attempt.attempt) } },
       h('td.num', {}, String(attempt.attempt)),
       // An attempt that ended in `queued` was requeued (a retry or a lost worker).
@@ -166,11 +174,11 @@ export function mount(root, route) {
       h('td', { title: localTime(attempt.ended_at) }, attempt.ended_at ? timeAgo(attempt.ended_at) : h('span.muted', {}, 'running')),
       h('td.num', {}, elapsed(attempt.started_at, attempt.ended_at)),
       h('td.num', {}, attempt.exit_code ?? '—'),
-      h('td', {}, attempt.reason || '')));
+      h('td.reason-cell', {}, reasonText(attempt.reason))));
     const historyRows = history.slice().reverse().map((event) => h('tr', {},
       h('td', { title: localTime(event.at) }, timeAgo(event.at)),
       h('td', {}, event.from ? badge(event.from) : h('span.muted', {}, 'new')), h('td', {}, '→ ', badge(event.to)),
-      h('td.num', {}, String(event.attempt)), h('td', {}, event.worker || ''), h('td', {}, event.reason || '')));
+      h('td.num', {}, String(event.attempt)), h('td', {}, event.worker || ''), h('td.reason-cell', {}, reasonText(event.reason))));
     fill(attemptsBox,
       h('h2', {}, 'Attempts'), note,
       rows.length
@@ -198,16 +206,22 @@ export function mount(root, route) {
     for (const item of series) {
       const points = metricPoints(item);
       const data = [points.xs, points.ys];
-      const entry = charts.get(item.name);
-      if (entry) {
+      let entry = charts.get(item.name);
+      if (!entry) {
+        const target = h('div.chart');
+        const single = h('div.single-value');
+        const box = h('div.chart-box', { dataset: { metric: item.name } }, h('h3', {}, item.name), single, target);
+        chartsGrid.append(box);
+        const chart = new Chart(target, { x: { label: 'step' }, y: {}, series: [{ label: item.name }], height: 190 }, data);
+        entry = { box, chart, single };
+        charts.set(item.name, entry);
+      } else {
         entry.chart.setData(data);
-        continue;
       }
-      const target = h('div.chart');
-      const box = h('div.chart-box', { dataset: { metric: item.name } }, h('h3', {}, item.name), target);
-      chartsGrid.append(box);
-      const chart = new Chart(target, { x: { label: 'step' }, y: {}, series: [{ label: item.name }], height: 190 }, data);
-      charts.set(item.name, { box, chart });
+      // One value makes a point, not a curve: say the number too.
+      fill(entry.single, points.ys.length === 1
+        ? [h('strong', {}, number(points.ys[0])), h('span.muted', {}, ` (one value, step ${points.xs[0]})`)]
+        : null);
     }
   }
 
@@ -262,6 +276,7 @@ export function mount(root, route) {
     loader.stop();
     controller.abort();
     log.stop();
+    gpu.destroy();
     for (const { chart } of charts.values()) chart.destroy();
     charts.clear();
   }
@@ -288,17 +303,4 @@ function resourcesText(resources) {
 
 function kvTable(rows) {
   return h('table.kv', {}, h('tbody', {}, rows.map(([key, value]) => h('tr', {}, h('th', {}, key), h('td', {}, value)))));
-}
-
-/** Attempts rebuilt from the job's history, for a server without /api/jobs/ID/attempts. */
-function attemptsFromHistory(events) {
-  const attempts = new Map();
-  for (const event of events) {
-    if (event.to === 'running') {
-      attempts.set(event.attempt, { attempt: event.attempt, worker: event.worker, gpus: null, started_at: event.at, ended_at: null, status: 'running', exit_code: null, reason: null });
-    } else if (event.from === 'running' && attempts.has(event.attempt)) {
-      Object.assign(attempts.get(event.attempt), { ended_at: event.at, status: event.to, reason: event.reason });
-    }
-  }
-  return [...attempts.values()];
 }

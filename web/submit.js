@@ -3,7 +3,8 @@
 // Submit is enabled only for the exact text that passed the dry run.
 
 import { api, url } from './api.js';
-import { h, fill, message, count, paramsLine } from './dom.js';
+import { h, fill, message, count } from './dom.js';
+import { paramsLine, exactLine } from './params.js';
 import { links } from './nav.js';
 
 const EXAMPLE = `name: my-sweep
@@ -121,8 +122,9 @@ export function mount(root) {
           h('thead', {}, h('tr', {}, h('th.num', {}, 'Index'), h('th', {}, 'Parameters'), h('th', {}, 'Command'))),
           h('tbody', {}, jobs.map((job) => h('tr', {},
             h('td.num', {}, String(job.index)),
-            h('td.params', { title: paramsLine(job.params) }, paramsLine(job.params)),
-            h('td.mono', { style: { whiteSpace: 'pre-wrap', wordBreak: 'break-all' } }, job.command))))))
+            // One line per job: the full parameters and command are on hover.
+            h('td.params', { title: exactLine(job.params) }, paramsLine(job.params)),
+            h('td.mono.command-cell', { title: job.command }, job.command))))))
         : null,
       answer.count > jobs.length ? h('p.muted', {}, `The first ${jobs.length} of ${count(answer.count)} shown.`) : null));
   }

@@ -1,6 +1,7 @@
 // Charts: a thin wrapper around uPlot (vendor/uPlot.iife.min.js, loaded before the modules as
 // the global `uPlot`). Colours come from the page's CSS variables, so charts follow dark mode;
-// a chart follows its container's width.
+// a chart follows its container's width. A series with a single value in view is drawn as a
+// point (a line needs two), so a metric written once never leaves a blank chart.
 
 const uPlot = window.uPlot;
 
@@ -11,6 +12,11 @@ function cssVar(name) {
 /** The series colours, readable on both the light and the dark background. */
 export function palette() {
   return Array.from({ length: 8 }, (_, i) => cssVar(`--series-${i + 1}`) || '#3b82f6');
+}
+
+/** A colour of the page by CSS variable name (`--failed`). */
+export function colour(name) {
+  return cssVar(name);
 }
 
 /** A tick label: short, exponent only for very small or large values. */
@@ -39,10 +45,27 @@ function axis(label, extra = {}) {
   };
 }
 
+/** Non-null values of a series between two indices. */
+function valuesIn(data, from, to) {
+  let n = 0;
+  for (let i = from; i <= to && i < data.length; i += 1) if (data[i] !== null && data[i] !== undefined) n += 1;
+  return n;
+}
+
+/** A range that is never empty: one x or y value gets room around it. */
+function roomy(pad) {
+  return (_, min, max) => {
+    if (min === null || max === null) return [0, 1];
+    if (min !== max) return [min, max];
+    const room = pad(min);
+    return [min - room, max + room];
+  };
+}
+
 /**
  * One uPlot chart in `container`.
- * options: {x: {label, time, log, range, values, splits}, y: {label, range, values},
- *           series: [{label, points}],
+ * options: {x: {label, time, log, range, values, splits}, y: {label, range, values, log},
+ *           series: [{label, points, hollow, colour, step, width, size}],
  *           height, legend}
  * data: uPlot's aligned data, `[xs, ys1, ys2, ...]`.
  */
@@ -57,49 +80,59 @@ export class Chart {
   }
 
   width() {
-    return Math.max(200, Math.floor(this.container.clientWidth || 400));
+    return Math.max(120, Math.floor(this.container.clientWidth || 400));
   }
 
   build(data) {
     const colours = palette();
     const { x = {}, y = {}, series, height = 200, legend = true } = this.options;
+    const xRange = x.range || (x.log ? undefined : roomy((v) => (x.time ? 60 : Math.max(Math.abs(v) * 0.1, 1))));
     const options = {
       width: this.width(),
       height,
       legend: { show: legend, live: true },
       cursor: { drag: { x: true, y: false } },
       scales: {
-        x: { time: Boolean(x.time), ...(x.log ? { distr: 3 } : {}), ...(x.range ? { range: x.range } : {}) },
-        y: y.range ? { range: y.range } : { auto: true },
+        x: { time: Boolean(x.time), ...(x.log ? { distr: 3 } : {}), ...(xRange ? { range: xRange } : {}) },
+        y: y.range ? { range: y.range } : y.log ? { distr: 3 } : { auto: true },
       },
       axes: [
         axis(x.label, { ...(x.time ? {} : { values: x.values || ticks }), ...(x.splits ? { splits: x.splits } : {}) }),
         axis(y.label, { size: 60, values: y.values || ticks }),
       ],
       series: [
-        { label: x.label || 'x', ...(x.legendValue ? { value: x.legendValue } : {}) },
+        { label: x.label || (x.time ? 'time' : 'x'), ...(x.legendValue ? { value: x.legendValue } : {}) },
         ...series.map((item, i) => {
-          const colour = item.colour || colours[i % colours.length];
+          const stroke = item.colour || colours[i % colours.length];
           if (item.points) {
+            const size = item.size || 7;
             return {
               label: item.label,
-              stroke: colour,
-              fill: colour,
+              stroke,
+              fill: stroke,
               paths: () => null,
-              points: { show: true, size: 7, stroke: colour, fill: colour },
+              points: { show: true, size, width: 2, stroke, fill: item.hollow ? 'transparent' : stroke },
             };
           }
           return {
             label: item.label,
-            stroke: colour,
-            width: 2,
+            stroke,
+            width: item.width || 2,
             spanGaps: true,
-            points: { show: false },
+            ...(item.step ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}),
+            // A line needs two values: with one in view, draw it as a point.
+            points: { show: (u, si, from, to) => valuesIn(u.data[si], from, to) <= 1, size: 8, fill: stroke },
           };
         }),
       ],
     };
-    this.plot = new uPlot(options, data, this.container);
+    this.plot = new uPlot(options, this.prepare(data), this.container);
+  }
+
+  /** On a log axis, values at or below zero cannot be drawn: they become gaps. */
+  prepare(data) {
+    if (!this.options.y?.log) return data;
+    return data.map((column, i) => (i === 0 ? column : column.map((v) => (v !== null && v > 0 ? v : null))));
   }
 
   setData(data) {
@@ -108,15 +141,15 @@ export class Chart {
       this.plot?.destroy();
       this.build(data);
     } else {
-      this.plot.setData(data);
+      this.plot.setData(this.prepare(data));
     }
   }
 
-  /** Replaces the series (labels) and data at once. */
-  setSeries(series, data) {
-    const same = series.length === this.options.series.length &&
-      series.every((item, i) => item.label === this.options.series[i].label);
-    this.options = { ...this.options, series };
+  /** Replaces the options (series, axes) and data at once; rebuilds when they differ. */
+  setSeries(series, data, changes = {}) {
+    const next = { ...this.options, ...changes, series };
+    const same = JSON.stringify(next) === JSON.stringify(this.options);
+    this.options = next;
     if (!same) {
       this.plot?.destroy();
       this.plot = null;
@@ -152,4 +185,20 @@ export function metricPoints(series) {
   });
   const xs = [...byStep.keys()].sort((a, b) => a - b);
   return { xs, ys: xs.map((step) => byStep.get(step)) };
+}
+
+/**
+ * Exponential moving average with TensorBoard's debiasing: `weight` 0 is the raw curve, 0.99
+ * nearly flat. The first values are not pulled towards zero (each is divided by 1 − weightⁿ).
+ */
+export function smooth(ys, weight) {
+  if (!weight) return ys;
+  let last = 0;
+  let n = 0;
+  return ys.map((value) => {
+    if (value === null || value === undefined || !Number.isFinite(value)) return value;
+    last = last * weight + (1 - weight) * value;
+    n += 1;
+    return last / (1 - weight ** n);
+  });
 }

@@ -2,26 +2,31 @@
 // sorted table paged by the server (it stays fast with 100,000 jobs); cancel, retry,
 // priority, and cancel of a selection.
 
-import { get, post, missingEndpoint } from './api.js';
+import { get, post } from './api.js';
 import {
-  h, fill, badge, progressBar, message, count, number, timeAgo, elapsed, paramsLine, refresher, toast,
+  h, fill, badge, progressBar, message, count, number, timeAgo, elapsed, refresher, toast,
 } from './dom.js';
+import { paramsLine, exactLine } from './params.js';
+import { reasonText } from './reasons.js';
 import { setQuery, links } from './nav.js';
 
 const STATUSES = ['queued', 'running', 'succeeded', 'failed', 'cancelled'];
 const PAGE_SIZES = [25, 50, 100, 250];
 const SWEEPS_SHOWN = 6;
 
-/** Columns of the job table; `sort` names the server's sort key. */
+/**
+ * Columns of the job table; `sort` names the server's sort key. Status comes right after the
+ * id so a phone shows it without scrolling; `wide` columns are hidden on narrow screens.
+ */
 const COLUMNS = [
   { key: 'id', label: 'ID', sort: 'id', num: true },
-  { key: 'sweep', label: 'Sweep', sort: 'sweep' },
-  { key: 'params', label: 'Parameters' },
   { key: 'status', label: 'Status', sort: 'status' },
-  { key: 'priority', label: 'Priority', sort: 'priority', num: true },
+  { key: 'sweep', label: 'Sweep', sort: 'sweep' },
+  { key: 'params', label: 'Parameters', wide: true },
+  { key: 'priority', label: 'Priority', sort: 'priority', num: true, wide: true },
   { key: 'worker', label: 'Worker', sort: 'worker' },
-  { key: 'gpu', label: 'GPU' },
-  { key: 'started', label: 'Started', sort: 'started_at' },
+  { key: 'gpu', label: 'GPU', wide: true },
+  { key: 'started', label: 'Started', sort: 'started_at', wide: true },
   { key: 'duration', label: 'Duration', sort: 'duration', num: true },
   { key: 'best', label: 'Best metric', num: true },
   { key: 'actions', label: '' },
@@ -106,23 +111,15 @@ export function mount(root, route) {
     renderTable();
   }
 
-  function totals() {
-    if (data.overview?.counts) return data.overview.counts;
-    // An older server without /api/overview: add up the sweeps.
-    const sum = Object.fromEntries(STATUSES.map((status) => [status, 0]));
-    for (const sweep of data.sweeps) for (const status of STATUSES) sum[status] += sweep.counts?.[status] ?? 0;
-    return sum;
-  }
-
   function renderCounts() {
-    const counts = totals();
+    const counts = data.overview?.counts;
     const cards = STATUSES.map((status) => h('button.count-card', {
       type: 'button',
       class: `status-${status}${state.status === status ? ' active' : ''}`,
       title: state.status === status ? 'show every status' : `show only ${status} jobs`,
       dataset: { count: status },
       onclick: () => change({ status: state.status === status ? '' : status, page: 1 }),
-    }, h('span.n', {}, count(counts[status])), h('span.what', {}, status)));
+    }, h('span.n', {}, counts ? count(counts[status]) : '—'), h('span.what', {}, status)));
     const workers = data.overview?.workers;
     if (workers) {
       cards.push(h('a.count-card', { href: links.workers(), title: 'workers: healthy / stale / lost' },
@@ -192,10 +189,29 @@ export function mount(root, route) {
     return h('span', { title: `${name}, last value` }, `${name} ${number(summary.last)}`);
   }
 
+  // A queued job holds no worker or GPU, whatever its last attempt held: only a running or
+  // finished job's placement is shown, and only a running job's duration counts.
+  function placed(job) {
+    return job.status !== 'queued';
+  }
+
+  function workerText(job) {
+    if (placed(job) && job.worker) return job.worker;
+    if (job.status === 'queued' && job.attempt > 0) {
+      return h('span.muted', { title: reasonText(job.reason) || 'back in the queue', dataset: { requeued: '' } }, 'requeued');
+    }
+    return h('span.muted', {}, '—');
+  }
+
   function gpuText(job) {
-    if (!Array.isArray(job.gpus)) return h('span.muted', {}, '—');
+    if (!placed(job) || !Array.isArray(job.gpus)) return h('span.muted', {}, '—');
     if (job.gpus.length === 0) return job.started_at ? h('span.muted', {}, 'CPU') : h('span.muted', {}, '—');
     return job.gpus.join(', ');
+  }
+
+  function durationOf(job) {
+    if (!placed(job)) return h('span.muted', {}, '—');
+    return elapsed(job.started_at, job.status === 'running' ? null : job.finished_at || job.started_at);
   }
 
   function actions(job) {
@@ -212,7 +228,7 @@ export function mount(root, route) {
 
   function priorityCell(job) {
     const changeable = job.status === 'queued' || job.status === 'running';
-    return h('td.num', {},
+    return h('td.num.col-priority.wide', {},
       changeable ? h('button.small', { type: 'button', title: 'lower priority', dataset: { action: 'lower' }, onclick: () => setPriority(job, job.priority - 1) }, '−') : null,
       h('span', { style: { display: 'inline-block', minWidth: '2.5em', textAlign: 'center' } }, String(job.priority)),
       changeable ? h('button.small', { type: 'button', title: 'raise priority', dataset: { action: 'raise' }, onclick: () => setPriority(job, job.priority + 1) }, '+') : null);
@@ -233,11 +249,12 @@ export function mount(root, route) {
         },
       })),
       COLUMNS.map((column) => {
-        if (!column.sort) return h('th', { class: column.num ? 'num' : '' }, column.label);
+        const classes = [column.num ? 'num' : '', `col-${column.key}`, column.wide ? 'wide' : ''].filter(Boolean).join(' ');
+        if (!column.sort) return h('th', { class: classes }, column.label);
         const active = state.sort === column.sort;
         const order = orderOf(state);
         return h('th.sortable', {
-          class: column.num ? 'num' : '',
+          class: classes,
           title: `sort by ${column.label.toLowerCase()}`,
           'aria-sort': active ? (order === 'asc' ? 'ascending' : 'descending') : 'none',
           onclick: () => change({ sort: column.sort, order: active && order === 'asc' ? 'desc' : active ? 'asc' : column.sort === 'id' ? 'desc' : 'asc', page: 1 }),
@@ -266,17 +283,17 @@ export function mount(root, route) {
           },
         })
         : null),
-      h('td.num', {}, h('a', { href: links.job(job.id) }, String(job.id))),
-      h('td', {}, h('a', { href: links.sweep(job.sweep) }, job.sweep), h('span.muted', {}, ` #${job.index}`)),
-      h('td.params', { title: paramsLine(job.params) }, paramsLine(job.params)),
-      h('td', {}, badge(job.status)),
+      h('td.num.col-id', {}, h('a', { href: links.job(job.id) }, String(job.id))),
+      h('td.col-status', {}, badge(job.status)),
+      h('td.col-sweep', {}, h('a', { href: links.sweep(job.sweep) }, job.sweep), h('span.muted', {}, ` #${job.index}`)),
+      h('td.params.col-params.wide', { title: exactLine(job.params) }, paramsLine(job.params)),
       priorityCell(job),
-      h('td', {}, job.worker || h('span.muted', {}, '—')),
-      h('td', {}, gpuText(job)),
-      h('td', {}, timeAgo(job.started_at)),
-      h('td.num', {}, elapsed(job.started_at, job.status === 'running' ? null : job.finished_at || job.started_at)),
-      h('td.num', {}, bestMetric(job)),
-      h('td', {}, h('div.actions', {}, actions(job)))));
+      h('td.col-worker', {}, workerText(job)),
+      h('td.col-gpu.wide', {}, gpuText(job)),
+      h('td.col-started.wide', {}, placed(job) ? timeAgo(job.started_at) : h('span.muted', {}, '—')),
+      h('td.num.col-duration', {}, durationOf(job)),
+      h('td.num.col-best', {}, bestMetric(job)),
+      h('td.col-actions', {}, h('div.actions', {}, actions(job)))));
     }
     fill(tableBox, h('table.jobs-table', {}, h('thead', {}, head), h('tbody', {}, body)));
     renderSelection();
@@ -349,13 +366,7 @@ export function mount(root, route) {
   async function cancelSelected() {
     const ids = [...selected];
     try {
-      let result;
-      try {
-        result = await post('/api/jobs/cancel', { ids });
-      } catch (error) {
-        if (!missingEndpoint(error)) throw error;
-        result = await cancelOneByOne(ids);
-      }
+      const result = await post('/api/jobs/cancel', { ids });
       const skipped = result.skipped?.length ? `, ${result.skipped.length} skipped (already finished)` : '';
       toast(`Cancelled ${result.cancelled}, cancel requested for ${result.cancel_requested} running${skipped}`);
       selected.clear();
@@ -381,21 +392,6 @@ export function mount(root, route) {
       controller?.abort();
     },
   };
-}
-
-/** `POST /api/jobs/cancel` on a server that lacks it: one request per job. */
-async function cancelOneByOne(ids) {
-  const result = { cancelled: 0, cancel_requested: 0, skipped: [] };
-  for (const id of ids) {
-    try {
-      const one = await post(`/api/jobs/${id}/cancel`);
-      result.cancelled += one.cancelled;
-      result.cancel_requested += one.cancel_requested;
-    } catch {
-      result.skipped.push(id);
-    }
-  }
-  return result;
 }
 
 function cancellable(jobs) {

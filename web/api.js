@@ -80,9 +80,3 @@ async function request(path, options) {
 
 export const get = (path, query, options = {}) => api(url(path, query), options);
 export const post = (path, json, options = {}) => api(path, { ...options, method: 'POST', json });
-
-/** Whether an error means the endpoint itself is not there (an older server). */
-export function missingEndpoint(error) {
-  return error instanceof ApiError && (error.status === 404 || error.status === 405) &&
-    /no such endpoint|Method Not Allowed|405/.test(error.message);
-}

@@ -156,33 +156,6 @@ export function tickTimes() {
   }
 }
 
-// --- parameters ----------------------------------------------------------------------------
-
-/** Flattens nested parameter objects to dotted keys: `{model: {lr: 1}}` → `{'model.lr': 1}`. */
-export function flatParams(params, prefix = '', out = {}) {
-  if (params === null || typeof params !== 'object' || Array.isArray(params)) {
-    if (prefix) out[prefix] = params;
-    return out;
-  }
-  for (const [key, value] of Object.entries(params)) {
-    const path = prefix ? `${prefix}.${key}` : key;
-    if (value !== null && typeof value === 'object' && !Array.isArray(value)) flatParams(value, path, out);
-    else out[path] = value;
-  }
-  return out;
-}
-
-/** A parameter value as written: strings bare, everything else as JSON (0.0001, [128,64], true). */
-export function paramText(value) {
-  if (typeof value === 'string') return value;
-  return JSON.stringify(value);
-}
-
-/** `lr=0.001 batch_size=2048` */
-export function paramsLine(params) {
-  return Object.entries(flatParams(params)).map(([key, value]) => `${key}=${paramText(value)}`).join('  ');
-}
-
 // --- loading -------------------------------------------------------------------------------
 
 /**

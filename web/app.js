@@ -121,7 +121,7 @@ function connect() {
   });
   source.addEventListener('error', () => {
     if (source.readyState === EventSource.CLOSED) {
-      // The stream was refused (an older server, or it is down): poll, and try again later.
+      // The stream was refused (the server is down or restarting): poll, and try again later.
       setLive('polling', 'no event stream; refreshing every 5 s');
       startPolling();
       setTimeout(connect, 15000);

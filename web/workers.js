@@ -1,5 +1,6 @@
 // The workers page (#/workers): one card per worker (state, last seen, running jobs) and one row
-// per GPU with its utilisation and memory over the last hour, temperature and power.
+// per GPU with its utilisation and memory over the last hour, temperature and power, and the
+// running jobs that hold it with the memory each declared. Lost workers come last, dimmed.
 
 import { get, segment } from './api.js';
 import { h, fill, badge, message, timeAgo, bytes, refresher } from './dom.js';
@@ -31,13 +32,18 @@ export function mount(root) {
       return;
     }
     fill(errorBox);
-    const telemetry = await Promise.all(workers.map((worker) =>
-      get(`/api/workers/${segment(worker.name)}/telemetry`, {}, { signal }).catch((error) => (error.name === 'AbortError' ? [] : error))));
+    const [telemetry, holdings] = await Promise.all([
+      Promise.all(workers.map((worker) =>
+        get(`/api/workers/${segment(worker.name)}/telemetry`, {}, { signal }).catch((error) => (error.name === 'AbortError' ? [] : error)))),
+      Promise.all(workers.map((worker) => (worker.running
+        ? get('/api/jobs', { worker: worker.name, status: 'running', limit: 1000 }, { signal }).then((page) => page.jobs, () => [])
+        : []))),
+    ]);
     if (signal.aborted) return;
-    render(workers, telemetry);
+    render(workers, telemetry, holdings);
   }
 
-  function render(workers, telemetry) {
+  function render(workers, telemetry, holdings) {
     if (!workers.length) {
       fill(listBox, message('No worker has registered yet. Start one with `app --client-only --url URL`, or run `app` for a server with a local worker.'));
       return;
@@ -45,10 +51,11 @@ export function mount(root) {
     const seen = new Set();
     const cards = workers
       .slice()
-      .sort((a, b) => a.name.localeCompare(b.name))
+      .sort((a, b) => (a.state === 'lost') - (b.state === 'lost') || a.name.localeCompare(b.name))
       .map((worker) => {
-        const readings = telemetry[workers.indexOf(worker)];
-        return card(worker, Array.isArray(readings) ? readings : [], readings instanceof Error ? readings : null, seen);
+        const at = workers.indexOf(worker);
+        const readings = telemetry[at];
+        return card(worker, Array.isArray(readings) ? readings : [], readings instanceof Error ? readings : null, holdings[at], seen);
       });
     for (const [key, row] of rows) {
       if (!seen.has(key)) {
@@ -60,8 +67,8 @@ export function mount(root) {
     fill(listBox, cards);
   }
 
-  function card(worker, samples, failed, seen) {
-    const state = worker.state || estimateState(worker.last_seen_at);
+  function card(worker, samples, failed, jobs, seen) {
+    const { state } = worker;
     const gpus = groupByGpu(samples);
     for (const slot of worker.capacity?.gpus || []) {
       if (!gpus.has(slot.index)) gpus.set(slot.index, { index: slot.index, name: `GPU ${slot.index}`, samples: [], slot });
@@ -71,10 +78,13 @@ export function mount(root) {
     const gpuRows = [...gpus.values()].sort((a, b) => a.index - b.index).map((gpu) => {
       const key = `${worker.name}/${gpu.index}`;
       seen.add(key);
-      return gpuRow(key, gpu);
+      return gpuRow(key, gpu, jobs.filter((job) => job.gpus.includes(gpu.index)));
     });
-    return h('section.panel.worker-card', { dataset: { worker: worker.name, state } },
-      h('h2', {}, worker.name, badge(state), worker.state ? null : h('span.muted', { style: { fontWeight: 400, fontSize: '12px' } }, '(estimated from last seen)')),
+    return h('section.panel.worker-card', { class: state === 'lost' ? 'lost' : '', dataset: { worker: worker.name, state } },
+      h('h2', {}, worker.name, badge(state)),
+      state === 'lost'
+        ? h('p.muted', {}, 'No heartbeat for longer than a lease: its jobs went back to the queue. It shows here again when it reconnects.')
+        : null,
       h('div.facts', {},
         h('span', {}, 'last seen ', timeAgo(worker.last_seen_at)),
         h('span', {}, 'registered ', timeAgo(worker.registered_at)),
@@ -87,7 +97,15 @@ export function mount(root) {
       gpuRows);
   }
 
-  function gpuRow(key, gpu) {
+  /** Who holds a GPU: `#12 (2 GiB declared)`, `#13 (whole GPU)`. */
+  function holders(jobs) {
+    if (!jobs.length) return h('div.holders.muted', {}, 'no job');
+    return h('div.holders', {}, jobs.map((job) => h('span.holder', { dataset: { jobId: String(job.id) } },
+      h('a', { href: links.job(job.id) }, `#${job.id}`),
+      h('span.muted', {}, job.resources.gpu_memory ? ` ${bytes(job.resources.gpu_memory)} declared` : ' whole GPU'))));
+  }
+
+  function gpuRow(key, gpu, jobs) {
     const samples = gpu.samples;
     const xs = samples.map((sample) => sample.at / 1000);
     const util = samples.map((sample) => sample.utilization ?? null);
@@ -100,15 +118,17 @@ export function mount(root) {
       const memoryTarget = h('div.chart');
       const readings = h('div.readings');
       const title = h('div.gpu-name');
+      const held = h('div');
       const element = h('div.gpu-row', { dataset: { gpu: String(gpu.index) } },
-        title,
+        h('div.gpu-head', {}, title, held),
         h('div.spark', {}, h('h4', {}, 'utilisation %'), utilTarget),
         h('div.spark', {}, h('h4', {}, 'memory used (GiB)'), memoryTarget),
         readings);
       // Charts are made once the row is in the page and has a width.
-      row = { element, title, readings, utilTarget, memoryTarget, util: null, memory: null };
+      row = { element, title, held, readings, utilTarget, memoryTarget, util: null, memory: null };
       rows.set(key, row);
     }
+    fill(row.held, holders(jobs));
     fill(row.title, `GPU ${gpu.index}`, h('small', {}, last?.name || gpu.name || ''), h('small', {}, total ? `${bytes(total)} total` : ''));
     fill(row.readings,
       h('div', {}, `util ${last?.utilization ?? '—'}${last?.utilization !== null && last?.utilization !== undefined ? '%' : ''}`),
@@ -161,12 +181,4 @@ function groupByGpu(samples) {
     gpus.get(sample.index).samples.push(sample);
   }
   return gpus;
-}
-
-/** For a server whose worker list has no `state`: by the time since the last heartbeat. */
-function estimateState(lastSeen) {
-  const age = Date.now() - lastSeen;
-  if (age < 30000) return 'healthy';
-  if (age < 120000) return 'stale';
-  return 'lost';
 }

@@ -1,0 +1,87 @@
+// The job page's GPU panel: utilisation and memory of the GPUs an attempt held, while it held
+// them, from the worker's telemetry (GET /api/jobs/ID/gpu). The readings are of whole GPUs:
+// when jobs share a GPU the panel names them, since their use is mixed in.
+
+import { get } from './api.js';
+import { h, fill, bytes, duration, message } from './dom.js';
+import { Chart } from './charts.js';
+import { links } from './nav.js';
+
+/** While the attempt runs, its readings are fetched again at most this often. */
+const REFRESH_MS = 10000;
+
+export function gpuPanel(id) {
+  const note = h('div.gpu-note');
+  const utilTarget = h('div.chart');
+  const memoryTarget = h('div.chart');
+  const chartsBox = h('div.charts', {},
+    h('div.chart-box', { dataset: { gpuChart: 'utilization' } }, h('h3', {}, 'GPU utilisation %'), utilTarget),
+    h('div.chart-box', { dataset: { gpuChart: 'memory' } }, h('h3', {}, 'GPU memory used (GiB)'), memoryTarget));
+  const element = h('section.panel.job-gpu', { hidden: true }, h('h2', {}, 'GPUs'), note, chartsBox);
+  let util = null;
+  let memory = null;
+  let loadedKey = '';
+  let loadedAt = 0;
+
+  /** Shows the latest attempt that started, if it held GPUs. */
+  async function update(job, attempts, signal) {
+    const latest = attempts?.[attempts.length - 1];
+    if (!latest || !latest.gpus?.length) {
+      element.hidden = true;
+      return;
+    }
+    element.hidden = false;
+    const key = `${latest.attempt}:${latest.ended_at ?? 'running'}`;
+    if (key === loadedKey && (latest.ended_at || Date.now() - loadedAt < REFRESH_MS)) return;
+    let usage;
+    try {
+      usage = await get(`/api/jobs/${id}/gpu`, { attempt: latest.attempt }, { signal });
+    } catch (error) {
+      if (error.name !== 'AbortError') fill(note, message(`Cannot load GPU readings: ${error.message}`, 'error'));
+      return;
+    }
+    loadedKey = key;
+    loadedAt = Date.now();
+    render(usage);
+  }
+
+  function render(usage) {
+    const shared = usage.shared_with.length
+      ? [' Shared with ', usage.shared_with.map((other) => h('a', { href: links.job(other) }, `#${other}`))
+        .flatMap((link, i) => (i ? [', ', link] : [link])), ': their use is in these readings too.']
+      : ' Readings are of the whole GPU.';
+    fill(note, h('p.muted', {},
+      `Attempt ${usage.attempt} on ${usage.worker ?? 'its worker'}, GPU ${usage.gpus.join(', ')}`,
+      usage.gpu_memory ? `, ${bytes(usage.gpu_memory)} declared per GPU` : '', '.', shared));
+    if (!usage.samples.length) {
+      note.append(h('p.muted', { dataset: { gpuEmpty: '' } }, usage.to && Date.now() - usage.to > usage.retention_ms
+        ? `No readings left: the server keeps GPU readings for ${duration(usage.retention_ms)}.`
+        : 'No readings yet: they arrive with the worker\'s heartbeats.'));
+    }
+    const indices = [...new Set(usage.samples.map((sample) => sample.index))].sort((a, b) => a - b);
+    const times = [...new Set(usage.samples.map((sample) => sample.at))].sort((a, b) => a - b);
+    const column = (index, pick) => times.map((at) => {
+      const sample = usage.samples.find((item) => item.at === at && item.index === index);
+      return sample ? pick(sample) : null;
+    });
+    const xs = times.map((at) => at / 1000);
+    const series = indices.map((index) => ({ label: `GPU ${index}` }));
+    const utilData = [xs, ...indices.map((index) => column(index, (sample) => sample.utilization ?? null))];
+    const memoryData = [xs, ...indices.map((index) => column(index, (sample) => sample.memory_used / 2 ** 30))];
+    const total = Math.max(0, ...usage.samples.map((sample) => sample.memory_total)) / 2 ** 30;
+    chartsBox.dataset.samples = String(usage.samples.length);
+    const base = { x: { time: true }, height: 160 };
+    if (util) util.setSeries(series, utilData, { y: { range: [0, 100] } });
+    else util = new Chart(utilTarget, { ...base, y: { range: [0, 100] }, series }, utilData);
+    const memoryY = total ? { range: [0, total] } : {};
+    if (memory) memory.setSeries(series, memoryData, { y: memoryY });
+    else memory = new Chart(memoryTarget, { ...base, y: memoryY, series }, memoryData);
+  }
+
+  function destroy() {
+    util?.destroy();
+    memory?.destroy();
+  }
+
+  return { element, update, destroy };
+}
