@@ -12,7 +12,6 @@ use shared::api::{
 use shared::job::{JobStatus, Outcome};
 use shared::placement::{Capacity, GpuSlot};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Generous: these run in parallel with each other on small machines.
@@ -390,90 +389,11 @@ async fn an_upload_cut_by_a_server_kill_is_sent_again_in_full_and_sealed_once() 
     assert!(!server.data_dir().join(format!("results/.staging/{}-1", job.id)).exists(), "staging is gone");
 }
 
-/// How to run a process in its own mount namespace, where it may mount a tmpfs.
-fn namespace_flags() -> &'static str {
-    // As root in a container without CAP_SYS_ADMIN, a user namespace grants it; as plain root,
-    // a mount namespace alone may be all that works.
-    for flags in ["-Urm", "-m"] {
-        let works = Command::new("unshare")
-            .args([flags, "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
-        if works {
-            return flags;
-        }
-    }
-    panic!(
-        "cannot make a small filesystem for the disk-full test: neither `unshare -Urm` nor `unshare -m` may mount a \
-         tmpfs here (needs util-linux unshare and user namespaces, or root with CAP_SYS_ADMIN)"
-    );
-}
-
-/// `app --server-only` whose data directory is a tmpfs of `mib` MiB in its own mount namespace,
-/// so that its disk fills up without touching the machine's. Outside, the data directory is
-/// seen through `/proc/<pid>/root` ([`seen_from_outside`]).
-fn start_on_small_disk(mib: u64) -> ServerProcess {
-    let flags = namespace_flags();
-    let dir = tempfile::tempdir().unwrap();
-    let port = common::free_port();
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(dir.path().join("server.toml"), "[server]\nlease_secs = 3\nheartbeat_secs = 0.5\n").unwrap();
-    let mut app = common::app();
-    app.args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
-        .arg(dir.path().join("server.toml"))
-        .arg("--data-dir")
-        .arg(&data);
-    // unshare and sh both exec: the server keeps the pid of the child spawned here.
-    let mut wrapped = Command::new("unshare");
-    wrapped
-        .args([flags, "sh", "-c", r#"mount -t tmpfs -o "size=$1" tmpfs "$2" && shift 2 && exec "$@""#, "sh"])
-        .arg(format!("{mib}m"))
-        .arg(&data)
-        .arg(app.get_program())
-        .args(app.get_args());
-    for (key, value) in app.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    let log = dir.path().join("server.log");
-    let mut child = wrapped
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("the server on a small disk exited ({status}): {}", std::fs::read_to_string(&log).unwrap());
-        }
-        assert!(Instant::now() < deadline, "the server on a small disk did not start listening");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", child.id())).unwrap();
-    let data_text = data.to_str().unwrap();
-    assert!(
-        mounts.lines().any(|line| line.contains(&format!(" {data_text} ")) && line.contains(" - tmpfs ")),
-        "the server's data directory is not its own tmpfs:\n{mounts}"
-    );
-    ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir }
-}
-
-/// `path` as the server in its own mount namespace sees it.
-fn seen_from_outside(server: &ServerProcess, path: &Path) -> PathBuf {
-    Path::new(&format!("/proc/{}/root", server.child.id())).join(path.strip_prefix("/").unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_the_upload_keeps_serving_and_takes_it_once_space_is_freed() {
     // 48 MiB, of which a filler takes 24: a 32 MiB output cannot fit until the filler goes.
-    let server = start_on_small_disk(48);
-    let data = seen_from_outside(&server, &server.data_dir());
+    let server = ServerProcess::on_small_disk(48);
+    let data = server.outside(&server.data_dir());
     let filler = data.join("filler");
     std::fs::write(&filler, vec![0u8; 24 << 20]).unwrap();
     let worker = WorkerProcess::start(&server.url, "filler-up", &["--max-jobs", "2"]);

@@ -39,6 +39,13 @@ pub struct ServerConfig {
     pub tokens: crate::auth::Tokens,
     /// Certificate and key (PEM) to serve HTTPS with.
     pub tls: Option<TlsFiles>,
+    /// A request's headers must arrive within this, and an idle keep-alive connection is
+    /// closed after it (hyper measures both with one timer).
+    pub header_timeout: Duration,
+    /// Open connections at most (`None`: what the descriptor limit allows, less a reserve).
+    pub max_connections: Option<usize>,
+    /// Open connections per client address at most.
+    pub max_connections_per_address: usize,
 }
 
 /// PEM files of the server's certificate chain and private key.
@@ -66,6 +73,9 @@ impl Default for ServerConfig {
             max_attempt_upload_bytes: 50 << 30,
             tokens: crate::auth::Tokens::default(),
             tls: None,
+            header_timeout: Duration::from_secs(20),
+            max_connections: None,
+            max_connections_per_address: 256,
         }
     }
 }
@@ -92,6 +102,9 @@ pub struct ServerFile {
     pub worker_token_file: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    pub header_timeout_secs: Option<f64>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_address: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -145,6 +158,17 @@ impl ServerConfig {
             let limit = shared::sweep::MAX_YAML_DEPTH;
             anyhow::ensure!((1..=limit).contains(&value), "`max_yaml_depth` must be 1 to {limit}, not {value}");
             self.max_yaml_depth = value;
+        }
+        if let Some(value) = file.header_timeout_secs {
+            self.header_timeout = seconds(value, "header_timeout_secs")?;
+        }
+        if let Some(value) = file.max_connections {
+            anyhow::ensure!(value >= 1, "`max_connections` must be at least 1");
+            self.max_connections = Some(value);
+        }
+        if let Some(value) = file.max_connections_per_address {
+            anyhow::ensure!(value >= 1, "`max_connections_per_address` must be at least 1");
+            self.max_connections_per_address = value;
         }
         if let Some(value) = file.max_log_bytes_per_job {
             self.max_log_bytes_per_job = value;

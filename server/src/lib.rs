@@ -11,6 +11,7 @@ mod leaderboard;
 pub mod queue;
 mod reaper;
 mod routes;
+mod serve;
 mod startup;
 mod state;
 mod storage;

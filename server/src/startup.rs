@@ -53,14 +53,20 @@ pub async fn run(
         let auth = if state.config.tokens.is_empty() { "off" } else { "bearer tokens" };
         tracing::info!(%address, scheme, auth, data_dir = %state.config.data_dir.display(), "server listening");
     }
+    let descriptors = crate::serve::raise_descriptor_limit();
+    let limits = crate::serve::ConnectionLimits {
+        header_timeout: state.config.header_timeout,
+        max_connections: state.config.max_connections.unwrap_or(crate::serve::default_max_connections(descriptors)),
+        max_per_address: state.config.max_connections_per_address,
+    };
     let router = routes::router(state);
     let shutdown = async move {
         shutdown.await;
         let _ = stop.send(true);
     };
-    let served = match tls {
-        Some(tls) => axum::serve(TlsListener::new(listener, tls)?, router).with_graceful_shutdown(shutdown).await,
-        None => axum::serve(listener, router).with_graceful_shutdown(shutdown).await,
+    match tls {
+        Some(tls) => crate::serve::serve(TlsListener::new(listener, tls)?, router, limits, shutdown).await,
+        None => crate::serve::serve(listener, router, limits, shutdown).await,
     };
     let _ = reaper.await;
     let _ = checkpointer.await;
@@ -68,5 +74,5 @@ pub async fn run(
     // routes held) is gone.
     tasks.finish().await;
     db.close().await;
-    served.map_err(Into::into)
+    Ok(())
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod disk;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,6 +32,30 @@ pub fn repo(path: &str) -> PathBuf {
 /// A free loopback port (bound and released; a restart can reuse it).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A CPU-only worker's registration, for tests that speak for a worker through the client.
+pub fn cpu_worker(name: &str) -> shared::api::RegisterRequest {
+    shared::api::RegisterRequest {
+        name: name.into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: cpu_capacity(1),
+        holding: Vec::new(),
+    }
+}
+
+pub fn cpu_capacity(job_slots: u32) -> shared::placement::Capacity {
+    shared::placement::Capacity { job_slots, gpus: Vec::new() }
+}
+
+/// Polls `check` every 25 ms until it holds, or panics after `timeout` naming `what`.
+pub fn wait_until_sync(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
 }
 
 /// Polls `check` every 50 ms until it gives `Some`, or panics after `timeout` naming `what`.
@@ -125,6 +151,52 @@ impl ServerProcess {
         wait_exit(&mut self.child, Duration::from_secs(20));
     }
 
+    /// On a directory prepared beforehand (its `server.toml` and `data/`).
+    pub fn start_in_dir(dir: tempfile::TempDir) -> ServerProcess {
+        let port = free_port();
+        let child = Self::spawn(dir.path(), port);
+        let server = ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir };
+        server.wait_listening();
+        server
+    }
+
+    /// `app --server-only` whose data directory is a tmpfs of `mib` MiB in its own mount
+    /// namespace, so that its disk fills up without touching the machine's. Outside, the data
+    /// directory is seen through `/proc/<pid>/root` ([`ServerProcess::outside`]).
+    pub fn on_small_disk(mib: u64) -> ServerProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let data = dir.path().join("data");
+        std::fs::write(dir.path().join("server.toml"), "[server]\nlease_secs = 3\nheartbeat_secs = 0.5\n").unwrap();
+        let mut app = app();
+        app.args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(dir.path().join("server.toml"))
+            .arg("--data-dir")
+            .arg(&data);
+        let log = dir.path().join("server.log");
+        let mut child = disk::on_small_disk(&app, &data, mib)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the server on a small disk exited ({status}): {}", std::fs::read_to_string(&log).unwrap());
+            }
+            assert!(Instant::now() < deadline, "the server on a small disk did not start listening");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        disk::assert_own_tmpfs(child.id(), &data);
+        ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir }
+    }
+
+    /// `path` as this server sees it (in its own mount namespace, for `on_small_disk`).
+    pub fn outside(&self, path: &Path) -> PathBuf {
+        disk::seen_from_outside(self.child.id(), path)
+    }
+
     /// Starts it again on the same port and data directory.
     pub fn restart(&mut self) {
         self.child = Self::spawn(self.dir.path(), self.port);
@@ -153,11 +225,43 @@ impl WorkerProcess {
 
     /// With its work directory at `dir/work`, for a `dir` prepared beforehand.
     pub fn start_in(dir: tempfile::TempDir, url: &str, name: &str, extra: &[&str]) -> WorkerProcess {
-        let child = app()
+        let command = Self::command(&dir, url, name, extra);
+        Self::spawn(dir, command, name)
+    }
+
+    /// With these variables in its environment (as an operator's shell would have them).
+    pub fn start_with_env(url: &str, name: &str, env: &[(&str, &str)]) -> WorkerProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Self::command(&dir, url, name, &[]);
+        command.envs(env.iter().copied());
+        Self::spawn(dir, command, name)
+    }
+
+    /// With its work directory on a tmpfs of `mib` MiB of its own (see [`disk`]).
+    pub fn on_small_disk(url: &str, name: &str, mib: u64) -> WorkerProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let command = disk::on_small_disk(&Self::command(&dir, url, name, &[]), &dir.path().join("work"), mib);
+        let worker = Self::spawn(dir, command, name);
+        let work = worker.dir.path().join("work");
+        wait_until_sync("the worker's work directory is its own tmpfs", Duration::from_secs(20), || {
+            std::fs::read_to_string(format!("/proc/{}/mountinfo", worker.child.id()))
+                .is_ok_and(|mounts| mounts.contains(&format!(" {} ", work.display())))
+        });
+        worker
+    }
+
+    fn command(dir: &tempfile::TempDir, url: &str, name: &str, extra: &[&str]) -> Command {
+        let mut command = app();
+        command
             .args(["--client-only", "--url", url, "--name", name, "--kill-grace-secs", "2", "--work-dir"])
             .arg(dir.path().join("work"))
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info");
+        command
+    }
+
+    fn spawn(dir: tempfile::TempDir, mut command: Command, name: &str) -> WorkerProcess {
+        let child = command
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("worker.log")).unwrap())
             .spawn()

@@ -36,6 +36,11 @@ impl Db {
     /// Opens (creating if missing) `<data_dir>/queue.db` and brings its schema up to date.
     pub async fn open(data_dir: &Path) -> anyhow::Result<Db> {
         std::fs::create_dir_all(data_dir).with_context(|| format!("creating data directory {}", data_dir.display()))?;
+        // SQLite would say only "unable to open database file" for a directory it cannot write.
+        let probe = data_dir.join(format!(".write-test-{}", std::process::id()));
+        std::fs::write(&probe, b"")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .with_context(|| format!("the data directory {} is not writable", data_dir.display()))?;
         let path = data_dir.join("queue.db");
         let options = SqliteConnectOptions::new()
             .filename(&path)

@@ -182,3 +182,22 @@ async fn the_nesting_limit_is_a_setting() {
         assert!(error.contains("max_yaml_depth"), "{error}");
     }
 }
+
+#[tokio::test]
+async fn a_bad_id_in_a_path_and_an_offset_past_every_row_answer_like_the_api_documents() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("few", 3)).await;
+    let http = reqwest::Client::new();
+    for path in ["/api/jobs/abc", "/api/jobs/abc/events", "/api/jobs/1.5/attempts", "/api/workers/x/heartbeat"] {
+        let method = if path.ends_with("heartbeat") { reqwest::Method::POST } else { reqwest::Method::GET };
+        let response = http.request(method, format!("{}{path}", app.url)).send().await.unwrap();
+        assert!(response.status().is_client_error(), "{path}: {}", response.status());
+        let body: shared::api::ErrorBody = response.json().await.unwrap_or_else(|_| panic!("{path} answered no JSON"));
+        assert!(!body.error.is_empty());
+    }
+    for offset in [1u64 << 63, u64::MAX] {
+        let query = JobQuery { offset: Some(offset), ..JobQuery::default() };
+        let page = app.client.jobs(&query).await.unwrap();
+        assert_eq!((page.total, page.jobs.len()), (3, 0), "offset {offset}");
+    }
+}

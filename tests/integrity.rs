@@ -1,0 +1,306 @@
+//! Integrity under faults (issue 10): a full or read-only disk on the server, a server reset
+//! under a running worker, two workers with one name, credentials in a job's environment, a
+//! worker killed with SIGKILL, a full disk on the worker, idle and half-sent connections. Each
+//! runs the real `app` binaries as processes on loopback.
+
+mod common;
+
+use common::{alive, disk, wait_until, wait_until_sync, ServerProcess, WorkerProcess};
+use shared::api::{LogQuery, SubmitQuery};
+use shared::job::JobStatus;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const LONG: Duration = Duration::from_secs(90);
+
+async fn finished_job(server: &ServerProcess, sweep: &str) -> shared::api::Job {
+    wait_until(&format!("the job of {sweep} finished"), LONG, || async {
+        let job = server.jobs_of(sweep).await.pop()?;
+        job.status.is_terminal().then_some(job)
+    })
+    .await
+}
+
+/// Fills the filesystem under `dir` with one file until it is full; returns the file.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    while file.write_all(&chunk).is_ok() {}
+    let _ = file.sync_all();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_answers_507_keeps_serving_and_every_acknowledged_write_survives() {
+    let server = ServerProcess::on_small_disk(24);
+    let client = server.client();
+    let data = server.outside(&server.data_dir());
+    let mut acknowledged = vec![server.submit("name: before\ncommand: 'true'\ngrid: {i: [1, 2, 3]}\n").await];
+    let filler = fill(&data);
+    // Writes on a full disk: each is refused with 507 (never a bare 500) or, while a page of the
+    // write-ahead log is still free, acknowledged; nothing in between.
+    let mut refused = 0;
+    for round in 0..40 {
+        let yaml = format!("name: full-{round}\ncommand: 'echo {{i}}'\ngrid: {{i: [{}]}}\n", "1, ".repeat(50) + "2");
+        match client.submit(&yaml, &SubmitQuery::default()).await {
+            Ok(response) => acknowledged.push(response.name),
+            Err(error) => {
+                assert_eq!(error.status(), Some(507), "{error}");
+                assert!(error.to_string().contains("disk is full"), "{error}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "the disk never filled up");
+    assert_eq!(client.health().await.unwrap().status, "ok", "reads go on");
+    std::fs::remove_file(&filler).unwrap();
+    // As soon as there is room again, writes succeed: no restart, no wedged connection.
+    for round in 0..5 {
+        let name = format!("after-{round}");
+        acknowledged.push(server.submit(&format!("name: {name}\ncommand: 'true'\n")).await);
+    }
+    // What the server acknowledged is in its database: copy it (the server idle) and open the
+    // copy with a new server, as a restart would.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(copy.path().join("data")).unwrap();
+    for file in ["queue.db", "queue.db-wal"] {
+        if data.join(file).exists() {
+            std::fs::copy(data.join(file), copy.path().join("data").join(file)).unwrap();
+        }
+    }
+    std::fs::write(copy.path().join("server.toml"), "[server]\n").unwrap();
+    let restarted = ServerProcess::start_in_dir(copy);
+    let stored: Vec<String> = restarted.client().sweeps().await.unwrap().into_iter().map(|sweep| sweep.name).collect();
+    for name in &acknowledged {
+        assert!(stored.contains(name), "acknowledged sweep {name} is missing after the restart: {stored:?}");
+    }
+    assert!(alive(server.child.id()), "the server never went down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_data_directory_answers_503_saying_so_and_recovers_when_writable() {
+    let server = ServerProcess::on_small_disk(24);
+    let client = server.client();
+    server.submit("name: logged\ncommand: 'true'\n").await;
+    let worker = client.register(&common::cpu_worker("reader")).await.unwrap();
+    let claim = shared::api::ClaimRequest { capacity: common::cpu_capacity(1), wait_ms: 0 };
+    let job = client.claim(worker.worker_id, &claim).await.unwrap().jobs.remove(0);
+    let append = |offset| shared::api::LogAppend { worker_id: worker.worker_id, attempt: job.attempt, offset };
+    client.append_log(job.id, &append(0), b"first\n".to_vec()).await.unwrap();
+    // The logs become read-only under the running server (a read-only bind mount over them;
+    // a remount of the whole disk is refused while the database is open for writing).
+    let logs = server.data_dir().join("logs");
+    let pid = server.child.id();
+    disk::run_inside(pid, &format!("mount --bind '{0}' '{0}' && mount -o remount,bind,ro '{0}'", logs.display()));
+    let error = client.append_log(job.id, &append(6), b"second\n".to_vec()).await.unwrap_err();
+    assert_eq!(error.status(), Some(503), "{error}");
+    assert!(error.to_string().contains("cannot write its data directory"), "{error}");
+    assert_eq!(client.health().await.unwrap().status, "ok", "the server keeps serving");
+    disk::run_inside(pid, &format!("umount '{}'", logs.display()));
+    client.append_log(job.id, &append(6), b"second\n".to_vec()).await.unwrap();
+    let text = client.log(job.id, &LogQuery::default()).await.unwrap().text;
+    assert_eq!(text, "first\nsecond\n", "the refused append was taken whole once it could be");
+}
+
+#[test]
+fn a_server_on_a_read_only_data_directory_refuses_to_start_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut app = common::app();
+    app.args(["--server-only", "--bind", "127.0.0.1:0", "--data-dir"]).arg(&data);
+    // A tmpfs mounted read-only where the data directory is.
+    let mut wrapped = std::process::Command::new("unshare");
+    wrapped
+        .args([disk::namespace_flags(), "sh", "-c", r#"mount -t tmpfs -o ro tmpfs "$1" && shift && exec "$@""#, "sh"])
+        .arg(&data)
+        .arg(app.get_program())
+        .args(app.get_args());
+    std::fs::create_dir_all(&data).unwrap();
+    let output = wrapped.stdin(std::process::Stdio::null()).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is not writable") && stderr.contains("Read-only file system"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_reset_under_a_running_worker_never_takes_the_old_jobs_report_for_a_new_one() {
+    let port = common::free_port();
+    let first = ServerProcess::start_on(port);
+    let worker = WorkerProcess::start(&first.url, "survivor", &[]);
+    let pid_file = worker.dir.path().join("old.pid");
+    first
+        .submit(&format!(
+            "name: old\ncommand: 'echo $$ > {}; echo old-job; sleep 30; echo old > \"$APP_OUTPUT_DIR/who.txt\"'\n",
+            pid_file.display()
+        ))
+        .await;
+    wait_until("the old job runs", LONG, || async {
+        first.jobs_of("old").await.pop().filter(|job| job.status == JobStatus::Running)
+    })
+    .await;
+    drop(first);
+    // A new server on the same port, with an empty database: its job ids start at 1 again.
+    let second = ServerProcess::start_on(port);
+    second.submit("name: new\ncommand: 'echo new-job; echo new > \"$APP_OUTPUT_DIR/who.txt\"'\n").await;
+    let job = finished_job(&second, "new").await;
+    assert_eq!((job.status, job.attempt), (JobStatus::Succeeded, 1), "{job:#?}");
+    let client = second.client();
+    let log = client.log(job.id, &LogQuery::default()).await.unwrap().text;
+    assert!(log.contains("new-job") && !log.contains("old-job"), "{log}");
+    let versions = client.results(job.id).await.unwrap();
+    assert_eq!(versions.len(), 1);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    client.download_file(job.id, 1, "who.txt", file.path()).await.unwrap();
+    assert_eq!(std::fs::read_to_string(file.path()).unwrap().trim(), "new");
+    assert!(worker.log().contains("no longer knows this worker's session"), "{}", worker.log());
+    // The old attempt was stopped, not finished late into the new server.
+    let old: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    wait_until_sync("the old job's process is gone", LONG, || !alive(old));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_live_workers_with_one_name_get_their_own_ids_and_leave_each_others_jobs_alone() {
+    let server = ServerProcess::start();
+    let first = WorkerProcess::start(&server.url, "twin", &["--max-jobs", "1"]);
+    server.submit("name: long\ncommand: 'sleep 3'\n").await;
+    let running = wait_until("the first twin runs the job", LONG, || async {
+        server.jobs_of("long").await.pop().filter(|job| job.status == JobStatus::Running)
+    })
+    .await;
+    let second = WorkerProcess::start(&server.url, "twin", &["--max-jobs", "1"]);
+    let workers = wait_until("both twins registered", LONG, || async {
+        let workers = server.client().workers().await.ok()?;
+        (workers.len() == 2).then_some(workers)
+    })
+    .await;
+    let names: Vec<&str> = workers.iter().map(|worker| worker.name.as_str()).collect();
+    assert_eq!(names, ["twin", "twin-2"]);
+    assert_ne!(workers[0].id, workers[1].id);
+    assert!(second.log().contains("registered under another"), "{}", second.log());
+    let job = finished_job(&server, "long").await;
+    assert_eq!((job.status, job.attempt, job.crash_count), (JobStatus::Succeeded, 1, 0), "{job:#?}");
+    assert_eq!(job.worker_id, running.worker_id, "the first twin kept its job");
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_never_see_the_credentials_in_their_workers_environment() {
+    let server = ServerProcess::start();
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), "file-token-hhhhhhhhhhhhhhhh\n").unwrap();
+    let token_path = token_file.path().to_str().unwrap();
+    let secrets = [
+        ("APP_TOKEN", "token-aaaaaaaaaaaaaaaaaaaa"),
+        ("APP_USER_TOKEN", "user-bbbbbbbbbbbbbbbbbbbb"),
+        ("APP_WORKER_TOKEN", "worker-cccccccccccccccccc"),
+        ("APP_USER_TOKEN_FILE", "/run/secrets/user-dddddddd"),
+        ("APP_WORKER_TOKEN_FILE", "/run/secrets/worker-eeeeee"),
+        ("APP_TOKEN_FILE", token_path),
+    ];
+    // With no token configured on the server, a worker's bearer token is simply not checked.
+    let _worker = WorkerProcess::start_with_env(&server.url, "careful", &secrets);
+    server.submit("name: env\ncommand: 'env | sort'\n").await;
+    let job = finished_job(&server, "env").await;
+    assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
+    let log = server.client().log(job.id, &LogQuery::default()).await.unwrap().text;
+    assert!(log.contains("APP_JOB_ID="), "{log}");
+    for (name, value) in secrets {
+        assert!(!log.contains(value), "{name}'s value reached the job:\n{log}");
+        assert!(!log.contains(&format!("{name}=")), "{name} reached the job:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_with_sigkill_takes_its_jobs_processes_with_it() {
+    let server = ServerProcess::start();
+    let mut worker = WorkerProcess::start(&server.url, "doomed", &[]);
+    let pids = tempfile::tempdir().unwrap();
+    let dir = pids.path().display();
+    server
+        .submit(&format!("name: orphan\ncommand: 'echo $$ > {dir}/leader; sleep 1000 & echo $! > {dir}/child; wait'\n"))
+        .await;
+    let read = |name: &str| std::fs::read_to_string(pids.path().join(name)).ok()?.trim().parse::<u32>().ok();
+    let (leader, child) = {
+        let mut found = None;
+        wait_until_sync("the job wrote its pids", LONG, || {
+            found = read("leader").zip(read("child"));
+            found.is_some()
+        });
+        found.unwrap()
+    };
+    assert!(alive(leader) && alive(child));
+    worker.child.kill().unwrap();
+    worker.child.wait().unwrap();
+    let killed = Instant::now();
+    wait_until_sync("the job's processes died with their worker", Duration::from_secs(10), || {
+        !alive(leader) && !alive(child)
+    });
+    assert!(killed.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_on_the_worker_marks_the_job_and_says_so_in_its_log() {
+    let server = ServerProcess::start();
+    let _worker = WorkerProcess::on_small_disk(&server.url, "cramped", 8);
+    // The job fills the worker's disk, prints 1,001 lines the worker cannot keep, then frees it.
+    server
+        .submit(
+            "name: cramped\ncommand: 'head -c 64M /dev/zero > filler 2>/dev/null; \
+             for i in $(seq 1 1001); do echo \"line $i of the output\"; done; rm -f filler'\n",
+        )
+        .await;
+    let job = finished_job(&server, "cramped").await;
+    assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
+    assert!(job.notes.iter().any(|note| note.contains("worker disk full")), "{:?}", job.notes);
+    let log = server.client().log(job.id, &LogQuery::default()).await.unwrap().text;
+    assert!(log.contains("[app] worker disk full"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_half_sent_connections_are_closed_and_capped_while_others_are_served() {
+    let server = ServerProcess::start_with("header_timeout_secs = 1\nmax_connections_per_address = 16\n");
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], server.port));
+    // A hostile client on another loopback address sends half a request on each of 64 sockets.
+    let attacker = std::net::SocketAddr::from(([127, 0, 0, 2], 0));
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(attacker).unwrap();
+        let stream = socket.connect(target).await.unwrap().into_std().unwrap();
+        stream.set_nonblocking(false).unwrap();
+        let mut stream = stream;
+        let _ = stream.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\n");
+        held.push(stream);
+    }
+    // Others are served meanwhile, and a long poll longer than the header timeout completes.
+    let started = Instant::now();
+    assert_eq!(server.client().health().await.unwrap().status, "ok");
+    assert!(started.elapsed() < Duration::from_secs(1), "health took {:?}", started.elapsed());
+    let follow = LogQuery { attempt: None, offset: 0, wait_ms: 2_500 };
+    server.submit("name: waiting\ncommand: 'true'\nresources: {gpus: 8}\n").await;
+    let job = server.jobs_of("waiting").await.pop().unwrap();
+    let polled = Instant::now();
+    server.client().log(job.id, &follow).await.unwrap();
+    assert!(polled.elapsed() >= Duration::from_secs(2), "the long poll was cut short");
+    // Past the per-address cap, sockets were closed at once; the rest within the header timeout
+    // (the server may answer 408 first): reading each reaches its end, none times out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (number, stream) in held.iter_mut().enumerate() {
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        // Closed: the end of the stream, or a reset (closed with the half request unread).
+        match stream.read_to_end(&mut rest) {
+            Ok(_) => {
+                let answer = String::from_utf8_lossy(&rest);
+                assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+            }
+            Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "connection {number}: {error}"),
+        }
+    }
+    assert!(Instant::now() < deadline, "the half-sent connections were not closed in time");
+    let open = std::fs::read_dir(format!("/proc/{}/fd", server.child.id())).unwrap().count();
+    assert!(open < 64, "the server still holds {open} descriptors");
+}
