@@ -32,3 +32,24 @@ BEGIN
             NEW.attempt, coalesce(NEW.worker_id, OLD.worker_id), NEW.reason,
             coalesce(NEW.gpu_ids, OLD.gpu_ids), NEW.exit_code);
 END;
+
+-- Jobs by sweep and status, kept current so the page's counts (the whole queue, every sweep)
+-- cost a lookup instead of a count over every job (117 ms with a million queued). Transitions
+-- are counted by this trigger, in the statement that makes them; jobs are added by the code
+-- that inserts them (one row per sweep and status per statement, not a trigger per row, which
+-- would slow a 100,000-job submission), and removed with their sweep.
+CREATE TABLE sweep_counts (
+    sweep_id INTEGER NOT NULL REFERENCES sweeps (id),
+    status   TEXT    NOT NULL,
+    jobs     INTEGER NOT NULL,
+    PRIMARY KEY (sweep_id, status)
+) WITHOUT ROWID;
+INSERT INTO sweep_counts (sweep_id, status, jobs) SELECT sweep_id, status, count(*) FROM jobs GROUP BY sweep_id, status;
+
+CREATE TRIGGER jobs_count_transition AFTER UPDATE OF status ON jobs
+WHEN OLD.status IS NOT NEW.status
+BEGIN
+    UPDATE sweep_counts SET jobs = jobs - 1 WHERE sweep_id = OLD.sweep_id AND status = OLD.status;
+    INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES (NEW.sweep_id, NEW.status, 1)
+        ON CONFLICT (sweep_id, status) DO UPDATE SET jobs = jobs + 1;
+END;

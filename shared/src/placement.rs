@@ -22,12 +22,32 @@ pub struct GpuSlot {
     pub shared_jobs: u32,
 }
 
-/// What a worker can still run: job slots and its GPUs.
+/// What a worker can still run: job slots and its GPUs. A capacity is checked as it is read
+/// (each GPU listed once), so no handler can forget to: one that lists a GPU twice could place
+/// an exclusive job on a GPU it shares.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "UncheckedCapacity")]
 pub struct Capacity {
     /// How many more jobs of any kind the worker will run (`--max-jobs` minus running).
     pub job_slots: u32,
     pub gpus: Vec<GpuSlot>,
+}
+
+/// A capacity as it arrives, before [`Capacity::check`].
+#[derive(Deserialize)]
+struct UncheckedCapacity {
+    job_slots: u32,
+    gpus: Vec<GpuSlot>,
+}
+
+impl TryFrom<UncheckedCapacity> for Capacity {
+    type Error = String;
+
+    fn try_from(unchecked: UncheckedCapacity) -> Result<Capacity, String> {
+        let capacity = Capacity { job_slots: unchecked.job_slots, gpus: unchecked.gpus };
+        capacity.check()?;
+        Ok(capacity)
+    }
 }
 
 /// The GPUs chosen for a job (empty for a CPU job).

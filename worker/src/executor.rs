@@ -176,9 +176,25 @@ pub async fn run(launch: Launch<'_>, mut stop: mpsc::Receiver<Stop>, log_written
         Ok(file) => file,
         Err(error) => return failed(format!("opening the job log {}: {error}", dirs.log.display())),
     };
-    let mut child = match Command::new(SHELL)
-        .arg("-c")
-        .arg(command)
+    // A plain command line starts directly (one process fewer per job); anything a shell
+    // would interpret goes to `sh -c`.
+    let job_path = env.iter().rev().find(|(key, _)| key == "PATH").map(|(_, value)| value.clone());
+    let job_path = job_path.or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+    let direct = crate::launch::plain_words(command)
+        .and_then(|words| Some((crate::launch::find_program(&words[0], &job_path, &dirs.cwd)?, words)));
+    let mut launcher = match &direct {
+        Some((program, words)) => {
+            let mut launcher = Command::new(program);
+            launcher.arg0(&words[0]).args(&words[1..]);
+            launcher
+        }
+        None => {
+            let mut launcher = Command::new(SHELL);
+            launcher.arg("-c").arg(command);
+            launcher
+        }
+    };
+    let mut child = match launcher
         .current_dir(&dirs.cwd)
         // Jobs get the worker's environment without its own settings and credentials.
         .env_clear()
@@ -191,7 +207,7 @@ pub async fn run(launch: Launch<'_>, mut stop: mpsc::Receiver<Stop>, log_written
         .spawn()
     {
         Ok(child) => child,
-        Err(error) => return failed(format!("starting `sh -c {command}`: {error}")),
+        Err(error) => return failed(format!("starting `{command}`: {error}")),
     };
     let group = child.id().map(|pid| Pid::from_raw(pid as i32));
     if let Some(group) = group {

@@ -13,6 +13,7 @@ pub mod executor;
 pub mod guard;
 mod identity;
 pub mod inventory;
+mod launch;
 pub mod reservations;
 pub mod results;
 pub mod shipper;

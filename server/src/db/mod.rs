@@ -30,6 +30,7 @@ pub struct Db {
     pub reader: SqlitePool,
     /// Copies the write-ahead log into the database file, off the writer's path.
     checkpointer: SqlitePool,
+    wal_path: std::path::PathBuf,
 }
 
 impl Db {
@@ -77,7 +78,7 @@ impl Db {
             .connect_with(options.clone())
             .await
             .with_context(|| format!("opening database {} for checkpoints", path.display()))?;
-        Ok(Db { writer, reader, checkpointer })
+        Ok(Db { writer, reader, checkpointer, wal_path: data_dir.join("queue.db-wal") })
     }
 
     /// Moves what it can of the WAL into the database without blocking readers or the writer;
@@ -99,6 +100,17 @@ impl Db {
         let (_busy, wal_pages, _copied): (i64, i64, i64) =
             sqlx::query_as("PRAGMA wal_checkpoint(RESTART)").fetch_one(&self.checkpointer).await?;
         Ok(wal_pages)
+    }
+
+    /// Copies the whole WAL into the database and truncates the file to nothing (it keeps its
+    /// largest size otherwise). The caller holds writes off meanwhile.
+    pub async fn truncate_wal(&self) -> sqlx::Result<()> {
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.checkpointer).await.map(|_| ())
+    }
+
+    /// The size of the write-ahead log file on disk.
+    pub fn wal_bytes(&self) -> u64 {
+        std::fs::metadata(&self.wal_path).map(|meta| meta.len()).unwrap_or(0)
     }
 
     /// Checkpoints fully and closes every connection, leaving a compact database file.

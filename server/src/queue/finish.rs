@@ -63,9 +63,6 @@ impl Queue {
     /// Applies a finishing attempt's last report, then claims its worker's next jobs if asked.
     pub async fn finish(&self, worker: WorkerId, request: FinishRequest) -> ApiResult<FinishResponse> {
         check_inline(&request)?;
-        if let Some(claim) = &request.claim {
-            claim.capacity.check().map_err(ApiError::BadRequest)?;
-        }
         let at = WorkerAttempt { job: request.job_id, attempt: request.attempt, worker };
         let staging = self.layout.staging(at.job, at.attempt);
         if let Some(result) = request.result.as_ref().filter(|result| !result.files.is_empty()) {

@@ -152,6 +152,12 @@ impl Queue {
         self.writer.outside(async move { db.restart_wal().await }).await
     }
 
+    /// Truncates the write-ahead log file between two write groups (see `reaper`).
+    pub async fn truncate_wal(&self) -> ApiResult<sqlx::Result<()>> {
+        let db = self.db.clone();
+        self.writer.outside(async move { db.truncate_wal().await }).await
+    }
+
     fn shutting_down(&self) -> watch::Receiver<bool> {
         self.shutting_down.clone()
     }

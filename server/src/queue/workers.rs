@@ -25,7 +25,6 @@ impl Queue {
     /// neither requeues the other's jobs; the name of a lost worker is taken over.
     pub async fn register(&self, request: RegisterRequest) -> ApiResult<RegisterResponse> {
         check_name("worker", &request.name).map_err(ApiError::BadRequest)?;
-        request.capacity.check().map_err(ApiError::BadRequest)?;
         if request.protocol != shared::PROTOCOL_VERSION {
             return Err(ApiError::BadRequest(format!(
                 "worker speaks protocol {} but this server speaks {}; run the same app version on both",

@@ -105,6 +105,11 @@ impl TestApp {
         registered.iter().rev().find(|response| response.worker_id == worker).expect("registered here").session.clone()
     }
 
+    /// The server's data directory.
+    pub fn data_path(&self) -> &std::path::Path {
+        self.data_dir.path()
+    }
+
     pub async fn submit(&self, yaml: &str) -> SubmitResponse {
         self.client.submit(yaml, &SubmitQuery::default()).await.expect("submit")
     }

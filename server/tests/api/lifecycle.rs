@@ -168,3 +168,43 @@ async fn a_restarted_server_loses_nothing_and_running_attempts_can_still_report(
     let next = app.claim(worker, 1).await.pop().unwrap();
     assert_eq!(next.index, 5, "the queue resumes where it was");
 }
+
+#[tokio::test]
+async fn the_kept_counts_agree_with_the_jobs_through_every_kind_of_transition() {
+    let app = TestApp::spawn_with(|config| config.lease = Duration::from_millis(300)).await;
+    app.submit(&sweep_of("counted", 12)).await;
+    app.submit(&sweep_of("other", 3)).await;
+    let worker = app.register("w", 6).await;
+    let claimed = app.claim(worker, 6).await;
+    app.client.report(claimed[0].id, &exited(worker, claimed[0].attempt, 0)).await.unwrap();
+    app.client.report(claimed[1].id, &exited(worker, claimed[1].attempt, 2)).await.unwrap();
+    app.client.cancel_job(claimed[2].id).await.unwrap();
+    app.client.retry_job(claimed[1].id).await.unwrap();
+    // The others lose their lease (the one flagged for cancelling ends cancelled); a queued job
+    // is cancelled.
+    let queued = JobQuery { status: Some(JobStatus::Queued), sweep: Some("counted".into()), ..JobQuery::default() };
+    let waiting = app.client.jobs(&queued).await.unwrap().jobs;
+    app.client.cancel_job(waiting[0].id).await.unwrap();
+    wait_until("the leases ran out", Duration::from_secs(10), || async {
+        let running = JobQuery { status: Some(JobStatus::Running), ..JobQuery::default() };
+        let jobs = app.client.jobs(&running).await.ok()?;
+        (jobs.total == 0).then_some(())
+    })
+    .await;
+    let overview = app.client.overview().await.unwrap().counts;
+    let mut total = shared::api::StatusCounts::default();
+    for name in ["counted", "other"] {
+        let kept = app.client.sweep(name).await.unwrap().info.counts;
+        let mut counted = shared::api::StatusCounts::default();
+        for status in JobStatus::ALL {
+            let query =
+                JobQuery { status: Some(status), sweep: Some(name.into()), limit: Some(1), ..JobQuery::default() };
+            let jobs = app.client.jobs(&query).await.unwrap().total;
+            counted.add(status, jobs);
+            total.add(status, jobs);
+        }
+        assert_eq!(kept, counted, "{name}");
+    }
+    assert_eq!(overview, total);
+    assert_eq!(total.total(), 15);
+}

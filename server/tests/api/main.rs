@@ -15,3 +15,4 @@ mod results;
 mod sessions;
 mod submit;
 mod summary;
+mod upkeep;

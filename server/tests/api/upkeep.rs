@@ -1,0 +1,24 @@
+//! Upkeep that keeps a long-lived server small: the write-ahead log is truncated once a burst
+//! of writes is over (it would stay at its peak size on disk otherwise).
+
+use crate::helpers::{sweep_of, wait_until, TestApp};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_ahead_log_shrinks_back_once_writes_pause() {
+    let app = TestApp::spawn_with(|config| config.max_jobs_per_sweep = 200_000).await;
+    let wal = app.data_path().join("queue.db-wal");
+    let size = || std::fs::metadata(&wal).map(|meta| meta.len()).unwrap_or(0);
+    // A burst of writes: one 150,000-job sweep grows the log past the 16 MiB threshold.
+    let values: Vec<String> = (0..150_000).map(|i| i.to_string()).collect();
+    app.submit(&format!("name: burst\ncommand: \"echo {{i}}\"\ngrid:\n  i: [{}]\n", values.join(", "))).await;
+    let peak = size();
+    assert!(peak > 16 << 20, "the burst did not grow the log ({peak} bytes)");
+    wait_until("the log is truncated after the writes paused", Duration::from_secs(30), || async {
+        (size() < 1 << 20).then_some(())
+    })
+    .await;
+    app.submit(&sweep_of("after", 3)).await;
+    let counts = app.client.sweep("burst").await.unwrap().info.counts;
+    assert_eq!(counts.queued, 150_000, "nothing was lost by the truncation");
+}
