@@ -9,6 +9,7 @@
 pub mod events;
 pub mod jobs;
 pub mod logs;
+pub mod maintenance;
 pub mod metrics;
 pub mod results;
 pub mod sweeps;
@@ -86,7 +87,7 @@ impl Db {
     /// write starts the log again from its beginning; returns the WAL's size in pages before.
     /// Under a steady stream of writes a passive checkpoint never catches up with the end of
     /// the log, the log is never restarted and grows without bound (1.6 GB a minute with 500
-    /// workers heartbeating: `app bench-load`). Waits for readers (busy timeout) meanwhile.
+    /// workers heartbeating: `app dev bench load`). Waits for readers (busy timeout) meanwhile.
     pub async fn restart_wal(&self) -> sqlx::Result<i64> {
         // Holding the only writer connection keeps every write out until the log is restarted.
         let _writes_held = self.writer.acquire().await?;

@@ -7,6 +7,7 @@ mod claims;
 mod helpers;
 mod lifecycle;
 mod logs;
+mod maintenance;
 mod metrics;
 mod page;
 mod results;

@@ -381,5 +381,7 @@ pub struct WorkerInfo {
     pub running_jobs: Vec<JobId>,
 }
 
+mod maintenance;
 mod outputs;
+pub use maintenance::*;
 pub use outputs::*;
