@@ -110,10 +110,11 @@ fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-/// Jobs 0 and 2 fail after printing a few lines; job 1 succeeds.
+/// Jobs 0 and 2 fail after printing a few lines; job 1 succeeds. (All on stdout: stdout and
+/// stderr are separate pipes, so their lines may reach the log in either order.)
 const MIXED: &str =
     "name: mixed\ncommand: 'for n in 1 2 3 4 5 6 7 8 9 10 11 12; do echo \"line $n of job {i}\"; done; \
-                     test {i} -eq 1 || { echo \"boom in job {i}\" >&2; exit 3; }'\ngrid:\n  i: [0, 1, 2]\n";
+                     test {i} -eq 1 || { echo \"boom in job {i}\"; exit 3; }'\ngrid:\n  i: [0, 1, 2]\n";
 
 #[test]
 fn wait_and_submit_wait_exit_non_zero_naming_the_failed_jobs_with_their_last_log_lines() {

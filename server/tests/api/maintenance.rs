@@ -161,3 +161,30 @@ async fn seal_a_file(app: &TestApp, worker: WorkerId, job: &ClaimedJob) {
     let upload = ResultUpload { worker_id: worker, manifest: vec![entry], record };
     app.client.seal_result(job.id, job.attempt, &upload).await.unwrap();
 }
+
+/// The refusal does not rest on the route's early count: the deletes themselves leave a sweep
+/// with a queued or running job whole, and say so.
+#[tokio::test]
+async fn the_deletes_are_guarded_by_the_jobs_statuses() {
+    let mut app = TestApp::spawn().await;
+    app.submit(&sweep_of("guarded", 3)).await;
+    let worker = app.register("guarded-w", 2).await;
+    let jobs = app.claim(worker, 2).await;
+    finish(&app, worker, &jobs[0], 0).await;
+    let sweep_id = app.client.sweep("guarded").await.unwrap().info.id;
+    app.stop().await;
+
+    let db = server::db::Db::open(&app.config.data_dir).await.unwrap();
+    let mut tx = db.writer.begin().await.unwrap();
+    let removal = server::db::maintenance::delete_sweep(&mut tx, sweep_id).await.unwrap();
+    assert!(removal.is_none(), "a running and a queued job keep the sweep");
+    tx.rollback().await.unwrap();
+    let remaining: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = ?")
+        .bind(sweep_id)
+        .fetch_one(&db.reader)
+        .await
+        .unwrap();
+    let history: i64 = sqlx::query_scalar("SELECT count(*) FROM job_events").fetch_one(&db.reader).await.unwrap();
+    assert_eq!((remaining, history), (3, 3), "the rollback kept every job and its history");
+    db.close().await;
+}
