@@ -95,7 +95,7 @@ pub async fn retry(args: RetryArgs) -> anyhow::Result<()> {
     let client = super::client(&args.url)?;
     let Targets { jobs, mut sweeps } = targets(&args.targets, args.sweep);
     anyhow::ensure!(
-        !(args.failed && !jobs.is_empty()),
+        !args.failed || jobs.is_empty(),
         "--failed retries the failed jobs of sweeps; it takes sweep names, not job ids ({})",
         id_list(&jobs)
     );
