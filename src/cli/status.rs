@@ -184,7 +184,12 @@ pub fn jobs_table(jobs: &[Job], metric: Option<&Metric>, with_sweep: bool, now: 
     if let Some(metric) = metric {
         header.push(format!("best {}", metric.name));
     }
-    header.extend(["params", "reason"].map(String::from));
+    header.push("params".into());
+    // No reason column when no job has one (a sweep that ran well).
+    let reasons = jobs.iter().any(|job| job.reason.is_some());
+    if reasons {
+        header.push("reason".into());
+    }
     let mut wide = table::Layout::new(header);
     for job in jobs {
         let mut row = vec![job.id.to_string()];
@@ -202,7 +207,9 @@ pub fn jobs_table(jobs: &[Job], metric: Option<&Metric>, with_sweep: bool, now: 
             row.push(best(job));
         }
         row.push(format::params(&job.params));
-        row.push(job.reason.clone().unwrap_or_default());
+        if reasons {
+            row.push(job.reason.clone().unwrap_or_default());
+        }
         wide.rows.push(row);
     }
     let first = usize::from(with_sweep);
