@@ -89,7 +89,12 @@ async fn remove_sweep(State(state): State<AppState>, ApiPath(key): ApiPath<Strin
         return Err(busy());
     }
     let Some(removal) = db::maintenance::delete_sweep(&mut tx, sweep.id).await? else {
-        return Err(busy());
+        tx.rollback().await?;
+        // Gone meanwhile (another removal), or a job was queued again.
+        return Err(match db::sweeps::find(&state.db.reader, &sweep.id.to_string()).await? {
+            Some(_) => busy(),
+            None => ApiError::NotFound(format!("no sweep `{key}`")),
+        });
     };
     tx.commit().await?;
     if let Ok(mut names) = state.sweep_names.write() {
