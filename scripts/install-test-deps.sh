@@ -2,7 +2,7 @@
 # Installs what the tests and benchmarks use beyond Rust, when it is missing:
 #   docker-compose  to check docker-compose.yml (`docker compose config`), when no Docker CLI
 #                   plugin is there (the engine itself is not needed);
-#   parallel        GNU parallel, the baseline of `app bench-worker`;
+#   parallel        GNU parallel, the baseline of `app dev bench worker`;
 #   git, curl       git for the commit of a job's working tree, curl for scripts/quickstart.sh;
 #   chromium        Debian's Chromium, driven by the browser test (tests/browser.rs);
 #   nodejs, npm     to run that test's script, and `npm ci` of its packages (playwright-core)

@@ -26,7 +26,9 @@ echo "== dry run of the 108-run grid: the job count and the first parameter sets
 "$app" submit configs/vaep-grid.yaml --dry-run
 echo
 echo "== running configs/quickstart.yaml (6 runs) on the local worker"
+# --wait exits non-zero (and shows the failed jobs' logs) if a run fails.
 "$app" submit configs/quickstart.yaml --wait
-sweep=$("$app" status | awk '/quickstart/ { print $4; exit }')
+# The newest sweep named quickstart (a rerun gets quickstart-2, -3, ...).
+sweep=$("$app" sweeps ls | awk -F'│' '$2 ~ /quickstart/ { gsub(/ /, "", $2); print $2; exit }')
 echo
-"$app" results "${sweep:-quickstart}"
+"$app" results "$sweep"

@@ -109,3 +109,152 @@ fn submit_status_and_cancel_against_a_real_server_process() {
         "SIGTERM is a clean shutdown"
     );
 }
+
+fn help(args: &[&str]) -> String {
+    let output = app().args(args).arg("--help").env_remove("COLUMNS").output().unwrap();
+    assert!(output.status.success(), "{args:?} --help: {}", stderr(&output));
+    stdout(&output)
+}
+
+/// Every verb's help lists its own flags, never the serving modes' ones.
+#[test]
+fn each_verbs_help_shows_only_its_own_flags() {
+    let verbs: &[&[&str]] = &[
+        &["submit"],
+        &["status"],
+        &["wait"],
+        &["logs"],
+        &["results"],
+        &["files"],
+        &["cancel"],
+        &["retry"],
+        &["workers"],
+        &["sweeps", "rm"],
+        &["sweeps", "ls"],
+        &["train"],
+        &["bench"],
+        &["dev", "bench", "queue"],
+    ];
+    for verb in verbs {
+        let text = help(verb);
+        for foreign in ["--bind", "--data-dir", "--server-only", "--client-only", "--worker-token-file", "--gpus "] {
+            assert!(!text.contains(foreign), "`app {} --help` lists {foreign}:\n{text}", verb.join(" "));
+        }
+    }
+    let train = help(&["train"]);
+    assert!(train.contains("--config <FILE>") && train.contains("The trainer's YAML config"), "{train}");
+    assert!(!train.contains("TOML") && !train.contains("--url"), "{train}");
+    assert!(help(&["bench"]).contains("The trainer's YAML config"));
+    let status = help(&["status"]);
+    assert!(
+        status.contains("--url <URL>") && status.contains("[env: APP_URL=") && status.contains("--json"),
+        "{status}"
+    );
+    assert!(!status.contains("--config"), "{status}");
+}
+
+#[test]
+fn the_main_help_groups_the_serving_flags_and_keeps_the_benchmarks_apart() {
+    let text = help(&[]);
+    for needle in ["Server (app, app --server-only):", "Worker (app, app --client-only):", "--bind <ADDRESS>"] {
+        assert!(text.contains(needle), "`{needle}` missing:\n{text}");
+    }
+    for verb in ["wait", "workers", "sweeps", "train", "bench"] {
+        assert!(text.contains(&format!("\n  {verb} ")), "`{verb}` missing:\n{text}");
+    }
+    assert!(!text.contains("bench-queue") && !text.contains("\n  dev "), "{text}");
+    assert!(text.contains("app dev bench --help"), "{text}");
+    let dev = help(&["dev", "bench"]);
+    for bench in ["queue", "worker", "page", "load"] {
+        assert!(dev.contains(&format!("\n  {bench} ")), "{dev}");
+    }
+    assert!(text.contains("[env: APP_BIND]") && text.contains("[env: APP_CONFIG_FILE]"), "{text}");
+}
+
+#[test]
+fn serving_flags_with_a_verb_or_with_the_other_mode_are_refused() {
+    let output = app().args(["--bind", "127.0.0.1:1", "status"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("--bind"), "{}", stderr(&output));
+    let output = app().args(["status", "--bind", "127.0.0.1:1"]).output().unwrap();
+    assert!(stderr(&output).contains("unexpected argument '--bind'"), "{}", stderr(&output));
+    let output = app().args(["--client-only", "--data-dir", "x", "--url", "http://127.0.0.1:9"]).output().unwrap();
+    assert!(stderr(&output).contains("cannot be used with"), "{}", stderr(&output));
+    let output = app().args(["--server-only", "--gpus", "0"]).output().unwrap();
+    assert!(stderr(&output).contains("cannot be used with"), "{}", stderr(&output));
+}
+
+#[test]
+fn a_config_file_with_both_tables_serves_and_an_unknown_key_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let both = dir.path().join("both.toml");
+    std::fs::write(
+        &both,
+        format!(
+            "[server]\nbind = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[worker]\nname = \"box-1\"\nmax_jobs = 2\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let mut server = app()
+        .args(["--server-only", "--config"])
+        .arg(&both)
+        .env_remove("APP_BIND")
+        .env_remove("APP_DATA_DIR")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // The database in the [server] table's data_dir, and the port of its bind.
+    while !dir.path().join("data").join("queue.db").is_file()
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "the server did not start with both tables");
+        assert!(server.try_wait().unwrap().is_none(), "the server exited");
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+
+    // APP_CONFIG_FILE names the file when --config does not; a misspelt key is named.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[server]\nbind = \"127.0.0.1:1\"\n\n[worker]\nmax_job = 3\n").unwrap();
+    let output = app().arg("--server-only").env("APP_CONFIG_FILE", &bad).output().unwrap();
+    assert_one_line_error(&output, "unknown field `max_job`");
+    assert!(stderr(&output).contains("bad.toml at line 5"), "{}", stderr(&output));
+    std::fs::write(&bad, "[server]\n[workers]\n").unwrap();
+    assert_one_line_error(&app().arg("--config").arg(&bad).output().unwrap(), "unknown field `workers`");
+    let missing = app().args(["--config", "/nonexistent/both.toml"]).output().unwrap();
+    assert_one_line_error(&missing, "reading config file /nonexistent/both.toml");
+}
+
+#[test]
+fn flags_beat_the_environment_which_beats_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file_port = common::free_port();
+    let config = dir.path().join("server.toml");
+    std::fs::write(&config, format!("[server]\nbind = \"127.0.0.1:{file_port}\"\ndata_dir = \"from-file\"\n")).unwrap();
+    // Each start must create its database where the winning layer says.
+    let start = |extra: &[&str], env_data: Option<&str>, expected: &str| {
+        let mut command = app();
+        command.current_dir(dir.path()).arg("--server-only").arg("--config").arg(&config).args(extra);
+        command.env_remove("APP_BIND").env_remove("APP_DATA_DIR").stderr(std::process::Stdio::null());
+        if let Some(data) = env_data {
+            command.env("APP_DATA_DIR", data);
+        }
+        let mut child = command.spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !dir.path().join(expected).join("queue.db").is_file() {
+            assert!(std::time::Instant::now() < deadline, "no database in {expected}");
+            assert!(child.try_wait().unwrap().is_none(), "the server exited");
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+    start(&[], None, "from-file");
+    start(&[], Some("from-env"), "from-env");
+    start(&["--data-dir", "from-flag"], Some("from-env"), "from-flag");
+    assert!(!dir.path().join("app-data").exists(), "the default was never used");
+}

@@ -561,3 +561,24 @@ fn describe(error: &reqwest::Error) -> String {
     }
     text
 }
+
+/// Queue maintenance: bulk retries and removing a finished sweep.
+impl Client {
+    /// Queues the listed failed or cancelled jobs again (at most 1,000 ids); the others are
+    /// named in `skipped`.
+    pub async fn retry_jobs(&self, ids: &[JobId]) -> ClientResult<RetryResponse> {
+        self.post("/api/jobs/retry", &BulkRetryRequest { ids: ids.to_vec() }).await
+    }
+
+    /// Queues every failed job of a sweep (by id or name) again.
+    pub async fn retry_sweep(&self, key: &str) -> ClientResult<RetryResponse> {
+        self.post(&format!("/api/sweeps/{}/retry", encode(key)), &()).await
+    }
+
+    /// Removes a sweep none of whose jobs is queued or running, with its jobs' records and
+    /// result files (409 while jobs are queued or running).
+    pub async fn delete_sweep(&self, key: &str) -> ClientResult<SweepRemoved> {
+        let (url, builder) = self.request(Method::DELETE, &format!("/api/sweeps/{}", encode(key)));
+        Self::send(url, builder).await
+    }
+}

@@ -1,7 +1,9 @@
-//! Server settings: defaults, overridden by a TOML file, overridden by the command line.
+//! Server settings: `ServerConfig` with its defaults, and `ServerFile`, one layer of settings
+//! (the config file's `[server]` table, the environment or the flags) where every key is
+//! optional. The `app` binary stacks the layers (`over`) and applies the result once.
 
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Everything the server can be told. Durations are in seconds in the file.
@@ -80,8 +82,9 @@ impl Default for ServerConfig {
     }
 }
 
-/// The `[server]` table of a config file (configs/server.example.toml); every key optional.
-#[derive(Debug, Default, Deserialize)]
+/// One layer of server settings: the `[server]` table of a config file
+/// (configs/server.example.toml), the environment or the flags; every key optional.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
     pub bind: Option<String>,
@@ -105,25 +108,52 @@ pub struct ServerFile {
     pub header_timeout_secs: Option<f64>,
     pub max_connections: Option<usize>,
     pub max_connections_per_address: Option<usize>,
+    /// A user token given as a value (APP_USER_TOKEN); never read from a file's table.
+    #[serde(skip)]
+    pub user_token: Option<String>,
+    /// A worker token given as a value (APP_WORKER_TOKEN); never read from a file's table.
+    #[serde(skip)]
+    pub worker_token: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigFile {
-    #[serde(default)]
-    pub server: ServerFile,
-}
-
-impl ConfigFile {
-    pub fn load(path: &Path) -> anyhow::Result<ConfigFile> {
-        use anyhow::Context;
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
+impl ServerFile {
+    /// This layer stacked on `lower`: every key set here wins. The TLS certificate and key go
+    /// together, so a layer that sets either replaces both.
+    pub fn over(self, lower: ServerFile) -> ServerFile {
+        let (tls_cert, tls_key) = if self.tls_cert.is_some() || self.tls_key.is_some() {
+            (self.tls_cert, self.tls_key)
+        } else {
+            (lower.tls_cert, lower.tls_key)
+        };
+        ServerFile {
+            bind: self.bind.or(lower.bind),
+            data_dir: self.data_dir.or(lower.data_dir),
+            lease_secs: self.lease_secs.or(lower.lease_secs),
+            heartbeat_secs: self.heartbeat_secs.or(lower.heartbeat_secs),
+            max_crashes: self.max_crashes.or(lower.max_crashes),
+            max_jobs_per_sweep: self.max_jobs_per_sweep.or(lower.max_jobs_per_sweep),
+            max_body_bytes: self.max_body_bytes.or(lower.max_body_bytes),
+            max_yaml_depth: self.max_yaml_depth.or(lower.max_yaml_depth),
+            max_long_poll_secs: self.max_long_poll_secs.or(lower.max_long_poll_secs),
+            max_log_bytes_per_job: self.max_log_bytes_per_job.or(lower.max_log_bytes_per_job),
+            telemetry_retention_secs: self.telemetry_retention_secs.or(lower.telemetry_retention_secs),
+            max_upload_bytes: self.max_upload_bytes.or(lower.max_upload_bytes),
+            max_attempt_upload_bytes: self.max_attempt_upload_bytes.or(lower.max_attempt_upload_bytes),
+            user_token_file: self.user_token_file.or(lower.user_token_file),
+            worker_token_file: self.worker_token_file.or(lower.worker_token_file),
+            tls_cert,
+            tls_key,
+            user_token: self.user_token.or(lower.user_token),
+            worker_token: self.worker_token.or(lower.worker_token),
+            header_timeout_secs: self.header_timeout_secs.or(lower.header_timeout_secs),
+            max_connections: self.max_connections.or(lower.max_connections),
+            max_connections_per_address: self.max_connections_per_address.or(lower.max_connections_per_address),
+        }
     }
 }
 
 impl ServerConfig {
-    /// Applies the keys a config file sets.
+    /// Applies the keys a layer (or the stack of all layers) sets.
     pub fn apply_file(&mut self, file: &ServerFile) -> anyhow::Result<()> {
         // Positive, and at most a day: a zero lease would reap every job at once, and a huge
         // long poll would overflow the clock arithmetic.
@@ -184,6 +214,13 @@ impl ServerConfig {
         }
         if let Some(value) = file.max_attempt_upload_bytes {
             self.max_attempt_upload_bytes = value;
+        }
+        // A token value and a token file may both be given: every token listed is accepted.
+        if let Some(token) = &file.user_token {
+            self.tokens.add(crate::auth::Role::User, token, "APP_USER_TOKEN")?;
+        }
+        if let Some(token) = &file.worker_token {
+            self.tokens.add(crate::auth::Role::Worker, token, "APP_WORKER_TOKEN")?;
         }
         if let Some(path) = &file.user_token_file {
             self.tokens.add_file(crate::auth::Role::User, path)?;

@@ -8,6 +8,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// The trainer's YAML config (e.g. configs/train-mlp.yaml); without it, the defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Batch sizes to try (default: the config's).
     #[arg(long, value_delimiter = ',')]
     pub batch_sizes: Vec<usize>,

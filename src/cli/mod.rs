@@ -1,115 +1,63 @@
-//! The command line: modes (`--server-only`, `--client-only`, embedded) and verbs against a
-//! server (`submit`, `status`, `cancel`, `retry`, `bench-queue`). One file per verb.
+//! The command line. Without a verb, `app` serves (`--server-only`, `--client-only`, or both in
+//! one process); its flags are the serving modes' own (`settings`). Verbs against a server
+//! (`submit`, `status`, `wait`, ...) share one `UrlArg`; the trainer's verbs (`train`, `bench`)
+//! take their own YAML `--config`; maintainers' benchmarks live under `app dev`. One file per
+//! verb; tables and units in `table` and `format`.
 
 mod bench;
-mod bench_load;
-mod bench_page;
-mod bench_queue;
-mod bench_server;
-mod bench_worker;
 mod cancel;
+mod dev;
+mod files;
+mod format;
 mod logs;
 mod results;
 mod serve;
+mod settings;
 mod status;
 mod submit;
+mod sweeps;
+mod table;
+#[cfg(test)]
+mod table_tests;
 mod train;
+mod wait;
+mod workers;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+const AFTER_HELP: &str = "\
+Without a command, app serves: the server and a local worker (`app`), the head node alone
+(`app --server-only`) or a worker alone (`app --client-only --url http://HEAD:8000`).
+Every command has its own --help. Maintainers' benchmarks: `app dev bench --help`.";
+
 #[derive(Debug, Parser)]
-#[command(name = "app", version, about = "A distributed experiment queue for GPU sweeps", long_about = None)]
+#[command(
+    name = "app",
+    version,
+    about = "A distributed experiment queue for GPU sweeps",
+    long_about = None,
+    args_conflicts_with_subcommands = true,
+    after_help = AFTER_HELP
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Run only the head node: HTTP API and SQLite queue, no local worker.
-    #[arg(long, conflicts_with = "client_only")]
-    pub server_only: bool,
-    /// Run only a worker daemon against `--url`.
-    #[arg(long)]
-    pub client_only: bool,
     #[command(flatten)]
-    pub server: ServerArgs,
-    #[command(flatten)]
-    pub worker: WorkerArgs,
+    pub serve: settings::ServeArgs,
 }
 
-#[derive(Debug, Args)]
-pub struct WorkerArgs {
-    /// The server a worker (--client-only) connects to.
-    #[arg(long, env = "APP_URL")]
-    pub url: Option<String>,
-    /// This worker's name, unique per box (default: the host name; `local` when embedded).
-    #[arg(long, env = "APP_WORKER_NAME")]
-    pub name: Option<String>,
-    /// Use only these GPUs, e.g. `--gpus 0,1`.
-    #[arg(long, value_delimiter = ',')]
-    pub gpus: Option<Vec<u32>>,
-    /// Run at most this many jobs at once (default: 4 per GPU, or one per core).
-    #[arg(long)]
-    pub max_jobs: Option<u32>,
-    /// Where attempts get their fresh directories (default ./app-work).
-    #[arg(long, env = "APP_WORK_DIR")]
-    pub work_dir: Option<PathBuf>,
-    /// Testing aid: simulate GPUs, e.g. `--fake-gpus 2x24GiB`.
-    #[arg(long, env = "APP_FAKE_GPUS")]
-    pub fake_gpus: Option<String>,
-    /// Grace between SIGTERM and SIGKILL when a job is cancelled or times out, in seconds.
-    #[arg(long)]
-    pub kill_grace_secs: Option<f64>,
-    /// Keep each attempt's directory on the worker after its log, metrics, results and outcome
-    /// reached the server (by default it is removed then).
-    #[arg(long)]
-    pub keep_work_dirs: bool,
-    /// A file holding the worker token (or set APP_TOKEN) when the server requires tokens.
-    #[arg(long, env = "APP_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-    /// PEM certificate of a private CA that signed the server's HTTPS certificate.
-    #[arg(long, env = "APP_CA")]
-    pub ca: Option<PathBuf>,
-}
-
-#[derive(Debug, Args)]
-pub struct ServerArgs {
-    /// Address to listen on. Default 127.0.0.1:8000; use 0.0.0.0:8000 to accept workers on
-    /// other machines.
-    #[arg(long, env = "APP_BIND", global = true)]
-    pub bind: Option<String>,
-    /// Where the queue database (and results) live.
-    #[arg(long, env = "APP_DATA_DIR", global = true)]
-    pub data_dir: Option<PathBuf>,
-    /// A TOML config file (see configs/server.example.toml); flags and APP_* variables win.
-    #[arg(long, env = "APP_CONFIG_FILE", global = true)]
-    pub config: Option<PathBuf>,
-    /// File of user tokens, one per line (or set APP_USER_TOKEN): submit, cancel, read.
-    #[arg(long, env = "APP_USER_TOKEN_FILE")]
-    pub user_token_file: Option<PathBuf>,
-    /// File of worker tokens, one per line (or set APP_WORKER_TOKEN): register, claim, report.
-    #[arg(long, env = "APP_WORKER_TOKEN_FILE")]
-    pub worker_token_file: Option<PathBuf>,
-    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
-    #[arg(long, env = "APP_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert.
-    #[arg(long, env = "APP_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// Allow listening beyond loopback without tokens (anyone who reaches the port can then
-    /// run commands on every worker).
-    #[arg(long)]
-    pub insecure_no_auth: bool,
-}
-
+/// How a verb reaches the server.
 #[derive(Debug, Args, Clone)]
 pub struct UrlArg {
     /// The server's URL.
     #[arg(long, env = "APP_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
     /// A file holding your user token (or set APP_TOKEN) when the server requires tokens.
-    #[arg(long, env = "APP_TOKEN_FILE")]
+    #[arg(long, env = "APP_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// PEM certificate of a private CA that signed the server's HTTPS certificate.
-    #[arg(long, env = "APP_CA")]
+    #[arg(long, env = "APP_CA", value_name = "FILE")]
     pub ca: Option<PathBuf>,
 }
 
@@ -125,59 +73,69 @@ impl UrlArg {
 pub enum Command {
     /// Submit a sweep file (native, W&B or CVLab-Kit form), or count it with --dry-run.
     Submit(submit::SubmitArgs),
-    /// Show sweeps, or the jobs of one sweep.
+    /// Show sweeps, or jobs (of a sweep, or in a --status) with start, duration and metric.
     Status(status::StatusArgs),
-    /// Cancel a job (by id) or a whole sweep (by name).
-    Cancel(cancel::CancelArgs),
-    /// Put a failed or cancelled job back in the queue.
-    Retry(cancel::RetryArgs),
+    /// Wait until a sweep or job has finished; exit non-zero if any job failed.
+    Wait(wait::WaitArgs),
     /// Print a job's log; -f follows it live.
     Logs(logs::LogsArgs),
-    /// A sweep's leaderboard: parameters and metrics, best first.
+    /// A sweep's leaderboard: its metric first, then the runs' parameters.
     Results(results::ResultsArgs),
     /// A job's stored result versions and files; --download fetches them.
-    Files(results::FilesArgs),
-    /// Load test: 500 simulated workers heartbeat, claim and report while sweeps arrive (5xx, latency, memory).
-    BenchLoad(bench_load::BenchLoadArgs),
-    /// Measure the web page's JSON endpoints on a large queue (100,000 jobs, 1,000,000 points).
-    BenchPage(bench_page::BenchPageArgs),
-    /// Measure the queue on this machine: submission, claim throughput, dispatch latency.
-    BenchQueue(bench_queue::BenchArgs),
-    /// Measure the worker on this machine: throughput against GNU parallel, dispatch, idle cost.
-    BenchWorker(bench_worker::BenchWorkerArgs),
+    Files(files::FilesArgs),
+    /// Cancel jobs (by id) or whole sweeps (by name).
+    Cancel(cancel::CancelArgs),
+    /// Queue failed or cancelled jobs again: by id, a sweep's failed jobs, or --failed.
+    Retry(cancel::RetryArgs),
+    /// The workers: state, GPUs, running jobs.
+    Workers(workers::WorkersArgs),
+    /// List sweeps, or remove finished ones with their results (`app sweeps rm NAME`).
+    #[command(subcommand)]
+    Sweeps(sweeps::SweepsCommand),
     /// Train the built-in MLP/CNN: `app train --config train.yaml [--set key=value]` (feature `torch`).
     Train(train::TrainArgs),
     /// Benchmark training settings: `app bench --config train.yaml --batch-sizes 256,1024 --amp bf16,off`.
     Bench(bench::BenchArgs),
+    /// Maintainers' tools: `app dev bench queue|worker|page|load`.
+    #[command(subcommand, hide = true)]
+    Dev(dev::DevCommand),
 }
 
 pub fn init_tracing(cli: &Cli) {
+    use std::io::IsTerminal;
     // Daemons log at info by default; one-shot verbs stay quiet unless asked.
     let default = if cli.command.is_none() { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colours only on a terminal: a log redirected to a file stays plain text.
+    let colour = std::io::stderr().is_terminal();
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).with_writer(std::io::stderr).init();
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    // `--config` is global; for `train` and `bench` it names the trainer's YAML config.
-    let config = cli.server.config.clone();
-    match cli.command {
-        None if cli.client_only => serve::run_worker(&cli.server, &cli.worker).await,
-        None => serve::run(&cli.server, &cli.worker, cli.server_only).await,
-        Some(Command::Submit(args)) => submit::run(args).await,
-        Some(Command::Status(args)) => status::run(args).await,
-        Some(Command::Cancel(args)) => cancel::run(args).await,
-        Some(Command::Retry(args)) => cancel::retry(args).await,
-        Some(Command::Logs(args)) => logs::run(args).await,
-        Some(Command::Results(args)) => results::run(args).await,
-        Some(Command::Files(args)) => results::files(args).await,
-        Some(Command::BenchLoad(args)) => bench_load::run(args).await,
-        Some(Command::BenchPage(args)) => bench_page::run(args).await,
-        Some(Command::BenchQueue(args)) => bench_queue::run(args).await,
-        Some(Command::BenchWorker(args)) => bench_worker::run(args).await,
-        Some(Command::Train(args)) => train::run(args, config).await,
-        Some(Command::Bench(args)) => bench::run(args, config).await,
+    let Some(command) = cli.command else {
+        return serve::run(&cli.serve).await;
+    };
+    match command {
+        Command::Submit(args) => submit::run(args).await,
+        Command::Status(args) => status::run(args).await,
+        Command::Wait(args) => wait::run(args).await,
+        Command::Logs(args) => logs::run(args).await,
+        Command::Results(args) => results::run(args).await,
+        Command::Files(args) => files::run(args).await,
+        Command::Cancel(args) => cancel::run(args).await,
+        Command::Retry(args) => cancel::retry(args).await,
+        Command::Workers(args) => workers::run(args).await,
+        Command::Sweeps(command) => sweeps::run(command).await,
+        Command::Train(args) => {
+            let config = args.config.clone();
+            train::run(args, config).await
+        }
+        Command::Bench(args) => {
+            let config = args.config.clone();
+            bench::run(args, config).await
+        }
+        Command::Dev(command) => dev::run(command).await,
     }
 }
 

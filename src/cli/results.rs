@@ -1,14 +1,13 @@
-//! `app results SWEEP [--top 5] [--csv]` (the leaderboard) and `app files JOB [--download DIR]`
-//! (a job's stored result versions).
+//! `app results SWEEP [--top 5] [--csv | --json]`: the leaderboard, its ranking metric first.
 
-use super::UrlArg;
+use super::{format, table, UrlArg};
 use anyhow::Context;
 use clap::Args;
-use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::Table;
-use shared::api::SummaryRow;
+use shared::api::{SummaryRow, SweepSummary};
+use shared::sweep::Goal;
+use std::collections::BTreeSet;
 use std::io::Write;
-use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub struct ResultsArgs {
@@ -18,8 +17,11 @@ pub struct ResultsArgs {
     #[arg(long)]
     pub top: Option<u32>,
     /// Print CSV instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "json")]
     pub csv: bool,
+    /// Print the leaderboard as JSON (exact values).
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub url: UrlArg,
 }
@@ -34,121 +36,115 @@ pub async fn run(args: ResultsArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let summary = client.summary(&args.sweep, args.top).await.with_context(|| format!("summarising {}", args.sweep))?;
-    let param_names = summary
-        .rows
-        .first()
-        .and_then(|row| row.params.as_object())
-        .map(|params| params.keys().cloned().collect::<Vec<_>>())
-        .unwrap_or_default();
-    let metric_names: std::collections::BTreeSet<String> =
-        summary.rows.iter().flat_map(|row| row.metrics.keys().cloned()).collect();
-    let mut header = vec!["rank".to_string(), "job".into(), "#".into(), "status".into()];
-    header.extend(param_names.iter().cloned());
-    header.extend(metric_names.iter().flat_map(|name| [format!("{name} (last)"), format!("{name} (best)")]));
-    let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header(header);
-    let goal_is_max = summary.metric.as_ref().is_some_and(|metric| metric.goal == shared::sweep::Goal::Maximize);
-    for row in &summary.rows {
-        table.add_row(cells(row, &param_names, &metric_names, goal_is_max));
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&summary)?)?;
+        return Ok(());
     }
-    if let Some(metric) = &summary.metric {
-        writeln!(
+    match &summary.metric {
+        Some(metric) => writeln!(
             out,
             "sweep {}, ranked by {} ({})",
             summary.sweep,
             metric.name,
-            format!("{:?}", metric.goal).to_lowercase()
-        )?;
-    } else {
-        writeln!(out, "sweep {} (no metric: in index order)", summary.sweep)?;
+            super::status::goal_word(metric.goal)
+        )?,
+        None => writeln!(out, "sweep {} (no metric: in index order)", summary.sweep)?,
     }
-    writeln!(out, "{table}")?;
+    if summary.rows.is_empty() {
+        writeln!(out, "no runs yet")?;
+        return Ok(());
+    }
+    writeln!(out, "{}", table::render(&leaderboard(&summary, table::terminal_width())))?;
     Ok(())
 }
 
-fn cells(
-    row: &SummaryRow,
-    params: &[String],
-    metrics: &std::collections::BTreeSet<String>,
-    goal_is_max: bool,
-) -> Vec<String> {
-    let mut cells = vec![
-        row.rank.map(|rank| rank.to_string()).unwrap_or_default(),
-        row.job_id.to_string(),
-        row.index.to_string(),
-        row.status.to_string(),
-    ];
-    for name in params {
-        cells.push(match row.params.get(name) {
-            Some(serde_json::Value::String(text)) => text.clone(),
-            Some(value) => value.to_string(),
-            None => String::new(),
-        });
+/// The leaderboard: rank, the ranking metric's best value, the run, the other metrics' last
+/// values, then a column per parameter; when that does not fit, the run in one cell, metric
+/// headers over two lines and the parameters folded into one `key=value` per line.
+pub fn leaderboard(summary: &SweepSummary, width: Option<u16>) -> Table {
+    let ranking = summary.metric.as_ref();
+    let others: Vec<String> = summary
+        .rows
+        .iter()
+        .flat_map(|row| row.metrics.keys())
+        .filter(|name| ranking.is_none_or(|metric| &metric.name != *name))
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let params = format::param_names(summary.rows.iter().map(|row| &row.params));
+    // (name, qualifier) of each metric column. Other metrics show their last value: which of
+    // min or max is "best" depends on the metric, which only the ranking metric says.
+    let mut metrics: Vec<(String, &str)> = Vec::new();
+    if let Some(metric) = ranking {
+        metrics.push((metric.name.clone(), if metric.goal == Goal::Maximize { "max" } else { "min" }));
     }
-    for name in metrics {
-        match row.metrics.get(name) {
-            Some(summary) => {
-                cells.push(format!("{:.6}", summary.last));
-                cells.push(format!("{:.6}", if goal_is_max { summary.max } else { summary.min }));
-            }
-            None => cells.extend([String::new(), String::new()]),
+    metrics.extend(others.iter().map(|name| (name.clone(), "last")));
+    let metric_cells = |row: &SummaryRow| -> Vec<String> {
+        let mut cells = Vec::new();
+        if ranking.is_some() {
+            cells.push(row.score.map(format::metric).unwrap_or_default());
         }
-    }
-    cells
-}
-
-#[derive(Debug, Args)]
-pub struct FilesArgs {
-    /// The job id.
-    pub job: shared::api::JobId,
-    /// Download the files of the latest version (or --attempt) into this directory.
-    #[arg(long)]
-    pub download: Option<PathBuf>,
-    /// The result version (attempt) to download.
-    #[arg(long)]
-    pub attempt: Option<u32>,
-    #[command(flatten)]
-    pub url: UrlArg,
-}
-
-pub async fn files(args: FilesArgs) -> anyhow::Result<()> {
-    let client = super::client(&args.url)?;
-    let versions = client.results(args.job).await.with_context(|| format!("listing results of job {}", args.job))?;
-    let mut out = std::io::stdout().lock();
-    if versions.is_empty() {
-        writeln!(out, "job {} has no stored results yet", args.job)?;
-        return Ok(());
-    }
-    let Some(directory) = &args.download else {
-        for version in &versions {
-            writeln!(
-                out,
-                "v{} ({}, {}): {}",
-                version.attempt, version.record.outcome, version.record.worker, version.path
-            )?;
-            for file in &version.files {
-                writeln!(out, "  {:>12}  {}  {}", file.size, file.sha256, file.path)?;
-            }
-        }
-        return Ok(());
+        cells.extend(
+            others
+                .iter()
+                .map(|name| row.metrics.get(name).map(|summary| format::metric(summary.last)).unwrap_or_default()),
+        );
+        cells
     };
-    let version = match args.attempt {
-        Some(attempt) => versions
-            .iter()
-            .find(|version| version.attempt == attempt)
-            .with_context(|| format!("job {} has no result v{attempt}", args.job))?,
-        None => versions.last().context("no versions")?,
-    };
-    for file in &version.files {
-        let destination = directory.join(&file.path);
-        if let Some(parent) = destination.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-        }
-        client
-            .download_file(args.job, version.attempt, &file.path, &destination)
-            .await
-            .with_context(|| format!("downloading {}", file.path))?;
-        writeln!(out, "{}", destination.display())?;
+    let rank = |row: &SummaryRow| row.rank.map(|rank| rank.to_string()).unwrap_or_default();
+
+    let mut header = vec!["rank".to_string()];
+    header.extend(metrics.iter().take(usize::from(ranking.is_some())).map(|(name, word)| format!("{name} ({word})")));
+    header.extend(["job", "#", "status"].map(String::from));
+    header.extend(metrics.iter().skip(usize::from(ranking.is_some())).map(|(name, word)| format!("{name} ({word})")));
+    header.extend(params.iter().cloned());
+    let mut wide = table::Layout::new(header);
+    for row in &summary.rows {
+        let values = metric_cells(row);
+        let (ranked, rest) = values.split_at(usize::from(ranking.is_some()));
+        let mut cells = vec![rank(row)];
+        cells.extend(ranked.iter().cloned());
+        cells.extend([row.job_id.to_string(), row.index.to_string(), row.status.to_string()]);
+        cells.extend(rest.iter().cloned());
+        cells.extend(params.iter().map(|name| row.params.get(name).map(format::param_value).unwrap_or_default()));
+        wide.rows.push(cells);
     }
-    Ok(())
+    let ranked = usize::from(ranking.is_some());
+    // rank, the ranking metric, job, #, then the other metrics after status.
+    let numbers: Vec<usize> = (0..=ranked)
+        .chain([ranked + 1, ranked + 2])
+        .chain((0..others.len()).map(|offset| ranked + 4 + offset))
+        .collect();
+    wide.right = numbers.clone();
+    wide.fixed = numbers.into_iter().chain([ranked + 3]).collect();
+
+    let narrow = || {
+        let mut header = vec!["rank".to_string()];
+        header.extend(metrics.iter().take(ranked).map(|(name, word)| format!("{name}\n({word})")));
+        header.push("job".into());
+        header.extend(metrics.iter().skip(ranked).map(|(name, word)| format!("{name}\n({word})")));
+        header.push("params".into());
+        let mut narrow = table::Layout::new(header);
+        for row in &summary.rows {
+            let values = metric_cells(row);
+            let (ranked_value, rest) = values.split_at(ranked);
+            let mut cells = vec![rank(row)];
+            cells.extend(ranked_value.iter().cloned());
+            // The run, and its status when it did not succeed.
+            let mut run = format!("{} #{}", row.job_id, row.index);
+            if row.status != shared::job::JobStatus::Succeeded {
+                run = format!("{run}\n{}", row.status);
+            }
+            cells.push(run);
+            cells.extend(rest.iter().cloned());
+            cells.push(format::params_lines(&row.params));
+            narrow.rows.push(cells);
+        }
+        let numbers: Vec<usize> = (0..=ranked).chain((0..others.len()).map(|offset| ranked + 2 + offset)).collect();
+        narrow.right = numbers.clone();
+        narrow.fixed = numbers.into_iter().chain([ranked + 1]).collect();
+        narrow
+    };
+    table::fit(wide, narrow, width)
 }

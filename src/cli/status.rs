@@ -1,103 +1,259 @@
-//! `app status [SWEEP]`: the sweeps in the queue, or one sweep's jobs.
+//! `app status [SWEEP] [--status S] [--json]`: the sweeps in the queue, or jobs (of one sweep,
+//! or of every sweep with `--status`) with their start, duration and best metric.
 
-use super::UrlArg;
+use super::{format, table, UrlArg};
 use anyhow::Context;
 use clap::Args;
-use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::Table;
-use shared::api::{Job, JobQuery};
+use shared::api::{Job, JobQuery, JobSort, SortOrder, StatusCounts, SweepInfo};
 use shared::job::JobStatus;
+use shared::sweep::{Goal, Metric};
 use std::io::Write;
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// A sweep (id or name): list its jobs. Without it, list the sweeps.
+    /// A sweep (id or name): list its jobs. Without it, list the sweeps (or, with --status,
+    /// the jobs of every sweep in that status).
     pub sweep: Option<String>,
-    /// Only jobs in this status.
+    /// Only jobs in this status: queued, running, succeeded, failed, cancelled.
     #[arg(long)]
     pub status: Option<JobStatus>,
     /// How many jobs to list.
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
+    /// Print JSON: the list of sweeps, or {"total": N, "jobs": [...]}.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub url: UrlArg,
-}
-
-fn table(header: &[&str]) -> Table {
-    let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header(header.iter().copied());
-    table
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let client = super::client(&args.url)?;
     let mut out = std::io::stdout().lock();
-    let Some(key) = &args.sweep else {
-        let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {}", client.base_url()))?;
-        if sweeps.is_empty() {
-            writeln!(out, "no sweeps yet: submit one with `app submit FILE`")?;
+    let width = table::terminal_width();
+    let now = format::now_ms();
+    let (metric, query) = match (&args.sweep, args.status) {
+        (None, None) => {
+            let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {}", client.base_url()))?;
+            if args.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&sweeps)?)?;
+            } else if sweeps.is_empty() {
+                writeln!(out, "no sweeps yet: submit one with `app submit FILE`")?;
+            } else {
+                writeln!(out, "{}", table::render(&sweeps_table(&sweeps, now, width)))?;
+            }
             return Ok(());
         }
-        let mut table =
-            table(&["id", "sweep", "form", "jobs", "queued", "running", "succeeded", "failed", "cancelled"]);
-        for sweep in sweeps {
-            let counts = &sweep.counts;
-            table.add_row(vec![
-                sweep.id.to_string(),
-                sweep.name,
-                sweep.form.to_string(),
-                counts.total().to_string(),
-                counts.queued.to_string(),
-                counts.running.to_string(),
-                counts.succeeded.to_string(),
-                counts.failed.to_string(),
-                counts.cancelled.to_string(),
-            ]);
+        (None, Some(status)) => (None, JobQuery { status: Some(status), ..JobQuery::default() }),
+        (Some(key), status) => {
+            let sweep = client.sweep(key).await.with_context(|| format!("looking up sweep {key}"))?.info;
+            if !args.json {
+                writeln!(out, "{}", sweep_line(&sweep))?;
+            }
+            let query = JobQuery { sweep: Some(sweep.id.to_string()), status, ..JobQuery::default() };
+            (sweep.metric, query)
         }
-        writeln!(out, "{table}")?;
-        return Ok(());
     };
-    let sweep = client.sweep(key).await.with_context(|| format!("looking up sweep {key}"))?;
-    let counts = &sweep.info.counts;
-    writeln!(
-        out,
-        "sweep {} (id {}): {} jobs: {} queued, {} running, {} succeeded, {} failed, {} cancelled",
-        sweep.info.name,
-        sweep.info.id,
-        counts.total(),
-        counts.queued,
-        counts.running,
-        counts.succeeded,
-        counts.failed,
-        counts.cancelled
-    )?;
-    let query = JobQuery {
-        sweep: Some(sweep.info.id.to_string()),
-        status: args.status,
-        limit: Some(args.limit),
-        ..JobQuery::default()
-    };
+    // Across sweeps the newest jobs matter most; within a sweep, index order reads best.
+    let order = if args.sweep.is_none() { SortOrder::Desc } else { SortOrder::Asc };
+    let query = JobQuery { limit: Some(args.limit), sort: Some(JobSort::Id), order: Some(order), ..query };
     let page = client.jobs(&query).await.context("listing jobs")?;
-    let mut table = table(&["job", "#", "status", "attempt", "worker", "exit", "params", "reason"]);
-    for job in &page.jobs {
-        table.add_row(job_row(job));
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&page)?)?;
+        return Ok(());
     }
-    writeln!(out, "{table}")?;
-    if page.total > page.jobs.len() as u64 {
-        writeln!(out, "... {} more (use --limit or --status)", page.total - page.jobs.len() as u64)?;
+    if page.jobs.is_empty() {
+        let what = args.status.map(|status| format!("{status} ")).unwrap_or_default();
+        writeln!(out, "no {what}jobs")?;
+        return Ok(());
+    }
+    let table = jobs_table(&page.jobs, metric.as_ref(), args.sweep.is_none(), now, width);
+    writeln!(out, "{}", table::render(&table))?;
+    let shown = page.jobs.len() as u64;
+    if page.total > shown {
+        writeln!(out, "... {} more (use --limit or --status)", page.total - shown)?;
     }
     Ok(())
 }
 
-fn job_row(job: &Job) -> Vec<String> {
-    vec![
-        job.id.to_string(),
-        job.index.to_string(),
-        job.status.to_string(),
-        job.attempt.to_string(),
-        job.worker.clone().unwrap_or_default(),
-        job.exit_code.map(|code| code.to_string()).unwrap_or_default(),
-        job.params.to_string(),
-        job.reason.clone().unwrap_or_default(),
+/// `sweep vaep-grid (id 3): 108 jobs: 80 queued, 8 running, 20 succeeded` (counts that are
+/// zero left out, so the line fits a terminal).
+fn sweep_line(sweep: &SweepInfo) -> String {
+    format!("sweep {} (id {}): {} jobs: {}", sweep.name, sweep.id, sweep.counts.total(), progress(&sweep.counts))
+}
+
+pub fn goal_word(goal: Goal) -> &'static str {
+    match goal {
+        Goal::Minimize => "minimize",
+        Goal::Maximize => "maximize",
+    }
+}
+
+/// One row per sweep, newest first (as the server lists them): a column per status, or when
+/// that does not fit, one `progress` cell with the counts that are not zero.
+pub fn sweeps_table(sweeps: &[SweepInfo], now: i64, width: Option<u16>) -> Table {
+    let mut wide =
+        table::Layout::new(["id", "sweep", "jobs", "queued", "running", "succeeded", "failed", "cancelled", "created"]);
+    for sweep in sweeps {
+        let counts = &sweep.counts;
+        wide.rows.push(vec![
+            sweep.id.to_string(),
+            sweep.name.clone(),
+            counts.total().to_string(),
+            counts.queued.to_string(),
+            counts.running.to_string(),
+            counts.succeeded.to_string(),
+            counts.failed.to_string(),
+            counts.cancelled.to_string(),
+            format::age(sweep.created_at, now),
+        ]);
+    }
+    wide.right = vec![0, 2, 3, 4, 5, 6, 7];
+    wide.fixed = vec![0, 2, 3, 4, 5, 6, 7, 8];
+    let narrow = || {
+        let mut narrow = table::Layout::new(["id", "sweep", "jobs", "progress", "created"]);
+        for sweep in sweeps {
+            narrow.rows.push(vec![
+                sweep.id.to_string(),
+                sweep.name.clone(),
+                sweep.counts.total().to_string(),
+                progress(&sweep.counts),
+                format::age(sweep.created_at, now),
+            ]);
+        }
+        narrow.right = vec![0, 2];
+        narrow.fixed = vec![0, 2, 4];
+        narrow
+    };
+    table::fit(wide, narrow, width)
+}
+
+/// `80 queued, 8 running, 17 succeeded`: the counts that are not zero, in lifecycle order.
+pub fn progress(counts: &StatusCounts) -> String {
+    let parts: Vec<String> = [
+        (counts.queued, "queued"),
+        (counts.running, "running"),
+        (counts.succeeded, "succeeded"),
+        (counts.failed, "failed"),
+        (counts.cancelled, "cancelled"),
     ]
+    .into_iter()
+    .filter(|(count, _)| *count > 0)
+    .map(|(count, word)| format!("{count} {word}"))
+    .collect();
+    parts.join(", ")
+}
+
+/// The best value of the sweep's metric in a job's latest attempt, by the metric's goal.
+pub fn best_of(job: &Job, metric: &Metric) -> Option<f64> {
+    let summary = job.metrics.get(&metric.name)?;
+    Some(match metric.goal {
+        Goal::Minimize => summary.min,
+        Goal::Maximize => summary.max,
+    })
+}
+
+/// How long the latest attempt ran (so far, while it runs).
+pub fn duration_of(job: &Job, now: i64) -> String {
+    match (job.started_at, job.finished_at, job.status) {
+        (Some(start), Some(end), _) => format::duration_ms(end - start),
+        (Some(start), None, JobStatus::Running) => format::duration_ms(now - start),
+        _ => String::new(),
+    }
+}
+
+/// Jobs with where and when they ran, the sweep's metric when it has one, their parameters
+/// and why they are in their status: one line each, or when that does not fit, folded into
+/// cells of several lines (status over reason, worker over start over duration, one
+/// parameter per line).
+pub fn jobs_table(jobs: &[Job], metric: Option<&Metric>, with_sweep: bool, now: i64, width: Option<u16>) -> Table {
+    let status_of = |job: &Job| {
+        if job.attempt > 1 {
+            format!("{} (try {})", job.status, job.attempt)
+        } else {
+            job.status.to_string()
+        }
+    };
+    let best = |job: &Job| metric.and_then(|metric| best_of(job, metric)).map(format::metric).unwrap_or_default();
+    let mut header: Vec<String> = vec!["job".into()];
+    if with_sweep {
+        header.push("sweep".into());
+    }
+    header.extend(["#", "status", "worker", "started", "took"].map(String::from));
+    if let Some(metric) = metric {
+        header.push(format!("best {}", metric.name));
+    }
+    header.push("params".into());
+    // No reason column when no job has one (a sweep that ran well).
+    let reasons = jobs.iter().any(|job| job.reason.is_some());
+    if reasons {
+        header.push("reason".into());
+    }
+    let mut wide = table::Layout::new(header);
+    for job in jobs {
+        let mut row = vec![job.id.to_string()];
+        if with_sweep {
+            row.push(job.sweep.clone());
+        }
+        row.extend([
+            job.index.to_string(),
+            status_of(job),
+            job.worker.clone().unwrap_or_default(),
+            job.started_at.map(|start| format::age(start, now)).unwrap_or_default(),
+            duration_of(job, now),
+        ]);
+        if metric.is_some() {
+            row.push(best(job));
+        }
+        row.push(format::params(&job.params));
+        if reasons {
+            row.push(job.reason.clone().unwrap_or_default());
+        }
+        wide.rows.push(row);
+    }
+    let first = usize::from(with_sweep);
+    wide.right = vec![0, first + 1, first + 4, first + 5];
+    wide.fixed = vec![0, first + 1, first + 2, first + 4, first + 5];
+    if metric.is_some() {
+        wide.right.push(first + 6);
+        wide.fixed.push(first + 6);
+    }
+    let narrow = || {
+        let mut header = vec!["job".to_string(), "status".into(), "ran".into()];
+        if let Some(metric) = metric {
+            header.push(format!("best\n{}", metric.name));
+        }
+        header.push("params".into());
+        let mut narrow = table::Layout::new(header);
+        for job in jobs {
+            let mut id = format!("{} #{}", job.id, job.index);
+            if with_sweep {
+                id = format!("{id}\n{}", job.sweep);
+            }
+            // A cancelled job's reason is `cancelled` again: said once.
+            let reason = job.reason.clone().filter(|reason| *reason != job.status.to_string());
+            let status = lines([status_of(job), reason.unwrap_or_default()]);
+            let started = job.started_at.map(|start| format::age(start, now)).unwrap_or_default();
+            let ran = lines([job.worker.clone().unwrap_or_default(), started, duration_of(job, now)]);
+            let mut row = vec![id, status, ran];
+            if metric.is_some() {
+                row.push(best(job));
+            }
+            row.push(format::params_lines(&job.params));
+            narrow.rows.push(row);
+        }
+        narrow.fixed = if with_sweep { vec![] } else { vec![0] };
+        if metric.is_some() {
+            narrow.right = vec![3];
+            narrow.fixed.push(3);
+        }
+        narrow
+    };
+    table::fit(wide, narrow, width)
+}
+
+/// The non-empty values, one per line.
+fn lines(values: impl IntoIterator<Item = String>) -> String {
+    values.into_iter().filter(|value| !value.is_empty()).collect::<Vec<_>>().join("\n")
 }

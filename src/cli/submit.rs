@@ -1,5 +1,6 @@
 //! `app submit FILE`: send a sweep to the server, or count and show it with `--dry-run`
-//! (which needs no server: the expansion is the same pure code the server runs).
+//! (which needs no server: the expansion is the same pure code the server runs); `--wait`
+//! follows it to the end as `app wait` does.
 
 use super::UrlArg;
 use anyhow::Context;
@@ -31,7 +32,8 @@ pub struct SubmitArgs {
     /// The command of a CVLab-Kit config sweep (default: python main.py --config {config}).
     #[arg(long)]
     pub command: Option<String>,
-    /// Wait until every job has finished, with a progress bar.
+    /// Wait until every job has finished, with a progress bar; exit non-zero if any failed,
+    /// showing the failed jobs and the end of their logs (as `app wait`).
     #[arg(long)]
     pub wait: bool,
     /// The largest sweep a dry run accepts (the server has its own limit).
@@ -79,33 +81,9 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     }
     drop(out);
     if args.wait {
-        wait_for(&client, &response.name, response.count).await?;
+        super::wait::wait(&client, &super::wait::Target::Sweep(response.name.clone()), None).await?;
     }
     Ok(())
-}
-
-/// Follows the sweep until every job has finished; a progress bar on a terminal.
-async fn wait_for(client: &client::Client, sweep: &str, total: u64) -> anyhow::Result<()> {
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} finished, {msg} [{elapsed}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    loop {
-        let counts = client.sweep(sweep).await.with_context(|| format!("following sweep {sweep}"))?.info.counts;
-        let finished = counts.succeeded + counts.failed + counts.cancelled;
-        bar.set_position(finished);
-        bar.set_message(format!("{} running, {} failed", counts.running, counts.failed));
-        if finished >= counts.total() {
-            bar.finish_and_clear();
-            println!(
-                "sweep {sweep}: {} succeeded, {} failed, {} cancelled",
-                counts.succeeded, counts.failed, counts.cancelled
-            );
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {

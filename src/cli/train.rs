@@ -7,6 +7,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
+    /// The trainer's YAML config (e.g. configs/train-mlp.yaml); without it, the defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Override a config key, e.g. `--set optimizer.lr=0.01` (repeatable; wins over the file).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
@@ -18,7 +21,7 @@ pub struct TrainArgs {
     pub metrics_file: Option<PathBuf>,
 }
 
-/// `config` is the global `--config FILE`: here the trainer's YAML config.
+/// `config` is `args.config`, the trainer's YAML config.
 #[cfg(feature = "torch")]
 pub async fn run(args: TrainArgs, config: Option<PathBuf>) -> anyhow::Result<()> {
     let settings = trainer::TrainConfig::load(config.as_deref(), &args.set)?;

@@ -1,8 +1,9 @@
-//! Worker settings: defaults, a TOML file (configs/worker.example.toml), then flags.
+//! Worker settings: `WorkerConfig` with its defaults, and `WorkerFile`, one layer of settings
+//! (the config file's `[worker]` table, the environment or the flags) where every key is
+//! optional. The `app` binary stacks the layers (`over`) and applies the result once.
 
-use anyhow::Context;
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Everything the worker daemon can be told.
@@ -64,8 +65,9 @@ pub fn default_name() -> String {
     }
 }
 
-/// The `[worker]` table of a config file; every key optional.
-#[derive(Debug, Default, Deserialize)]
+/// One layer of worker settings: the `[worker]` table of a config file
+/// (configs/worker.example.toml), the environment or the flags; every key optional.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerFile {
     pub url: Option<String>,
@@ -81,24 +83,38 @@ pub struct WorkerFile {
     pub token_file: Option<PathBuf>,
     /// PEM certificate(s) of a private CA that signed the server's certificate.
     pub ca_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct WorkerConfigFile {
-    #[serde(default)]
-    pub worker: WorkerFile,
+    /// The worker token as a value (APP_TOKEN); never read from a file's table. A token file
+    /// of the same layer wins over it.
+    #[serde(skip)]
+    pub token: Option<String>,
 }
 
 impl WorkerFile {
-    /// Reads the `[worker]` table of a config file (other tables are left to their owners).
-    pub fn load(path: &Path) -> anyhow::Result<WorkerFile> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
-        let file: WorkerConfigFile =
-            toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))?;
-        Ok(file.worker)
+    /// This layer stacked on `lower`: every key set here wins. A token value and a token file
+    /// are one choice, so a layer that sets either replaces both.
+    pub fn over(self, lower: WorkerFile) -> WorkerFile {
+        let (token, token_file) = if self.token.is_some() || self.token_file.is_some() {
+            (self.token, self.token_file)
+        } else {
+            (lower.token, lower.token_file)
+        };
+        WorkerFile {
+            url: self.url.or(lower.url),
+            name: self.name.or(lower.name),
+            gpus: self.gpus.or(lower.gpus),
+            max_jobs: self.max_jobs.or(lower.max_jobs),
+            work_dir: self.work_dir.or(lower.work_dir),
+            fake_gpus: self.fake_gpus.or(lower.fake_gpus),
+            telemetry_secs: self.telemetry_secs.or(lower.telemetry_secs),
+            kill_grace_secs: self.kill_grace_secs.or(lower.kill_grace_secs),
+            keep_work_dirs: self.keep_work_dirs.or(lower.keep_work_dirs),
+            token_file,
+            ca_file: self.ca_file.or(lower.ca_file),
+            token,
+        }
     }
 
-    /// Applies the keys the file sets.
+    /// Applies the keys this layer (or the stack of all layers) sets.
     pub fn apply(&self, config: &mut WorkerConfig) -> anyhow::Result<()> {
         let seconds = |value: f64, key: &str| -> anyhow::Result<Duration> {
             Duration::try_from_secs_f64(value)
@@ -131,9 +147,10 @@ impl WorkerFile {
         if let Some(value) = self.kill_grace_secs {
             config.kill_grace = seconds(value, "kill_grace_secs")?;
         }
-        if self.token_file.is_some() || self.ca_file.is_some() {
-            let loaded = client::ClientOptions::load(None, self.token_file.as_deref(), self.ca_file.as_deref())
-                .map_err(anyhow::Error::msg)?;
+        if self.token.is_some() || self.token_file.is_some() || self.ca_file.is_some() {
+            let loaded =
+                client::ClientOptions::load(self.token.clone(), self.token_file.as_deref(), self.ca_file.as_deref())
+                    .map_err(anyhow::Error::msg)?;
             if loaded.token.is_some() {
                 config.connection.token = loaded.token;
             }

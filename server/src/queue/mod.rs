@@ -14,6 +14,7 @@ mod finish;
 mod jobs;
 mod leases;
 pub mod logs;
+mod maintenance;
 mod metrics;
 mod reports;
 mod results;

@@ -5,6 +5,7 @@ mod events;
 mod health;
 mod jobs;
 mod logs;
+mod maintenance;
 mod metrics;
 mod overview;
 mod page;
@@ -35,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         .merge(jobs::router())
         .merge(workers::router())
         .merge(logs::router())
+        .merge(maintenance::router())
         .merge(metrics::router())
         .merge(results::router())
         .merge(session::router())

@@ -9,6 +9,7 @@ mod finish;
 mod helpers;
 mod lifecycle;
 mod logs;
+mod maintenance;
 mod metrics;
 mod page;
 mod results;

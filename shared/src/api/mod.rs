@@ -403,8 +403,10 @@ pub struct WorkerInfo {
 }
 
 mod finish;
+mod maintenance;
 mod outputs;
 pub use finish::*;
+pub use maintenance::*;
 pub use outputs::*;
 
 mod analysis;

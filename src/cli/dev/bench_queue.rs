@@ -1,4 +1,4 @@
-//! `app bench-queue`: measures the queue on this machine, against a server started in this
+//! `app dev bench queue`: measures the queue on this machine, against a server started in this
 //! process on 127.0.0.1 with a temporary data directory. Prints figures; asserts nothing.
 
 use clap::Args;

@@ -1,4 +1,4 @@
-//! `app bench-worker`: measures the worker on this machine. Prints figures; asserts nothing.
+//! `app dev bench worker`: measures the worker on this machine. Prints figures; asserts nothing.
 //!
 //! (a) Throughput: N jobs of `true` through a server and one local worker with `--max-jobs 2`
 //! (both in this process, as `app` runs them), against GNU `parallel -j2 true` over N inputs

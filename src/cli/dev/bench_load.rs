@@ -1,4 +1,4 @@
-//! `app bench-load`: many simulated workers against one server, both in this process (one
+//! `app dev bench load`: many simulated workers against one server, both in this process (one
 //! tokio runtime), the server on 127.0.0.1 with a temporary data directory. Every worker
 //! registers, heartbeats every second with GPU telemetry, and claims (long poll), "runs" and
 //! reports jobs, while sweeps keep arriving. Prints requests by kind, server errors, heartbeat

@@ -1,4 +1,4 @@
-//! `app bench-page`: how fast the JSON endpoints of the web page answer on a large queue
+//! `app dev bench page`: how fast the JSON endpoints of the web page answer on a large queue
 //! (100,000 jobs, 1,000,000 metric points by default), against a server started in this
 //! process on 127.0.0.1 with a temporary data directory. Prints figures; asserts nothing.
 

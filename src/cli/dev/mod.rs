@@ -1,0 +1,39 @@
+//! `app dev`: maintainers' tools, kept out of the user's verbs. `app dev bench NAME` measures
+//! the queue, the worker, the web page's endpoints and a load of simulated workers, each against
+//! a server started in this process. (`app bench` is the trainer's benchmark, for users.)
+
+mod bench_load;
+mod bench_page;
+mod bench_queue;
+mod bench_server;
+mod bench_worker;
+
+use clap::Subcommand;
+
+#[derive(Debug, Subcommand)]
+pub enum DevCommand {
+    /// Benchmarks of app itself (not of training: that is `app bench`).
+    #[command(subcommand)]
+    Bench(DevBench),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DevBench {
+    /// The queue: submission, claim throughput, dispatch latency.
+    Queue(bench_queue::BenchArgs),
+    /// The worker: throughput against GNU parallel, dispatch, idle cost.
+    Worker(bench_worker::BenchWorkerArgs),
+    /// The web page's JSON endpoints on a large queue (100,000 jobs, 1,000,000 points).
+    Page(bench_page::BenchPageArgs),
+    /// 500 simulated workers heartbeat, claim and report while sweeps arrive (5xx, latency, memory).
+    Load(bench_load::BenchLoadArgs),
+}
+
+pub async fn run(command: DevCommand) -> anyhow::Result<()> {
+    match command {
+        DevCommand::Bench(DevBench::Queue(args)) => bench_queue::run(args).await,
+        DevCommand::Bench(DevBench::Worker(args)) => bench_worker::run(args).await,
+        DevCommand::Bench(DevBench::Page(args)) => bench_page::run(args).await,
+        DevCommand::Bench(DevBench::Load(args)) => bench_load::run(args).await,
+    }
+}

@@ -1,0 +1,185 @@
+//! Precedence of the settings layers: defaults < config file < APP_* variables < flags.
+
+use super::*;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+fn file(text: &str) -> Layer {
+    Layer::from_toml(text, Path::new("both.toml")).unwrap()
+}
+
+fn env(pairs: &[(&str, &str)]) -> Layer {
+    let map: HashMap<String, String> = pairs.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
+    Layer::from_env(|name| map.get(name).cloned())
+}
+
+fn flags(args: &[&str]) -> Layer {
+    use clap::Parser;
+    let cli = crate::cli::Cli::try_parse_from(std::iter::once("app").chain(args.iter().copied())).unwrap();
+    Layer::from_flags(&cli.serve)
+}
+
+fn settings(mode: Mode, file: Layer, env: Layer, flags: Layer) -> Settings {
+    assemble(mode, file, env, flags, false).unwrap()
+}
+
+const BOTH: &str = r#"
+[server]
+bind = "127.0.0.1:9001"
+data_dir = "from-file"
+lease_secs = 12
+
+[worker]
+name = "box-1"
+work_dir = "work-from-file"
+max_jobs = 3
+url = "http://file:8000"
+"#;
+
+#[test]
+fn with_nothing_given_the_defaults_hold() {
+    let settings = settings(Mode::Embedded, Layer::default(), Layer::default(), Layer::default());
+    assert_eq!(settings.bind, DEFAULT_BIND);
+    assert_eq!(settings.server.data_dir, Path::new("app-data"));
+    assert_eq!(settings.server.lease, Duration::from_secs(30));
+    assert_eq!(settings.worker.name, "local", "the embedded worker's default name");
+    assert_eq!(settings.worker.work_dir, Path::new("app-work"));
+    assert!(settings.server.tokens.is_empty() && settings.worker.connection.token.is_none());
+}
+
+#[test]
+fn the_file_beats_the_defaults_the_environment_beats_the_file_and_flags_beat_both() {
+    let only_file = settings(Mode::Embedded, file(BOTH), Layer::default(), Layer::default());
+    assert_eq!(only_file.bind, "127.0.0.1:9001");
+    assert_eq!(only_file.server.data_dir, Path::new("from-file"));
+    assert_eq!(only_file.server.lease, Duration::from_secs(12));
+
+    let environment =
+        env(&[("APP_BIND", "127.0.0.1:9002"), ("APP_DATA_DIR", "from-env"), ("APP_WORK_DIR", "work-env")]);
+    let with_env = settings(Mode::Embedded, file(BOTH), environment, Layer::default());
+    assert_eq!(with_env.bind, "127.0.0.1:9002");
+    assert_eq!(with_env.server.data_dir, Path::new("from-env"));
+    assert_eq!(with_env.worker.work_dir, Path::new("work-env"));
+    assert_eq!(with_env.server.lease, Duration::from_secs(12), "keys the environment leaves alone keep the file's");
+    assert_eq!(with_env.worker.max_jobs, Some(3));
+
+    let environment = env(&[("APP_BIND", "127.0.0.1:9002"), ("APP_DATA_DIR", "from-env")]);
+    let given = flags(&["--bind", "127.0.0.1:9003", "--max-jobs", "7"]);
+    let with_flags = settings(Mode::Embedded, file(BOTH), environment, given);
+    assert_eq!(with_flags.bind, "127.0.0.1:9003");
+    assert_eq!(with_flags.server.data_dir, Path::new("from-env"));
+    assert_eq!(with_flags.worker.max_jobs, Some(7));
+    assert_eq!(with_flags.worker.work_dir, Path::new("work-from-file"));
+}
+
+#[test]
+fn one_file_with_both_tables_configures_each_mode() {
+    let embedded = settings(Mode::Embedded, file(BOTH), Layer::default(), Layer::default());
+    assert_eq!((embedded.server.data_dir.as_path(), embedded.worker.name.as_str()), (Path::new("from-file"), "box-1"));
+    assert_eq!(embedded.worker.work_dir, Path::new("work-from-file"));
+    let worker = settings(Mode::ClientOnly, file(BOTH), Layer::default(), Layer::default());
+    assert_eq!((worker.worker.url.as_str(), worker.worker.max_jobs), ("http://file:8000", Some(3)));
+    let server = settings(Mode::ServerOnly, file(BOTH), Layer::default(), Layer::default());
+    assert_eq!(server.server.lease, Duration::from_secs(12));
+}
+
+#[test]
+fn the_worker_url_comes_from_the_highest_layer_and_is_required_by_client_only() {
+    let from_env = settings(Mode::ClientOnly, file(BOTH), env(&[("APP_URL", "http://env:8000")]), Layer::default());
+    assert_eq!(from_env.worker.url, "http://env:8000");
+    let from_flag = settings(
+        Mode::ClientOnly,
+        file(BOTH),
+        env(&[("APP_URL", "http://env:8000")]),
+        flags(&["--url", "http://flag:1"]),
+    );
+    assert_eq!(from_flag.worker.url, "http://flag:1");
+    let missing = assemble(Mode::ClientOnly, Layer::default(), Layer::default(), Layer::default(), false).unwrap_err();
+    assert!(missing.to_string().contains("--client-only needs the server's URL"), "{missing}");
+}
+
+#[test]
+fn unknown_keys_and_tables_are_refused_by_name_with_their_line() {
+    for (text, key, line) in [
+        ("[server]\nbind = \"x\"\nleese_secs = 3\n", "leese_secs", "line 3"),
+        ("[worker]\nwrk_dir = \"w\"\n", "wrk_dir", "line 2"),
+        ("[workers]\nname = \"w\"\n", "workers", "line 1"),
+        ("[server]\nlease_secs = \"soon\"\n", "lease_secs", "line 2"),
+    ] {
+        let error = Layer::from_toml(text, Path::new("both.toml")).unwrap_err().to_string();
+        assert!(error.contains(key) && error.contains(line), "{error}");
+        assert!(error.starts_with("config file both.toml"), "{error}");
+        assert_eq!(error.lines().count(), 1, "{error}");
+    }
+    // A token value has no place in a file (it would end up in backups and diffs).
+    let error = Layer::from_toml("[worker]\ntoken = \"secret\"\n", Path::new("both.toml")).unwrap_err();
+    assert!(error.to_string().contains("unknown field `token`"), "{error}");
+}
+
+#[test]
+fn blank_variables_count_as_unset() {
+    let settings =
+        settings(Mode::Embedded, file(BOTH), env(&[("APP_BIND", " "), ("APP_DATA_DIR", "")]), Layer::default());
+    assert_eq!(settings.bind, "127.0.0.1:9001");
+    assert_eq!(settings.server.data_dir, Path::new("from-file"));
+}
+
+#[test]
+fn a_token_value_and_a_token_file_of_one_layer_are_one_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = |name: &str, token: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("# comment\n{token}\n")).unwrap();
+        path.display().to_string()
+    };
+    let from_file =
+        file(&format!("[worker]\nurl = \"http://h:1\"\ntoken_file = \"{}\"\n", token_file("f", "file-token")));
+    let token = |layers: (Layer, Layer, Layer)| {
+        settings(Mode::ClientOnly, layers.0, layers.1, layers.2).worker.connection.token.unwrap()
+    };
+    assert_eq!(token((from_file, Layer::default(), Layer::default())), "file-token");
+    let from_file =
+        file(&format!("[worker]\nurl = \"http://h:1\"\ntoken_file = \"{}\"\n", token_file("f", "file-token")));
+    assert_eq!(token((from_file, env(&[("APP_TOKEN", "env-token")]), Layer::default())), "env-token");
+    let both_in_env = env(&[("APP_TOKEN", "env-token"), ("APP_TOKEN_FILE", &token_file("e", "env-file-token"))]);
+    let url = flags(&["--url", "http://h:1"]);
+    assert_eq!(
+        token((Layer::default(), both_in_env, url)),
+        "env-file-token",
+        "the file of a layer wins over its value"
+    );
+    let flag = flags(&["--url", "http://h:1", "--token-file", &token_file("g", "flag-token")]);
+    assert_eq!(token((Layer::default(), env(&[("APP_TOKEN", "env-token")]), flag)), "flag-token");
+}
+
+#[test]
+fn the_embedded_worker_uses_the_servers_worker_token_and_keeps_its_url_for_later() {
+    let environment = env(&[
+        ("APP_WORKER_TOKEN", "w0rker-token-long-enough"),
+        ("APP_USER_TOKEN", "us3r-token-long-enough-too"),
+        ("APP_TOKEN", "some-user-token-of-the-shell"),
+        ("APP_URL", "http://elsewhere:8000"),
+    ]);
+    let settings = settings(Mode::Embedded, Layer::default(), environment, Layer::default());
+    assert_eq!(settings.worker.connection.token.as_deref(), Some("w0rker-token-long-enough"));
+    assert!(settings.worker.url.is_empty(), "set to the server's own address once it listens");
+    assert!(!settings.server.tokens.is_empty());
+}
+
+#[test]
+fn tls_files_go_together_across_layers() {
+    let both = file("[server]\ntls_cert = \"a.pem\"\ntls_key = \"a.key\"\n");
+    let error = assemble(Mode::ServerOnly, both, Layer::default(), flags(&["--tls-cert", "b.pem"]), false).unwrap_err();
+    assert!(error.to_string().contains("`tls_cert` and `tls_key` go together"), "{error}");
+    let both = file("[server]\ntls_cert = \"a.pem\"\ntls_key = \"a.key\"\n");
+    let settings = settings(Mode::ServerOnly, both, Layer::default(), Layer::default());
+    assert_eq!(settings.server.tls.unwrap().key, Path::new("a.key"));
+}
+
+#[test]
+fn a_bad_worker_name_is_refused_by_name() {
+    let error = assemble(Mode::Embedded, Layer::default(), env(&[("APP_WORKER_NAME", "a/b")]), Layer::default(), false)
+        .unwrap_err();
+    assert!(error.to_string().contains("worker name `a/b`"), "{error}");
+}

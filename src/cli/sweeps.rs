@@ -1,0 +1,118 @@
+//! `app sweeps ls` and `app sweeps rm SWEEP... [--yes]`: list sweeps, or remove finished ones
+//! with their jobs' records and result files, after a confirmation (or `--yes`).
+
+use super::{format, table, UrlArg};
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use shared::api::SweepInfo;
+use std::io::{BufRead, IsTerminal, Write};
+
+#[derive(Debug, Subcommand)]
+pub enum SweepsCommand {
+    /// List the sweeps, newest first (as `app status`).
+    Ls(LsArgs),
+    /// Remove finished sweeps with their jobs, logs, metrics and result files.
+    Rm(RmArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub url: UrlArg,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// The sweeps (ids or names). None of their jobs may be queued or running.
+    #[arg(required = true, value_name = "SWEEP")]
+    pub sweeps: Vec<String>,
+    /// Remove without asking (for scripts; without a terminal, asking is impossible).
+    #[arg(short, long)]
+    pub yes: bool,
+    #[command(flatten)]
+    pub url: UrlArg,
+}
+
+pub async fn run(command: SweepsCommand) -> anyhow::Result<()> {
+    match command {
+        SweepsCommand::Ls(args) => list(args).await,
+        SweepsCommand::Rm(args) => remove(args).await,
+    }
+}
+
+async fn list(args: LsArgs) -> anyhow::Result<()> {
+    let client = super::client(&args.url)?;
+    let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {}", client.base_url()))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&sweeps)?)?;
+    } else if sweeps.is_empty() {
+        writeln!(out, "no sweeps yet: submit one with `app submit FILE`")?;
+    } else {
+        let table = super::status::sweeps_table(&sweeps, format::now_ms(), table::terminal_width());
+        writeln!(out, "{}", table::render(&table))?;
+    }
+    Ok(())
+}
+
+/// Why a sweep cannot be removed now, if it cannot.
+pub fn refusal(sweep: &SweepInfo) -> Option<String> {
+    let counts = &sweep.counts;
+    (counts.queued + counts.running > 0).then(|| {
+        format!(
+            "sweep {} has {} queued and {} running jobs; cancel it first (app cancel {}) and wait for them to stop",
+            sweep.name, counts.queued, counts.running, sweep.name
+        )
+    })
+}
+
+async fn remove(args: RmArgs) -> anyhow::Result<()> {
+    let client = super::client(&args.url)?;
+    // Every sweep is looked up and checked before anything is removed.
+    let mut sweeps = Vec::new();
+    for key in &args.sweeps {
+        let sweep = client.sweep(key).await.with_context(|| format!("looking up sweep {key}"))?.info;
+        if let Some(why) = refusal(&sweep) {
+            anyhow::bail!(why);
+        }
+        sweeps.push(sweep);
+    }
+    if !args.yes {
+        confirm(&sweeps)?;
+    }
+    let mut out = std::io::stdout().lock();
+    for sweep in &sweeps {
+        let removed = client
+            .delete_sweep(&sweep.id.to_string())
+            .await
+            .with_context(|| format!("removing sweep {}", sweep.name))?;
+        writeln!(
+            out,
+            "removed sweep {} (id {}): {} jobs, {} result versions",
+            removed.name, removed.id, removed.jobs, removed.result_versions
+        )?;
+    }
+    Ok(())
+}
+
+/// Asks on the terminal; without one, refuses (a script must say `--yes`).
+fn confirm(sweeps: &[SweepInfo]) -> anyhow::Result<()> {
+    let names: Vec<String> =
+        sweeps.iter().map(|sweep| format!("{} ({} jobs)", sweep.name, sweep.counts.total())).collect();
+    let stdin = std::io::stdin();
+    anyhow::ensure!(
+        stdin.is_terminal(),
+        "not removing {} without confirmation: pass --yes to remove without asking",
+        names.join(", ")
+    );
+    let mut stderr = std::io::stderr().lock();
+    write!(stderr, "remove {} with all their logs, metrics and result files? [y/N] ", names.join(", "))?;
+    stderr.flush()?;
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    anyhow::ensure!(matches!(answer.trim(), "y" | "Y" | "yes"), "nothing removed");
+    Ok(())
+}
