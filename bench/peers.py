@@ -131,12 +131,37 @@ def run_app(binary, words, count):
         app.stop()
 
 
+class Quiet:
+    """Sends this process's stdout and stderr to /dev/null (HyperQueue prints a server table and
+    a progress bar from native code)."""
+
+    def __enter__(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = (os.dup(1), os.dup(2))
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved[0], 1)
+        os.dup2(self.saved[1], 2)
+        os.close(self.saved[0])
+        os.close(self.saved[1])
+
+
 def run_hq(words, count):
+    with Quiet():
+        return run_hq_loud(words, count)
+
+
+def run_hq_loud(words, count):
     from hyperqueue import Job
     from hyperqueue.cluster import LocalCluster, WorkerConfig
 
     with tempfile.TemporaryDirectory(prefix="bench-hq-") as directory:
-        with LocalCluster(Path(directory)) as cluster:
+        with LocalCluster(directory) as cluster:
             cluster.start_worker(WorkerConfig(cores=PARALLEL))
             client = cluster.client()
             job = Job()
@@ -174,8 +199,10 @@ def run_parallel(words, count):
 
 
 def run_floor(prefix, words, count):
-    loop = " ".join(prefix + words)
-    script = "; ".join(
+    # The program by absolute path: a bare `true` would be the shell's builtin, no process.
+    program = [shutil.which(words[0])] + words[1:] if not prefix else words
+    loop = " ".join(prefix + program)
+    script = " ".join(
         f"(i=0; while [ $i -lt {count // PARALLEL} ]; do {loop}; i=$((i+1)); done) &" for _ in range(PARALLEL)
     ) + " wait"
     started = time.perf_counter()
@@ -202,10 +229,12 @@ def dispatch_latencies(system, binary, samples):
             finally:
                 app.stop()
         elif system == "hq":
+            quiet = Quiet()
+            quiet.__enter__()
             from hyperqueue import Job
             from hyperqueue.cluster import LocalCluster, WorkerConfig
 
-            with LocalCluster(Path(directory) / "hq") as cluster:
+            with LocalCluster(str(Path(directory) / "hq")) as cluster:
                 cluster.start_worker(WorkerConfig(cores=PARALLEL))
                 client = cluster.client()
                 for sample in range(samples):
@@ -215,6 +244,7 @@ def dispatch_latencies(system, binary, samples):
                     submitted = time.time_ns()
                     client.wait_for_jobs([client.submit(job)])
                     latencies.append((os.stat(target).st_mtime_ns - submitted) / 1e6)
+            quiet.__exit__(None, None, None)
         elif system == "tsp":
             env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_SAVELIST="")
             tsp(env, "-S", str(PARALLEL))
@@ -242,8 +272,8 @@ def submit_100k(system, binary):
     from hyperqueue import Job
     from hyperqueue.cluster import LocalCluster
 
-    with tempfile.TemporaryDirectory(prefix="bench-hq-") as directory:
-        with LocalCluster(Path(directory)) as cluster:
+    with Quiet(), tempfile.TemporaryDirectory(prefix="bench-hq-") as directory:
+        with LocalCluster(directory) as cluster:
             client = cluster.client()
             job = Job()
             for _ in range(100_000):

@@ -61,7 +61,8 @@ async fn only_version(server: &ServerProcess, job: &Job, data_dir: Option<&Path>
         let bytes = std::fs::read(destination.path()).unwrap();
         assert_eq!((bytes.len() as u64, sha256_hex(&bytes)), (file.size, file.sha256.clone()), "{}", file.path);
     }
-    if let Some(data_dir) = data_dir {
+    // A version without files is its record alone: it has no directory.
+    if let Some(data_dir) = data_dir.filter(|_| !version.files.is_empty()) {
         let root = data_dir.join(&version.path);
         let mut on_disk: Vec<String> = walkdir(&root)
             .into_iter()

@@ -434,8 +434,15 @@ async fn attempt_directories_go_once_delivered_unless_asked_to_stay() {
     server.submit("name: scratch\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;
     let job = finished(&server, "scratch").await.remove(0);
     assert_eq!(result_file(&server, job.id, "out.txt").await.trim(), "data");
-    let attempt_dir = tidy.dir.path().join("work/scratch/0/attempt-1");
-    wait_until("the attempt directory is removed", LONG, || async { (!attempt_dir.exists()).then_some(()) }).await;
+    // The attempt ran in a slot directory, emptied once everything was delivered.
+    let slot = tidy.dir.path().join("work/slots/0");
+    let emptied = || {
+        let empty = |dir: &str| std::fs::read_dir(slot.join(dir)).is_ok_and(|mut entries| entries.next().is_none());
+        let size = |file: &str| std::fs::metadata(slot.join(file)).map(|meta| meta.len()).unwrap_or(1);
+        empty("work") && empty("output") && size("job.log") == 0 && size("config.yaml") == 0
+    };
+    wait_until("the attempt's files are removed", LONG, || async { emptied().then_some(()) }).await;
+    assert!(!tidy.dir.path().join("work/scratch").exists(), "nothing was kept");
     drop(tidy);
     let keeper = WorkerProcess::start(&server.url, "keeper", &["--keep-work-dirs"]);
     server.submit("name: kept\ncommand: 'echo data > \"$APP_OUTPUT_DIR/out.txt\"'\n").await;

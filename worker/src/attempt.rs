@@ -51,6 +51,8 @@ pub struct AttemptContext {
     pub guard: Arc<Guard>,
     /// The worker's environment without `APP_*`, read once.
     pub inherited: Arc<Vec<(OsString, OsString)>>,
+    /// The attempt directories to use again.
+    pub slots: Arc<crate::slots::Slots>,
 }
 
 fn now_ms() -> i64 {
@@ -117,7 +119,8 @@ pub async fn run(
 ) {
     let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
     let config = &context.config;
-    let dirs = AttemptDirs::for_job(&config.work_dir, &job);
+    let slot = context.slots.take();
+    let dirs = AttemptDirs::for_slot(&config.work_dir, slot);
     let indices: Vec<u32> = gpus.iter().map(|(index, _)| *index).collect();
     let started_at = now_ms();
     let mut shipper =
@@ -128,7 +131,7 @@ pub async fn run(
             outcome: Outcome::Error { reason: format!("preparing {}: {error}", dirs.root.display()) },
             notes: Vec::new(),
         },
-        Ok(()) => {
+        Ok(log) => {
             let port = if indices.len() > 1 { executor::free_port() } else { None };
             let mut env = executor::environment(&job, &dirs, &indices, port);
             let own = std::env::current_exe().ok();
@@ -151,7 +154,7 @@ pub async fn run(
                         grace,
                         guard: &guard,
                     };
-                    executor::run(launch, stop, written).await
+                    executor::run(launch, log, stop, written).await
                 }
             });
             tokio::pin!(process);
@@ -179,18 +182,40 @@ pub async fn run(
     let finished_at = now_ms();
     tracing::debug!(job = %job.id, attempt = job.attempt, outcome = ?ended.outcome, "process ended");
     let lease_lost = matches!(ended.outcome, Outcome::Killed { ref reason } if reason == executor::LEASE_LOST);
+    let mut delivered = false;
     if !lost && !lease_lost {
         let times = (started_at, finished_at);
-        let delivered = finish(&context, &job, &dirs, &mut shipper, ended, &gpus, times, &events).await;
-        // Everything the attempt left is on the server now (log, metrics, outputs): its
-        // directory would only fill the worker's disk. Undelivered attempts stay for a look.
-        if delivered && !context.config.keep_work_dirs {
-            if let Err(error) = tokio::fs::remove_dir_all(&dirs.root).await {
-                tracing::warn!(job = %job.id, %error, path = %dirs.root.display(), "removing the attempt directory");
-            }
-        }
+        delivered = finish(&context, &job, &dirs, &mut shipper, ended, &gpus, times, &events).await;
     }
+    release_slot(&context, &job, &dirs, slot, delivered).await;
     let _ = events.send(AttemptEvent::Done(attempt)).await;
+}
+
+/// Gives the attempt's slot back. Everything a delivered attempt left is on the server now
+/// (log, metrics, outputs): its files would only fill the worker's disk, so they go. An
+/// undelivered attempt (or any, with `--keep-work-dirs`) stays for a look, moved out of the slot.
+async fn release_slot(context: &AttemptContext, job: &ClaimedJob, dirs: &AttemptDirs, slot: usize, delivered: bool) {
+    let keep = !delivered || context.config.keep_work_dirs;
+    let (owned, kept) = (dirs.clone(), AttemptDirs::kept(&context.config.work_dir, job));
+    let released = tokio::task::spawn_blocking(move || {
+        if keep {
+            std::fs::create_dir_all(kept.parent().unwrap_or(&kept))?;
+            // A directory kept from an earlier run of this worker makes way.
+            let _ = std::fs::remove_dir_all(&kept);
+            std::fs::rename(&owned.root, &kept)
+        } else {
+            owned.clear()
+        }
+    })
+    .await;
+    match released {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(job = %job.id, %error, path = %dirs.root.display(), "releasing the attempt directory")
+        }
+        Err(error) => tracing::warn!(job = %job.id, %error, "releasing the attempt directory"),
+    }
+    context.slots.give(slot);
 }
 
 /// Builds the attempt's finish request (streaming first what is too large to go inline) and

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 /// What a request that can hand out jobs brought back.
@@ -52,7 +52,14 @@ struct Daemon {
     in_git_tree: bool,
     guard: Arc<Guard>,
     inherited: Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
+    slots: Arc<crate::slots::Slots>,
     draining: bool,
+    /// Attempts whose process ended and whose finish request is still being built: the finish
+    /// will claim the next jobs, so no claim of its own is started meanwhile (that would cost
+    /// a second request and a second transaction per job).
+    finishing: std::collections::HashSet<JobAttempt>,
+    /// Job slots asked for by claims not answered yet.
+    slots_in_flight: u32,
 }
 
 /// Runs the worker until `stop` has been signalled and its jobs are done (first signal:
@@ -92,14 +99,20 @@ pub async fn run(
         in_git_tree: false,
         guard: Arc::new(guard),
         inherited: Arc::new(crate::executor::inherited_environment()),
+        slots: Arc::default(),
         draining: false,
+        finishing: Default::default(),
+        slots_in_flight: 0,
     };
     daemon.in_git_tree = crate::results::inside_git_tree(&daemon.config.work_dir);
     tokio::select! {
         registered = daemon.register() => registered?,
         _ = stop.recv() => return Ok(()),
     }
-    let mut claim: Option<JoinHandle<Claimed>> = None;
+    // Requests that can hand out jobs, with the job slots each asked for. One at a time on a
+    // box with GPUs (placement needs the answer of one before the next); on a CPU-only box the
+    // finishes of several attempts may each claim, for the slots nobody asked for yet.
+    let mut claims: JoinSet<(Claimed, u32)> = JoinSet::new();
     let mut claim_not_before = Instant::now();
     let mut claim_failures = 0u32;
     let mut beat: Option<JoinHandle<ClientResult<HeartbeatResponse>>> = None;
@@ -109,7 +122,7 @@ pub async fn run(
     let mut beat_failures = 0u32;
     let mut abort_deadline: Option<Instant> = None;
     loop {
-        if daemon.draining && daemon.running.is_empty() && claim.is_none() {
+        if daemon.draining && daemon.running.is_empty() && claims.is_empty() {
             tracing::info!("drained: every job finished and reported");
             return Ok(());
         }
@@ -117,12 +130,19 @@ pub async fn run(
             tracing::warn!(jobs = daemon.running.len(), "exiting before every abandoned job was reported");
             return Ok(());
         }
-        if !daemon.draining && claim.is_none() && Instant::now() >= claim_not_before {
-            claim = daemon.start_claim();
+        if !daemon.draining && claims.is_empty() && daemon.finishing.is_empty() && Instant::now() >= claim_not_before {
+            daemon.start_claim(&mut claims);
         }
         tokio::select! {
-            finished = async { claim.as_mut().expect("guarded").await }, if claim.is_some() => {
-                claim = None;
+            Some(finished) = claims.join_next(), if !claims.is_empty() => {
+                let finished = finished.map(|(claimed, asked)| {
+                    daemon.slots_in_flight = daemon.slots_in_flight.saturating_sub(asked);
+                    claimed
+                });
+                if claims.is_empty() {
+                    // Nothing is in flight, whatever a task that failed had asked for.
+                    daemon.slots_in_flight = 0;
+                }
                 let (claimed, reply) = match finished {
                     Ok(Claimed::Claim(answer)) => (answer.map(|response| response.jobs), None),
                     Ok(Claimed::Finish(answer, reply)) => {
@@ -156,17 +176,25 @@ pub async fn run(
                 }
             }
             Some(event) = received.recv() => match event {
-                AttemptEvent::ProcessEnded(attempt) => daemon.reservations.release(attempt),
+                AttemptEvent::ProcessEnded(attempt) => {
+                    daemon.reservations.release(attempt);
+                    daemon.finishing.insert(attempt);
+                }
                 AttemptEvent::Finishing { request, reply } => {
-                    // With no claim in flight, the finish asks for the next jobs itself.
-                    if claim.is_none() && !daemon.draining && Instant::now() >= claim_not_before {
-                        claim = Some(daemon.finish_and_claim(*request, reply));
+                    daemon.finishing.remove(&JobAttempt { job_id: request.job_id, attempt: request.attempt });
+                    // The finish asks for the next jobs itself when it may (see `claims`).
+                    let may_claim = claims.is_empty() || daemon.inventory.sample().is_empty();
+                    if may_claim && !daemon.draining && Instant::now() >= claim_not_before {
+                        daemon.finish_and_claim(*request, reply, &mut claims);
                     } else {
                         let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
                         tokio::spawn(async move { let _ = reply.send(client.finish(worker_id, &request).await); });
                     }
                 }
-                AttemptEvent::Done(attempt) => { daemon.running.remove(&attempt); }
+                AttemptEvent::Done(attempt) => {
+                    daemon.running.remove(&attempt);
+                    daemon.finishing.remove(&attempt);
+                }
             },
             _ = beat_tick.tick(), if beat.is_none() => {
                 let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
@@ -201,9 +229,7 @@ pub async fn run(
                     for stop in daemon.running.values() {
                         let _ = stop.try_send(Stop::Abandon);
                     }
-                    if let Some(pending) = claim.take() {
-                        pending.abort();
-                    }
+                    claims.abort_all();
                     abort_deadline = Some(Instant::now() + daemon.config.kill_grace + Duration::from_secs(10));
                     daemon.draining = true;
                 } else {
@@ -220,7 +246,7 @@ pub async fn run(
                 }
             }
             // Only while a backoff is pending: a full worker (no claim to start) must not spin.
-            _ = tokio::time::sleep_until(claim_not_before), if claim.is_none() && !daemon.draining && claim_not_before > Instant::now() => {}
+            _ = tokio::time::sleep_until(claim_not_before), if claims.is_empty() && !daemon.draining && claim_not_before > Instant::now() => {}
             _ = tokio::time::sleep(Duration::from_millis(500)), if abort_deadline.is_some() => {}
         }
     }
@@ -302,30 +328,42 @@ impl Daemon {
         self.register().await
     }
 
-    fn start_claim(&self) -> Option<JoinHandle<Claimed>> {
-        let capacity = self.reservations.capacity(&self.inventory.sample());
+    /// What this worker can take now, less the slots claims in flight asked for already.
+    fn free_capacity(&self) -> shared::placement::Capacity {
+        let mut capacity = self.reservations.capacity(&self.inventory.sample());
+        capacity.job_slots = capacity.job_slots.saturating_sub(self.slots_in_flight);
+        capacity
+    }
+
+    fn start_claim(&mut self, claims: &mut JoinSet<(Claimed, u32)>) {
+        let capacity = self.free_capacity();
         if capacity.job_slots == 0 {
-            return None;
+            return;
         }
         // While jobs run, come back soon: one ending may make room for a job that did not fit.
         let wait = if self.reservations.is_empty() { self.config.claim_wait } else { Duration::from_secs(1) };
+        let asked = capacity.job_slots;
+        self.slots_in_flight += asked;
         let request = ClaimRequest { capacity, wait_ms: wait.as_millis() as u64 };
         let (client, worker_id) = (self.client.clone(), self.worker_id);
-        Some(tokio::spawn(async move { Claimed::Claim(client.claim(worker_id, &request).await) }))
+        claims.spawn(async move { (Claimed::Claim(client.claim(worker_id, &request).await), asked) });
     }
 
     /// Sends an attempt's finish with a claim of what fits now (without waiting for new work).
     fn finish_and_claim(
-        &self,
+        &mut self,
         mut request: FinishRequest,
         reply: oneshot::Sender<ClientResult<FinishResponse>>,
-    ) -> JoinHandle<Claimed> {
-        let capacity = self.reservations.capacity(&self.inventory.sample());
-        if capacity.job_slots > 0 {
+        claims: &mut JoinSet<(Claimed, u32)>,
+    ) {
+        let capacity = self.free_capacity();
+        let asked = capacity.job_slots;
+        if asked > 0 {
             request.claim = Some(ClaimRequest { capacity, wait_ms: 0 });
         }
+        self.slots_in_flight += asked;
         let (client, worker_id) = (self.client.clone(), self.worker_id);
-        tokio::spawn(async move { Claimed::Finish(client.finish(worker_id, &request).await, reply) })
+        claims.spawn(async move { (Claimed::Finish(client.finish(worker_id, &request).await, reply), asked) });
     }
 
     /// Places a claimed job on this worker's GPUs and starts it.
@@ -357,6 +395,7 @@ impl Daemon {
             in_git_tree: self.in_git_tree,
             guard: self.guard.clone(),
             inherited: self.inherited.clone(),
+            slots: self.slots.clone(),
         };
         tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
     }

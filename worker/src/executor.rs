@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio::sync::{mpsc, Notify};
 
-/// Where an attempt's files live: `<work_dir>/<sweep>/<index>/attempt-<n>/`.
+/// Where an attempt's files live: a reused slot directory, `<work_dir>/slots/<n>/` (see
+/// `slots`), or `<work_dir>/<sweep>/<index>/attempt-<n>/` once kept.
 #[derive(Debug, Clone)]
 pub struct AttemptDirs {
     pub root: PathBuf,
@@ -32,8 +33,17 @@ pub struct AttemptDirs {
 }
 
 impl AttemptDirs {
-    pub fn for_job(work_dir: &Path, job: &ClaimedJob) -> AttemptDirs {
-        let root = work_dir.join(&job.sweep).join(job.index.to_string()).join(format!("attempt-{}", job.attempt));
+    /// The directories of slot `slot`.
+    pub fn for_slot(work_dir: &Path, slot: usize) -> AttemptDirs {
+        Self::at(crate::slots::root(work_dir, slot))
+    }
+
+    /// Where an attempt is kept for a look: `<work_dir>/<sweep>/<index>/attempt-<n>`.
+    pub fn kept(work_dir: &Path, job: &ClaimedJob) -> PathBuf {
+        work_dir.join(&job.sweep).join(job.index.to_string()).join(format!("attempt-{}", job.attempt))
+    }
+
+    fn at(root: PathBuf) -> AttemptDirs {
         AttemptDirs {
             cwd: root.join("work"),
             output: root.join("output"),
@@ -44,20 +54,42 @@ impl AttemptDirs {
         }
     }
 
-    /// Creates the directories afresh (a leftover from a crashed worker is removed) and writes
-    /// the config file.
-    pub async fn prepare(&self, job: &ClaimedJob) -> std::io::Result<()> {
-        if tokio::fs::try_exists(&self.root).await? {
-            tokio::fs::remove_dir_all(&self.root).await?;
+    /// Empties the attempt's files and directories, keeping them for the next attempt in the
+    /// slot: truncating a file and emptying a directory allocate nothing, where creating them
+    /// again would (blocking).
+    pub fn clear(&self) -> std::io::Result<()> {
+        crate::slots::empty(&self.cwd)?;
+        crate::slots::empty(&self.output)?;
+        for file in [&self.config, &self.metrics, &self.log] {
+            match std::fs::OpenOptions::new().write(true).open(file) {
+                Ok(file) => file.set_len(0)?,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
         }
-        tokio::fs::create_dir_all(&self.cwd).await?;
-        tokio::fs::create_dir_all(&self.output).await?;
+        Ok(())
+    }
+
+    /// Makes the directories fresh (empty; whatever a crashed worker or an earlier attempt left
+    /// is removed, the directories themselves are kept), writes the config file and opens the
+    /// log. One trip to a blocking thread for all of it: each `tokio::fs` call would be a trip
+    /// of its own, and a short job's cost is mostly trips.
+    pub async fn prepare(&self, job: &ClaimedJob) -> std::io::Result<std::fs::File> {
         // YAML is a superset of JSON, so the params object is a valid config file as is.
         let config = job.config.clone().unwrap_or_else(|| format!("{}\n", job.params));
-        tokio::fs::write(&self.config, config).await?;
-        tokio::fs::write(&self.metrics, b"").await?;
-        tokio::fs::write(&self.log, b"").await?;
-        Ok(())
+        let dirs = self.clone();
+        tokio::task::spawn_blocking(move || {
+            for dir in [&dirs.cwd, &dirs.output] {
+                crate::slots::empty(dir)?;
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&dirs.config, config)?;
+            std::fs::write(&dirs.metrics, b"")?;
+            std::fs::write(&dirs.log, b"")?;
+            std::fs::OpenOptions::new().append(true).open(&dirs.log)
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 }
 
@@ -168,44 +200,53 @@ pub struct Ended {
     pub notes: Vec<String>,
 }
 
-/// Runs the command to its end, or until `stop` says otherwise or `timeout` passes.
-pub async fn run(launch: Launch<'_>, mut stop: mpsc::Receiver<Stop>, log_written: Arc<Notify>) -> Ended {
+/// Runs the command to its end, or until `stop` says otherwise or `timeout` passes; its output
+/// goes to `log` (opened by [`AttemptDirs::prepare`]).
+pub async fn run(
+    launch: Launch<'_>,
+    log: std::fs::File,
+    mut stop: mpsc::Receiver<Stop>,
+    log_written: Arc<Notify>,
+) -> Ended {
     let Launch { command, dirs, inherited, env, timeout, grace, guard } = launch;
     let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, notes: Vec::new() };
-    let log = match tokio::fs::OpenOptions::new().append(true).open(&dirs.log).await {
-        Ok(file) => file,
-        Err(error) => return failed(format!("opening the job log {}: {error}", dirs.log.display())),
-    };
     // A plain command line starts directly (one process fewer per job); anything a shell
     // would interpret goes to `sh -c`.
     let job_path = env.iter().rev().find(|(key, _)| key == "PATH").map(|(_, value)| value.clone());
     let job_path = job_path.or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
     let direct = crate::launch::plain_words(command)
-        .and_then(|words| Some((crate::launch::find_program(&words[0], &job_path, &dirs.cwd)?, words)));
-    let mut launcher = match &direct {
-        Some((program, words)) => {
-            let mut launcher = Command::new(program);
-            launcher.arg0(&words[0]).args(&words[1..]);
-            launcher
-        }
-        None => {
-            let mut launcher = Command::new(SHELL);
-            launcher.arg("-c").arg(command);
-            launcher
-        }
+        .and_then(|words| Some((crate::launch::find_program_cached(&words[0], &job_path, &dirs.cwd)?, words)));
+    let spawn = |direct: Option<&(PathBuf, Vec<String>)>| {
+        let mut launcher = match direct {
+            Some((program, words)) => {
+                let mut launcher = Command::new(program);
+                launcher.arg0(&words[0]).args(&words[1..]);
+                launcher
+            }
+            None => {
+                let mut launcher = Command::new(SHELL);
+                launcher.arg("-c").arg(command);
+                launcher
+            }
+        };
+        launcher
+            .current_dir(&dirs.cwd)
+            // Jobs get the worker's environment without its own settings and credentials.
+            .env_clear()
+            .envs(inherited.iter().map(|(key, value)| (key, value)))
+            .envs(env.iter().map(|(key, value)| (key, value)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
     };
-    let mut child = match launcher
-        .current_dir(&dirs.cwd)
-        // Jobs get the worker's environment without its own settings and credentials.
-        .env_clear()
-        .envs(inherited.iter().map(|(key, value)| (key, value)))
-        .envs(env.iter().map(|(key, value)| (key, value)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-    {
+    let spawned = match spawn(direct.as_ref()) {
+        // A program found earlier and gone since: the shell says what is wrong, as it would.
+        Err(error) if direct.is_some() && error.kind() == std::io::ErrorKind::NotFound => spawn(None),
+        spawned => spawned,
+    };
+    let mut child = match spawned {
         Ok(child) => child,
         Err(error) => return failed(format!("starting `{command}`: {error}")),
     };
@@ -319,11 +360,14 @@ pub const MAX_LOCAL_LOG_BYTES: u64 = 256 << 20;
 
 /// Writes the job's output to its log file as it comes; returns a note when the log could not
 /// be kept whole. The pipes are read to the end either way, so the job never blocks on them.
+/// The writes are plain `write(2)`s into the page cache, done in place (no blocking-pool trip
+/// per chunk); nothing is synced: a box that crashes loses the attempt anyway.
 async fn write_log(
-    mut log: tokio::fs::File,
+    mut log: std::fs::File,
     mut chunks: mpsc::Receiver<Vec<u8>>,
     written: Arc<Notify>,
 ) -> Option<String> {
+    use std::io::Write;
     let mut size = 0u64;
     let mut note = None;
     while let Some(chunk) = chunks.recv().await {
@@ -339,8 +383,8 @@ async fn write_log(
                 if mid_line { "\n" } else { "" }
             );
             size = MAX_LOCAL_LOG_BYTES;
-            let written = match log.write_all(kept).await {
-                Ok(()) => log.write_all(marker.as_bytes()).await,
+            let written = match log.write_all(kept) {
+                Ok(()) => log.write_all(marker.as_bytes()),
                 Err(error) => Err(error),
             };
             if written.is_ok() {
@@ -349,9 +393,9 @@ async fn write_log(
             written
         } else {
             size += chunk.len() as u64;
-            log.write_all(&chunk).await
+            log.write_all(&chunk)
         };
-        if let Err(error) = result.and(log.flush().await) {
+        if let Err(error) = result {
             let full = matches!(error.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded);
             let why = if full { "worker disk full" } else { "the worker could not write the job's log" };
             note = Some(format!("{why}: log truncated after about {size} bytes ({error})"));
@@ -359,7 +403,6 @@ async fn write_log(
         }
         written.notify_one();
     }
-    let _ = log.sync_data().await;
     written.notify_one();
     note
 }

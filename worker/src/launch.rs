@@ -36,6 +36,30 @@ pub fn find_program(program: &str, path: &str, cwd: &Path) -> Option<PathBuf> {
         .find(|candidate| candidate.is_absolute() && is_executable(candidate))
 }
 
+/// [`find_program`], remembering what it found: each lookup walks `PATH` with a `stat` per
+/// directory, for every job. A program removed since is not found at spawn, and the job then
+/// goes to the shell (see `executor::run`).
+pub fn find_program_cached(program: &str, path: &str, cwd: &Path) -> Option<PathBuf> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static FOUND: Mutex<Option<HashMap<(String, String), PathBuf>>> = Mutex::new(None);
+    if program.contains('/') {
+        return find_program(program, path, cwd);
+    }
+    let key = (program.to_string(), path.to_string());
+    if let Some(found) = FOUND.lock().ok().and_then(|found| found.as_ref()?.get(&key).cloned()) {
+        return Some(found);
+    }
+    let found = find_program(program, path, cwd)?;
+    if let Ok(mut cache) = FOUND.lock() {
+        let cache = cache.get_or_insert_with(HashMap::new);
+        if cache.len() < 4096 {
+            cache.insert(key, found.clone());
+        }
+    }
+    Some(found)
+}
+
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)

@@ -17,6 +17,7 @@ mod launch;
 pub mod reservations;
 pub mod results;
 pub mod shipper;
+mod slots;
 
 pub use config::WorkerConfig;
 pub use daemon::run;

@@ -18,8 +18,10 @@ pub struct OutputFile {
 
 /// Walks the output directory. Returns the files in path order and a note for each thing
 /// skipped (a symlink leading outside, a special file).
+/// `output` must be absolute and free of symlinks (the worker's work directory is made so at
+/// start-up), so that a link's target can be checked against it.
 pub fn collect(output: &Path) -> std::io::Result<(Vec<OutputFile>, Vec<String>)> {
-    let root = output.canonicalize()?;
+    let root = output.to_path_buf();
     let mut files = Vec::new();
     let mut skipped = Vec::new();
     for entry in walkdir::WalkDir::new(&root).follow_links(false).sort_by_file_name() {
@@ -76,19 +78,26 @@ fn hash_file(path: &Path) -> std::io::Result<(u64, String)> {
 /// The files as inline files of a finish request (read whole: callers keep this for small
 /// outputs, see `shared::api::MAX_INLINE_BYTES`). A file that vanished is left out.
 pub async fn read_inline(files: &[OutputFile]) -> Vec<InlineFile> {
-    let mut inline = Vec::with_capacity(files.len());
-    for file in files {
-        match tokio::fs::read(&file.source).await {
-            Ok(data) => {
-                let sha256 = hex_digest(&data);
-                inline.push(InlineFile { path: file.entry.path.clone(), sha256, data });
-            }
-            Err(error) => {
-                tracing::warn!(path = %file.source.display(), %error, "an output file could not be read; left out")
+    if files.is_empty() {
+        return Vec::new();
+    }
+    let files = files.to_vec();
+    let read = move || {
+        let mut inline = Vec::with_capacity(files.len());
+        for file in files {
+            match std::fs::read(&file.source) {
+                Ok(data) => {
+                    let sha256 = hex_digest(&data);
+                    inline.push(InlineFile { path: file.entry.path.clone(), sha256, data });
+                }
+                Err(error) => {
+                    tracing::warn!(path = %file.source.display(), %error, "an output file could not be read; left out")
+                }
             }
         }
-    }
-    inline
+        inline
+    };
+    tokio::task::spawn_blocking(read).await.unwrap_or_default()
 }
 
 fn hex_digest(data: &[u8]) -> String {

@@ -150,45 +150,64 @@ impl Shipper {
     /// What the server does not have yet, for the attempt's finish request, when both parts
     /// are at most `max` bytes: the log from the last shipped offset, and the metrics file's
     /// remaining lines as points (a last line without a newline counts; bad lines add a warning
-    /// to the log first). `None`: too much, ship it with [`Shipper::ship`] instead.
+    /// to the log first). `None`: too much, ship it with [`Shipper::ship`] instead. All file
+    /// work is one trip to a blocking thread.
     pub async fn tail(&mut self, max: u64) -> Option<(Option<LogTail>, Option<MetricsTail>)> {
-        let metrics_end = file_length(&self.metrics_path).await;
-        if metrics_end.saturating_sub(self.metrics_offset) > max
-            || file_length(&self.log_path).await.saturating_sub(self.log_offset) > max
-        {
-            return None;
-        }
-        let mut metrics = None;
-        if metrics_end > self.metrics_offset {
-            let bytes = read_from(&self.metrics_path, self.metrics_offset, max as usize).await;
-            let mut points = Vec::new();
-            let mut warnings = String::new();
-            for line in bytes.split_inclusive(|byte| *byte == b'\n') {
-                self.metrics_lines += 1;
-                match parse_line(line) {
-                    Ok(parsed) => points.extend(parsed),
-                    Err(reason) => {
-                        warnings.push_str(&format!("[app] metrics line {} skipped: {reason}\n", self.metrics_lines))
-                    }
-                }
-            }
-            if !warnings.is_empty() {
-                append_local(&self.log_path, &warnings).await;
-            }
-            let offset = self.metrics_offset + bytes.len() as u64;
-            metrics = Some(MetricsTail { offset, points });
-        }
-        let log_end = file_length(&self.log_path).await;
-        let log = (log_end > self.log_offset).then_some(());
-        let log = match log {
-            Some(()) => {
-                let data = read_from(&self.log_path, self.log_offset, (log_end - self.log_offset) as usize).await;
-                Some(LogTail { offset: self.log_offset, data })
-            }
-            None => None,
-        };
+        let (log_path, metrics_path) = (self.log_path.clone(), self.metrics_path.clone());
+        let (log_offset, metrics_offset, lines) = (self.log_offset, self.metrics_offset, self.metrics_lines);
+        let read = move || tail_of((&log_path, log_offset), (&metrics_path, metrics_offset), lines, max);
+        let (log, metrics, lines) = tokio::task::spawn_blocking(read).await.ok()??;
+        self.metrics_lines = lines;
         Some((log, metrics))
     }
+}
+
+/// The tails of the log (from `log.1`) and the metrics file (from `metrics.1`), or `None` when
+/// either holds more than `max` new bytes; warnings about bad metric lines are appended to the
+/// log before it is read. Returns the metric lines counted so far too.
+fn tail_of(
+    (log_path, log_offset): (&PathBuf, u64),
+    (metrics_path, metrics_offset): (&PathBuf, u64),
+    mut lines: u64,
+    max: u64,
+) -> Option<(Option<LogTail>, Option<MetricsTail>, u64)> {
+    use std::io::{Read, Seek, Write};
+    let length = |path: &PathBuf| std::fs::metadata(path).map(|meta| meta.len()).unwrap_or(0);
+    let read = |path: &PathBuf, from: u64, to: u64| -> Vec<u8> {
+        let mut bytes = Vec::new();
+        if let Ok(mut file) = std::fs::File::open(path) {
+            if file.seek(std::io::SeekFrom::Start(from)).is_ok() {
+                let _ = file.take(to.saturating_sub(from)).read_to_end(&mut bytes);
+            }
+        }
+        bytes
+    };
+    let metrics_end = length(metrics_path);
+    if metrics_end.saturating_sub(metrics_offset) > max || length(log_path).saturating_sub(log_offset) > max {
+        return None;
+    }
+    let mut metrics = None;
+    if metrics_end > metrics_offset {
+        let bytes = read(metrics_path, metrics_offset, metrics_end);
+        let mut points = Vec::new();
+        let mut warnings = String::new();
+        for line in bytes.split_inclusive(|byte| *byte == b'\n') {
+            lines += 1;
+            match parse_line(line) {
+                Ok(parsed) => points.extend(parsed),
+                Err(reason) => warnings.push_str(&format!("[app] metrics line {lines} skipped: {reason}\n")),
+            }
+        }
+        if !warnings.is_empty() {
+            if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(log_path) {
+                let _ = file.write_all(warnings.as_bytes());
+            }
+        }
+        metrics = Some(MetricsTail { offset: metrics_offset + bytes.len() as u64, points });
+    }
+    let log_end = length(log_path);
+    let log = (log_end > log_offset).then(|| LogTail { offset: log_offset, data: read(log_path, log_offset, log_end) });
+    Some((log, metrics, lines))
 }
 
 /// `{"step": 3, "val_loss": 0.12, "lr": 1e-3}` gives one point per finite number but `step`;

@@ -80,16 +80,35 @@ pub async fn get(pool: &SqlitePool, id: JobId) -> anyhow::Result<Option<Job>> {
 }
 
 /// What a result version records of its job: the sweep's name, the index and the params.
-pub async fn for_result<'e>(
-    db: impl sqlx::SqliteExecutor<'e>,
+#[derive(Debug, Clone)]
+pub struct ResultSource {
+    pub sweep: String,
+    pub index: u64,
+    pub params: serde_json::Value,
+}
+
+/// A job's state with what its result version records, in one read (the finish of an
+/// attempt needs both).
+pub async fn state_for_result(
+    conn: &mut SqliteConnection,
     id: JobId,
-) -> anyhow::Result<Option<(String, u64, serde_json::Value)>> {
-    let row: Option<(String, i64, String)> =
-        sqlx::query_as("SELECT s.name, j.idx, j.params FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?")
-            .bind(id.get())
-            .fetch_optional(db)
-            .await?;
-    row.map(|(sweep, index, params)| Ok((sweep, index as u64, serde_json::from_str(&params)?))).transpose()
+) -> anyhow::Result<Option<(JobState, ResultSource)>> {
+    let columns = STATE_COLUMNS.split(", ").map(|column| format!("j.{column}")).collect::<Vec<_>>().join(", ");
+    let row = sqlx::query(&format!(
+        "SELECT {columns}, s.name AS sweep_name, j.idx, j.params
+         FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?"
+    ))
+    .bind(id.get())
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let params: String = row.try_get("params")?;
+    let source = ResultSource {
+        sweep: row.try_get("sweep_name")?,
+        index: row.try_get::<i64, _>("idx")? as u64,
+        params: serde_json::from_str(&params)?,
+    };
+    Ok(Some((state_from_row(&row)?, source)))
 }
 
 /// Resolved filters of a job listing.

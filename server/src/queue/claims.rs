@@ -176,9 +176,9 @@ fn assign(
     (chosen, order, unfilled)
 }
 
-type SweepNames = Arc<RwLock<HashMap<SweepId, String>>>;
+pub(super) type SweepNames = Arc<RwLock<HashMap<SweepId, String>>>;
 
-async fn claim_batch(
+pub(super) async fn claim_batch(
     tx: &mut Tx,
     requests: &[(WorkerId, Capacity)],
     lease: Duration,

@@ -18,6 +18,13 @@ pub async fn holder(
     what: &str,
 ) -> ApiResult<JobState> {
     let current = db::jobs::state(conn, job).await?.ok_or_else(|| ApiError::NotFound(format!("no job {job}")))?;
+    check(&current, attempt, worker, what)?;
+    Ok(current)
+}
+
+/// The same check on a state already read.
+pub fn check(current: &JobState, attempt: u32, worker: WorkerId, what: &str) -> ApiResult<()> {
+    let job = current.id;
     if current.status != JobStatus::Running || current.attempt != attempt {
         return Err(ApiError::Conflict(format!(
             "stale {what} for job {job} attempt {attempt}: the job is {} at attempt {}",
@@ -29,5 +36,5 @@ pub async fn holder(
             "stale {what} for job {job} attempt {attempt}: the attempt is held by another worker"
         )));
     }
-    Ok(current)
+    Ok(())
 }

@@ -77,17 +77,29 @@ impl Queue {
                     disk_error(error, format!("storing the results of job {} attempt {}", at.job, at.attempt))
                 })?;
         }
-        let claim = request.claim.clone();
+        let claim = request.claim.clone().filter(|_| !self.is_draining(worker));
         let (logs, cap, layout) = (self.logs.clone(), self.config.max_log_bytes_per_job, self.layout.clone());
-        let status = self
-            .write(move |tx| Box::pin(async move { apply(tx, at, request, (&logs, cap), &layout, staging).await }))
+        let (lease, names) = (self.config.lease, self.sweep_names.clone());
+        let capacity = claim.as_ref().map(|claim| claim.capacity.clone());
+        // The next jobs are claimed in the same write unit: the pages the finish changed (the
+        // jobs table, its indexes, the counts) are then written to the log once, not twice.
+        let (status, mut jobs) = self
+            .write(move |tx| {
+                Box::pin(async move {
+                    let status = apply(tx, at, request, (&logs, cap), &layout, staging).await?;
+                    let jobs = match capacity {
+                        Some(capacity) => {
+                            super::claims::claim_batch(tx, &[(worker, capacity)], lease, &names).await?.remove(0)
+                        }
+                        None => Vec::new(),
+                    };
+                    Ok((status, jobs))
+                })
+            })
             .await?;
-        let jobs = match claim {
-            Some(claim) if !self.is_draining(worker) => {
-                self.claim(worker, claim.capacity, Duration::from_millis(claim.wait_ms)).await?
-            }
-            _ => Vec::new(),
-        };
+        if let Some(claim) = claim.filter(|claim| jobs.is_empty() && claim.wait_ms > 0) {
+            jobs = self.claim(worker, claim.capacity, Duration::from_millis(claim.wait_ms)).await?;
+        }
         Ok(FinishResponse { status, jobs })
     }
 }
@@ -102,7 +114,9 @@ async fn apply(
     layout: &Layout,
     staging: PathBuf,
 ) -> ApiResult<shared::job::JobStatus> {
-    super::fence::holder(tx.conn(), at.job, at.attempt, at.worker, "finish").await?;
+    let (current, source) =
+        db::jobs::state_for_result(tx.conn(), at.job).await?.ok_or_else(|| super::no_job(at.job))?;
+    super::fence::check(&current, at.attempt, at.worker, "finish")?;
     if let Some(log) = &request.log {
         super::logs::append(tx, logs, at, log.offset, &log.data).await?;
     }
@@ -114,10 +128,10 @@ async fn apply(
         super::logs::append_server_line(tx, logs.0, at, &format!("[app] {note}\n")).await?;
     }
     if let Some(result) = request.result {
-        seal(tx, at, result, layout, &staging).await?;
+        seal(tx, at, result, source, layout, &staging).await?;
     }
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
-    super::reports::apply_outcome(tx, attempt, at.worker, &request.outcome).await
+    super::reports::apply_to(tx, current, attempt, at.worker, &request.outcome).await
 }
 
 /// Seals the staged files (inline and streamed) as the attempt's result version, inside the
@@ -126,14 +140,18 @@ async fn seal(
     tx: &mut Tx,
     at: WorkerAttempt,
     result: InlineResult,
+    source: db::jobs::ResultSource,
     layout: &Layout,
     staging: &std::path::Path,
 ) -> ApiResult<()> {
     let (id, attempt) = (at.job, at.attempt);
-    if db::results::exists(tx.conn(), id, attempt).await? {
+    let streamed = !result.streamed.is_empty();
+    // Looked up first only when files would be written; a bare record is an insert that
+    // changes nothing when the version exists.
+    if (streamed || !result.files.is_empty()) && db::results::exists(tx.conn(), id, attempt).await? {
         return Ok(());
     }
-    let (sweep, index, params) = db::jobs::for_result(tx.conn(), id).await?.ok_or_else(|| super::no_job(id))?;
+    let db::jobs::ResultSource { sweep, index, params } = source;
     let relative = Layout::version_path(&sweep, index, attempt);
     storage::check_relative_path(&relative).map_err(|why| anyhow::anyhow!("result path of job {id}: {why}"))?;
     let mut files: Vec<ManifestEntry> = result
@@ -174,6 +192,25 @@ async fn seal(
         metrics: db::metrics::summaries_of_attempt(tx.conn(), id, attempt).await?,
         stored_at: now_ms(),
     };
+    // A version without files is its record alone: no directory (three directory creations
+    // were most of what the server spent on a short job).
+    if !version.files.is_empty() {
+        write_version(layout, staging, &version).await?;
+    }
+    if !db::results::insert(tx.conn(), &version).await? {
+        // A retried finish whose first try was stored: nothing more to do.
+        return Ok(());
+    }
+    if streamed {
+        db::results::unstage_attempt(tx.conn(), id, attempt).await?;
+    }
+    tx.note(Change::Page);
+    Ok(())
+}
+
+/// Turns the staged files into the version's directory, with its `.app/` record.
+async fn write_version(layout: &Layout, staging: &std::path::Path, version: &ResultVersion) -> ApiResult<()> {
+    let (id, attempt) = (version.job_id, version.attempt);
     let target = layout.absolute(&version.path);
     let what = format!("sealing result v{attempt} of job {id}");
     remove_unrecorded(&target).await.map_err(|error| disk_error(error, what.clone()))?;
@@ -184,11 +221,5 @@ async fn seal(
         SealError::Mismatch(why) => ApiError::BadRequest(format!("{what}: {why}")),
         SealError::AlreadyStored => ApiError::Conflict(format!("result v{attempt} of job {id} is already stored")),
         SealError::Disk(error) => disk_error(error, what.clone()),
-    })?;
-    if !db::results::insert(tx.conn(), &version).await? {
-        return Err(ApiError::Conflict(format!("result v{attempt} of job {id} is already stored")));
-    }
-    db::results::unstage_attempt(tx.conn(), id, attempt).await?;
-    tx.note(Change::Page);
-    Ok(())
+    })
 }

@@ -15,8 +15,19 @@ pub(super) async fn apply_outcome(
     worker: WorkerId,
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
+    let current = state_of(tx, attempt.job_id).await?;
+    apply_to(tx, current, attempt, worker, outcome).await
+}
+
+/// [`apply_outcome`] on the state `current` just read in this write unit.
+pub(super) async fn apply_to(
+    tx: &mut Tx,
+    current: crate::db::jobs::JobState,
+    attempt: JobAttempt,
+    worker: WorkerId,
+    outcome: &Outcome,
+) -> ApiResult<JobStatus> {
     let id = attempt.job_id;
-    let current = state_of(tx, id).await?;
     let holds =
         current.status == JobStatus::Running && current.attempt == attempt.attempt && current.worker_id == Some(worker);
     if !holds {

@@ -140,6 +140,12 @@ impl Queue {
         let staging = self.layout.staging(id, attempt);
         let target = self.layout.absolute(&version.path);
         let what = format!("sealing result v{attempt} of job {id}");
+        if version.files.is_empty() {
+            // A version without files is its record alone (see `finish::seal`).
+            let recorded = version.clone();
+            self.write(move |tx| Box::pin(async move { record(tx, &recorded, worker).await })).await?;
+            return Ok(version);
+        }
         let Some(_sealing) = SealLock::take(&target) else {
             return Err(ApiError::Conflict(format!(
                 "result v{attempt} of job {id} is being sealed by another request"
