@@ -126,9 +126,8 @@ pub fn role(env: &RankEnv, ddp: usize, gpus: Option<usize>) -> Result<Role, Conf
         if rank >= world {
             return Err(config_error("RANK", format!("{rank} is not below WORLD_SIZE {world}")));
         }
-        if world == 1 {
-            return Ok(Role::Single);
-        }
+        // A world of one is still a rank (torchrun with one process): it joins a one-rank
+        // group, so that path can be checked on a machine with a single GPU.
         let local_rank = number(&env.local_rank, "LOCAL_RANK")?.unwrap_or(rank);
         let local_world = number(&env.local_world_size, "LOCAL_WORLD_SIZE")?.unwrap_or(world);
         if let Some(gpus) = gpus {
@@ -256,6 +255,9 @@ mod tests {
         let Ok(Role::Rank(info)) = role(&rank, 0, Some(2)) else { panic!() };
         assert_eq!((info.rank, info.local_rank, info.world, info.master_port), (1, 1, 2, 1234));
         assert!(!info.is_main());
+        let alone = env(&[("WORLD_SIZE", "1"), ("RANK", "0")]);
+        let Ok(Role::Rank(info)) = role(&alone, 0, Some(1)) else { panic!() };
+        assert_eq!((info.world, info.master_addr.as_str(), info.master_port), (1, "127.0.0.1", 29500));
     }
 
     #[test]

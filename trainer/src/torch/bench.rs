@@ -308,13 +308,18 @@ fn quietly<T>(work: impl FnOnce() -> T) -> Result<T, String> {
     outcome.map_err(|payload| panic_message(payload.as_ref()))
 }
 
+/// A panic's message; for tch's `unwrap` of a libtorch error, libtorch's own message.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<String>() {
+    let text = if let Some(text) = payload.downcast_ref::<String>() {
         text.clone()
     } else if let Some(text) = payload.downcast_ref::<&str>() {
         text.to_string()
     } else {
-        "unknown panic".to_string()
+        return "unknown panic".to_string();
+    };
+    match text.split_once("on an `Err` value: Torch(\"") {
+        Some((_, inner)) => inner.trim_end_matches("\")").replace("\\n", "\n").replace("\\\"", "\""),
+        None => text,
     }
 }
 
@@ -361,4 +366,18 @@ fn proc_status_kib(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = text.lines().find(|line| line.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_tch_unwrap_panic_reads_as_the_libtorch_error() {
+        let payload: Box<dyn std::any::Any + Send> = Box::new(String::from(
+            "called `Result::unwrap()` on an `Err` value: Torch(\"[enforce fail at alloc_cpu.cpp:127] err == 0. \\\"x\\\"\\nbacktrace\")",
+        ));
+        assert_eq!(
+            super::panic_message(payload.as_ref()),
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. \"x\"\nbacktrace"
+        );
+    }
 }

@@ -13,6 +13,8 @@ use trainer::torch::ProcessGroup;
 
 const YAML: &str = "data: {samples: 600, features: 12, classes: 3}\nmodel: {hidden_dims: [32, 16]}\n\
     optimizer: {name: adam, lr: 0.01}\nbatch_size: 64\ndevice: cpu\nthreads: 1\n";
+const YAML_ACCUMULATING: &str = "data: {samples: 600, features: 12, classes: 3}\nmodel: {hidden_dims: [32, 16]}\n\
+    optimizer: {name: adam, lr: 0.01}\nbatch_size: 64\ndevice: cpu\nthreads: 1\ngrad_accum: 2\n";
 
 /// The ranks are threads of one process here, and libtorch's random generator is global: the
 /// draws that must match the single process's (weights, epoch order) take turns.
@@ -36,8 +38,8 @@ fn train_steps(data: &Data, engine: &mut Engine, rank: usize, ranks: usize, step
     Ok(())
 }
 
-fn rank_engine(port: u16, rank: usize) -> Result<(Data, Engine), String> {
-    let config = config(YAML);
+fn rank_engine(port: u16, rank: usize, yaml: &str) -> Result<(Data, Engine), String> {
+    let config = config(yaml);
     let (data, mut engine) = {
         let _turn = GENERATOR.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let data = data::load(&config.data, config.seed).unwrap();
@@ -51,6 +53,13 @@ fn rank_engine(port: u16, rank: usize) -> Result<(Data, Engine), String> {
 
 #[test]
 fn two_gloo_ranks_end_with_the_weights_of_one_process_on_the_full_batches() {
+    // Also with two micro-batches per rank: only the last one's backward all-reduces.
+    for ranks_yaml in [YAML, YAML_ACCUMULATING] {
+        ranks_match_one_process(ranks_yaml);
+    }
+}
+
+fn ranks_match_one_process(ranks_yaml: &'static str) {
     let steps = 6;
     let config = config(YAML);
     let (data, mut single) = {
@@ -66,7 +75,7 @@ fn two_gloo_ranks_end_with_the_weights_of_one_process_on_the_full_batches() {
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             std::thread::spawn(move || -> Result<Vec<Tensor>, String> {
-                let (data, mut engine) = rank_engine(port, rank)?;
+                let (data, mut engine) = rank_engine(port, rank, ranks_yaml)?;
                 train_steps(&data, &mut engine, rank, 2, steps)?;
                 Ok(weights(&engine))
             })
@@ -84,12 +93,12 @@ fn two_gloo_ranks_end_with_the_weights_of_one_process_on_the_full_batches() {
 fn a_rank_that_leaves_makes_the_other_fail_instead_of_waiting() {
     let port = free_port();
     let leaver = std::thread::spawn(move || {
-        let (data, mut engine) = rank_engine(port, 1).unwrap();
+        let (data, mut engine) = rank_engine(port, 1, YAML).unwrap();
         train_steps(&data, &mut engine, 1, 2, 2).unwrap();
         // Dropping the engine tears this rank's Gloo connections down, as a dead process would.
     });
     let started = Instant::now();
-    let (data, mut engine) = rank_engine(port, 0).unwrap();
+    let (data, mut engine) = rank_engine(port, 0, YAML).unwrap();
     let outcome = train_steps(&data, &mut engine, 0, 2, 1000);
     leaver.join().unwrap();
     let error = outcome.unwrap_err();
