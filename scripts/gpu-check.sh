@@ -38,7 +38,7 @@ for candidate in "$here/app" "$here/../target/release/app"; do
 done
 pydir=$here
 [ -f "$pydir/torch_mlp.py" ] || pydir=$here/../bench
-python=${PYTHON:-python3}
+python=$(command -v "${PYTHON:-python3}") || { echo "gpu-check: no ${PYTHON:-python3}" >&2; exit 1; }
 [ -n "$app" ] || { echo "gpu-check: no app binary beside the script (run scripts/gpu-bundle.sh)" >&2; exit 1; }
 torch_lib=$("$python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || {
     echo "gpu-check: $python cannot import torch" >&2
@@ -132,7 +132,7 @@ free_port() { "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0
 if [ "$mode" = gpu ]; then
     device=cuda
     features=4096; hidden="[4096, 4096, 4096, 4096]"; eager_hidden=4096,4096,4096,4096; classes=10
-    samples=65536; batch=8192; bench_batches=2048,8192; long_epochs=400; oom_batch=1048576
+    samples=131072; batch=8192; bench_batches=2048,8192; long_epochs=400; oom_batch=4194304
     peak=790
     gpu_count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || gpu_count=0
     [ "$gpu_count" -ge 1 ] || { echo "gpu-check: nvidia-smi lists no GPU (use --cpu for the plumbing check)" >&2; exit 1; }
@@ -153,7 +153,7 @@ data: {source: synthetic, samples: $samples, features: $features, classes: $clas
 model: {name: mlp, hidden_dims: $hidden}
 optimizer: {name: adam, lr: 0.0001}
 batch_size: $batch
-epochs: 5
+epochs: 8
 early_stopping: {metric: train_loss}
 device: $device
 EOF
@@ -266,7 +266,7 @@ train_vs_eager() {
     ours=$(median_epochs "$out.jsonl")
     if ! timeout "$(limit 100)" "$python" "$pydir/torch_mlp.py" --device "$device" --precision "$precision" \
         --samples "$samples" --features "$features" --classes "$classes" --hidden "$eager_hidden" \
-        --batch-size "$batch" --epochs 5 --lr 0.0001 --val-fraction 0 > "$out.eager.jsonl" 2> "$out.eager.stderr"; then
+        --batch-size "$batch" --epochs 8 --lr 0.0001 --val-fraction 0 > "$out.eager.jsonl" 2> "$out.eager.stderr"; then
         record "PyTorch eager ($precision)" FAIL "$(tail -n 1 "$out.eager.stderr")"
         return
     fi
