@@ -25,7 +25,11 @@ pub enum TrainError {
     /// A collective between the ranks failed: a peer died, or did not answer in time.
     #[error("data-parallel collective failed (a rank died or timed out): {0}")]
     Ddp(String),
-    #[error("rank {rank} died ({how}){}", error.as_ref().map(|error| format!(": {error}")).unwrap_or_default())]
+    /// A rank's process ended badly: with its own error line, or killed (`how` says by what).
+    #[error("{}", match error {
+        Some(error) => format!("rank {rank} failed ({how}): {error}"),
+        None => format!("rank {rank} died ({how})"),
+    })]
     RankDied { rank: usize, how: String, error: Option<String> },
     #[error("{what}: {error}")]
     Io { what: String, error: std::io::Error },
