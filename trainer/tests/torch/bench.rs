@@ -55,9 +55,12 @@ fn a_panic_inside_a_step_with_the_sampler_running_ends_the_setting() {
 
 #[test]
 fn cpu_settings_report_cpu_use() {
-    let config = config("data: {samples: 512, features: 8}\nmodel: {hidden_dims: [64]}\ndevice: cpu\nthreads: 1\n");
-    let bench = Bench::new(&config, BenchOptions { steps: 40, warmup: 2, memory_limit: None }).unwrap();
-    let row = bench.measure(256, Precision::Fp32).unwrap();
+    // Steps of some 50 ms each, so the measured phase spans many 50 ms samples.
+    let config =
+        config("data: {samples: 2048, features: 64}\nmodel: {hidden_dims: [1024, 1024]}\ndevice: cpu\nthreads: 1\n");
+    let bench = Bench::new(&config, BenchOptions { steps: 20, warmup: 2, memory_limit: None }).unwrap();
+    let row = bench.measure(1024, Precision::Fp32).unwrap();
+    assert!(row.step_ms * 20.0 > 250.0, "long enough to sample: {row:?}");
     let use_percent = row.cpu_utilization.expect("sampled");
     assert!(use_percent > 10.0 && use_percent < 150.0, "{row:?}");
     assert!(row.gpu_utilization.is_none());
