@@ -101,8 +101,7 @@ elif kind == "bench-rows":
             print(f"{name}|ok|{row['samples_per_s']:.0f} samples/s, step {row['step_ms']:.2f} ms, "
                   f"{row['tflops']:.3g} TFLOP/s, MFU {100 * (mfu or 0):.1f}%, util {util or 0:.0f}%")
         else:
-            unsupported = "needs a CUDA device" in (row["error"] or "")
-            print(f"{name}|{'skip' if unsupported else 'FAIL'}|{row['error']}")
+            print(f"{name}|{'skip' if row['status'] == 'unsupported' else 'FAIL'}|{row['error']}")
 elif kind == "bench-targets":
     # At the largest batch: bf16 >= 5x fp32 and >= 1.3x tf32, bf16 MFU >= 40% (the H100 targets).
     d = json.loads(text)

@@ -139,6 +139,9 @@ pub async fn run(args: BenchArgs, config: Option<PathBuf>) -> anyhow::Result<()>
     let ms = |value: f64| if value.is_finite() { format!("{value:.2}") } else { "-".into() };
     for (index, row) in rows.iter().enumerate() {
         let status = match (&row.error, Some(index) == recommended) {
+            (Some(error), _) if row.status == trainer::bench::BenchStatus::Unsupported => {
+                format!("unsupported: {error}")
+            }
             (Some(error), _) => format!("OOM: {error}"),
             (None, true) => "recommended".into(),
             (None, false) => String::new(),

@@ -93,7 +93,8 @@ pub struct BenchRow {
     pub amp: String,
     /// Whether TF32 was on for fp32 matmuls.
     pub tf32: bool,
-    /// `ok`, or `oom` (with `error` saying what ran out).
+    /// `ok`, `oom` (with `error` saying what ran out) or `unsupported` (a precision this
+    /// device lacks, or a batch the model cannot take; `error` says why).
     pub status: BenchStatus,
     pub error: Option<String>,
     /// Medians over the measured steps, in milliseconds.
@@ -119,6 +120,7 @@ pub struct BenchRow {
 pub enum BenchStatus {
     Ok,
     Oom,
+    Unsupported,
 }
 
 impl BenchRow {

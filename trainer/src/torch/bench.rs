@@ -77,7 +77,9 @@ impl Bench {
     /// One setting; OOM (and a precision this device lacks) is a row, any other failure an error.
     pub fn measure(&self, batch_size: usize, precision: Precision) -> Result<BenchRow, TrainError> {
         let cuda = self.machine.placement.cuda();
-        let unsupported = |error: String| Ok(BenchRow::oom(batch_size, precision.name(), error));
+        let unsupported = |error: String| {
+            Ok(BenchRow { status: BenchStatus::Unsupported, ..BenchRow::oom(batch_size, precision.name(), error) })
+        };
         if let Err(error) = check_amp_on_device(precision.amp(), cuda) {
             return unsupported(error.to_string());
         }
