@@ -9,7 +9,9 @@
 #                                     (nvidia-smi works) it installs the full wheel instead.
 #   scripts/setup-torch.sh --full     the full wheel with every CUDA library (~4.5 GB): what a
 #                                     GPU box needs, and what `import torch` needs even on CPU
-#                                     (scripts/bench-trainer.sh runs PyTorch for comparison).
+#                                     (scripts/bench-trainer.sh runs PyTorch for comparison),
+#                                     plus numpy and safetensors (the checkpoint tests load our
+#                                     checkpoints in Python with them).
 #
 # Idempotent: a second run finds everything in place and returns in well under a second.
 set -euo pipefail
@@ -27,8 +29,10 @@ case "${1:-}" in
     *) echo "usage: $0 [--full]" >&2; exit 2 ;;
 esac
 
-stamp="$venv/.setup-torch-$TORCH_VERSION-$([ "$full" = 1 ] && echo full || echo cpu)"
-full_stamp="$venv/.setup-torch-$TORCH_VERSION-full"
+# Bump REVISION when the set of packages changes, so existing set-ups install the new ones.
+REVISION=2
+stamp="$venv/.setup-torch-$TORCH_VERSION-$([ "$full" = 1 ] && echo full || echo cpu)-$REVISION"
+full_stamp="$venv/.setup-torch-$TORCH_VERSION-full-$REVISION"
 if [ -e "$stamp" ] || [ -e "$full_stamp" ]; then
     [ -e "$venv/libtorch/lib/libtorch_cpu.so" ] && exit 0
 fi
@@ -39,7 +43,7 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 
 if [ "$full" = 1 ]; then
     echo "setup-torch: installing torch==$TORCH_VERSION with its CUDA libraries into $venv" >&2
-    pip install "torch==$TORCH_VERSION" numpy
+    pip install "torch==$TORCH_VERSION" numpy safetensors
 else
     echo "setup-torch: installing torch==$TORCH_VERSION (no dependencies) and the CUDA runtime into $venv" >&2
     pip install --no-deps "torch==$TORCH_VERSION" "$CUDA_RUNTIME" "$CUDA_CUPTI"

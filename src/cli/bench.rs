@@ -1,7 +1,8 @@
-//! `app bench --config train.yaml --batch-sizes 256,1024 --amp bf16,off --steps 20 [--json]`:
-//! per setting, the median time of each phase of a training step, throughput, peak memory and
-//! GPU utilisation; OOM settings are marked and skipped; then the recommended setting.
-//! `--auto-batch-size` finds the largest batch that fits instead.
+//! `app bench --config train.yaml --batch-sizes 256,1024 --amp fp32,tf32,bf16 --steps 20 [--json]`:
+//! per setting, the median time of each phase of a training step, throughput, model TFLOP/s
+//! (and MFU against `--peak-tflops`), peak memory and utilisation; OOM settings are marked and
+//! skipped; then the recommended setting. `--auto-batch-size` finds the largest batch that fits
+//! instead.
 
 use clap::Args;
 use std::path::PathBuf;
@@ -14,9 +15,12 @@ pub struct BenchArgs {
     /// Batch sizes to try (default: the config's).
     #[arg(long, value_delimiter = ',')]
     pub batch_sizes: Vec<usize>,
-    /// Mixed-precision settings to try: bf16, fp16, off.
-    #[arg(long, value_delimiter = ',', default_value = "off")]
+    /// Precisions to try: fp32 (or off), tf32 (fp32 with TF32 matmuls, CUDA), bf16, fp16 (CUDA).
+    #[arg(long, value_delimiter = ',', default_value = "fp32")]
     pub amp: Vec<String>,
+    /// The device's peak dense TFLOP/s for the MFU column (e.g. 790 for bf16 on an H100).
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
     /// Measured steps per setting (after the warm-up).
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
@@ -50,12 +54,14 @@ pub async fn run(_args: BenchArgs, _config: Option<PathBuf>) -> anyhow::Result<(
 
 #[cfg(feature = "torch")]
 pub async fn run(args: BenchArgs, config: Option<PathBuf>) -> anyhow::Result<()> {
-    use trainer::bench::{format_bytes, recommend, BenchRow};
-    use trainer::config::Amp;
+    use trainer::bench::{format_bytes, recommend, BenchRow, Precision};
     use trainer::torch::bench::{Bench, BenchOptions};
 
     let settings = trainer::TrainConfig::load(config.as_deref(), &args.set)?;
-    let amps = args.amp.iter().map(|text| Amp::parse(text)).collect::<Result<Vec<_>, _>>()?;
+    let amps = args.amp.iter().map(|text| Precision::parse(text)).collect::<Result<Vec<_>, _>>()?;
+    if args.peak_tflops.is_some_and(|peak| !(peak > 0.0 && peak.is_finite())) {
+        anyhow::bail!("at --peak-tflops: must be a positive number");
+    }
     if args.batch_sizes.contains(&0) {
         anyhow::bail!("at --batch-sizes: every batch size must be at least 1");
     }
@@ -74,6 +80,7 @@ pub async fn run(args: BenchArgs, config: Option<PathBuf>) -> anyhow::Result<()>
     let batch_sizes = if args.batch_sizes.is_empty() { vec![settings.batch_size] } else { args.batch_sizes.clone() };
     let options = BenchOptions { steps: args.steps, warmup: args.warmup, memory_limit };
     let (auto, safety, max) = (args.auto_batch_size, args.safety, args.max_batch_size);
+    let settings_tf32 = settings.tf32;
     let (machine, rows, found) = super::train::blocking_torch(move || -> anyhow::Result<_> {
         let bench = Bench::new(&settings, options)?;
         let mut rows = Vec::new();
@@ -93,11 +100,15 @@ pub async fn run(args: BenchArgs, config: Option<PathBuf>) -> anyhow::Result<()>
     })
     .await??;
     let recommended = recommend(&rows, machine.capacity_bytes, safety);
+    let mfu = |row: &BenchRow| Some(row.tflops? / args.peak_tflops?);
     if args.json {
         let value = serde_json::json!({
-            "device": machine.devices.describe(),
-            "gpu": machine.gpu_name,
+            "device": machine.placement.describe(),
+            "gpu": machine.placement.gpu_name,
             "threads": machine.threads,
+            "train_flops_per_sample": machine.flops_per_sample,
+            "peak_tflops": args.peak_tflops,
+            "mfu": rows.iter().map(mfu).collect::<Vec<_>>(),
             "capacity_bytes": machine.capacity_bytes,
             "rows": rows,
             "recommended": recommended.map(|index| serde_json::json!({"batch_size": rows[index].batch_size, "amp": rows[index].amp})),
@@ -106,29 +117,34 @@ pub async fn run(args: BenchArgs, config: Option<PathBuf>) -> anyhow::Result<()>
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    let device = match &machine.gpu_name {
-        Some(name) => format!("{} ({name})", machine.devices.describe()),
-        None => format!("{}, {} threads", machine.devices.describe(), machine.threads),
+    let device = match machine.placement.cuda() {
+        true => machine.placement.describe(),
+        false => format!("{}, {} threads", machine.placement.describe(), machine.threads),
     };
-    println!("device: {device}");
+    println!("device: {device}; tf32 on in tf32 rows, {} in the others", if settings_tf32 { "on" } else { "off" });
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
     table.set_header([
         "batch",
-        "amp",
+        "precision",
         "data ms",
         "forward ms",
         "backward ms",
         "optim ms",
         "step ms",
         "samples/s",
+        "TFLOP/s",
+        "MFU",
         "peak mem",
-        "GPU util",
+        "util",
         "",
     ]);
     let ms = |value: f64| if value.is_finite() { format!("{value:.2}") } else { "-".into() };
     for (index, row) in rows.iter().enumerate() {
         let status = match (&row.error, Some(index) == recommended) {
+            (Some(error), _) if row.status == trainer::bench::BenchStatus::Unsupported => {
+                format!("unsupported: {error}")
+            }
             (Some(error), _) => format!("OOM: {error}"),
             (None, true) => "recommended".into(),
             (None, false) => String::new(),
@@ -143,23 +159,35 @@ pub async fn run(args: BenchArgs, config: Option<PathBuf>) -> anyhow::Result<()>
             ms(row.optimizer_ms),
             ms(row.step_ms),
             samples,
+            row.tflops
+                .filter(|_| row.error.is_none())
+                .map(|tflops| format!("{tflops:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            mfu(row)
+                .filter(|_| row.error.is_none())
+                .map(|mfu| format!("{:.1}%", mfu * 100.0))
+                .unwrap_or_else(|| "-".into()),
             row.peak_memory_bytes.map(format_bytes).unwrap_or_else(|| "-".into()),
-            row.gpu_utilization.map(|util| format!("{util:.0}%")).unwrap_or_else(|| "-".into()),
+            match (row.gpu_utilization, row.cpu_utilization) {
+                (Some(util), _) => format!("GPU {util:.0}%"),
+                (None, Some(util)) => format!("CPU {util:.0}%"),
+                _ => "-".into(),
+            },
             status,
         ]);
     }
     println!("{table}");
     for (amp, size) in &found {
         match size {
-            Some(size) => println!("largest batch that fits with amp {}: {size}", amp.name()),
-            None => println!("with amp {} not even a batch of 1 fits", amp.name()),
+            Some(size) => println!("largest batch that fits with {}: {size}", amp.name()),
+            None => println!("with {} not even a batch of 1 fits", amp.name()),
         }
     }
     match recommended {
         Some(index) => {
             let row: &BenchRow = &rows[index];
             println!(
-                "recommended: batch_size {} with amp {} ({:.0} samples/s, peak memory under {:.0}% of {})",
+                "recommended: batch_size {} with {} ({:.0} samples/s, peak memory under {:.0}% of {})",
                 row.batch_size,
                 row.amp,
                 row.samples_per_s,

@@ -1,6 +1,8 @@
 //! `app train --config train.yaml [--set key=value ...]`: the built-in trainer (trainer/).
 //! Outputs go to `--out`, else `$APP_OUTPUT_DIR` (set for jobs of a `train:` sweep), else
-//! `./train-out`; per-epoch metrics to `$APP_METRICS_FILE` when set.
+//! `./train-out`; per-epoch metrics to `$APP_METRICS_FILE` when set. With several ranks
+//! (`ddp: N`, several GPUs, or a worker's `WORLD_SIZE`) this process launches them as children
+//! and each child, finding `RANK` set, trains as one of them.
 
 use clap::Args;
 use std::path::PathBuf;
@@ -31,7 +33,18 @@ pub async fn run(args: TrainArgs, config: Option<PathBuf>) -> anyhow::Result<()>
         echo: true,
     };
     let dir = outputs.dir.clone();
-    let summary = blocking_torch(move || trainer::torch::train::train(&settings, &outputs)).await??;
+    let summary = blocking_torch(move || -> Result<_, trainer::torch::TrainError> {
+        use trainer::ranks::Role;
+        match trainer::torch::role(&settings)? {
+            // Rank 0 prints the summary line; the launcher only reports a failed rank.
+            Role::Launcher(plan) => trainer::torch::launch::run(&plan).map(|()| None),
+            Role::Single => trainer::torch::train::train(&settings, &outputs, None).map(Some),
+            Role::Rank(rank) => trainer::torch::train::train(&settings, &outputs, Some(&rank))
+                .map(|summary| rank.is_main().then_some(summary)),
+        }
+    })
+    .await??;
+    let Some(summary) = summary else { return Ok(()) };
     match (summary.best_value, summary.best_epoch) {
         (Some(value), Some(epoch)) => println!(
             "done: {} epochs on {}, best {} {value:.6} at epoch {epoch}{}; outputs in {}",

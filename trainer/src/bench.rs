@@ -1,13 +1,100 @@
-//! The pure half of `app bench`: one result row per (batch size, amp) setting, the
-//! recommendation, and the largest-batch search. The measuring is in `torch::bench`.
+//! The pure half of `app bench`: one result row per (batch size, precision) setting, the
+//! precisions, the model's FLOPs, the recommendation, and the largest-batch search. The
+//! measuring is in `torch::bench`.
 
+use crate::config::{config_error, Amp, ConfigError, ModelConfig, ModelName};
 use serde::{Deserialize, Serialize};
+
+/// The numeric precision of a bench setting: fp32 with TF32 off or on, or autocast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    Tf32,
+    Bf16,
+    Fp16,
+}
+
+impl Precision {
+    pub fn parse(text: &str) -> Result<Precision, ConfigError> {
+        match text.trim() {
+            "fp32" | "off" | "none" => Ok(Precision::Fp32),
+            "tf32" => Ok(Precision::Tf32),
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" => Ok(Precision::Fp16),
+            other => Err(config_error(
+                "--amp",
+                format!("unknown precision `{other}`, expected fp32 (or off), tf32, bf16 or fp16"),
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
+    pub fn amp(self) -> Amp {
+        match self {
+            Precision::Fp32 | Precision::Tf32 => Amp::Off,
+            Precision::Bf16 => Amp::Bf16,
+            Precision::Fp16 => Amp::Fp16,
+        }
+    }
+
+    /// TF32 for the fp32 matmuls: on for `tf32`, off for `fp32`, the config's under autocast.
+    pub fn tf32(self, configured: bool) -> bool {
+        match self {
+            Precision::Fp32 => false,
+            Precision::Tf32 => true,
+            Precision::Bf16 | Precision::Fp16 => configured,
+        }
+    }
+}
+
+/// Floating-point operations of one training step per sample, counted from the layer shapes:
+/// a forward pass is 2 FLOPs per multiply-add of the linear and convolution layers, and the
+/// backward pass twice the forward (gradients of inputs and of weights). Activations, norms and
+/// the optimizer are left out, as model-FLOP utilisation usually counts.
+pub fn train_flops_per_sample(model: &ModelConfig, sample_shape: &[i64], outputs: i64) -> f64 {
+    let mut multiply_adds = 0.0;
+    let mut width: f64 = sample_shape.iter().product::<i64>() as f64;
+    if model.name == ModelName::Cnn {
+        let (mut channels, mut height, mut image_width) = match *sample_shape {
+            [c, h, w] => (c as f64, h as f64, w as f64),
+            [h, w] => (1.0, h as f64, w as f64),
+            _ => (1.0, 1.0, width),
+        };
+        for &out in &model.channels {
+            multiply_adds += 9.0 * channels * out as f64 * height * image_width;
+            if height >= 2.0 && image_width >= 2.0 {
+                height = (height / 2.0).floor();
+                image_width = (image_width / 2.0).floor();
+            }
+            channels = out as f64;
+        }
+        width = channels * height * image_width;
+    }
+    for &hidden in &model.hidden_dims {
+        multiply_adds += width * hidden as f64;
+        width = hidden as f64;
+    }
+    multiply_adds += width * outputs as f64;
+    3.0 * 2.0 * multiply_adds
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchRow {
     pub batch_size: usize,
+    /// The precision: `fp32`, `tf32`, `bf16` or `fp16`.
     pub amp: String,
-    /// `ok`, or `oom` (with `error` saying what ran out).
+    /// Whether TF32 was on for fp32 matmuls.
+    pub tf32: bool,
+    /// `ok`, `oom` (with `error` saying what ran out) or `unsupported` (a precision this
+    /// device lacks, or a batch the model cannot take; `error` says why).
     pub status: BenchStatus,
     pub error: Option<String>,
     /// Medians over the measured steps, in milliseconds.
@@ -22,6 +109,10 @@ pub struct BenchRow {
     pub peak_memory_bytes: Option<u64>,
     /// Mean GPU utilisation (NVML) while it ran, in percent.
     pub gpu_utilization: Option<f64>,
+    /// On a CPU: the process's mean CPU use over its intra-op threads, in percent.
+    pub cpu_utilization: Option<f64>,
+    /// Model FLOPs per second achieved (`train_flops_per_sample` x samples/s), in TFLOP/s.
+    pub tflops: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +120,7 @@ pub struct BenchRow {
 pub enum BenchStatus {
     Ok,
     Oom,
+    Unsupported,
 }
 
 impl BenchRow {
@@ -36,6 +128,7 @@ impl BenchRow {
         BenchRow {
             batch_size,
             amp: amp.to_string(),
+            tf32: false,
             status: BenchStatus::Oom,
             error: Some(error),
             data_ms: f64::NAN,
@@ -46,6 +139,8 @@ impl BenchRow {
             samples_per_s: 0.0,
             peak_memory_bytes: None,
             gpu_utilization: None,
+            cpu_utilization: None,
+            tflops: None,
         }
     }
 }
@@ -196,6 +291,27 @@ mod tests {
         fn the_search_is_exact_for_any_limit_and_start(limit in 1usize..100_000, start in 1usize..5000) {
             proptest::prop_assert_eq!(largest_fitting_batch(start, 1 << 20, 1, |batch| batch <= limit), Some(limit));
         }
+    }
+
+    #[test]
+    fn flops_are_counted_from_the_layer_shapes() {
+        // The GPU check's MLP: 4 x 4096 over 4096 features, 10 classes.
+        let model = ModelConfig { hidden_dims: vec![4096; 4], ..ModelConfig::default() };
+        let multiply_adds = 4096.0 * 4096.0 * 4.0 + 4096.0 * 10.0;
+        assert_eq!(train_flops_per_sample(&model, &[4096], 10), 6.0 * multiply_adds);
+        let cnn =
+            ModelConfig { name: ModelName::Cnn, channels: vec![8], hidden_dims: vec![16], ..ModelConfig::default() };
+        // A 3x3 convolution 1 -> 8 channels on 8x8, pooled to 4x4x8 = 128, then 128 -> 16 -> 3.
+        let expected = 6.0 * (9.0 * 8.0 * 64.0 + 128.0 * 16.0 + 16.0 * 3.0);
+        assert_eq!(train_flops_per_sample(&cnn, &[1, 8, 8], 3), expected);
+    }
+
+    #[test]
+    fn precisions_parse_and_say_what_they_turn_on() {
+        assert_eq!(Precision::parse("off").unwrap(), Precision::Fp32);
+        assert_eq!(Precision::parse("tf32").unwrap().amp(), Amp::Off);
+        assert!(Precision::Tf32.tf32(false) && !Precision::Fp32.tf32(true) && Precision::Bf16.tf32(true));
+        assert_eq!(Precision::parse("fp8").unwrap_err().key, "--amp");
     }
 
     #[test]

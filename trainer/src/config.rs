@@ -26,8 +26,8 @@ pub struct TrainConfig {
     pub model: ModelConfig,
     pub optimizer: OptimizerConfig,
     pub schedule: ScheduleConfig,
-    /// Samples per optimizer step (split across replicas; with `grad_accum` > 1 each
-    /// micro-batch is `batch_size / grad_accum`).
+    /// Samples per optimizer step (split across the ranks; with `grad_accum` > 1 each
+    /// rank's share is cut into `grad_accum` micro-batches).
     pub batch_size: usize,
     pub epochs: usize,
     /// Clip the global L2 norm of the gradients to this; 0 turns clipping off.
@@ -36,16 +36,28 @@ pub struct TrainConfig {
     pub grad_accum: usize,
     pub amp: Amp,
     pub loss_scale: LossScaleConfig,
+    /// TF32 tensor cores for fp32 matmuls and convolutions on CUDA (no effect on a CPU).
+    pub tf32: bool,
     /// `auto` (CUDA when there is a GPU), `cpu`, `cuda` or `cuda:N`.
     pub device: String,
-    /// Data-parallel replicas: 0 means one per visible GPU (one on CPU).
-    pub replicas: usize,
-    /// Intra-op threads of libtorch; 0 keeps libtorch's default (the physical cores).
+    /// Data-parallel ranks (one process each, gradients all-reduced over c10d): 0 means one
+    /// per visible GPU (one on a CPU). `replicas` is the old name.
+    #[serde(alias = "replicas")]
+    pub ddp: usize,
+    /// Seconds a rank waits for the others in a collective before giving up.
+    pub ddp_timeout: u64,
+    /// Gradient bucket size of the all-reduce, in MiB (PyTorch's DDP default is 25).
+    pub ddp_bucket_mb: usize,
+    /// Intra-op threads of libtorch; 0 means the job's share of the cores (the CPUs this
+    /// process may run on, divided among the ranks on this machine), or `OMP_NUM_THREADS`.
     pub threads: usize,
     pub early_stopping: EarlyStoppingConfig,
     /// Save `model_epoch_XXX.pt` every this many epochs; 0 never.
     pub checkpoint_every: usize,
-    /// A checkpoint (`.pt` written by this trainer) to continue from.
+    /// The weights' file format: `pt` (torch.save's format, loaded by `torch.load`) or
+    /// `safetensors`.
+    pub checkpoint_format: CheckpointFormat,
+    /// A checkpoint (`.pt` or `.safetensors` state dict, ours or PyTorch's) to continue from.
     pub resume: Option<PathBuf>,
 }
 
@@ -63,14 +75,44 @@ impl Default for TrainConfig {
             grad_accum: 1,
             amp: Amp::Off,
             loss_scale: LossScaleConfig::default(),
+            tf32: false,
             device: "auto".into(),
-            replicas: 0,
+            ddp: 0,
+            ddp_timeout: 600,
+            ddp_bucket_mb: 25,
             threads: 0,
             early_stopping: EarlyStoppingConfig::default(),
             checkpoint_every: 0,
+            checkpoint_format: CheckpointFormat::Pt,
             resume: None,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointFormat {
+    Pt,
+    Safetensors,
+}
+
+impl CheckpointFormat {
+    pub fn extension(self) -> &'static str {
+        match self {
+            CheckpointFormat::Pt => "pt",
+            CheckpointFormat::Safetensors => "safetensors",
+        }
+    }
+}
+
+/// Where the dataset lives while training on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDevice {
+    /// On the GPU when it takes under a quarter of the GPU's memory.
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +162,8 @@ pub struct DataConfig {
     pub prefetch: usize,
     /// Pin batches in page-locked host memory (CUDA only) so copies can be non-blocking.
     pub pin_memory: bool,
+    /// Keep the whole dataset on the GPU (batches are then gathered there, with no copies).
+    pub on_device: OnDevice,
 }
 
 impl Default for DataConfig {
@@ -143,6 +187,7 @@ impl Default for DataConfig {
             loader_threads: 2,
             prefetch: 4,
             pin_memory: true,
+            on_device: OnDevice::Auto,
         }
     }
 }
@@ -350,6 +395,7 @@ impl TrainConfig {
         if self.batch_size < self.grad_accum {
             return Err(config_error("grad_accum", "must not exceed batch_size (each micro-batch needs a sample)"));
         }
+        crate::batches::check_step_rows(self.batch_size, self.ddp.max(1), self.grad_accum, self.model.batch_norm)?;
         if !(self.grad_clip >= 0.0 && self.grad_clip.is_finite()) {
             return Err(config_error("grad_clip", "must be 0 (off) or a positive number"));
         }
@@ -380,7 +426,12 @@ impl TrainConfig {
             return Err(config_error("loss_scale", "needs init > 0, growth_factor > 1 and 0 < backoff_factor < 1"));
         }
         positive(scale.growth_interval as usize, "loss_scale.growth_interval")?;
-        parse_device(&self.device)?;
+        let device = parse_device(&self.device)?;
+        if matches!(device, DeviceChoice::Cuda(Some(_))) && self.ddp > 1 {
+            return Err(config_error("ddp", "a single device (cuda:N) runs one rank; use device: cuda for several"));
+        }
+        positive(self.ddp_timeout as usize, "ddp_timeout")?;
+        positive(self.ddp_bucket_mb, "ddp_bucket_mb")?;
         let metric = &self.early_stopping.metric;
         if !METRICS.contains(&metric.as_str()) {
             return Err(config_error(

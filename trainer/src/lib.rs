@@ -1,14 +1,18 @@
 //! The built-in trainer behind `app train` and `app bench`: an MLP or a small CNN on CSV,
 //! `.npy`, `.safetensors` or synthetic data, with mixed precision, dynamic loss scaling,
-//! background data loading and data parallelism over the visible GPUs.
+//! background data loading and data parallelism (one process per GPU, gradients all-reduced
+//! over libtorch's c10d).
 //!
 //! The pure parts (config parsing and validation, LR schedules, the loss-scaler state machine,
-//! early stopping, the bench recommendation and batch-size search) build and are tested without
+//! early stopping, the bench recommendation and batch-size search, batch planning, the rank
+//! decision) build and are tested without
 //! libtorch. Everything that touches tensors is in `torch`, behind the cargo feature `torch`.
 
+pub mod batches;
 pub mod bench;
 pub mod config;
 pub mod early;
+pub mod ranks;
 pub mod scaler;
 pub mod schedule;
 

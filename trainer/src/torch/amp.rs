@@ -1,9 +1,8 @@
 //! Mixed precision: autocast for the forward pass (bf16 on CPU or CUDA, fp16 on CUDA, through
-//! the C++ shim since tch's own autocast is CUDA/fp16 only), and the tensor half of dynamic
-//! loss scaling: unscale the gradients and check them for inf/NaN.
+//! the C++ shim since tch's own autocast is CUDA/fp16 only). The tensor half of dynamic loss
+//! scaling (unscale and check) is one multi-tensor kernel in the shim (`ffi::unscale_grads`).
 
 use crate::config::Amp;
-use tch::Tensor;
 
 /// Autocast on for as long as it lives (the forward pass and the loss).
 pub struct Autocast {
@@ -33,20 +32,4 @@ impl Drop for Autocast {
 /// Whether autocast is on for this thread (tests).
 pub fn autocast_enabled(cuda: bool) -> bool {
     super::ffi::autocast_enabled(cuda)
-}
-
-/// Multiplies every gradient by `1 / scale` in place and says whether any holds an inf or
-/// NaN (one device-to-host read per step, as torch's GradScaler does).
-pub fn unscale_and_check(variables: &[Tensor], scale: f64) -> bool {
-    tch::no_grad(|| {
-        let mut flags = Vec::with_capacity(variables.len());
-        for variable in variables {
-            let mut grad = variable.grad();
-            if grad.defined() {
-                let _ = grad.g_mul_scalar_(1.0 / scale);
-                flags.push(grad.isfinite().all().logical_not());
-            }
-        }
-        !flags.is_empty() && Tensor::stack(&flags, 0).any().int64_value(&[]) != 0
-    })
 }

@@ -25,6 +25,22 @@ impl Dataset {
     pub fn share(&self) -> Dataset {
         Dataset { x: self.x.shallow_clone(), y: self.y.shallow_clone() }
     }
+
+    /// Rows `range`, sharing the storage.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Dataset {
+        let (start, len) = (range.start as i64, range.len() as i64);
+        Dataset { x: self.x.narrow(0, start, len), y: self.y.narrow(0, start, len) }
+    }
+
+    /// A copy on `device`.
+    pub fn to_device(&self, device: Device) -> Dataset {
+        Dataset { x: self.x.to_device(device), y: self.y.to_device(device) }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        let size = |tensor: &Tensor| tensor.numel() as u64 * tensor.kind().elt_size_in_bytes() as u64;
+        size(&self.x) + size(&self.y)
+    }
 }
 
 #[derive(Debug)]
@@ -36,6 +52,17 @@ pub struct Data {
     pub task: Task,
     /// Classification: the number of classes; regression: 1.
     pub outputs: i64,
+}
+
+/// Whether a dataset of `bytes` lives on CUDA device `index` while training: as the config
+/// says, or (`auto`) when it takes under a quarter of the device's free memory.
+pub fn fits_on_device(on_device: crate::config::OnDevice, index: usize, bytes: u64) -> bool {
+    use crate::config::OnDevice;
+    match on_device {
+        OnDevice::Never => false,
+        OnDevice::Always => true,
+        OnDevice::Auto => super::ffi::cuda_memory_info(index).is_some_and(|(free, _)| bytes.saturating_mul(4) <= free),
+    }
 }
 
 pub fn load(config: &DataConfig, seed: u64) -> Result<Data, TrainError> {

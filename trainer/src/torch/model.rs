@@ -1,6 +1,7 @@
 //! The models: an MLP (hidden widths, activation, dropout, optional batch norm) and a small CNN
-//! (3x3 convolution blocks with 2x2 max pooling, then an MLP head). Built under a VarStore path
-//! so replicas on other devices have the same variable names.
+//! (3x3 convolution blocks with 2x2 max pooling, then an MLP head). Layers are named as a
+//! PyTorch module with the same attributes would name them (`fc0`, `bn0`, `conv0`, `conv_bn0`,
+//! `out`), so the weights save as a state dict with PyTorch's keys (`fc0.weight`).
 
 use crate::config::{Activation, ModelConfig, ModelName};
 use tch::nn::{self, ModuleT};
@@ -9,11 +10,16 @@ use tch::Tensor;
 #[derive(Debug)]
 pub struct Model {
     body: nn::SequentialT,
+    /// The state dict's keys in module order (batch norm layers add `num_batches_tracked`).
+    pub state_names: Vec<String>,
+    /// The batch norm layers' names (each has a `num_batches_tracked`).
+    pub batch_norms: Vec<String>,
 }
 
 impl Model {
     pub fn new(path: &nn::Path, config: &ModelConfig, sample_shape: &[i64], outputs: i64) -> Model {
         let mut body = nn::seq_t();
+        let mut names = Names::default();
         let mut width: i64 = sample_shape.iter().product();
         if config.name == ModelName::Cnn {
             let (mut channels, mut height, mut width_px) = image_shape(sample_shape);
@@ -21,16 +27,13 @@ impl Model {
             body = body.add_fn(move |x| x.reshape(shape));
             for (block, &out) in config.channels.iter().enumerate() {
                 let out = out as i64;
-                let conv = nn::conv2d(
-                    path / format!("conv{block}"),
-                    channels,
-                    out,
-                    3,
-                    nn::ConvConfig { padding: 1, ..Default::default() },
-                );
+                let name = names.layer(format!("conv{block}"));
+                let conv =
+                    nn::conv2d(path / name, channels, out, 3, nn::ConvConfig { padding: 1, ..Default::default() });
                 body = body.add(conv);
                 if config.batch_norm {
-                    body = body.add(nn::batch_norm2d(path / format!("conv_bn{block}"), out, Default::default()));
+                    let name = names.batch_norm(format!("conv_bn{block}"));
+                    body = body.add(nn::batch_norm2d(path / name, out, Default::default()));
                 }
                 body = body.add_fn(activation(config.activation));
                 if height >= 2 && width_px >= 2 {
@@ -45,9 +48,11 @@ impl Model {
         body = body.add_fn(|x| x.flatten(1, -1));
         for (layer, &hidden) in config.hidden_dims.iter().enumerate() {
             let hidden = hidden as i64;
-            body = body.add(nn::linear(path / format!("fc{layer}"), width, hidden, Default::default()));
+            let name = names.layer(format!("fc{layer}"));
+            body = body.add(nn::linear(path / name, width, hidden, Default::default()));
             if config.batch_norm {
-                body = body.add(nn::batch_norm1d(path / format!("bn{layer}"), hidden, Default::default()));
+                let name = names.batch_norm(format!("bn{layer}"));
+                body = body.add(nn::batch_norm1d(path / name, hidden, Default::default()));
             }
             body = body.add_fn(activation(config.activation));
             if config.dropout > 0.0 {
@@ -56,12 +61,33 @@ impl Model {
             }
             width = hidden;
         }
-        body = body.add(nn::linear(path / "out", width, outputs, Default::default()));
-        Model { body }
+        let name = names.layer("out".to_string());
+        body = body.add(nn::linear(path / name, width, outputs, Default::default()));
+        Model { body, state_names: names.state, batch_norms: names.batch_norms }
     }
 
     pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
         self.body.forward_t(x, train)
+    }
+}
+
+#[derive(Default)]
+struct Names {
+    state: Vec<String>,
+    batch_norms: Vec<String>,
+}
+
+impl Names {
+    fn layer(&mut self, name: String) -> String {
+        self.state.extend(["weight", "bias"].map(|part| format!("{name}.{part}")));
+        name
+    }
+
+    fn batch_norm(&mut self, name: String) -> String {
+        let parts = ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"];
+        self.state.extend(parts.map(|part| format!("{name}.{part}")));
+        self.batch_norms.push(name.clone());
+        name
     }
 }
 

@@ -1,29 +1,38 @@
-//! One optimizer step over the replicas: the batch is split across them (and into `grad_accum`
-//! micro-batches), each replica runs forward and backward on its part with the loss weighted by
-//! its share of the batch, the gradients are summed onto the master (replica 0), and one
-//! optimizer step there is followed by copying the weights back to the other replicas. With
-//! mean losses weighted by share, the summed gradient equals the full-batch gradient.
+//! One optimizer step of this process's model. The process holds its rank's share of the
+//! step's batch; it is cut into `grad_accum` micro-batches, each loss is weighted by its share
+//! of the whole step (times the number of ranks, which the all-reduce averages over), so the
+//! gradient every rank ends with is the full-batch mean gradient. With several ranks, c10d's
+//! Reducer all-reduces the gradients in buckets during the last micro-batch's backward; the
+//! earlier micro-batches accumulate locally (as `no_sync` does in PyTorch).
 
-use super::amp::{unscale_and_check, Autocast};
+use super::amp::Autocast;
 use super::data::{Data, Dataset};
-use super::device::Devices;
+use super::ffi::{self, ddp::ProcessGroup};
 use super::loader::{Batch, Loader, LoaderOptions};
 use super::model::Model;
 use super::TrainError;
+use crate::batches::{share, split_sizes};
 use crate::config::{Amp, OptimizerName, Task, TrainConfig};
 use crate::scaler::{LossScaler, StepDecision};
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Reduction, Tensor};
 
-pub struct Replica {
-    pub vs: nn::VarStore,
-    pub model: Model,
-    pub device: Device,
-    variables: Vec<Tensor>,
+/// This process's place among the ranks.
+pub struct Ddp {
+    pub group: ProcessGroup,
+    pub rank: usize,
+    pub world: usize,
 }
 
 pub struct Engine {
-    pub replicas: Vec<Replica>,
+    pub vs: nn::VarStore,
+    pub model: Model,
+    pub device: Device,
+    /// Trainable parameters in definition order, and their state-dict names.
+    params: Vec<Tensor>,
+    param_names: Vec<String>,
+    /// Batch norm running statistics (rank 0's are broadcast before each step).
+    buffers: Vec<Tensor>,
     pub optimizer: nn::Optimizer,
     /// Present with `amp: fp16`.
     pub scaler: Option<LossScaler>,
@@ -32,190 +41,198 @@ pub struct Engine {
     pub task: Task,
     pub grad_clip: f64,
     pub grad_accum: usize,
+    /// Training forward passes so far (batch norm's `num_batches_tracked`).
+    pub forward_passes: i64,
+    ddp: Option<Ddp>,
 }
 
 /// What one step left behind.
 pub struct StepResult {
-    /// The batch's mean loss, on the master device (read it rarely: reading syncs).
-    pub loss: Tensor,
+    /// The summed per-row loss over this rank's rows, on the device (read it rarely: reading
+    /// syncs).
+    pub loss_sum: Tensor,
     pub applied: bool,
 }
 
 impl Engine {
-    pub fn new(config: &TrainConfig, data: &Data, devices: &Devices) -> Result<Engine, TrainError> {
-        let mut replicas = Vec::with_capacity(devices.replicas.len());
-        for &device in &devices.replicas {
-            // The same seed on every replica; the copy below makes them equal regardless.
-            tch::manual_seed(config.seed as i64);
-            let vs = nn::VarStore::new(device);
-            let model = Model::new(&vs.root(), &config.model, &data.sample_shape, data.outputs);
-            let variables = vs.trainable_variables();
-            replicas.push(Replica { vs, model, device, variables });
-        }
-        let (master, others) = replicas.split_first_mut().expect("at least one replica");
-        for replica in others {
-            replica.vs.copy(&master.vs)?;
-        }
-        let optimizer = build_optimizer(config, &replicas[0].vs)?;
+    pub fn new(config: &TrainConfig, data: &Data, device: Device) -> Result<Engine, TrainError> {
+        tch::manual_seed(config.seed as i64);
+        let vs = nn::VarStore::new(device);
+        let model = Model::new(&vs.root(), &config.model, &data.sample_shape, data.outputs);
+        let named = vs.variables();
+        let params = vs.trainable_variables();
+        let name_of = |tensor: &Tensor| {
+            named.iter().find(|(_, variable)| variable.data_ptr() == tensor.data_ptr()).map(|(name, _)| name.clone())
+        };
+        let param_names = params.iter().map(|tensor| name_of(tensor).unwrap_or_default()).collect();
+        let buffers = model
+            .state_names
+            .iter()
+            .filter(|name| name.ends_with(".running_mean") || name.ends_with(".running_var"))
+            .filter_map(|name| named.get(name).map(Tensor::shallow_clone))
+            .collect();
+        let optimizer = build_optimizer(config, &vs)?;
         let scaler = (config.amp == Amp::Fp16).then(|| LossScaler::new(&config.loss_scale));
         Ok(Engine {
-            replicas,
+            vs,
+            model,
+            device,
+            params,
+            param_names,
+            buffers,
             optimizer,
             scaler,
             amp: config.amp,
-            cuda: devices.cuda,
+            cuda: device.is_cuda(),
             task: data.task,
             grad_clip: config.grad_clip,
             grad_accum: config.grad_accum,
+            forward_passes: 0,
+            ddp: None,
         })
     }
 
-    pub fn master(&self) -> &Replica {
-        &self.replicas[0]
+    /// Joins the ranks: every rank takes rank 0's weights and statistics, then the Reducer is
+    /// built over the parameters.
+    pub fn join(&mut self, ddp: Ddp, bucket_mb: usize) -> Result<(), TrainError> {
+        let mut everything = self.params.iter().map(Tensor::shallow_clone).collect::<Vec<_>>();
+        everything.extend(self.buffers.iter().map(Tensor::shallow_clone));
+        ddp.group.broadcast(&everything).map_err(TrainError::Ddp)?;
+        ddp.group.attach(&self.params, &self.param_names, bucket_mb << 20).map_err(TrainError::Ddp)?;
+        self.ddp = Some(ddp);
+        Ok(())
     }
 
-    pub fn master_device(&self) -> Device {
-        self.replicas[0].device
+    pub fn ranks(&self) -> (usize, usize) {
+        self.ddp.as_ref().map_or((0, 1), |ddp| (ddp.rank, ddp.world))
     }
 
-    /// Forward, backward, reduce and (unless the loss scaler skips it) one optimizer step.
-    pub fn step(&mut self, batch: &Batch) -> StepResult {
-        let loss = self.accumulate(batch);
-        let applied = self.apply();
-        StepResult { loss, applied }
+    pub fn params(&self) -> &[Tensor] {
+        &self.params
     }
 
-    /// Forward and backward over the whole batch, leaving the full-batch gradient on the
-    /// master. Returns the mean loss (unscaled).
-    pub fn accumulate(&mut self, batch: &Batch) -> Tensor {
-        let total = batch.len();
-        let micro_batches = split_sizes(total, self.grad_accum);
-        let mut loss_sum: Option<Tensor> = None;
-        let mut start = 0;
-        for size in micro_batches {
-            let micro = narrow(batch, start, size);
-            start += size;
-            let losses = self.forward(&micro, total);
-            self.backward(&losses);
-            for (loss, weight) in losses {
-                let weighted = loss.detach().to_device(self.master_device()) * weight;
-                loss_sum = Some(match loss_sum {
-                    Some(sum) => sum + weighted,
-                    None => weighted,
-                });
+    /// Forward, backward (with the all-reduce) and, unless the loss scaler skips it, one
+    /// optimizer step.
+    pub fn step(&mut self, batch: &Batch) -> Result<StepResult, TrainError> {
+        self.sync_buffers()?;
+        let sizes = split_sizes(batch.len(), self.grad_accum);
+        let last = sizes.len() - 1;
+        let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
+        for (index, micro) in batch.pieces(&sizes).iter().enumerate() {
+            let synchronise = index == last;
+            if synchronise {
+                self.ddp_call(ProcessGroup::prepare_forward)?;
             }
-        }
-        self.reduce_gradients();
-        loss_sum.unwrap_or_else(|| Tensor::zeros([], (Kind::Float, self.master_device())))
-    }
-
-    /// Each replica's part of `batch` (`total` is the full step's sample count): its mean loss
-    /// and that part's share of the step.
-    pub fn forward(&self, batch: &Batch, total: usize) -> Vec<(Tensor, f64)> {
-        let parts = split_sizes(batch.len(), self.replicas.len());
-        let mut start = 0;
-        let mut losses = Vec::with_capacity(parts.len());
-        for (replica, size) in self.replicas.iter().zip(parts) {
-            if size == 0 {
-                continue;
+            let (mean, weight) = self.forward(micro);
+            if synchronise {
+                self.ddp_call(ProcessGroup::prepare_backward)?;
             }
-            let part = narrow(batch, start, size).to_device(replica.device);
-            start += size;
-            let autocast = Autocast::enter(self.amp, self.cuda);
-            let output = replica.model.forward(&part.x, true);
-            let loss = loss(&output, &part.y, self.task, Reduction::Mean);
-            drop(autocast);
-            losses.push((loss, size as f64 / total as f64));
+            self.backward(&mean, weight)?;
+            loss_sum += mean.detach().to_kind(Kind::Float) * micro.len() as f64;
         }
-        losses
+        let applied = self.apply()?;
+        Ok(StepResult { loss_sum, applied })
     }
 
-    /// Backward of each weighted (and, for fp16, scaled) part loss into its replica's grads.
-    pub fn backward(&self, losses: &[(Tensor, f64)]) {
+    /// A micro-batch's mean loss and its weight: its share of the step, times the ranks.
+    pub fn forward(&mut self, micro: &Batch) -> (Tensor, f64) {
+        let (_, world) = self.ranks();
+        let autocast = Autocast::enter(self.amp, self.cuda);
+        let output = self.model.forward(&micro.x, true);
+        let mean = loss(&output, &micro.y, self.task, Reduction::Mean);
+        drop(autocast);
+        self.forward_passes += 1;
+        (mean, micro.len() as f64 * world as f64 / micro.step_rows.max(1) as f64)
+    }
+
+    /// Backward of the weighted (and, for fp16, scaled) loss.
+    pub fn backward(&self, mean: &Tensor, weight: f64) -> Result<(), TrainError> {
         let scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
-        for (loss, weight) in losses {
-            (loss * (weight * scale)).backward();
-        }
+        (mean * (weight * scale)).f_backward().map_err(|error| self.collective_error(error))
     }
 
-    /// Sums the other replicas' gradients onto the master's.
-    pub fn reduce_gradients(&self) {
-        let (master, others) = self.replicas.split_first().expect("at least one replica");
-        if others.is_empty() {
-            return;
-        }
-        tch::no_grad(|| {
-            for (index, variable) in master.variables.iter().enumerate() {
-                // The master always takes the first part of a batch, so its gradient exists.
-                let mut sum = variable.grad();
-                for replica in others {
-                    let grad = replica.variables[index].grad();
-                    if grad.defined() && sum.defined() {
-                        let _ = sum.g_add_(&grad.to_device_(master.device, grad.kind(), true, false));
-                    }
-                }
-            }
-        });
-    }
-
-    /// Unscale and check (fp16), clip, step, zero every replica's gradients and copy the
-    /// weights to the other replicas. `false` when the loss scaler skipped the step.
-    pub fn apply(&mut self) -> bool {
+    /// Unscale and check (fp16), clip, step and zero the gradients. `false` when the loss
+    /// scaler skipped the step.
+    pub fn apply(&mut self) -> Result<bool, TrainError> {
         let decision = match &mut self.scaler {
             Some(scaler) => {
-                let found = unscale_and_check(&self.replicas[0].variables, scaler.scale());
+                let found = ffi::unscale_grads(&self.params, scaler.scale()).map_err(TrainError::Torch)?;
                 scaler.update(found)
             }
             None => StepDecision::Apply,
         };
-        if decision == StepDecision::Apply {
+        let applied = decision == StepDecision::Apply;
+        if applied {
             if self.grad_clip > 0.0 {
-                self.optimizer.clip_grad_norm(self.grad_clip);
+                ffi::clip_grad_norm(&self.params, self.grad_clip).map_err(TrainError::Torch)?;
             }
             self.optimizer.step();
         }
         self.optimizer.zero_grad();
-        let (master, others) = self.replicas.split_first_mut().expect("at least one replica");
-        for replica in others {
-            for variable in &mut replica.variables {
-                variable.zero_grad();
-            }
-            if decision == StepDecision::Apply {
-                replica.vs.copy(&master.vs).expect("replicas share variable names");
-            }
-        }
-        decision == StepDecision::Apply
+        Ok(applied)
     }
 
     pub fn set_lr(&mut self, lr: f64) {
         self.optimizer.set_lr(lr);
     }
 
-    /// Mean loss and accuracy (classification) or mean absolute error (regression) on the
-    /// master, without gradients.
-    pub fn evaluate(&self, data: &Dataset, options: LoaderOptions) -> Evaluation {
-        let master = self.master();
-        tch::no_grad(|| {
-            let zero = || Tensor::zeros([], (Kind::Double, master.device));
-            let (mut loss_sum, mut metric_sum) = (zero(), zero());
-            for batch in Loader::sequential(data, options) {
-                let batch = batch.to_device(master.device);
+    /// Sums `tensor` over the ranks (a no-op alone).
+    pub fn all_reduce_sum(&self, tensor: &Tensor) -> Result<(), TrainError> {
+        self.ddp_call(|group| group.all_reduce_sum(tensor))
+    }
+
+    /// Rank 0's batch norm statistics everywhere (as DDP's `broadcast_buffers`).
+    pub fn sync_buffers(&self) -> Result<(), TrainError> {
+        if self.buffers.is_empty() {
+            return Ok(());
+        }
+        self.ddp_call(|group| group.broadcast(&self.buffers))
+    }
+
+    fn ddp_call(&self, call: impl FnOnce(&ProcessGroup) -> Result<(), String>) -> Result<(), TrainError> {
+        match &self.ddp {
+            Some(ddp) => call(&ddp.group).map_err(TrainError::Ddp),
+            None => Ok(()),
+        }
+    }
+
+    /// A failed backward with several ranks is almost always a collective that failed.
+    fn collective_error(&self, error: tch::TchError) -> TrainError {
+        let message = super::first_line(&error.to_string());
+        if self.ddp.is_some() {
+            TrainError::Ddp(message)
+        } else {
+            TrainError::Torch(message)
+        }
+    }
+
+    /// Mean loss and accuracy (classification) or mean absolute error (regression) over
+    /// `data`, without gradients; each rank evaluates its shard and the sums are all-reduced.
+    pub fn evaluate(&self, data: &Dataset, batch_size: usize) -> Result<Evaluation, TrainError> {
+        self.sync_buffers()?;
+        let (rank, world) = self.ranks();
+        let shard = data.slice(share(data.len(), world, rank));
+        let sums = tch::no_grad(|| {
+            let mut sums = Tensor::zeros([2], (Kind::Double, self.device));
+            for batch in Loader::sequential(&shard, LoaderOptions::single(batch_size, self.device)) {
                 let autocast = Autocast::enter(self.amp, self.cuda);
-                let output = master.model.forward(&batch.x, false).to_kind(Kind::Float);
+                let output = self.model.forward(&batch.x, false).to_kind(Kind::Float);
                 drop(autocast);
-                loss_sum += loss(&output, &batch.y, self.task, Reduction::Sum).to_kind(Kind::Double);
-                metric_sum += match self.task {
+                let loss_sum = loss(&output, &batch.y, self.task, Reduction::Sum).to_kind(Kind::Double);
+                let metric_sum = match self.task {
                     Task::Classification => output.argmax(1, false).eq_tensor(&batch.y).sum(Kind::Double),
                     Task::Regression => (output.reshape([-1]) - &batch.y).abs().sum(Kind::Double),
                 };
+                sums += Tensor::stack(&[loss_sum, metric_sum], 0);
             }
-            let count = data.len().max(1) as f64;
-            let loss = loss_sum.double_value(&[]) / count;
-            let metric = metric_sum.double_value(&[]) / count;
-            match self.task {
-                Task::Classification => Evaluation { loss, accuracy: Some(metric), mae: None },
-                Task::Regression => Evaluation { loss, accuracy: None, mae: Some(metric) },
-            }
+            sums
+        });
+        self.all_reduce_sum(&sums)?;
+        let count = data.len().max(1) as f64;
+        let (loss, metric) = (sums.double_value(&[0]) / count, sums.double_value(&[1]) / count);
+        Ok(match self.task {
+            Task::Classification => Evaluation { loss, accuracy: Some(metric), mae: None },
+            Task::Regression => Evaluation { loss, accuracy: None, mae: Some(metric) },
         })
     }
 }
@@ -253,17 +270,4 @@ fn build_optimizer(config: &TrainConfig, vs: &nn::VarStore) -> Result<nn::Optimi
                 .build(vs, settings.lr)?,
         };
     Ok(optimizer)
-}
-
-/// `total` split into `parts` sizes as even as possible, larger first.
-pub fn split_sizes(total: usize, parts: usize) -> Vec<usize> {
-    let parts = parts.max(1);
-    (0..parts).map(|index| total / parts + usize::from(index < total % parts)).collect()
-}
-
-fn narrow(batch: &Batch, start: usize, size: usize) -> Batch {
-    if start == 0 && size == batch.len() {
-        return Batch { x: batch.x.shallow_clone(), y: batch.y.shallow_clone() };
-    }
-    Batch { x: batch.x.narrow(0, start as i64, size as i64), y: batch.y.narrow(0, start as i64, size as i64) }
 }

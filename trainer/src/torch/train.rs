@@ -1,24 +1,30 @@
-//! `app train`: the epoch loop, evaluation, metrics, checkpoints, early stopping and resume.
+//! `app train` in one process (alone, or as one rank of a data-parallel run): the epoch loop,
+//! evaluation, metrics, checkpoints, early stopping and resume.
 //!
-//! Outputs in the run's directory: `config.json` (the resolved config), `training.log`,
+//! Outputs, written by rank 0 only: `config.json` (the resolved config), `training.log`,
 //! `training_history.json` (one object per epoch), `model_best.pt` (+ `model_best.json`: the
 //! epoch and metric it was chosen at) and `model_epoch_XXX.pt` every `checkpoint_every`
 //! epochs (+ `.json`). Each epoch's metrics are also appended to the metrics file as a JSON
-//! line (the worker ships `APP_METRICS_FILE`).
+//! line (the worker ships `APP_METRICS_FILE`). Every rank runs the same collectives in the
+//! same order (evaluation all-reduces), so their decisions (early stopping) agree.
 
+use super::checkpoint::{self, CheckpointInfo};
 use super::data::{self, Data};
-use super::device::{self, Devices};
+use super::device::{self, Placement};
+use super::ffi::ddp::ProcessGroup;
 use super::loader::{Loader, LoaderOptions};
-use super::step::{Engine, Evaluation};
+use super::step::{Ddp, Engine, Evaluation};
 use super::{io_error, TrainError};
+use crate::batches::{check_step_rows, min_rows_per_step};
 use crate::config::{Task, TrainConfig};
 use crate::early::{EarlyStopping, Verdict};
+use crate::ranks::RankInfo;
 use crate::schedule::{learning_rate, Progress};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tch::{Device, Kind, Tensor};
 
 /// Where a run writes.
 pub struct Outputs {
@@ -40,31 +46,32 @@ pub struct Summary {
     pub stopped_early: bool,
 }
 
-/// The sidecar of a checkpoint, read back on resume.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CheckpointInfo {
-    pub epoch: usize,
-    pub step: usize,
-    pub metric: String,
-    pub value: Option<f64>,
-    pub best_value: Option<f64>,
-    pub loss_scale: Option<f64>,
-}
-
-pub fn train(config: &TrainConfig, outputs: &Outputs) -> Result<Summary, TrainError> {
-    let devices = device::resolve(config)?;
-    if config.threads > 0 {
-        tch::set_num_threads(config.threads as i32);
+/// Trains alone (`rank: None`) or as one rank of a data-parallel run.
+pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -> Result<Summary, TrainError> {
+    if rank.is_some() {
+        super::launch::die_with_launcher()?;
     }
-    std::fs::create_dir_all(&outputs.dir).map_err(io_error(format!("creating {}", outputs.dir.display())))?;
-    let mut log = RunLog::open(outputs)?;
-    write_json(&outputs.dir.join("config.json"), &serde_json::to_value(config).unwrap_or_default())?;
+    let placement = device::resolve(config, rank.map(|rank| rank.local_rank))?;
+    let threads = device::set_threads(config, rank.map_or(1, |rank| rank.local_world));
+    let main = rank.is_none_or(RankInfo::is_main);
+    let mut log = RunLog::open(outputs, main)?;
+    if main {
+        write_json(&outputs.dir.join("config.json"), &serde_json::to_value(config).unwrap_or_default())?;
+    }
+    let (world, ranks_text) = match rank {
+        Some(rank) => {
+            let backend = if placement.cuda() { "NCCL" } else { "Gloo" };
+            (rank.world, format!(", {} ranks over {backend} (this is rank {})", rank.world, rank.rank))
+        }
+        None => (1, String::new()),
+    };
     log.line(&format!(
-        "device {}, amp {}, {} intra-op threads",
-        devices.describe(),
+        "device {}, amp {}, tf32 {}, {threads} intra-op threads{ranks_text}",
+        placement.describe(),
         config.amp.name(),
-        tch::get_num_threads()
+        if config.tf32 && placement.cuda() { "on" } else { "off" },
     ))?;
+    check_step_rows(config.batch_size, world, config.grad_accum, config.model.batch_norm)?;
 
     let data = data::load(&config.data, config.seed)?;
     log.line(&format!(
@@ -77,14 +84,14 @@ pub fn train(config: &TrainConfig, outputs: &Outputs) -> Result<Summary, TrainEr
             Task::Regression => "regression".to_string(),
         }
     ))?;
-    let mut engine = Engine::new(config, &data, &devices)?;
+    let data = place_data(data, config, &placement, &mut log)?;
+    let mut engine = Engine::new(config, &data, placement.device)?;
     let metric = config.early_stopping.metric.clone();
     let mut stopping = EarlyStopping::new(&metric, config.early_stopping.patience, config.early_stopping.min_delta);
     let (mut first_epoch, mut step) = (1, 0);
     let mut history = Vec::new();
     if let Some(path) = &config.resume {
-        let info = resume(&mut engine, path)?;
-        if let Some(info) = info {
+        if let Some(info) = checkpoint::resume(&mut engine, path)? {
             first_epoch = info.epoch + 1;
             step = info.step;
             stopping = stopping.with_best(info.best_value);
@@ -101,49 +108,85 @@ pub fn train(config: &TrainConfig, outputs: &Outputs) -> Result<Summary, TrainEr
         }
         log.line(&format!("resumed from {} at epoch {first_epoch}", path.display()))?;
     }
+    if let Some(rank) = rank {
+        let timeout = Duration::from_secs(config.ddp_timeout);
+        let group = ProcessGroup::join(
+            &rank.master_addr,
+            rank.master_port,
+            rank.rank,
+            rank.world,
+            placement.cuda_index(),
+            timeout,
+        )
+        .map_err(|error| TrainError::Ddp(format!("joining {}:{}: {error}", rank.master_addr, rank.master_port)))?;
+        engine.join(Ddp { group, rank: rank.rank, world: rank.world }, config.ddp_bucket_mb)?;
+    }
 
+    let (rank_index, _) = engine.ranks();
     let options = LoaderOptions {
         batch_size: config.batch_size,
         threads: config.data.loader_threads,
         prefetch: config.data.prefetch,
-        pin_for: (config.data.pin_memory && devices.cuda).then(|| devices.master()),
+        device: placement.device,
+        pin_memory: config.data.pin_memory,
+        rank: rank_index,
+        ranks: world,
+        min_step_rows: min_rows_per_step(world, config.grad_accum, config.model.batch_norm),
     };
-    let steps_per_epoch = data.train.len().div_ceil(config.batch_size);
+    let steps_per_epoch =
+        crate::batches::epoch_batches(data.train.len(), config.batch_size, options.min_step_rows)?.len();
     let total_steps = steps_per_epoch * config.epochs;
     let mut best_epoch = None;
     let mut stopped_early = false;
     let mut last_epoch = first_epoch.saturating_sub(1);
-    tch::manual_seed(config.seed as i64 + first_epoch as i64);
     for epoch in first_epoch..=config.epochs {
+        // The same seed on every rank: they agree on the order and take their own shares.
+        tch::manual_seed(config.seed as i64 + epoch as i64);
         last_epoch = epoch;
-        reset_peak_memory(&devices);
+        reset_peak_memory(&placement);
         let started = Instant::now();
-        let mut loss_sum = tch::Tensor::zeros([], (tch::Kind::Float, engine.master_device()));
+        let mut loss_sum = Tensor::zeros([], (Kind::Float, placement.device));
         let mut lr = config.optimizer.lr;
         let (mut seen, mut skipped) = (0usize, 0usize);
-        for batch in Loader::shuffled(&data.train, options) {
+        for batch in Loader::shuffled(&data.train, options)? {
             lr = learning_rate(&config.schedule, config.optimizer.lr, Progress { step, steps_per_epoch, total_steps });
             engine.set_lr(lr);
-            let result = engine.step(&batch);
-            loss_sum += result.loss * batch.len() as f64;
+            let result = engine.step(&batch)?;
+            loss_sum += result.loss_sum;
             seen += batch.len();
             skipped += usize::from(!result.applied);
             step += 1;
         }
-        device::synchronize(engine.master_device());
+        let totals =
+            Tensor::stack(&[loss_sum.to_kind(Kind::Double), Tensor::from(seen as f64).to_device(placement.device)], 0);
+        engine.all_reduce_sum(&totals)?;
+        device::synchronize(placement.device);
         let train_seconds = started.elapsed().as_secs_f64();
-        let train_loss = loss_sum.double_value(&[]) / seen.max(1) as f64;
-        let evaluation = (!data.val.is_empty()).then(|| engine.evaluate(&data.val, options));
-        let entry =
-            epoch_metrics(epoch, train_loss, evaluation, seen as f64 / train_seconds, lr, &devices, &engine, skipped);
+        let seen_everywhere = totals.double_value(&[1]);
+        let train_loss = totals.double_value(&[0]) / seen_everywhere.max(1.0);
+        let evaluation = if data.val.is_empty() { None } else { Some(engine.evaluate(&data.val, config.batch_size)?) };
+        let entry = epoch_metrics(
+            epoch,
+            train_loss,
+            evaluation,
+            seen_everywhere / train_seconds,
+            lr,
+            &placement,
+            &engine,
+            skipped,
+        );
         let value = entry.get(&metric).and_then(Value::as_f64).unwrap_or(f64::NAN);
-        append_metrics(outputs, &entry)?;
         log.line(&describe(&entry))?;
+        if main {
+            append_metrics(outputs, &entry)?;
+        }
         history.push(entry);
-        write_json(
-            &outputs.dir.join("training_history.json"),
-            &Value::Array(history.iter().cloned().map(Value::Object).collect()),
-        )?;
+        if main {
+            write_json(
+                &outputs.dir.join("training_history.json"),
+                &Value::Array(history.iter().cloned().map(Value::Object).collect()),
+            )?;
+        }
 
         let verdict = stopping.observe(value);
         let info = CheckpointInfo {
@@ -154,12 +197,15 @@ pub fn train(config: &TrainConfig, outputs: &Outputs) -> Result<Summary, TrainEr
             best_value: stopping.best(),
             loss_scale: engine.scaler.as_ref().map(crate::scaler::LossScaler::scale),
         };
+        let extension = config.checkpoint_format.extension();
         if verdict == Verdict::Improved {
-            save_checkpoint(&engine, &outputs.dir.join("model_best.pt"), &info)?;
+            if main {
+                checkpoint::save(&engine, &outputs.dir.join(format!("model_best.{extension}")), &info)?;
+            }
             best_epoch = Some(epoch);
         }
-        if config.checkpoint_every > 0 && epoch % config.checkpoint_every == 0 {
-            save_checkpoint(&engine, &outputs.dir.join(format!("model_epoch_{epoch:03}.pt")), &info)?;
+        if main && config.checkpoint_every > 0 && epoch % config.checkpoint_every == 0 {
+            checkpoint::save(&engine, &outputs.dir.join(format!("model_epoch_{epoch:03}.{extension}")), &info)?;
         }
         if verdict == Verdict::Stop {
             log.line(&format!("early stop: no improvement of {metric} for {} epochs", config.early_stopping.patience))?;
@@ -173,15 +219,36 @@ pub fn train(config: &TrainConfig, outputs: &Outputs) -> Result<Summary, TrainEr
             best_epoch.map_or("(before resume)".into(), |e| e.to_string())
         ))?;
     }
+    let devices = match rank {
+        Some(rank) if placement.cuda() => format!("{} x {} ranks (NCCL)", placement.short(), rank.world),
+        Some(rank) => format!("CPU x {} ranks (Gloo)", rank.world),
+        None => placement.short(),
+    };
     Ok(Summary {
         epochs: last_epoch,
         best_metric: metric,
         best_value: stopping.best(),
         best_epoch,
         history,
-        devices: devices.describe(),
+        devices,
         stopped_early,
     })
+}
+
+/// Moves the dataset to the GPU when asked, or (auto) when it takes under a quarter of the
+/// GPU's free memory: batches are then gathered there and nothing is copied per step.
+fn place_data(data: Data, config: &TrainConfig, placement: &Placement, log: &mut RunLog) -> Result<Data, TrainError> {
+    let Some(index) = placement.cuda_index() else { return Ok(data) };
+    let bytes = data.train.bytes() + data.val.bytes();
+    let on_device = data::fits_on_device(config.data.on_device, index, bytes);
+    let size = crate::bench::format_bytes(bytes);
+    if !on_device {
+        log.line(&format!("data ({size}) stays on the host: pinned batches, copied on a side stream"))?;
+        return Ok(data);
+    }
+    log.line(&format!("data ({size}) lives on cuda:{index}"))?;
+    let device = placement.device;
+    Ok(Data { train: data.train.to_device(device), val: data.val.to_device(device), ..data })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -191,7 +258,7 @@ fn epoch_metrics(
     evaluation: Option<Evaluation>,
     samples_per_s: f64,
     lr: f64,
-    devices: &Devices,
+    placement: &Placement,
     engine: &Engine,
     skipped: usize,
 ) -> Map<String, Value> {
@@ -210,7 +277,7 @@ fn epoch_metrics(
     }
     entry.insert("samples_per_s".into(), json!(samples_per_s));
     entry.insert("lr".into(), json!(lr));
-    if let Some(bytes) = peak_memory(devices) {
+    if let Some(bytes) = placement.cuda_index().and_then(super::ffi::cuda_peak_allocated) {
         entry.insert("gpu_mem".into(), json!(bytes));
     }
     if let Some(scaler) = &engine.scaler {
@@ -240,68 +307,9 @@ fn describe(entry: &Map<String, Value>) -> String {
     parts.join("  ")
 }
 
-fn reset_peak_memory(devices: &Devices) {
-    if devices.cuda {
-        for device in &devices.replicas {
-            if let tch::Device::Cuda(index) = device {
-                super::ffi::cuda_reset_peak(*index);
-            }
-        }
-    }
-}
-
-/// The largest per-GPU peak of the epoch; none on the CPU.
-fn peak_memory(devices: &Devices) -> Option<u64> {
-    if !devices.cuda {
-        return None;
-    }
-    devices
-        .replicas
-        .iter()
-        .filter_map(|device| match device {
-            tch::Device::Cuda(index) => super::ffi::cuda_peak_allocated(*index),
-            _ => None,
-        })
-        .max()
-}
-
-/// Saves the master's weights and the sidecar `.json` beside them.
-pub fn save_checkpoint(engine: &Engine, path: &Path, info: &CheckpointInfo) -> Result<(), TrainError> {
-    engine.master().vs.save(path)?;
-    write_json(&path.with_extension("json"), &serde_json::to_value(info).unwrap_or_default())
-}
-
-/// Loads weights into every replica; the sidecar (if there) says where training stopped.
-/// (tch's `VarStore::load` expects a Python pickle for `.pt`, while `save` writes a
-/// TorchScript archive, so the tensors are loaded by name here.)
-pub fn resume(engine: &mut Engine, path: &Path) -> Result<Option<CheckpointInfo>, TrainError> {
-    let bad = |error: String| TrainError::Config(crate::config::config_error("resume", error));
-    let loading =
-        |error: tch::TchError| bad(format!("loading {}: {}", path.display(), super::first_line(&error.to_string())));
-    for replica in &mut engine.replicas {
-        let saved: std::collections::HashMap<String, tch::Tensor> =
-            tch::Tensor::load_multi_with_device(path, replica.device).map_err(loading)?.into_iter().collect();
-        for (name, mut variable) in replica.vs.variables() {
-            let source = saved
-                .get(&name)
-                .ok_or_else(|| bad(format!("{} has no tensor `{name}`: a different model?", path.display())))?;
-            if source.size() != variable.size() {
-                return Err(bad(format!(
-                    "`{name}` in {} has shape {:?}, the model {:?}",
-                    path.display(),
-                    source.size(),
-                    variable.size()
-                )));
-            }
-            tch::no_grad(|| variable.f_copy_(source)).map_err(loading)?;
-        }
-    }
-    let sidecar = path.with_extension("json");
-    match std::fs::read_to_string(&sidecar) {
-        Ok(text) => serde_json::from_str(&text)
-            .map(Some)
-            .map_err(|error| bad(format!("reading {}: {error}", sidecar.display()))),
-        Err(_) => Ok(None),
+fn reset_peak_memory(placement: &Placement) {
+    if let Some(index) = placement.cuda_index() {
+        super::ffi::cuda_reset_peak(index);
     }
 }
 
@@ -328,40 +336,46 @@ fn append_metrics(outputs: &Outputs, entry: &Map<String, Value>) -> Result<(), T
     writeln!(file, "{line}").map_err(io_error(format!("writing {}", path.display())))
 }
 
-/// training.log, and stdout when asked.
+/// training.log, and stdout when asked; nothing on ranks other than 0.
 struct RunLog {
-    file: std::fs::File,
+    file: Option<std::fs::File>,
     echo: bool,
     path: PathBuf,
 }
 
 impl RunLog {
-    fn open(outputs: &Outputs) -> Result<RunLog, TrainError> {
+    fn open(outputs: &Outputs, main: bool) -> Result<RunLog, TrainError> {
         let path = outputs.dir.join("training.log");
+        if !main {
+            return Ok(RunLog { file: None, echo: false, path });
+        }
+        std::fs::create_dir_all(&outputs.dir).map_err(io_error(format!("creating {}", outputs.dir.display())))?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(io_error(format!("opening {}", path.display())))?;
-        Ok(RunLog { file, echo: outputs.echo, path })
+        Ok(RunLog { file: Some(file), echo: outputs.echo, path })
     }
 
     fn line(&mut self, text: &str) -> Result<(), TrainError> {
         if self.echo {
             println!("{text}");
         }
-        writeln!(self.file, "{text}").map_err(io_error(format!("writing {}", self.path.display())))
+        match &mut self.file {
+            Some(file) => writeln!(file, "{text}").map_err(io_error(format!("writing {}", self.path.display()))),
+            None => Ok(()),
+        }
     }
 }
 
 /// Loads a checkpoint into a fresh model and evaluates it on the run's validation split
-/// (what `model_best.pt` promised).
+/// (what `model_best.pt` promised), on one device.
 pub fn evaluate_checkpoint(config: &TrainConfig, path: &Path) -> Result<Evaluation, TrainError> {
-    let devices = device::resolve(config)?;
+    let placement = device::resolve(config, None)?;
     let data: Data = data::load(&config.data, config.seed)?;
-    let single = Devices { replicas: vec![devices.master()], cuda: devices.cuda };
-    let mut engine = Engine::new(config, &data, &single)?;
-    resume(&mut engine, path)?;
-    let options = LoaderOptions { batch_size: config.batch_size, threads: 1, prefetch: 2, pin_for: None };
-    Ok(engine.evaluate(&data.val, options))
+    let mut engine = Engine::new(config, &data, placement.device)?;
+    checkpoint::resume(&mut engine, path)?;
+    let val = if placement.device == Device::Cpu { data.val } else { data.val.to_device(placement.device) };
+    engine.evaluate(&val, config.batch_size)
 }
