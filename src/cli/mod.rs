@@ -5,6 +5,7 @@ mod bench;
 mod bench_load;
 mod bench_page;
 mod bench_queue;
+mod bench_search;
 mod bench_server;
 mod bench_worker;
 mod cancel;
@@ -143,6 +144,8 @@ pub enum Command {
     BenchPage(bench_page::BenchPageArgs),
     /// Measure the queue on this machine: submission, claim throughput, dispatch latency.
     BenchQueue(bench_queue::BenchArgs),
+    /// Compare app's TPE, random search and early stopping with Optuna (bench/search/run.sh).
+    BenchSearch(bench_search::BenchSearchArgs),
     /// Measure the worker on this machine: throughput against GNU parallel, dispatch, idle cost.
     BenchWorker(bench_worker::BenchWorkerArgs),
     /// Train the built-in MLP/CNN: `app train --config train.yaml [--set key=value]` (feature `torch`).
@@ -175,6 +178,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::BenchLoad(args)) => bench_load::run(args).await,
         Some(Command::BenchPage(args)) => bench_page::run(args).await,
         Some(Command::BenchQueue(args)) => bench_queue::run(args).await,
+        Some(Command::BenchSearch(args)) => bench_search::run(args).await,
         Some(Command::BenchWorker(args)) => bench_worker::run(args).await,
         Some(Command::Train(args)) => train::run(args, config).await,
         Some(Command::Bench(args)) => bench::run(args, config).await,
