@@ -106,9 +106,12 @@ fn bad_inputs_name_their_key() {
 
 #[test]
 fn the_params_file_is_what_wandb_init_reads() {
-    let sweep = parse("method: grid\nprogram: t.py\nparameters:\n  lr: {value: 0.001}\n  opt: {parameters: {name: {value: adam}}}\n").unwrap();
+    let sweep = parse(
+        "method: grid\nprogram: t.py\nparameters:\n  lr: {value: 0.001}\n  opt: {parameters: {name: {value: adam}}}\n",
+    )
+    .unwrap();
     let file = wandb_params_file(&sweep.job(0).unwrap().params).unwrap();
-    assert_eq!(file, "wandb_version: 1\n\nlr:\n  value: 0.001\nopt:\n  value: {name: adam}\n");
+    assert_eq!(file, "wandb_version: 1\n\nlr:\n  value: 0.001\nopt:\n  value:\n    name: adam\n");
 }
 
 proptest! {

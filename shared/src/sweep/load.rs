@@ -72,7 +72,7 @@ impl Loader {
         let mut builder = Builder { loader: self, stack: Vec::new(), anchors: HashMap::new(), root: None };
         let mut documents = 0;
         for event in Parser::new_from_str(text) {
-            let (event, span) = event.map_err(syntax_error)?;
+            let (event, span) = event.map_err(|error| syntax_error(error, self.max_depth))?;
             match event {
                 Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
                 Event::DocumentStart(_) => {
@@ -406,11 +406,14 @@ fn at(span: Span, message: &str) -> SweepError {
     SweepError::Syntax { line: span.start.line().max(1), column: span.start.col() + 1, message: message.to_owned() }
 }
 
-fn syntax_error(error: ScanError) -> SweepError {
+fn syntax_error(error: ScanError, max_depth: usize) -> SweepError {
     let marker = error.marker();
-    // The scanner's own guard, met while it looks ahead through deep flow nesting.
+    // The scanner's own guard (deeper than any depth we allow), met while it looks ahead
+    // through deep flow nesting before the parser hands us the events.
     let message = match error.info() {
-        info if info.contains("recursion limit exceeded") => "the YAML is nested too deep; refusing it".to_owned(),
+        info if info.contains("recursion limit exceeded") => {
+            format!("the YAML is nested more than {max_depth} levels deep; refusing it")
+        }
         info => info.to_owned(),
     };
     SweepError::Syntax { line: marker.line().max(1), column: marker.col() + 1, message }
@@ -459,7 +462,7 @@ mod tests {
     fn depth_is_refused_while_scanning() {
         let text = format!("a: {}{}", "[".repeat(100_000), "]".repeat(100_000));
         let error = load(&text).unwrap_err();
-        assert!(error.to_string().contains("nested too deep"), "{error}");
+        assert!(error.to_string().contains("nested more than 64 levels deep"), "{error}");
         let text = format!("a: {}{}", "[".repeat(70), "]".repeat(70));
         let error = load(&text).unwrap_err();
         assert!(error.to_string().contains("nested more than 64 levels"), "{error}");
