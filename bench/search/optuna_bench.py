@@ -1,5 +1,7 @@
 """Optuna's side of `app bench-search`: the same problems, the same budgets, the same seeds.
 
+Usage: optuna_bench.py [SEEDS [FIRST_SEED]]
+
 Writes JSON: {"search": {problem: [[best after trial 1..100] per seed]},
               "pruning": {pruner: {"saved": median fraction, "best_in_top3": seeds}}}.
 Problems and learning curves are defined exactly as in src/cli/bench_search.rs (SplitMix64
@@ -67,7 +69,7 @@ def noisy_mixed(trial, seed):
 
 def search(objective, seeds):
     curves = []
-    for seed in range(seeds):
+    for seed in seeds:
         study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
         study.optimize(lambda trial: objective(trial, seed), n_trials=TRIALS)
         best, curve = math.inf, []
@@ -94,7 +96,7 @@ def final_loss(seed, config):
 
 def pruning(make_pruner, seeds):
     saved, kept = [], 0
-    for seed in range(seeds):
+    for seed in seeds:
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed), pruner=make_pruner())
         steps, completed = 0, []
         for config in range(CONFIGS):
@@ -119,7 +121,9 @@ def pruning(make_pruner, seeds):
 
 
 def main():
-    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    first = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    seeds = range(first, first + count)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results = {
         "optuna_version": optuna.__version__,
@@ -129,10 +133,14 @@ def main():
             "noisy_mixed": search(noisy_mixed, seeds),
         },
         "pruning": {
-            "SuccessiveHalvingPruner": pruning(lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3), seeds),
-            "HyperbandPruner": pruning(lambda: optuna.pruners.HyperbandPruner(min_resource=1, max_resource=MAX_STEP, reduction_factor=3), seeds),
-            "MedianPruner": pruning(lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=5), seeds),
-        },
+            f"{name} (min {low})": pruning(make(low), seeds)
+            for low in (1, 3)
+            for name, make in (
+                ("SuccessiveHalving", lambda low: lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=low, reduction_factor=3)),
+                ("Hyperband", lambda low: lambda: optuna.pruners.HyperbandPruner(min_resource=low, max_resource=MAX_STEP, reduction_factor=3)),
+            )
+        }
+        | {"Median (warmup 5)": pruning(lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=5), seeds)},
     }
     json.dump(results, sys.stdout)
 

@@ -23,6 +23,9 @@ pub struct BenchSearchArgs {
     /// Seeds per problem.
     #[arg(long, default_value_t = 15)]
     pub seeds: u64,
+    /// The first seed (seeds run from here).
+    #[arg(long, default_value_t = 0)]
+    pub first_seed: u64,
     /// Optuna's results (JSON from bench/search/optuna_bench.py) to compare with.
     #[arg(long)]
     pub optuna: Option<std::path::PathBuf>,
@@ -46,11 +49,15 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         None => None,
     };
     println!("search: median best value over {} seeds (minimised); ratio = app / Optuna TPE", args.seeds);
-    println!("{:<18} {:>6} {:>12} {:>12} {:>12} {:>9} {:>9}", "problem", "trials", "app TPE", "app random", "Optuna TPE", "TPE/Opt", "rnd/Opt");
+    println!(
+        "{:<18} {:>6} {:>12} {:>12} {:>12} {:>9} {:>9}",
+        "problem", "trials", "app TPE", "app random", "Optuna TPE", "TPE/Opt", "rnd/Opt"
+    );
     for problem in PROBLEMS {
         let started = Instant::now();
-        let tpe = medians(&best_curves(problem, args.seeds, true));
-        let random = medians(&best_curves(problem, args.seeds, false));
+        let seeds = args.first_seed..args.first_seed + args.seeds;
+        let tpe = medians(&best_curves(problem, seeds.clone(), true));
+        let random = medians(&best_curves(problem, seeds, false));
         let theirs = optuna.as_ref().and_then(|results| results["search"][problem.name].as_array().cloned());
         for (position, trials) in CHECKPOINTS.iter().enumerate() {
             let optuna_median = theirs.as_ref().and_then(|seeds| median_at(seeds, *trials));
@@ -58,29 +65,52 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
             let shown = optuna_median.map_or("-".to_owned(), |value| format!("{value:.5}"));
             println!(
                 "{:<18} {:>6} {:>12.5} {:>12.5} {:>12} {:>9} {:>9}",
-                problem.name, trials, tpe[position], random[position], shown, ratio(tpe[position]), ratio(random[position])
+                problem.name,
+                trials,
+                tpe[position],
+                random[position],
+                shown,
+                ratio(tpe[position]),
+                ratio(random[position])
             );
         }
         eprintln!("  ({} took {:.1?} for both app searches)", problem.name, started.elapsed());
     }
     println!();
-    println!("early stopping: {CONFIGS} configs of up to {MAX_STEP} steps, run one after another, {} curve sets", args.seeds);
-    println!("{:<28} {:>14} {:>22}", "rule", "compute saved", "true best in top 3");
+    println!(
+        "early stopping: {CONFIGS} configs of up to {MAX_STEP} steps, run one after another, {} curve sets",
+        args.seeds
+    );
+    println!("{:<36} {:>14} {:>22}", "rule (eta 3)", "compute saved", "true best in top 3");
     let rules = [
-        ("app hyperband (W&B, min_iter 1, eta 3)", EarlyStop::Rungs { kind: RungKind::Hyperband, rungs: hyperband_rungs(Some(1), Some(MAX_STEP), None, 3.0), eta: 3.0 }),
-        ("app asha (min 1, eta 3)", EarlyStop::Rungs { kind: RungKind::Asha, rungs: hyperband_rungs(Some(1), Some(MAX_STEP), None, 3.0), eta: 3.0 }),
+        (
+            "app hyperband (W&B, min_iter 1, eta 3)",
+            EarlyStop::Rungs {
+                kind: RungKind::Hyperband,
+                rungs: hyperband_rungs(Some(1), Some(MAX_STEP), None, 3.0),
+                eta: 3.0,
+            },
+        ),
+        (
+            "app asha (min 1, eta 3)",
+            EarlyStop::Rungs {
+                kind: RungKind::Asha,
+                rungs: hyperband_rungs(Some(1), Some(MAX_STEP), None, 3.0),
+                eta: 3.0,
+            },
+        ),
         ("app median (warmup 5)", EarlyStop::Median { warmup_steps: 5, min_runs: 5 }),
     ];
     for (name, rule) in rules {
-        let (saved, kept) = early_stopping(&rule, args.seeds);
-        println!("{:<28} {:>13.1}% {:>15} of {:>3}", name, saved * 100.0, kept, args.seeds);
+        let (saved, kept) = early_stopping(&rule, args.first_seed..args.first_seed + args.seeds);
+        println!("{:<36} {:>13.1}% {:>15} of {:>3}", name, saved * 100.0, kept, args.seeds);
     }
     if let Some(results) = &optuna {
         if let Some(pruners) = results["pruning"].as_object() {
             for (name, figures) in pruners {
                 let saved = figures["saved"].as_f64().unwrap_or(f64::NAN);
                 let kept = figures["best_in_top3"].as_u64().unwrap_or(0);
-                println!("{:<28} {:>13.1}% {:>15} of {:>3}", format!("optuna {name}"), saved * 100.0, kept, args.seeds);
+                println!("{:<36} {:>13.1}% {:>15} of {:>3}", format!("optuna {name}"), saved * 100.0, kept, args.seeds);
             }
         }
     }
@@ -157,9 +187,9 @@ fn noisy_mixed(x: &[f64], seed: u64, trial: u64) -> f64 {
 }
 
 /// Best-so-far at each checkpoint, per seed.
-fn best_curves(problem: Problem, seeds: u64, model: bool) -> Vec<Vec<f64>> {
+fn best_curves(problem: Problem, seeds: std::ops::Range<u64>, model: bool) -> Vec<Vec<f64>> {
     let space = (problem.space)();
-    (0..seeds)
+    seeds
         .map(|seed| {
             let mut finished: Vec<Trial> = Vec::with_capacity(TRIALS);
             let mut best = f64::INFINITY;
@@ -212,10 +242,10 @@ fn curve(seed: u64, config: u64, step: u64) -> f64 {
 
 /// (fraction of steps saved against training every config to the end, seeds in which the
 /// config with the best noise-free final loss finished among the best 3 completed runs).
-fn early_stopping(rule: &EarlyStop, seeds: u64) -> (f64, u64) {
+fn early_stopping(rule: &EarlyStop, seeds: std::ops::Range<u64>) -> (f64, u64) {
     let mut saved = Vec::new();
     let mut kept = 0;
-    for seed in 0..seeds {
+    for seed in seeds {
         let mut histories: Vec<Vec<(u64, f64)>> = Vec::new();
         let mut completed: Vec<(f64, u64)> = Vec::new();
         let mut steps = 0u64;

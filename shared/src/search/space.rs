@@ -1,7 +1,7 @@
 //! The searched parameters of an adaptive sweep, in the coordinates proposals use: a
 //! category's index, an integer, or a float (already quantized when the parameter has a step).
 
-use rand::{Rng, RngExt};
+use super::tpe::Draws;
 
 /// One searched parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,12 +25,17 @@ pub struct Space {
 
 impl Param {
     /// A uniform draw (log-uniform for log floats).
-    pub(crate) fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
+    pub(crate) fn sample(&self, rng: &mut Draws) -> f64 {
         match *self {
-            Param::Categorical { choices } => rng.random_range(0..choices.max(1)) as f64,
-            Param::Int { low, high } => rng.random_range(low..=high) as f64,
+            Param::Categorical { choices } => {
+                ((rng.unit() * choices.max(1) as f64) as usize).min(choices.max(1) - 1) as f64
+            }
+            Param::Int { low, high } => {
+                let span = (i128::from(high) - i128::from(low) + 1) as f64;
+                (i128::from(low) + ((rng.unit() * span) as i128).min(i128::from(high) - i128::from(low))) as f64
+            }
             Param::Float { low, high, log, step } => {
-                let unit: f64 = rng.random();
+                let unit = rng.unit();
                 let value =
                     if log { (low.ln() + unit * (high.ln() - low.ln())).exp() } else { low + unit * (high - low) };
                 self.snap(value, step)
