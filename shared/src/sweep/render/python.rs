@@ -32,7 +32,7 @@ pub(crate) fn to_repr(value: &Value) -> String {
 }
 
 fn is_tuple(value: &Value) -> bool {
-    matches!(value, Value::Tagged(tagged) if tagged.tag.to_string() == "!!python/tuple")
+    matches!(value, Value::Tagged(tagged) if tagged.tag == "!!python/tuple")
 }
 
 /// Python's `repr(value)`.
