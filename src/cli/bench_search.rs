@@ -82,23 +82,16 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         args.seeds
     );
     println!("{:<36} {:>14} {:>22}", "rule (eta 3)", "compute saved", "true best in top 3");
+    // W&B hyperband and native ASHA share the rung rule; min_iter 1 and 3 as Optuna's
+    // min_resource 1 and 3.
+    let rungs = |min_iter| EarlyStop::Rungs {
+        kind: RungKind::Hyperband,
+        rungs: hyperband_rungs(Some(min_iter), Some(MAX_STEP), None, 3.0),
+        eta: 3.0,
+    };
     let rules = [
-        (
-            "app hyperband (W&B, min_iter 1, eta 3)",
-            EarlyStop::Rungs {
-                kind: RungKind::Hyperband,
-                rungs: hyperband_rungs(Some(1), Some(MAX_STEP), None, 3.0),
-                eta: 3.0,
-            },
-        ),
-        (
-            "app asha (min 1, eta 3)",
-            EarlyStop::Rungs {
-                kind: RungKind::Asha,
-                rungs: hyperband_rungs(Some(1), Some(MAX_STEP), None, 3.0),
-                eta: 3.0,
-            },
-        ),
+        ("app hyperband/asha (min 1)", rungs(1)),
+        ("app hyperband/asha (min 3)", rungs(3)),
         ("app median (warmup 5)", EarlyStop::Median { warmup_steps: 5, min_runs: 5 }),
     ];
     for (name, rule) in rules {
