@@ -49,6 +49,7 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         None => None,
     };
     println!("search: median best value over {} seeds (minimised); ratio = app / Optuna TPE", args.seeds);
+    println!("(hartmann6 is negative: there a ratio above 1 means app found lower values)");
     println!(
         "{:<18} {:>6} {:>12} {:>12} {:>12} {:>9} {:>9}",
         "problem", "trials", "app TPE", "app random", "Optuna TPE", "TPE/Opt", "rnd/Opt"
