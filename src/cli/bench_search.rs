@@ -314,15 +314,27 @@ fn hostile() {
     }
     cases.insert("billion laughs", laughs);
     cases.insert("CVLab 100,000 axes", (0..100_000).map(|key| format!("k{key}: [1, 2]\n")).collect());
-    println!("{:<32} {:>9} {:>10}  outcome", "hostile sweep file", "bytes", "refused in");
+    println!("{:<32} {:>9} {:>10} {:>10}  outcome", "hostile sweep file", "bytes", "wall", "cpu");
     for (name, text) in cases {
+        let cpu_before = thread_cpu_ns();
         let started = Instant::now();
         let result = Sweep::parse(&text, &ExpandOptions::default());
         let elapsed = started.elapsed();
+        let cpu = match (cpu_before, thread_cpu_ns()) {
+            (Some(before), Some(after)) => format!("{:.1}ms", (after - before) as f64 / 1e6),
+            _ => "-".to_owned(),
+        };
         let outcome = match result {
             Ok(sweep) => format!("accepted ({} jobs)", sweep.count()),
             Err(error) => error.to_string().chars().take(70).collect(),
         };
-        println!("{name:<32} {:>9} {:>8.1}ms  {outcome}", text.len(), elapsed.as_secs_f64() * 1e3);
+        println!("{name:<32} {:>9} {:>8.1}ms {cpu:>10}  {outcome}", text.len(), elapsed.as_secs_f64() * 1e3);
     }
+}
+
+/// This thread's time on a CPU in nanoseconds (Linux `schedstat`), so the figures do not
+/// depend on what else the machine is running.
+fn thread_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
 }

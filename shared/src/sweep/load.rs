@@ -226,12 +226,14 @@ impl Builder<'_> {
             Open::Sequence(items) => items.push(value),
             Open::Mapping(map, pending) => match pending.take() {
                 None => *pending = Some((value, span)),
-                Some((key, key_span)) => {
-                    if map.contains_key(&key) {
-                        return Err(at(key_span, &duplicate_key(&key)));
+                Some((key, key_span)) => match map.entry(key) {
+                    serde_norway::mapping::Entry::Occupied(entry) => {
+                        return Err(at(key_span, &duplicate_key(entry.key())))
                     }
-                    map.insert(key, value);
-                }
+                    serde_norway::mapping::Entry::Vacant(entry) => {
+                        entry.insert(value);
+                    }
+                },
             },
         }
         Ok(())
