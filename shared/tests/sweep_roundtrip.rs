@@ -21,7 +21,7 @@ fn scalar() -> impl Strategy<Value = String> {
 
 fn document() -> impl Strategy<Value = String> {
     let leaf = scalar();
-    let nested = proptest::collection::vec(("[a-z]{1,6}", scalar()), 1..4).prop_map(|entries| {
+    let nested = proptest::collection::btree_map("[a-z]{1,6}", scalar(), 1..4).prop_map(|entries| {
         format!("{{{}}}", entries.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", "))
     });
     proptest::collection::vec(("[a-z]{1,8}", prop_oneof![leaf, nested]), 1..8).prop_map(|entries| {
