@@ -8,6 +8,7 @@
 //! same answer, so a controller restarted after a crash proposes and stops exactly as before.
 
 pub mod early_stop;
+mod kernels;
 pub mod space;
 pub mod tpe;
 

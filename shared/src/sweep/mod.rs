@@ -31,6 +31,7 @@ mod plan;
 mod random;
 mod read;
 mod render;
+mod scalar;
 mod wandb;
 mod wandb_command;
 mod wandb_spec;
