@@ -54,7 +54,9 @@ pub(crate) fn key_string(key: &Value) -> Result<String, String> {
         Value::Sequence(_) | Value::Mapping(_) => {
             Err("a mapping used as a parameter value needs scalar keys".to_owned())
         }
-        other => Ok(crate::sweep::read::key_text(other)),
+        Value::Number(number) => Ok(number.to_string()),
+        Value::Bool(flag) => Ok(flag.to_string()),
+        _ => Ok("null".to_owned()),
     }
 }
 
