@@ -1,5 +1,6 @@
 //! Sweep files as the server receives them (`POST /api/sweeps`): parse, count, build the first
-//! and last jobs. Nothing may panic or hang, and what comes out must hold together.
+//! and last jobs (for adaptive sweeps, a proposed job). Nothing may panic or hang, and what
+//! comes out must hold together.
 
 #![no_main]
 
@@ -28,5 +29,14 @@ fuzz_target!(|data: &[u8]| {
         // The same file gives the same jobs (random search is seeded per index).
         assert_eq!(Some(&job), sweep.job(index).as_ref(), "job {index} differs when built again");
     }
-    assert!(sweep.job(count).is_none(), "a job past the end ({count}) was built");
+    if sweep.search.is_adaptive() {
+        // Adaptive: any index is a seeded draw, and a proposal builds a job.
+        let proposal = shared::search::propose(&sweep.space(), false, &[], &[], 0, 0);
+        let job = sweep.job_from(7, &proposal.values).expect("a proposal of the sweep's own space builds a job");
+        let params: serde_json::Value = serde_json::from_str(&job.params).expect("proposed params are JSON");
+        assert_eq!(sweep.coordinates(&params).map(|values| values.len()), Some(proposal.values.len()));
+        assert!(sweep.job(1_000_000).is_some(), "an adaptive sweep's draw is missing");
+    } else {
+        assert!(sweep.job(count).is_none(), "a job past the end ({count}) was built");
+    }
 });

@@ -6,10 +6,12 @@
 //! so a change to the protocol shows up as a compile error on both sides.
 
 pub mod api;
+pub mod dotted;
 pub mod history;
 pub mod job;
 pub mod names;
 pub mod placement;
+pub mod search;
 pub mod size;
 pub mod sweep;
 

@@ -181,16 +181,17 @@ fn wandb_random_is_reproducible_and_seeded() {
         assert!((1e-5..=1e-1).contains(&lr) && (0.0..0.5).contains(&dropout), "{values}");
         assert!([32, 64, 128].contains(&values["batch_size"].as_i64().unwrap()));
         assert_eq!(values["epochs"], 10);
-        // The command carries the very texts of the params JSON (flat here, so split it).
-        let fields: Vec<&str> = job.params.trim_matches(['{', '}']).split(',').collect();
-        let text = |position: usize| fields[position].split_once(':').unwrap().1;
-        let expected = format!(
-            "/usr/bin/env python train.py --lr={} --batch_size={} --dropout={} --epochs=10",
-            text(0),
-            text(1),
-            text(2)
-        );
-        assert_eq!(job.command, expected);
+        // The command carries the params' values to the last bit, written as Python's
+        // `str()` (`1e-05`), as the W&B agent writes them.
+        let arguments: Vec<&str> = job.command.split(' ').skip(3).collect();
+        let argument = |name: &str| {
+            let prefix = format!("--{name}=");
+            arguments.iter().find_map(|argument| argument.strip_prefix(prefix.as_str())).unwrap().to_owned()
+        };
+        assert_eq!(argument("lr").parse::<f64>().unwrap().to_bits(), lr.to_bits(), "{}", job.command);
+        assert_eq!(argument("dropout").parse::<f64>().unwrap().to_bits(), dropout.to_bits());
+        assert_eq!(argument("batch_size"), values["batch_size"].to_string());
+        assert_eq!(argument("epochs"), "10");
     }
     let distinct: std::collections::HashSet<&str> = jobs.iter().map(|job| job.params.as_str()).collect();
     assert_eq!(distinct.len(), 30);
@@ -202,7 +203,7 @@ fn wandb_random_is_reproducible_and_seeded() {
 fn wandb_grid_nests_parameters_and_expands_macros() {
     let sweep = parse(
         "method: grid\nprogram: train.py\nrun_cap: 5\nmetric: {name: acc, goal: maximize}\n\
-         command: ['${env}', '${interpreter}', '${program}', '${args}', --json, '${args_json}', '${args_json_file}', '${HOME}']\n\
+         command: ['${env}', '${interpreter}', '${program}', '${args}', --json, '${args_json}', '${args_json_file}']\n\
          parameters:\n  a: {values: [1, 2, 3]}\n  opt: {parameters: {lr: {values: [0.1, 0.2]}, kind: {value: 'sgd m'}}}\n",
     )
     .unwrap();
@@ -212,7 +213,9 @@ fn wandb_grid_nests_parameters_and_expands_macros() {
     assert_eq!(job.params, r#"{"a":1,"opt":{"lr":0.2,"kind":"sgd m"}}"#);
     assert_eq!(
         job.command,
-        r#"/usr/bin/env python train.py --a=1 '--opt={"lr":0.2,"kind":"sgd m"}' --json '{"a":1,"opt":{"lr":0.2,"kind":"sgd m"}}' "$APP_CONFIG" ${HOME}"#
+        // W&B's agent: `--name=str(value)` (a nested parameter is a Python dict), and
+        // `json.dumps` for `${args_json}`; every argument one shell word.
+        r#"/usr/bin/env python train.py --a=1 "--opt={'lr': 0.2, 'kind': 'sgd m'}" --json '{"a": 1, "opt": {"lr": 0.2, "kind": "sgd m"}}' "$APP_CONFIG""#
     );
     let no_hyphens =
         parse("method: grid\ncommand: run ${args_no_hyphens}\nparameters: {x: {values: [a, 'b c']}}\n").unwrap();
@@ -253,16 +256,21 @@ fn native_errors_name_the_key() {
 
 #[test]
 fn wandb_errors_name_the_key() {
-    assert_eq!(error_path("method: bayes\nparameters: {}\nprogram: x"), "method");
-    assert!(error_message("method: bayes\nparameters: {}\nprogram: x").contains("bayes search is not supported"));
+    assert_eq!(error_path("method: bayes\nparameters: {}\nprogram: x"), "metric.name");
+    assert!(error_message("method: bayes\nparameters: {}\nprogram: x").contains("bayes needs metric.name"));
     assert_eq!(error_path("method: grid\nparameters: {}\nprogram: x\nfoo: 1"), "foo");
-    assert!(parse("method: grid\nparameters: {}\nprogram: x\nentity: e\nproject: p\nearly_terminate: {}").is_ok());
+    let ignored = "method: grid\nparameters: {}\nprogram: x\nentity: e\nproject: p\nmetric: {name: l}\n\
+                   early_terminate: {type: hyperband, min_iter: 3}";
+    assert_eq!(parse(ignored).unwrap().warnings.len(), 2);
+    assert_eq!(error_path("method: grid\nparameters: {}\nprogram: x\nearly_terminate: {}"), "early_terminate.type");
     let continuous = "method: grid\nprogram: x\nparameters: {lr: {distribution: uniform, min: 0, max: 1}}";
     assert_eq!(error_path(continuous), "parameters.lr");
     assert!(error_message(continuous).contains("grid search needs `values` or `value`; `lr` has distribution uniform"));
     let nested = "method: grid\nprogram: x\nparameters: {o: {parameters: {lr: {min: 1, max: 3}}}}";
     assert_eq!(error_path(nested), "parameters.o.parameters.lr");
-    assert_eq!(error_path("method: random\nprogram: x\nparameters: {a: {values: [1]}}"), "run_cap");
+    // W&B runs random search without run_cap until it is stopped: adaptive, no jobs up front.
+    let open = parse("method: random\nprogram: x\nparameters: {a: {values: [1]}}").unwrap();
+    assert_eq!((open.count(), open.search.is_adaptive()), (0, true));
     assert_eq!(error_path("method: grid\nparameters: {a: {values: [1]}}"), "program");
     assert_eq!(error_path("method: grid\ncommand: ${program} x\nparameters: {}"), "command");
     assert_eq!(error_path("method: grid\nprogram: x"), "parameters");

@@ -35,6 +35,11 @@ async fn submit(
     let sweep = state.queue.parse_sweep(source.clone(), query.command.clone()).await?;
     let base_name = sweep.name.clone().or(query.name).unwrap_or_else(|| "sweep".into());
     check_name("sweep", &base_name).map_err(ApiError::BadRequest)?;
+    // Adaptive sweeps have no jobs up front; until the sweep controller runs them, refuse
+    // rather than record an empty sweep.
+    if let Some(adaptive) = sweep.search.describe().filter(|_| !query.dry_run) {
+        return Err(ApiError::BadRequest(format!("{adaptive}: adaptive search is not run by this server yet")));
+    }
     if query.dry_run {
         let preview = sweep.jobs().take(PREVIEW_JOBS as usize).map(preview).collect::<Result<_, _>>()?;
         let response = SubmitResponse {

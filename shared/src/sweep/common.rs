@@ -1,27 +1,35 @@
 //! The keys the native and W&B forms share: `name`, `description`, `resources`, `metric`,
-//! `priority`, `retries` and `timeout`.
+//! `priority`, `retries`, `timeout`, and where and how jobs run (`code`, `workdir`, `env`,
+//! `setup`, read by [`super::environment`]).
 
 use serde_norway::{Mapping, Value};
 
+use super::environment::{parse_environment, Environment};
 use super::error::{invalid, SweepError};
-use super::read;
-use super::yaml::{describe, get};
+use super::read::{self, describe, get};
 use super::{Goal, Metric, Resources};
 
+/// The keys every form with sweep keys accepts.
+pub(crate) const SHARED_KEYS: [&str; 11] =
+    ["name", "description", "resources", "metric", "priority", "retries", "timeout", "code", "workdir", "env", "setup"];
+
 /// The sweep-wide settings that do not change from job to job.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Settings {
     pub name: Option<String>,
     pub metric: Option<Metric>,
+    /// W&B `metric.target`: the sweep is done once a run reaches it.
+    pub metric_target: Option<f64>,
     pub resources: Resources,
     pub priority: i64,
     pub retries: u32,
     pub timeout_secs: Option<u64>,
+    pub environment: Environment,
 }
 
 /// Reads the shared keys; the caller has already refused unknown ones.
 pub(crate) fn parse_settings(root: &Mapping) -> Result<Settings, SweepError> {
-    let mut settings = Settings::default();
+    let mut settings = Settings { environment: parse_environment(root)?, ..Settings::default() };
     if let Some(value) = get(root, "name") {
         settings.name = Some(read::string(value, "name")?);
     }
@@ -33,7 +41,9 @@ pub(crate) fn parse_settings(root: &Mapping) -> Result<Settings, SweepError> {
         settings.resources = parse_resources(value)?;
     }
     if let Some(value) = get(root, "metric") {
-        settings.metric = Some(parse_metric(value)?);
+        let (metric, target) = parse_metric(value)?;
+        settings.metric = Some(metric);
+        settings.metric_target = target;
     }
     if let Some(value) = get(root, "priority") {
         settings.priority = read::integer_in(value, "priority", i64::MIN.into(), i64::MAX.into(), "an integer")?;
@@ -87,10 +97,10 @@ fn parse_memory(value: &Value) -> Result<u64, SweepError> {
     Ok(bytes)
 }
 
-fn parse_metric(value: &Value) -> Result<Metric, SweepError> {
+fn parse_metric(value: &Value) -> Result<(Metric, Option<f64>), SweepError> {
     let map = read::mapping(value, "metric")?;
-    // `target` is W&B's early-stop threshold: accepted so W&B files load, but unused.
-    read::check_keys(map, "metric", &["name", "goal"], &["target"], "`metric`")?;
+    read::check_keys(map, "metric", &["name", "goal", "target"], &["impute", "imputewhilerunning"], "`metric`")?;
+    let target = get(map, "target").map(|target| read::number(target, "metric.target")).transpose()?;
     let name = match get(map, "name") {
         Some(name) => read::string(name, "metric.name")?,
         None => return Err(invalid("metric.name", "a metric needs a `name`")),
@@ -101,12 +111,12 @@ fn parse_metric(value: &Value) -> Result<Metric, SweepError> {
             Some("minimize") => Goal::Minimize,
             Some("maximize") => Goal::Maximize,
             _ => {
-                let found = super::yaml::key_text(goal);
+                let found = read::key_text(goal);
                 return Err(invalid("metric.goal", format!("expected minimize or maximize, found `{found}`")));
             }
         },
     };
-    Ok(Metric { name, goal })
+    Ok((Metric { name, goal }, target))
 }
 
 /// Seconds as a number, or a duration string: `90s`, `30m`, `2h`, `1h30m`, `1d`.
@@ -126,7 +136,7 @@ fn parse_timeout(value: &Value) -> Result<u64, SweepError> {
     };
     match seconds {
         Some(seconds) if seconds > 0 => Ok(seconds),
-        _ => Err(invalid("timeout", format!("{EXPECTED}, found `{}`", super::yaml::key_text(value)))),
+        _ => Err(invalid("timeout", format!("{EXPECTED}, found `{}`", read::key_text(value)))),
     }
 }
 
@@ -172,6 +182,7 @@ mod tests {
         assert_eq!(parsed.name.as_deref(), Some("n"));
         assert_eq!(parsed.resources, Resources { gpus: Some(2), gpu_memory: Some(8 << 30), exclusive: Some(false) });
         assert_eq!(parsed.metric, Some(Metric { name: "acc".into(), goal: Goal::Maximize }));
+        assert_eq!(settings("metric: {name: acc, target: 0.99}").unwrap().metric_target, Some(0.99));
         assert_eq!((parsed.priority, parsed.retries, parsed.timeout_secs), (-3, 2, Some(5400)));
     }
 

@@ -11,29 +11,26 @@ use std::collections::HashSet;
 
 use serde_norway::{Mapping, Value};
 
-use super::config::SlotMarkers;
 use super::error::{invalid, SweepError};
-use super::plan::{count_jobs, Plan, Source, Templates};
+use super::load::Loader;
+use super::placeholders::command_template;
+use super::plan::{count_jobs, grid_size, GridOrder, Plan, Source, Templates};
+use super::read::{join, key_text};
+use super::render::template::JsonShape;
+use super::render::yaml::Doc;
 use super::render::Rendered;
-use super::template::{command_template, JsonShape};
-use super::yaml::{join, key_text, Loader};
 use super::{ExpandOptions, Sweep, SweepForm};
+use crate::search::Search;
 
 /// The command when `app submit --command` gives none.
 const DEFAULT_COMMAND: &str = "python main.py --config {config}";
 
-pub(crate) fn parse(
-    root: &Mapping,
-    source: &str,
-    loader: &Loader,
-    options: &ExpandOptions,
-) -> Result<Sweep, SweepError> {
-    let markers = SlotMarkers::for_text(source);
-    let mut document = root.clone();
+pub(crate) fn parse(root: Mapping, loader: &Loader, options: &ExpandOptions) -> Result<Sweep, SweepError> {
+    let mut document = Doc::from_mapping(root);
     let mut axes = Vec::new();
     find_axes(&mut document, "", loader, &mut |path, values| {
         axes.push((path, values));
-        markers.marker(axes.len() - 1)
+        Doc::Slot(axes.len() - 1)
     })?;
     // Counted first: an over-limit file is refused before any other work on its axes.
     let count = count_jobs(axes.iter().map(|(_, values)| values.len()), None, options.max_jobs)?;
@@ -44,17 +41,16 @@ pub(crate) fn parse(
 
     let mut rendered = Vec::with_capacity(axes.len());
     for (path, values) in &axes {
-        let values = values.iter().map(|value| Rendered::new(value, loader).map_err(|message| invalid(path, message)));
+        let values = values.iter().map(|value| Rendered::new(value).map_err(|message| invalid(path, message)));
         rendered.push(values.collect::<Result<Vec<_>, _>>()?);
     }
     let names: Vec<&str> = axes.iter().map(|(path, _)| path.as_str()).collect();
     let command =
         command_template(options.command.as_deref().unwrap_or(DEFAULT_COMMAND), &names, |name| resolve(&names, name))?;
-    let config = markers.template(loader, &Value::Mapping(document), axes.len())?;
-    let templates =
-        Templates { params: JsonShape::flat(names.iter().copied()).template(), command, config: Some(config) };
-    let plan = Plan { count, source: Source::Grid(rendered), templates };
-    Ok(Sweep::new(SweepForm::Cvlab, Default::default(), plan))
+    let full_count = grid_size(rendered.iter().map(Vec::len));
+    let templates = Templates::new(JsonShape::flat(names.iter().copied()), command, Some(document.template()));
+    let plan = Plan { count, full_count, source: Source::Grid(rendered, GridOrder::InOrder), templates };
+    Ok(Sweep::new(SweepForm::Cvlab, Default::default(), plan, Search::Grid, None, Vec::new()))
 }
 
 /// A placeholder names a parameter by its dotted path, or by its last segment when only one
@@ -74,24 +70,27 @@ fn resolve(names: &[&str], name: &str) -> Option<usize> {
 /// Walks nested mappings in document order, resolving non-axis lists in place and handing
 /// each axis to `axis`, which returns what to leave in its place.
 fn find_axes(
-    map: &mut Mapping,
+    doc: &mut Doc,
     parent: &str,
     loader: &Loader,
-    axis: &mut dyn FnMut(String, Vec<Value>) -> Value,
+    axis: &mut dyn FnMut(String, Vec<Value>) -> Doc,
 ) -> Result<(), SweepError> {
-    for (key, value) in map.iter_mut() {
+    let Doc::Map(entries) = doc else { return Ok(()) };
+    for (key, node) in entries.iter_mut() {
         if key.as_str() == Some("device") {
             continue;
         }
         let path = join(parent, &key_text(key));
-        match value {
-            Value::Mapping(inner) => find_axes(inner, &path, loader, axis)?,
-            Value::Sequence(items) if items.len() == 1 => *value = as_list_if_listy(items.remove(0), loader)?,
-            Value::Sequence(items) if items.len() >= 2 => {
-                let values = std::mem::take(items).into_iter().map(|item| as_list_if_listy(item, loader));
-                *value = axis(path, values.collect::<Result<_, _>>()?);
+        match node {
+            Doc::Map(_) => find_axes(node, &path, loader, axis)?,
+            Doc::Value(Value::Sequence(items)) if items.len() == 1 => {
+                *node = Doc::Value(as_list_if_listy(items.remove(0), loader)?)
             }
-            Value::String(_) => *value = as_list_if_listy(std::mem::take(value), loader)?,
+            Doc::Value(Value::Sequence(items)) if items.len() >= 2 => {
+                let values = std::mem::take(items).into_iter().map(|item| as_list_if_listy(item, loader));
+                *node = axis(path, values.collect::<Result<_, _>>()?);
+            }
+            Doc::Value(value @ Value::String(_)) => *value = as_list_if_listy(std::mem::take(value), loader)?,
             _ => {}
         }
     }

@@ -2,36 +2,47 @@
 //!
 //! A sweep is parsed once into a [`Sweep`], which knows its job count *before* building any
 //! job, and can build job `i` on its own ([`Sweep::job`]). That is what lets the server refuse
-//! an over-large grid at once and expand a 100,000-job grid without holding it twice.
+//! an over-large grid at once and expand a 100,000-job grid without holding it twice. An
+//! adaptive sweep (bayes, or random without a cap) has no jobs up front: the server's
+//! controller builds each from a proposal ([`Sweep::job_from`]) or its index.
 //!
-//! Code map: `yaml` loads the file (and keeps `!!python/` tags) through `bounded`, which
-//! refuses documents that aliases blow up, each form has its module (`native`, `wandb` with
-//! `wandb_spec`, `cvlab`), `render` precomputes every value's texts, `template` and `config`
-//! split commands, params and config files into literal text and value slots, `shell`
-//! writes values for the quotes around their placeholder, `plan` decodes a job index, and
-//! `random` does the seeded W&B sampling.
+//! The text flows one way: `load` reads it once into a YAML value (bounded while scanning:
+//! depth, nodes, alias copies, string bytes; positions in errors), `detect` picks the form,
+//! each form's parser (`native`, `wandb` with `wandb_spec` and `wandb_command`, `cvlab`)
+//! reads that value with the typed reads of `read` and the shared keys of `common`,
+//! `environment` and `adaptive`, and `render` computes every text a value becomes, once.
+//! `placeholders` splits native commands, `plan` decodes a job index (in order or spread),
+//! `random` does the seeded W&B sampling, and `params` turns params back into proposals'
+//! coordinates and writes W&B's params file.
 
 use serde::{Deserialize, Serialize};
-use serde_norway::{Mapping, Value};
 
-mod bounded;
+mod adaptive;
 mod common;
-mod config;
 mod cvlab;
+mod detect;
+mod environment;
 mod error;
+mod load;
 mod native;
+mod params;
+mod placeholders;
 mod plan;
 mod random;
 mod read;
 mod render;
-mod shell;
-mod template;
+mod scalar;
 mod wandb;
+mod wandb_command;
 mod wandb_spec;
-mod yaml;
 
-pub use bounded::MAX_DEPTH as MAX_YAML_DEPTH;
+pub use environment::{Code, Environment};
 pub use error::SweepError;
+pub use load::MAX_DEPTH as MAX_YAML_DEPTH;
+pub use params::wandb_params_file;
+pub use plan::GridOrder;
+
+use crate::search::{EarlyStop, Search, Space};
 
 /// Which of the three accepted sweep forms a file was written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,7 +106,7 @@ pub struct ExpandOptions {
 
 impl Default for ExpandOptions {
     fn default() -> Self {
-        Self { max_jobs: 100_000, command: None, max_depth: bounded::DEFAULT_DEPTH }
+        Self { max_jobs: 100_000, command: None, max_depth: load::DEFAULT_DEPTH }
     }
 }
 
@@ -119,11 +130,21 @@ pub struct Sweep {
     pub name: Option<String>,
     pub form: SweepForm,
     pub metric: Option<Metric>,
+    /// W&B `metric.target`: no new run is started once a run reaches it.
+    pub metric_target: Option<f64>,
     pub resources: Resources,
     pub priority: i64,
     pub retries: u32,
     /// Per-job wall-clock limit in seconds.
     pub timeout_secs: Option<u64>,
+    /// How runs are chosen: built up front, or proposed one at a time.
+    pub search: Search,
+    /// When running runs are stopped early, if ever.
+    pub early_stop: Option<EarlyStop>,
+    /// `code`, `workdir`, `env`, `setup`.
+    pub environment: Environment,
+    /// Keys accepted but without effect here (W&B `project`, `entity`, ...), one sentence each.
+    pub warnings: Vec<String>,
     plan: plan::Plan,
 }
 
@@ -131,73 +152,98 @@ impl Sweep {
     /// Parses and validates a sweep file, detecting its form; refuses it when its job count
     /// exceeds `options.max_jobs` without building any job.
     pub fn parse(yaml: &str, options: &ExpandOptions) -> Result<Sweep, SweepError> {
-        let loader = yaml::Loader::for_text(yaml).with_max_depth(options.max_depth);
+        let loader = load::Loader::for_text(yaml).with_max_depth(options.max_depth);
         let root = match loader.load(yaml)? {
-            Value::Mapping(root) => root,
+            serde_norway::Value::Mapping(root) => root,
             other => {
-                let found = yaml::describe(&other);
+                let found = read::describe(&other);
                 let message = format!("expected a mapping of sweep keys or an experiment config, found {found}");
                 return Err(error::invalid("(root)", message));
             }
         };
-        match detect_form(&root) {
-            SweepForm::Native => native::parse(&root, yaml, &loader, options),
-            SweepForm::Wandb => wandb::parse(&root, &loader, options),
-            SweepForm::Cvlab => cvlab::parse(&root, yaml, &loader, options),
+        match detect::detect_form(&root)? {
+            SweepForm::Native => native::parse(&root, options),
+            SweepForm::Wandb => wandb::parse(&root, options),
+            SweepForm::Cvlab => cvlab::parse(root, &loader, options),
         }
     }
 
-    /// The number of jobs, after `max_runs` / `run_cap`.
+    /// The number of jobs built at submission, after `max_runs` / `run_cap`; 0 for an
+    /// adaptive search, whose runs the controller makes one at a time.
     pub fn count(&self) -> u64 {
         self.plan.count
     }
 
-    /// Builds job `index`; `None` when `index >= count()`.
+    /// The count before `max_runs` / `run_cap`, for "24 of 108 (capped)"; for random search
+    /// the `run_cap` (0 when there is none). Saturates at `u128::MAX`.
+    pub fn full_count(&self) -> u128 {
+        self.plan.full_count
+    }
+
+    /// Builds job `index`: `None` when `index >= count()`, except in an adaptive search,
+    /// where any index gives that index's seeded random draw (the runs of random search
+    /// without a cap, and bayes's random proposals).
     pub fn job(&self, index: u64) -> Option<JobSpec> {
-        self.plan.job(index)
+        if self.search.is_adaptive() {
+            self.plan.draw(index)
+        } else {
+            self.plan.job(index)
+        }
     }
 
-    /// All jobs in index order.
+    /// All jobs built at submission, in index order.
     pub fn jobs(&self) -> impl Iterator<Item = JobSpec> + '_ {
-        (0..self.count()).filter_map(|index| self.job(index))
+        (0..self.count()).filter_map(|index| self.plan.job(index))
     }
 
-    fn new(form: SweepForm, settings: common::Settings, plan: plan::Plan) -> Sweep {
-        let common::Settings { name, metric, resources, priority, retries, timeout_secs } = settings;
-        Sweep { name, form, metric, resources, priority, retries, timeout_secs, plan }
+    /// The searched parameters in proposal coordinates (see [`crate::search::Space`]).
+    pub fn space(&self) -> Space {
+        self.plan.space()
     }
-}
 
-/// W&B files are recognised by `method`/`parameters`, native ones by `grid`, `command` or
-/// `train`; anything else is an experiment config to sweep over.
-fn detect_form(root: &Mapping) -> SweepForm {
-    let has = |key: &str| root.contains_key(key);
-    if has("method") || has("parameters") {
-        SweepForm::Wandb
-    } else if has("grid") || has("command") || has("train") {
-        SweepForm::Native
-    } else {
-        SweepForm::Cvlab
+    /// Builds job `index` from proposed `values` (coordinates of [`Sweep::space`]); `None`
+    /// when there are not as many values as parameters.
+    pub fn job_from(&self, index: u64, values: &[f64]) -> Option<JobSpec> {
+        self.plan.job_from(index, values)
+    }
+
+    /// A finished job's params (its `params` JSON) in the coordinates of [`Sweep::space`], for
+    /// [`crate::search::Trial`]; `None` when they do not fit this sweep's parameters.
+    pub fn coordinates(&self, params: &serde_json::Value) -> Option<Vec<f64>> {
+        params::coordinates(&self.plan, params)
+    }
+
+    fn new(
+        form: SweepForm,
+        settings: common::Settings,
+        plan: plan::Plan,
+        search: Search,
+        early_stop: Option<EarlyStop>,
+        warnings: Vec<String>,
+    ) -> Sweep {
+        let common::Settings { name, metric, metric_target, resources, priority, retries, timeout_secs, environment } =
+            settings;
+        Sweep {
+            name,
+            form,
+            metric,
+            metric_target,
+            resources,
+            priority,
+            retries,
+            timeout_secs,
+            search,
+            early_stop,
+            environment,
+            warnings,
+            plan,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn form(yaml: &str) -> SweepForm {
-        detect_form(serde_norway::from_str::<Value>(yaml).unwrap().as_mapping().unwrap())
-    }
-
-    #[test]
-    fn forms_are_told_apart_by_their_keys() {
-        assert_eq!(form("method: grid"), SweepForm::Wandb);
-        assert_eq!(form("parameters: {}\ncommand: x"), SweepForm::Wandb);
-        assert_eq!(form("grid: {}"), SweepForm::Native);
-        assert_eq!(form("train: {}"), SweepForm::Native);
-        assert_eq!(form("command: x"), SweepForm::Native);
-        assert_eq!(form("model: {lr: [1, 2]}"), SweepForm::Cvlab);
-    }
 
     #[test]
     fn a_sweep_can_be_shared_between_threads() {

@@ -1,39 +1,27 @@
 //! The native form: `grid:` axes with `command:` (placeholders `{name}`) or `train:` (a
-//! built-in trainer config that each job's values override).
+//! built-in trainer config that each job's values override), `max_runs` with
+//! `max_runs_order`, and adaptive `search:` with `early_stop:` over the grid's values.
 
 use serde_norway::{Mapping, Value};
 
-use super::common::parse_settings;
-use super::config::SlotMarkers;
+use super::adaptive::{parse_native_early_stop, parse_native_search};
+use super::common::{parse_settings, SHARED_KEYS};
 use super::error::{invalid, SweepError};
-use super::plan::{count_jobs, Plan, Source, Templates};
-use super::read;
+use super::placeholders::{command_template, CONFIG_REF};
+use super::plan::{check_count, grid_size, GridOrder, Plan, Source, Templates};
+use super::random::{Distribution, Sampler};
+use super::read::{self, describe, get, join, key_text};
+use super::render::template::{JsonShape, Template};
+use super::render::yaml::Doc;
 use super::render::Rendered;
-use super::template::{command_template, JsonShape, Template, CONFIG_REF};
-use super::yaml::{describe, get, join, key_text, Loader};
 use super::{ExpandOptions, Sweep, SweepForm};
+use crate::search::Search;
 
-const KEYS: [&str; 11] = [
-    "name",
-    "description",
-    "command",
-    "train",
-    "resources",
-    "metric",
-    "max_runs",
-    "priority",
-    "retries",
-    "timeout",
-    "grid",
-];
+const KEYS: [&str; 8] = ["command", "train", "max_runs", "max_runs_order", "grid", "search", "early_stop", "seed"];
 
-pub(crate) fn parse(
-    root: &Mapping,
-    source: &str,
-    loader: &Loader,
-    options: &ExpandOptions,
-) -> Result<Sweep, SweepError> {
-    read::check_keys(root, "", &KEYS, &[], "a native sweep")?;
+pub(crate) fn parse(root: &Mapping, options: &ExpandOptions) -> Result<Sweep, SweepError> {
+    let allowed: Vec<&str> = SHARED_KEYS.iter().chain(KEYS.iter()).copied().collect();
+    read::check_keys(root, "", &allowed, &[], "a native sweep")?;
     let settings = parse_settings(root)?;
     let run = match (get(root, "command"), get(root, "train")) {
         (Some(_), Some(_)) => return Err(invalid("train", "a native sweep takes `command` or `train`, not both")),
@@ -48,12 +36,29 @@ pub(crate) fn parse(
     };
     let axes = read_grid(root)?;
     let cap = get(root, "max_runs").map(|cap| read::positive(cap, "max_runs")).transpose()?;
-    let count = count_jobs(axes.iter().map(|(_, values)| values.len()), cap, options.max_jobs)?;
+    let order = match get(root, "max_runs_order").map(|order| (order.as_str(), order)) {
+        None | Some((Some("in_order"), _)) => GridOrder::InOrder,
+        Some((Some("spread"), _)) => GridOrder::Spread,
+        Some((_, other)) => {
+            let found = key_text(other);
+            return Err(invalid("max_runs_order", format!("expected in_order or spread, found `{found}`")));
+        }
+    };
+    let seed = super::wandb::parse_seed(root)?;
+    let search = parse_native_search(root, seed, cap, settings.metric.as_ref())?;
+    let early_stop = parse_native_early_stop(root, settings.metric.as_ref())?;
+    let full_count = grid_size(axes.iter().map(|(_, values)| values.len()));
+    let count = match search {
+        Search::Grid => check_count(full_count, cap, options.max_jobs)?,
+        // Random draws from the grid's values, `max_runs` of them.
+        Search::Random { .. } => check_count(u128::from(cap.unwrap_or(0)), None, options.max_jobs)?,
+        Search::AdaptiveRandom { .. } | Search::Bayes { .. } => 0,
+    };
 
     let mut rendered = Vec::with_capacity(axes.len());
     for (name, values) in &axes {
         let path = join("grid", name);
-        let values = values.iter().map(|value| Rendered::new(value, loader).map_err(|message| invalid(&path, message)));
+        let values = values.iter().map(|value| Rendered::new(value).map_err(|message| invalid(&path, message)));
         rendered.push(values.collect::<Result<Vec<_>, _>>()?);
     }
     let names: Vec<&str> = axes.iter().map(|(name, _)| name.as_str()).collect();
@@ -64,11 +69,19 @@ pub(crate) fn parse(
         }
         Run::Train(train) => {
             let command = Template::text(&format!("app train --config {CONFIG_REF}"));
-            (command, Some(train_config(train, &names, source, loader)?))
+            (command, Some(train_config(train, &names)?))
         }
     };
-    let templates = Templates { params: JsonShape::flat(names.iter().copied()).template(), command, config };
-    Ok(Sweep::new(SweepForm::Native, settings, Plan { count, source: Source::Grid(rendered), templates }))
+    let templates = Templates::new(JsonShape::flat(names.iter().copied()), command, config);
+    let source = match search {
+        Search::Grid => Source::Grid(rendered, order),
+        _ => {
+            let leaves = rendered.into_iter().map(|values| Distribution::Categorical { values, cumulative: None });
+            Source::Random(Sampler { seed, leaves: leaves.collect() })
+        }
+    };
+    let plan = Plan { count, full_count, source, templates };
+    Ok(Sweep::new(SweepForm::Native, settings, plan, search, early_stop, Vec::new()))
 }
 
 enum Run<'a> {
@@ -105,38 +118,31 @@ fn read_grid(root: &Mapping) -> Result<Vec<(String, &Vec<Value>)>, SweepError> {
     Ok(axes)
 }
 
-/// The `train:` mapping with each grid key (dotted for nested keys) replaced by a slot.
-fn train_config(train: &Mapping, names: &[&str], source: &str, loader: &Loader) -> Result<Template, SweepError> {
-    let markers = SlotMarkers::for_text(source);
+/// The `train:` mapping with each grid key (dotted for nested keys, by the one rule of
+/// [`crate::dotted`]) replaced by a slot.
+fn train_config(train: &Mapping, names: &[&str]) -> Result<Template, SweepError> {
     let mut document = train.clone();
-    for (slot, name) in names.iter().enumerate() {
-        set_path(&mut document, name, markers.marker(slot))?;
+    let mut paths = Vec::with_capacity(names.len());
+    for name in names {
+        let path = crate::dotted::set_dotted(&mut document, name, Value::Null)
+            .map_err(|message| invalid(join("grid", name), format!("{message} in `train`")))?;
+        paths.push(path);
     }
-    markers.template(loader, &Value::Mapping(document), names.len())
+    let mut doc = Doc::from_mapping(document);
+    for (slot, path) in paths.iter().enumerate() {
+        set_slot(&mut doc, path, slot);
+    }
+    Ok(doc.template())
 }
 
-fn set_path(document: &mut Mapping, name: &str, value: Value) -> Result<(), SweepError> {
-    // A key that literally contains the dots wins over nesting.
-    if document.contains_key(name) || !name.contains('.') {
-        document.insert(Value::String(name.to_owned()), value);
-        return Ok(());
+/// Puts slot `slot` at `path`, which `set_dotted` has just made sure leads through mappings.
+fn set_slot(doc: &mut Doc, path: &[String], slot: usize) {
+    let Some((first, rest)) = path.split_first() else { return *doc = Doc::Slot(slot) };
+    if let Doc::Map(entries) = doc {
+        if let Some((_, inner)) = entries.iter_mut().find(|(key, _)| key.as_str() == Some(first.as_str())) {
+            set_slot(inner, rest, slot);
+        }
     }
-    let mut parts: Vec<&str> = name.split('.').collect();
-    let last = parts.pop().unwrap_or(name);
-    let mut current = document;
-    for (depth, part) in parts.iter().enumerate() {
-        let entry = current.entry(Value::String((*part).to_owned())).or_insert_with(|| Value::Mapping(Mapping::new()));
-        current = match entry {
-            Value::Mapping(inner) => inner,
-            _ => {
-                let parent = parts[..=depth].join(".");
-                let message = format!("cannot set `{name}` in `train`: `{parent}` is not a mapping there");
-                return Err(invalid(join("grid", name), message));
-            }
-        };
-    }
-    current.insert(Value::String(last.to_owned()), value);
-    Ok(())
 }
 
 #[cfg(test)]
@@ -145,14 +151,15 @@ mod tests {
 
     #[test]
     fn dotted_grid_keys_set_nested_train_keys() {
-        let mut document: Mapping = serde_norway::from_str("optim: {name: sgd, lr: 1}\nflat.key: 1").unwrap();
-        set_path(&mut document, "optim.lr", Value::from(2)).unwrap();
-        set_path(&mut document, "sched.gamma", Value::from(3)).unwrap();
-        set_path(&mut document, "flat.key", Value::from(4)).unwrap();
-        let expected: Mapping =
+        let train: Mapping = serde_norway::from_str("optim: {name: sgd, lr: 1}\nflat.key: 1").unwrap();
+        let template = train_config(&train, &["optim.lr", "sched.gamma", "flat.key"]).unwrap();
+        let values: Vec<Rendered> = [2, 3, 4].map(Rendered::integer).into();
+        let mut out = String::new();
+        template.render(&values.iter().collect::<Vec<_>>(), 0, &mut out);
+        let expected: Value =
             serde_norway::from_str("optim: {name: sgd, lr: 2}\nflat.key: 4\nsched: {gamma: 3}").unwrap();
-        assert_eq!(document, expected);
-        let error = set_path(&mut document, "optim.name.x", Value::from(1)).unwrap_err();
+        assert_eq!(serde_norway::from_str::<Value>(&out).unwrap(), expected, "{out}");
+        let error = train_config(&train, &["optim.name.x"]).unwrap_err();
         assert!(matches!(error, SweepError::Invalid { ref path, .. } if path == "grid.optim.name.x"), "{error:?}");
     }
 }

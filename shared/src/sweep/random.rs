@@ -12,12 +12,20 @@ use std::borrow::Cow;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use super::render::{write_float, Rendered};
-use super::yaml::yaml_float;
+use super::render::Rendered;
 
 /// No standard normal draw is larger in magnitude: Box-Muller's radius is
 /// `sqrt(-2 ln(1 - u))` with `1 - u >= 2^-53`, at most `sqrt(106 ln 2)` = 8.5716.
 pub(crate) const MAX_STANDARD_NORMAL: f64 = 8.58;
+
+/// A quantization step (`q`). An integer `q` gives integers, as in W&B (`isinstance(q, int)`):
+/// `q: 128` draws `256`, not `256.0`; a float `q` gives floats. W&B's default `q` is the
+/// integer 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Step {
+    pub q: f64,
+    pub integer: bool,
+}
 
 /// One parameter's distribution, already validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,7 +47,7 @@ pub(crate) enum Distribution {
     QUniform {
         min: f64,
         max: f64,
-        q: f64,
+        q: Step,
     },
     /// `min`, `max` are exponents.
     LogUniform {
@@ -49,7 +57,7 @@ pub(crate) enum Distribution {
     QLogUniform {
         min: f64,
         max: f64,
-        q: f64,
+        q: Step,
     },
     LogUniformValues {
         min: f64,
@@ -58,7 +66,17 @@ pub(crate) enum Distribution {
     QLogUniformValues {
         min: f64,
         max: f64,
-        q: f64,
+        q: Step,
+    },
+    /// `exp(-U(min, max))`: `log(1/X)` uniform between the exponents `min` and `max`.
+    InvLogUniform {
+        min: f64,
+        max: f64,
+    },
+    /// `X` in `[min, max]` with `log(1/X)` uniform.
+    InvLogUniformValues {
+        min: f64,
+        max: f64,
     },
     Normal {
         mu: f64,
@@ -67,7 +85,7 @@ pub(crate) enum Distribution {
     QNormal {
         mu: f64,
         sigma: f64,
-        q: f64,
+        q: Step,
     },
     LogNormal {
         mu: f64,
@@ -76,7 +94,16 @@ pub(crate) enum Distribution {
     QLogNormal {
         mu: f64,
         sigma: f64,
-        q: f64,
+        q: Step,
+    },
+    Beta {
+        a: f64,
+        b: f64,
+    },
+    QBeta {
+        a: f64,
+        b: f64,
+        q: Step,
     },
 }
 
@@ -93,10 +120,14 @@ impl Distribution {
             Distribution::QLogUniform { .. } => "q_log_uniform",
             Distribution::LogUniformValues { .. } => "log_uniform_values",
             Distribution::QLogUniformValues { .. } => "q_log_uniform_values",
+            Distribution::InvLogUniform { .. } => "inv_log_uniform",
+            Distribution::InvLogUniformValues { .. } => "inv_log_uniform_values",
             Distribution::Normal { .. } => "normal",
             Distribution::QNormal { .. } => "q_normal",
             Distribution::LogNormal { .. } => "log_normal",
             Distribution::QLogNormal { .. } => "q_log_normal",
+            Distribution::Beta { .. } => "beta",
+            Distribution::QBeta { .. } => "q_beta",
         }
     }
 
@@ -111,8 +142,7 @@ impl Distribution {
 
     fn sample(&self, draws: &mut Draws) -> Cow<'_, Rendered> {
         let uniform = |draws: &mut Draws, min: f64, max: f64| min + draws.unit() * (max - min);
-        let quantize = |value: f64, q: f64| (value / q).round() * q;
-        let float = match *self {
+        let (float, step) = match *self {
             Distribution::Constant(ref value) => return Cow::Borrowed(value),
             Distribution::Categorical { ref values, ref cumulative } => {
                 let draw = draws.unit();
@@ -128,36 +158,41 @@ impl Distribution {
             Distribution::IntUniform { min, max } => {
                 let span = (i128::from(max) - i128::from(min) + 1) as f64;
                 let offset = ((draws.unit() * span) as i128).min(i128::from(max) - i128::from(min));
-                return Cow::Owned(integer(i128::from(min) + offset));
+                return Cow::Owned(Rendered::integer(i128::from(min) + offset));
             }
-            Distribution::Uniform { min, max } => uniform(draws, min, max),
-            Distribution::QUniform { min, max, q } => quantize(uniform(draws, min, max), q),
-            Distribution::LogUniform { min, max } => uniform(draws, min, max).exp(),
-            Distribution::QLogUniform { min, max, q } => quantize(uniform(draws, min, max).exp(), q),
-            Distribution::LogUniformValues { min, max } => uniform(draws, min.ln(), max.ln()).exp(),
-            Distribution::QLogUniformValues { min, max, q } => quantize(uniform(draws, min.ln(), max.ln()).exp(), q),
-            Distribution::Normal { mu, sigma } => mu + sigma * draws.standard_normal(),
-            Distribution::QNormal { mu, sigma, q } => quantize(mu + sigma * draws.standard_normal(), q),
-            Distribution::LogNormal { mu, sigma } => (mu + sigma * draws.standard_normal()).exp(),
-            Distribution::QLogNormal { mu, sigma, q } => quantize((mu + sigma * draws.standard_normal()).exp(), q),
+            Distribution::Uniform { min, max } => (uniform(draws, min, max), None),
+            Distribution::QUniform { min, max, q } => (uniform(draws, min, max), Some(q)),
+            Distribution::LogUniform { min, max } => (uniform(draws, min, max).exp(), None),
+            Distribution::QLogUniform { min, max, q } => (uniform(draws, min, max).exp(), Some(q)),
+            Distribution::LogUniformValues { min, max } => (uniform(draws, min.ln(), max.ln()).exp(), None),
+            Distribution::QLogUniformValues { min, max, q } => (uniform(draws, min.ln(), max.ln()).exp(), Some(q)),
+            Distribution::InvLogUniform { min, max } => ((-uniform(draws, min, max)).exp(), None),
+            Distribution::InvLogUniformValues { min, max } => ((-uniform(draws, -max.ln(), -min.ln())).exp(), None),
+            Distribution::Normal { mu, sigma } => (mu + sigma * draws.standard_normal(), None),
+            Distribution::QNormal { mu, sigma, q } => (mu + sigma * draws.standard_normal(), Some(q)),
+            Distribution::LogNormal { mu, sigma } => ((mu + sigma * draws.standard_normal()).exp(), None),
+            Distribution::QLogNormal { mu, sigma, q } => ((mu + sigma * draws.standard_normal()).exp(), Some(q)),
+            Distribution::Beta { a, b } => (draws.beta(a, b), None),
+            Distribution::QBeta { a, b, q } => (draws.beta(a, b), Some(q)),
         };
-        Cow::Owned(float_value(float))
+        Cow::Owned(quantized(float, step))
     }
 }
 
-fn integer(value: i128) -> Rendered {
-    Rendered::number(value.to_string())
-}
-
-/// A sampled float; one that overflowed is written as `null`, the only JSON for it (parsing
-/// refuses parameters whose draws can overflow, so this is a last resort).
-fn float_value(value: f64) -> Rendered {
-    let mut text = String::new();
-    if write_float(value, &mut text).is_err() {
-        return Rendered::number("null".to_owned());
+/// `round(x / q) * q`, an integer when `q` is one; the float itself without a step.
+pub(crate) fn quantized(value: f64, step: Option<Step>) -> Rendered {
+    match step {
+        None => Rendered::float(value),
+        Some(Step { q, integer: false }) => Rendered::float((value / q).round() * q),
+        Some(Step { q, integer: true }) => {
+            let whole = (value / q).round() * q;
+            if whole.is_finite() && whole.abs() < 1.7e38 {
+                Rendered::integer(whole as i128)
+            } else {
+                Rendered::float(whole)
+            }
+        }
     }
-    // Resolved configs are YAML, which wants its own float form (`1.0e-06`).
-    Rendered { yaml: yaml_float(value), ..Rendered::number(text) }
 }
 
 /// A job's random stream.
@@ -189,6 +224,39 @@ impl Draws {
     fn standard_normal(&mut self) -> f64 {
         let radius = (-2.0 * (1.0 - self.unit()).ln()).sqrt();
         radius * (std::f64::consts::TAU * self.unit()).cos()
+    }
+
+    /// Marsaglia and Tsang's gamma variate (shape `shape > 0`, scale 1); shapes below 1 use
+    /// `Gamma(shape + 1) * U^(1/shape)`.
+    fn gamma(&mut self, shape: f64) -> f64 {
+        if shape < 1.0 {
+            let boost = (1.0 - self.unit()).powf(1.0 / shape);
+            return self.gamma(shape + 1.0) * boost;
+        }
+        let d = shape - 1.0 / 3.0;
+        let c = 1.0 / (9.0 * d).sqrt();
+        loop {
+            let z = self.standard_normal();
+            let v = (1.0 + c * z).powi(3);
+            if v <= 0.0 {
+                continue;
+            }
+            let u = 1.0 - self.unit();
+            if u.ln() < 0.5 * z * z + d - d * v + d * v.ln() {
+                return d * v;
+            }
+        }
+    }
+
+    /// Beta(a, b) as `X / (X + Y)` with `X ~ Gamma(a)`, `Y ~ Gamma(b)`.
+    fn beta(&mut self, a: f64, b: f64) -> f64 {
+        let x = self.gamma(a);
+        let y = self.gamma(b);
+        if x + y > 0.0 {
+            x / (x + y)
+        } else {
+            0.5
+        }
     }
 }
 
@@ -236,7 +304,8 @@ mod tests {
         let variance = values.iter().map(|value| (value - mean).powi(2)).sum::<f64>() / values.len() as f64;
         assert!((mean - 3.0).abs() < 0.15, "mean {mean}");
         assert!((variance.sqrt() - 2.0).abs() < 0.15, "sigma {}", variance.sqrt());
-        let quantized = draws(Distribution::QUniform { min: 0.0, max: 10.0, q: 2.0 }, 1, 200);
+        let quantized =
+            draws(Distribution::QUniform { min: 0.0, max: 10.0, q: Step { q: 2.0, integer: false } }, 1, 200);
         assert!(quantized.iter().all(|value| value % 2.0 == 0.0));
     }
 
@@ -248,8 +317,38 @@ mod tests {
     }
 
     #[test]
+    fn new_distributions_follow_w_and_b_definitions() {
+        let values = draws(Distribution::InvLogUniformValues { min: 0.001, max: 0.05 }, 2, 2000);
+        assert!(values.iter().all(|value| (0.001..=0.05).contains(value)));
+        // log(1/X) is uniform: its mean is the midpoint of -ln(max) and -ln(min).
+        let mean = values.iter().map(|value| (1.0 / value).ln()).sum::<f64>() / values.len() as f64;
+        assert!((mean - (-(0.05f64.ln()) - 0.001f64.ln()) / 2.0).abs() < 0.1, "{mean}");
+        let exponents = draws(Distribution::InvLogUniform { min: 1.0, max: 3.0 }, 2, 500);
+        assert!(exponents.iter().all(|value| ((-3f64).exp()..=(-1f64).exp()).contains(value)));
+        let beta = draws(Distribution::Beta { a: 2.0, b: 5.0 }, 4, 4000);
+        let mean = beta.iter().sum::<f64>() / beta.len() as f64;
+        assert!(beta.iter().all(|value| (0.0..=1.0).contains(value)));
+        assert!((mean - 2.0 / 7.0).abs() < 0.02, "beta mean {mean}");
+        let small = draws(Distribution::Beta { a: 0.5, b: 0.5 }, 4, 500);
+        assert!(small.iter().all(|value| (0.0..=1.0).contains(value)));
+    }
+
+    #[test]
+    fn an_integer_q_gives_integers() {
+        let q = Step { q: 128.0, integer: true };
+        let sampler = Sampler { seed: 1, leaves: vec![Distribution::QUniform { min: 0.0, max: 1000.0, q }] };
+        for index in 0..50 {
+            let text = sampler.sample(index)[0].python.clone();
+            assert!(!text.contains('.') && text.parse::<i64>().unwrap() % 128 == 0, "{text}");
+        }
+        let q = Step { q: 0.5, integer: false };
+        let floats = Sampler { seed: 1, leaves: vec![Distribution::QUniform { min: 0.0, max: 10.0, q }] };
+        assert!(floats.sample(0)[0].python.contains('.'));
+    }
+
+    #[test]
     fn categorical_follows_probabilities() {
-        let value = |text: &str| float_value(text.parse().unwrap());
+        let value = |text: &str| Rendered::float(text.parse().unwrap());
         let categorical =
             Distribution::Categorical { values: vec![value("1"), value("2")], cumulative: Some(vec![0.0, 1.0]) };
         assert!(draws(categorical, 3, 100).iter().all(|drawn| *drawn == 2.0));

@@ -1,9 +1,9 @@
-//! Typed reads of single YAML values, each failing with the key path and what was expected.
+//! Typed reads of single YAML values, each failing with the key path and what was expected,
+//! and the helpers that name keys and values in messages.
 
 use serde_norway::{Mapping, Value};
 
 use super::error::{invalid, SweepError};
-use super::yaml::{describe, join, key_text};
 
 /// Refuses any key of `map` outside `allowed` (and `ignored`, accepted for compatibility).
 /// `context` completes "unknown key `x` in ...".
@@ -77,6 +77,49 @@ pub(crate) fn number(value: &Value, path: &str) -> Result<f64, SweepError> {
     match value.as_f64() {
         Some(number) if number.is_finite() => Ok(number),
         _ => Err(invalid(path, format!("expected a finite number, found {}", describe(value)))),
+    }
+}
+
+/// Looks up a key, treating an explicit `null` like an absent key.
+pub(crate) fn get<'a>(map: &'a Mapping, key: &str) -> Option<&'a Value> {
+    map.get(key).filter(|value| !value.is_null())
+}
+
+/// A mapping key as it appears in a dotted path.
+pub(crate) fn key_text(key: &Value) -> String {
+    match key {
+        Value::String(text) => text.clone(),
+        Value::Number(number) => number.to_string(),
+        Value::Bool(flag) => flag.to_string(),
+        Value::Null => "null".to_owned(),
+        other => {
+            let mut text = String::new();
+            super::render::yaml::flow(other, &mut text);
+            text
+        }
+    }
+}
+
+/// `parent.key`, or `key` at the top level.
+pub(crate) fn join(parent: &str, key: &str) -> String {
+    if parent.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+/// What kind of value was found, for "expected X, found Y" messages.
+pub(crate) fn describe(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(number) if number.is_f64() => "a float",
+        Value::Number(_) => "an integer",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
     }
 }
 

@@ -4,15 +4,14 @@
 use serde_norway::{Mapping, Value};
 
 use super::error::{invalid, SweepError};
-use super::random::{Distribution, MAX_STANDARD_NORMAL};
-use super::read;
+use super::random::{Distribution, Step, MAX_STANDARD_NORMAL};
+use super::read::{self, describe, get, join};
 use super::render::Rendered;
-use super::yaml::{describe, get, join, Loader};
 
-const SPEC_KEYS: [&str; 10] =
-    ["values", "value", "distribution", "min", "max", "q", "mu", "sigma", "probabilities", "parameters"];
+const SPEC_KEYS: [&str; 12] =
+    ["values", "value", "distribution", "min", "max", "q", "mu", "sigma", "a", "b", "probabilities", "parameters"];
 
-const DISTRIBUTIONS: [&str; 13] = [
+const DISTRIBUTIONS: [&str; 17] = [
     "constant",
     "categorical",
     "uniform",
@@ -26,6 +25,10 @@ const DISTRIBUTIONS: [&str; 13] = [
     "q_normal",
     "log_normal",
     "q_log_normal",
+    "inv_log_uniform",
+    "inv_log_uniform_values",
+    "beta",
+    "q_beta",
 ];
 
 /// A parameter: one distribution, or an object of nested parameters.
@@ -36,11 +39,7 @@ pub(crate) enum ParamSpec {
 }
 
 /// Reads a `parameters` mapping at `path`, in document order.
-pub(crate) fn parse_parameters(
-    value: &Value,
-    path: &str,
-    loader: &Loader,
-) -> Result<Vec<(String, ParamSpec)>, SweepError> {
+pub(crate) fn parse_parameters(value: &Value, path: &str) -> Result<Vec<(String, ParamSpec)>, SweepError> {
     let map = read::mapping(value, path)?;
     let mut specs = Vec::with_capacity(map.len());
     for (key, spec) in map {
@@ -54,12 +53,12 @@ pub(crate) fn parse_parameters(
             }
         };
         let spec_path = join(path, &name);
-        specs.push((name, parse_spec(spec, &spec_path, loader)?));
+        specs.push((name, parse_spec(spec, &spec_path)?));
     }
     Ok(specs)
 }
 
-fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, SweepError> {
+fn parse_spec(value: &Value, path: &str) -> Result<ParamSpec, SweepError> {
     let Some(map) = value.as_mapping() else {
         let found = describe(value);
         let expected =
@@ -71,14 +70,14 @@ fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, S
         if let Some(other) = map.keys().filter_map(Value::as_str).find(|key| *key != "parameters") {
             return Err(invalid(join(path, other), format!("`{other}` cannot be combined with nested `parameters`")));
         }
-        return Ok(ParamSpec::Nested(parse_parameters(nested, &join(path, "parameters"), loader)?));
+        return Ok(ParamSpec::Nested(parse_parameters(nested, &join(path, "parameters"))?));
     }
     let name = distribution_name(map, path)?;
     check_applicable(map, path, name)?;
     let field = Fields { map, path };
     let distribution = match name {
-        "constant" => Distribution::Constant(render(field.required("value", name)?, &join(path, "value"), loader)?),
-        "categorical" => categorical(&field, loader)?,
+        "constant" => Distribution::Constant(render(field.required("value", name)?, &join(path, "value"))?),
+        "categorical" => categorical(&field)?,
         "int_uniform" => {
             let (min, max) = (field.required("min", name)?, field.required("max", name)?);
             let bound = |value, key: &str| {
@@ -88,14 +87,33 @@ fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, S
             field.ordered(min as f64, max as f64)?;
             Distribution::IntUniform { min, max }
         }
-        "uniform" | "q_uniform" | "log_uniform" | "q_log_uniform" | "log_uniform_values" | "q_log_uniform_values" => {
+        "beta" | "q_beta" => {
+            let (a, b) = (field.positive_or_one("a")?, field.positive_or_one("b")?);
+            let q = field.step()?;
+            match name {
+                "beta" => Distribution::Beta { a, b },
+                _ => Distribution::QBeta { a, b, q },
+            }
+        }
+        "uniform"
+        | "q_uniform"
+        | "log_uniform"
+        | "q_log_uniform"
+        | "log_uniform_values"
+        | "q_log_uniform_values"
+        | "inv_log_uniform"
+        | "inv_log_uniform_values" => {
             let (min, max) = (field.number("min", name)?, field.number("max", name)?);
             field.ordered(min, max)?;
-            let q = field.positive_or_one("q")?;
+            let q = field.step()?;
             if name.ends_with("log_uniform_values") && min <= 0.0 {
                 return Err(invalid(join(path, "min"), format!("{name} needs `min` > 0, found {min}")));
             }
-            if name.ends_with("log_uniform") && max > 709.0 {
+            if name == "inv_log_uniform" && -min > 709.0 {
+                let message = format!("{name} draws e^-x for x from `min`, and e^{} overflows", -min);
+                return Err(invalid(join(path, "min"), message));
+            }
+            if name.ends_with("log_uniform") && name != "inv_log_uniform" && max > 709.0 {
                 let message = format!(
                     "{name} takes exponents and e^{max} overflows; for bounds as values use log_uniform_values"
                 );
@@ -111,9 +129,11 @@ fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, S
                     "q_log_uniform" => max.exp(),
                     _ => min.abs().max(max.abs()),
                 };
-                field.quantizable(largest, q)?;
+                field.quantizable(largest, q.q)?;
             }
             match name {
+                "inv_log_uniform" => Distribution::InvLogUniform { min, max },
+                "inv_log_uniform_values" => Distribution::InvLogUniformValues { min, max },
                 "uniform" => Distribution::Uniform { min, max },
                 "q_uniform" => Distribution::QUniform { min, max, q },
                 "log_uniform" => Distribution::LogUniform { min, max },
@@ -125,7 +145,7 @@ fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, S
         _ => {
             let mu = get(map, "mu").map(|mu| read::number(mu, &join(path, "mu"))).transpose()?.unwrap_or(0.0);
             let sigma = field.positive_or_one("sigma")?;
-            let q = field.positive_or_one("q")?;
+            let q = field.step()?;
             // Draws are mu + sigma * z with |z| < MAX_STANDARD_NORMAL; 40 sigma is room to spare.
             let reach = mu.abs() + 40.0 * sigma;
             if !reach.is_finite() {
@@ -147,7 +167,7 @@ fn parse_spec(value: &Value, path: &str, loader: &Loader) -> Result<ParamSpec, S
                 reach
             };
             if name.starts_with("q_") {
-                field.quantizable(largest, q)?;
+                field.quantizable(largest, q.q)?;
             }
             match name {
                 "normal" => Distribution::Normal { mu, sigma },
@@ -165,7 +185,7 @@ fn distribution_name(map: &Mapping, path: &str) -> Result<&'static str, SweepErr
     if let Some(value) = get(map, "distribution") {
         let name = value.as_str().unwrap_or_default();
         return DISTRIBUTIONS.iter().copied().find(|known| *known == name).ok_or_else(|| {
-            let shown = super::yaml::key_text(value);
+            let shown = read::key_text(value);
             let message = format!("unknown distribution `{shown}`; known: {}", DISTRIBUTIONS.join(", "));
             invalid(join(path, "distribution"), message)
         });
@@ -192,8 +212,15 @@ fn check_applicable(map: &Mapping, path: &str, name: &str) -> Result<(), SweepEr
     let applicable: &[&str] = match name {
         "constant" => &["value"],
         "categorical" => &["values", "probabilities"],
-        "uniform" | "int_uniform" | "log_uniform" | "log_uniform_values" => &["min", "max"],
+        "uniform"
+        | "int_uniform"
+        | "log_uniform"
+        | "log_uniform_values"
+        | "inv_log_uniform"
+        | "inv_log_uniform_values" => &["min", "max"],
         "q_uniform" | "q_log_uniform" | "q_log_uniform_values" => &["min", "max", "q"],
+        "beta" => &["a", "b"],
+        "q_beta" => &["a", "b", "q"],
         "normal" | "log_normal" => &["mu", "sigma"],
         _ => &["mu", "sigma", "q"],
     };
@@ -204,11 +231,11 @@ fn check_applicable(map: &Mapping, path: &str, name: &str) -> Result<(), SweepEr
     }
 }
 
-fn render(value: &Value, path: &str, loader: &Loader) -> Result<Rendered, SweepError> {
-    Rendered::new(value, loader).map_err(|message| invalid(path, message))
+fn render(value: &Value, path: &str) -> Result<Rendered, SweepError> {
+    Rendered::new(value).map_err(|message| invalid(path, message))
 }
 
-fn categorical(field: &Fields<'_>, loader: &Loader) -> Result<Distribution, SweepError> {
+fn categorical(field: &Fields<'_>) -> Result<Distribution, SweepError> {
     let values_path = join(field.path, "values");
     let values = match field.required("values", "categorical")? {
         Value::Sequence(items) if !items.is_empty() => items,
@@ -216,7 +243,7 @@ fn categorical(field: &Fields<'_>, loader: &Loader) -> Result<Distribution, Swee
             return Err(invalid(values_path, format!("expected a non-empty list of values, found {}", describe(other))))
         }
     };
-    let values = values.iter().map(|value| render(value, &values_path, loader)).collect::<Result<Vec<_>, _>>()?;
+    let values = values.iter().map(|value| render(value, &values_path)).collect::<Result<Vec<_>, _>>()?;
     let Some(probabilities) = get(field.map, "probabilities") else {
         return Ok(Distribution::Categorical { values, cumulative: None });
     };
@@ -267,6 +294,12 @@ impl Fields<'_> {
         Ok(number)
     }
 
+    /// `q`: default the integer 1 (W&B's default); an integer `q` gives integers.
+    fn step(&self) -> Result<Step, SweepError> {
+        let integer = get(self.map, "q").is_none_or(|q| q.as_i64().is_some() || q.as_u64().is_some());
+        Ok(Step { q: self.positive_or_one("q")?, integer })
+    }
+
     /// Refuses a `q` so small that `largest / q` overflows (every such draw would be null).
     fn quantizable(&self, largest: f64, q: f64) -> Result<(), SweepError> {
         if !(largest / q).is_finite() {
@@ -289,8 +322,7 @@ mod tests {
     use super::*;
 
     fn spec(text: &str) -> Result<ParamSpec, SweepError> {
-        let loader = Loader::for_text(text);
-        parse_spec(&loader.load(text).unwrap(), "parameters.x", &loader)
+        parse_spec(&serde_norway::from_str(text).unwrap(), "parameters.x")
     }
 
     fn error_path(text: &str) -> String {
@@ -318,7 +350,10 @@ mod tests {
         assert_eq!(error_path("{distribution: normal, sigma: 0}"), "parameters.x.sigma");
         assert_eq!(error_path("{distribution: q_uniform, min: 0, max: 1, q: -1}"), "parameters.x.q");
         assert_eq!(error_path("{distribution: int_uniform, min: 0.5, max: 3}"), "parameters.x.min");
-        assert_eq!(error_path("{distribution: beta, min: 0, max: 1}"), "parameters.x.distribution");
+        assert_eq!(error_path("{distribution: beta, min: 0, max: 1}"), "parameters.x.min");
+        assert_eq!(error_path("{distribution: betta}"), "parameters.x.distribution");
+        assert_eq!(error_path("{distribution: beta, a: 0}"), "parameters.x.a");
+        assert_eq!(error_path("{distribution: inv_log_uniform_values, min: 0, max: 1}"), "parameters.x.min");
         assert_eq!(error_path("{distribution: uniform, min: 0}"), "parameters.x.max");
         assert_eq!(error_path("{distribution: uniform, min: 0, max: 1, values: [1]}"), "parameters.x.values");
         assert_eq!(error_path("{values: []}"), "parameters.x.values");

@@ -5,6 +5,7 @@
 mod bench_load;
 mod bench_page;
 mod bench_queue;
+mod bench_search;
 mod bench_server;
 mod bench_worker;
 
@@ -27,6 +28,8 @@ pub enum DevBench {
     Page(bench_page::BenchPageArgs),
     /// 500 simulated workers heartbeat, claim and report while sweeps arrive (5xx, latency, memory).
     Load(bench_load::BenchLoadArgs),
+    /// Search: app's TPE, random search and early stopping against Optuna (bench/search/run.sh).
+    Search(bench_search::BenchSearchArgs),
 }
 
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
@@ -35,5 +38,6 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
         DevCommand::Bench(DevBench::Worker(args)) => bench_worker::run(args).await,
         DevCommand::Bench(DevBench::Page(args)) => bench_page::run(args).await,
         DevCommand::Bench(DevBench::Load(args)) => bench_load::run(args).await,
+        DevCommand::Bench(DevBench::Search(args)) => bench_search::run(args).await,
     }
 }

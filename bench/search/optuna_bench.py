@@ -1,0 +1,149 @@
+"""Optuna's side of `app dev bench search`: the same problems, the same budgets, the same seeds.
+
+Usage: optuna_bench.py [SEEDS [FIRST_SEED]]
+
+Writes JSON: {"search": {problem: [[best after trial 1..100] per seed]},
+              "pruning": {pruner: {"saved": median fraction, "best_in_top3": seeds}}}.
+Problems and learning curves are defined exactly as in src/cli/dev/bench_search.rs (SplitMix64
+noise), so both sides see the same numbers.
+"""
+
+import json
+import math
+import statistics
+import sys
+
+import optuna
+
+TRIALS = 100
+CONFIGS = 81
+MAX_STEP = 81
+MASK = (1 << 64) - 1
+
+
+def unit(seed, a, b):
+    state = (seed * 1_000_003 + a * 1_009 + b) & MASK
+    state = (state + 0x9E3779B97F4A7C15) & MASK
+    state = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    state = ((state ^ (state >> 27)) * 0x94D049BB133111EB) & MASK
+    state ^= state >> 31
+    return (state >> 11) / float(1 << 53)
+
+
+def branin(trial, seed):
+    x1 = trial.suggest_float("x1", -5.0, 10.0)
+    x2 = trial.suggest_float("x2", 0.0, 15.0)
+    b, c, t = 5.1 / (4 * math.pi**2), 5 / math.pi, 1 / (8 * math.pi)
+    return (x2 - b * x1 * x1 + c * x1 - 6) ** 2 + 10 * (1 - t) * math.cos(x1) + 10
+
+
+ALPHA = [1.0, 1.2, 3.0, 3.2]
+A = [
+    [10, 3, 17, 3.5, 1.7, 8],
+    [0.05, 10, 17, 0.1, 8, 14],
+    [3, 3.5, 1.7, 10, 17, 8],
+    [17, 8, 0.05, 10, 0.1, 14],
+]
+P = [
+    [1312, 1696, 5569, 124, 8283, 5886],
+    [2329, 4135, 8307, 3736, 1004, 9991],
+    [2348, 1451, 3522, 2883, 3047, 6650],
+    [4047, 8828, 8732, 5743, 1091, 381],
+]
+
+
+def hartmann6(trial, seed):
+    x = [trial.suggest_float(f"x{j}", 0.0, 1.0) for j in range(6)]
+    return -sum(
+        ALPHA[i] * math.exp(-sum(A[i][j] * (x[j] - P[i][j] * 1e-4) ** 2 for j in range(6))) for i in range(4)
+    )
+
+
+def noisy_mixed(trial, seed):
+    kind = trial.suggest_categorical("kind", [0, 1, 2])
+    n = trial.suggest_int("n", 1, 10)
+    lr = trial.suggest_float("lr", 1e-5, 1e-1, log=True)
+    noise = 0.1 * (2 * unit(seed, trial.number, 7) - 1)
+    return 1 + (math.log10(lr) + 3) ** 2 + (n - 6) ** 2 / 10 + [0.0, 0.5, 1.0][kind] + noise
+
+
+def search(objective, seeds):
+    curves = []
+    for seed in seeds:
+        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
+        study.optimize(lambda trial: objective(trial, seed), n_trials=TRIALS)
+        best, curve = math.inf, []
+        for trial in study.trials:
+            best = min(best, trial.value)
+            curve.append(best)
+        curves.append(curve)
+    return curves
+
+
+def curve(seed, config, step):
+    last = 0.1 + 0.9 * unit(seed, config, 0)
+    amplitude = 0.5 + 2.0 * unit(seed, config, 1)
+    rate = 0.3 + 0.7 * unit(seed, config, 2)
+    return last + amplitude * step ** (-rate) + 0.02 * (unit(seed, config, 100 + step) - 0.5)
+
+
+def final_loss(seed, config):
+    last = 0.1 + 0.9 * unit(seed, config, 0)
+    amplitude = 0.5 + 2.0 * unit(seed, config, 1)
+    rate = 0.3 + 0.7 * unit(seed, config, 2)
+    return last + amplitude * MAX_STEP ** (-rate)
+
+
+def pruning(make_pruner, seeds):
+    saved, kept = [], 0
+    for seed in seeds:
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed), pruner=make_pruner())
+        steps, completed = 0, []
+        for config in range(CONFIGS):
+            trial = study.ask()
+            value = None
+            for step in range(1, MAX_STEP + 1):
+                value = curve(seed, config, step)
+                steps += 1
+                trial.report(value, step)
+                if trial.should_prune():
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    value = None
+                    break
+            if value is not None:
+                study.tell(trial, value)
+                completed.append((value, config))
+        saved.append(1 - steps / (CONFIGS * MAX_STEP))
+        truth = min(range(CONFIGS), key=lambda config: final_loss(seed, config))
+        completed.sort()
+        kept += any(config == truth for _, config in completed[:3])
+    return {"saved": statistics.median(saved), "best_in_top3": kept}
+
+
+def main():
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    first = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    seeds = range(first, first + count)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    results = {
+        "optuna_version": optuna.__version__,
+        "search": {
+            "branin": search(branin, seeds),
+            "hartmann6": search(hartmann6, seeds),
+            "noisy_mixed": search(noisy_mixed, seeds),
+        },
+        "pruning": {
+            f"{name} (min {low})": pruning(make(low), seeds)
+            for low in (1, 3)
+            for name, make in (
+                ("SuccessiveHalving", lambda low: lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=low, reduction_factor=3)),
+                ("Hyperband", lambda low: lambda: optuna.pruners.HyperbandPruner(min_resource=low, max_resource=MAX_STEP, reduction_factor=3)),
+            )
+        }
+        | {"Median (warmup 5)": pruning(lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=5), seeds)},
+    }
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
