@@ -258,3 +258,23 @@ fn flags_beat_the_environment_which_beats_the_file() {
     start(&["--data-dir", "from-flag"], Some("from-env"), "from-flag");
     assert!(!dir.path().join("app-data").exists(), "the default was never used");
 }
+
+#[test]
+fn keys_without_effect_are_named_as_warnings_by_the_dry_run_and_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wandb.yaml");
+    std::fs::write(
+        &file,
+        "program: train.py\nmethod: grid\nproject: my-project\nentity: my-team\nparameters:\n  lr: {values: [0.1, 0.01]}\n",
+    )
+    .unwrap();
+    let output = app().args(["submit", "--dry-run"]).arg(&file).output().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let warnings = stderr(&output);
+    assert!(warnings.contains("warning:") && warnings.contains("project") && warnings.contains("entity"), "{warnings}");
+    assert!(stdout(&output).contains("2 jobs"), "{}", stdout(&output));
+    let server = ServerProcess::start();
+    let output = app().args(["submit", "--url", &server.url]).arg(&file).output().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("project"), "the server's answer names them too: {}", stderr(&output));
+}

@@ -449,3 +449,24 @@ async fn attempt_directories_go_once_delivered_unless_asked_to_stay() {
     finished(&server, "kept").await;
     assert!(keeper.dir.path().join("work/kept/0/attempt-1/output/out.txt").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_w_and_b_job_finds_its_parameters_where_wandb_init_reads_them() {
+    let server = ServerProcess::start();
+    let _worker = WorkerProcess::start(&server.url, "agent", &[]);
+    // The docs' "omit ${args}" pattern: the script reads wandb.config, not its arguments.
+    let sweep =
+        "name: config-readers\nmethod: grid\nprogram: train.py\ncommand: [sh, -c, 'cat \"$WANDB_SWEEP_PARAM_PATH\"']\n\
+                 parameters:\n  lr: {values: [0.001]}\n  layers: {value: 3}\n";
+    server.submit(sweep).await;
+    let job = finished(&server, "config-readers").await.remove(0);
+    assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
+    let log = server.client().log(job.id, &shared::api::LogQuery::default()).await.unwrap().text;
+    assert!(log.starts_with("wandb_version: 1"), "{log}");
+    assert!(log.contains("lr:\n  value: 0.001") && log.contains("layers:\n  value: 3"), "{log}");
+    // A native sweep's job gets no W&B file.
+    server.submit("name: native\ncommand: 'echo [$WANDB_SWEEP_PARAM_PATH]'\n").await;
+    let job = finished(&server, "native").await.remove(0);
+    let log = server.client().log(job.id, &shared::api::LogQuery::default()).await.unwrap().text;
+    assert_eq!(log, "[]\n");
+}

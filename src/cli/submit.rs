@@ -73,6 +73,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&response)?)?;
     } else {
+        warn(&response.warnings);
         let id = response.sweep_id.map(|id| format!(" (id {id})")).unwrap_or_default();
         writeln!(out, "submitted sweep {}{id}: {} jobs ({} form)", response.name, response.count, response.form)?;
         if !args.wait {
@@ -103,10 +104,13 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
                 Ok(entry)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let output = json!({"name": name, "form": sweep.form, "count": sweep.count(), "jobs": jobs});
+        let output = json!({
+            "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs
+        });
         writeln!(out, "{}", serde_json::to_string(&output)?)?;
         return Ok(());
     }
+    warn(&sweep.warnings);
     writeln!(out, "sweep {name} ({} form): {} jobs", sweep.form, sweep.count())?;
     for job in sweep.jobs().take(SHOWN_JOBS) {
         writeln!(out, "  #{:<4} {}", job.index, job.params)?;
@@ -116,4 +120,11 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
         writeln!(out, "  ... and {} more", sweep.count() - SHOWN_JOBS as u64)?;
     }
     Ok(())
+}
+
+/// Keys of the file that have no effect here, said on stderr (stdout stays for the result).
+fn warn(warnings: &[String]) {
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
 }

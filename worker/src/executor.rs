@@ -30,6 +30,9 @@ pub struct AttemptDirs {
     pub metrics: PathBuf,
     /// stdout and stderr, as shipped to the server.
     pub log: PathBuf,
+    /// `WANDB_SWEEP_PARAM_PATH` of a W&B-form job: its parameters as W&B's agent writes them,
+    /// read by `wandb.init()` into `wandb.config`.
+    pub wandb_params: PathBuf,
 }
 
 impl AttemptDirs {
@@ -50,6 +53,7 @@ impl AttemptDirs {
             config: root.join("config.yaml"),
             metrics: root.join("metrics.jsonl"),
             log: root.join("job.log"),
+            wandb_params: root.join("wandb-params.yaml"),
             root,
         }
     }
@@ -60,6 +64,7 @@ impl AttemptDirs {
     pub fn clear(&self) -> std::io::Result<()> {
         crate::slots::empty(&self.cwd)?;
         crate::slots::empty(&self.output)?;
+        let _ = std::fs::remove_file(&self.wandb_params);
         for file in [&self.config, &self.metrics, &self.log] {
             match std::fs::OpenOptions::new().write(true).open(file) {
                 Ok(file) => file.set_len(0)?,
@@ -77,6 +82,12 @@ impl AttemptDirs {
     pub async fn prepare(&self, job: &ClaimedJob) -> std::io::Result<std::fs::File> {
         // YAML is a superset of JSON, so the params object is a valid config file as is.
         let config = job.config.clone().unwrap_or_else(|| format!("{}\n", job.params));
+        let wandb = match job.form {
+            shared::sweep::SweepForm::Wandb => {
+                Some(shared::sweep::wandb_params_file(&job.params.to_string()).map_err(std::io::Error::other)?)
+            }
+            _ => None,
+        };
         let dirs = self.clone();
         tokio::task::spawn_blocking(move || {
             for dir in [&dirs.cwd, &dirs.output] {
@@ -84,6 +95,9 @@ impl AttemptDirs {
                 std::fs::create_dir_all(dir)?;
             }
             std::fs::write(&dirs.config, config)?;
+            if let Some(wandb) = wandb {
+                std::fs::write(&dirs.wandb_params, wandb)?;
+            }
             std::fs::write(&dirs.metrics, b"")?;
             std::fs::write(&dirs.log, b"")?;
             std::fs::OpenOptions::new().append(true).open(&dirs.log)
@@ -129,6 +143,9 @@ pub fn environment(
             };
             env.push((param_variable(name), text));
         }
+    }
+    if job.form == shared::sweep::SweepForm::Wandb {
+        env.push(("WANDB_SWEEP_PARAM_PATH".to_string(), path(&dirs.wandb_params)));
     }
     if gpus.len() > 1 {
         env.push(("WORLD_SIZE".to_string(), gpus.len().to_string()));

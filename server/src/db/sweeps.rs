@@ -107,6 +107,13 @@ pub async fn count_new_jobs(conn: &mut SqliteConnection, sweep_id: SweepId, jobs
     Ok(())
 }
 
+/// The sweep's name and form.
+pub async fn name_and_form_of(conn: &mut SqliteConnection, id: SweepId) -> sqlx::Result<(String, SweepForm)> {
+    let (name, form): (String, String) =
+        sqlx::query_as("SELECT name, form FROM sweeps WHERE id = ?").bind(id.get()).fetch_one(&mut *conn).await?;
+    Ok((name, parse_form(&form)))
+}
+
 pub async fn name_of(conn: &mut SqliteConnection, id: SweepId) -> sqlx::Result<String> {
     sqlx::query_scalar("SELECT name FROM sweeps WHERE id = ?").bind(id.get()).fetch_one(&mut *conn).await
 }

@@ -13,6 +13,7 @@ use crate::error::{ApiError, ApiResult};
 use shared::api::{ClaimedJob, JobAttempt, JobId, SweepId, WorkerId};
 use shared::job::{self, JobStatus, Outcome};
 use shared::placement::{place, Capacity, Placement};
+use shared::sweep::SweepForm;
 use sqlx::Row;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
@@ -176,7 +177,8 @@ fn assign(
     (chosen, order, unfilled)
 }
 
-pub(super) type SweepNames = Arc<RwLock<HashMap<SweepId, String>>>;
+/// The name and form of each sweep seen, by id.
+pub(super) type SweepNames = Arc<RwLock<HashMap<SweepId, (String, SweepForm)>>>;
 
 pub(super) async fn claim_batch(
     tx: &mut Tx,
@@ -245,11 +247,13 @@ async fn claimed_job(
 ) -> ApiResult<ClaimedJob> {
     let sweep_id = SweepId::new(row.try_get("sweep_id")?);
     let params: String = row.try_get("params")?;
+    let (name, form) = sweep_name(tx, sweep_id, names).await?;
     Ok(ClaimedJob {
         id: JobId::new(row.try_get("id")?),
         attempt: row.try_get("attempt")?,
         sweep_id,
-        sweep: sweep_name(tx, sweep_id, names).await?,
+        sweep: name,
+        form,
         index: row.try_get::<i64, _>("idx")? as u64,
         params: serde_json::from_str(&params).map_err(anyhow::Error::from)?,
         command: row.try_get("command")?,
@@ -261,14 +265,14 @@ async fn claimed_job(
     })
 }
 
-async fn sweep_name(tx: &mut Tx, sweep_id: SweepId, names: &SweepNames) -> ApiResult<String> {
+async fn sweep_name(tx: &mut Tx, sweep_id: SweepId, names: &SweepNames) -> ApiResult<(String, SweepForm)> {
     let cached = names.read().ok().and_then(|names| names.get(&sweep_id).cloned());
-    if let Some(name) = cached {
-        return Ok(name);
+    if let Some(known) = cached {
+        return Ok(known);
     }
-    let name = db::sweeps::name_of(tx.conn(), sweep_id).await?;
+    let known = db::sweeps::name_and_form_of(tx.conn(), sweep_id).await?;
     if let Ok(mut names) = names.write() {
-        names.insert(sweep_id, name.clone());
+        names.insert(sweep_id, known.clone());
     }
-    Ok(name)
+    Ok(known)
 }

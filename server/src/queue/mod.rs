@@ -37,10 +37,10 @@ use crate::db::Db;
 use crate::error::ApiResult;
 use crate::storage::Layout;
 use futures_util::future::BoxFuture;
-use shared::api::{JobId, SweepId, WorkerId};
+use shared::api::{JobId, WorkerId};
 use sqlx::SqlitePool;
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 /// An attempt as its worker names it: everything a worker sends about an attempt is fenced by
@@ -61,8 +61,8 @@ pub struct Queue {
     claims: claims::ClaimSender,
     layout: Layout,
     logs: LogStore,
-    /// Sweep names never change, and every claimed job carries its sweep's name.
-    sweep_names: Arc<RwLock<HashMap<SweepId, String>>>,
+    /// Sweep names and forms never change, and every claimed job carries them.
+    sweep_names: claims::SweepNames,
     /// Turns true when the server shuts down, so long polls end instead of holding it open.
     shutting_down: watch::Receiver<bool>,
     /// This database's identity (see `sessions`).

@@ -28,6 +28,7 @@ impl Queue {
 
     /// Stores a parsed sweep and all its jobs in one transaction, under a name made unique.
     pub async fn submit(&self, sweep: Arc<Sweep>, source: Arc<String>, base_name: String) -> ApiResult<Submitted> {
+        let form = sweep.form;
         let submitted = self
             .write(move |tx| {
                 Box::pin(async move {
@@ -41,7 +42,7 @@ impl Queue {
             })
             .await?;
         if let Ok(mut names) = self.sweep_names.write() {
-            names.insert(submitted.sweep_id, submitted.name.clone());
+            names.insert(submitted.sweep_id, (submitted.name.clone(), form));
         }
         tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
         Ok(submitted)

@@ -49,10 +49,11 @@ async fn submit(
             count: sweep.count(),
             dry_run: true,
             preview,
+            warnings: sweep.warnings.clone(),
         };
         return Ok((timing(), Json(response)));
     }
-    let form = sweep.form;
+    let (form, warnings) = (sweep.form, sweep.warnings.clone());
     let submitted = state.queue.submit(Arc::new(sweep), source, base_name).await?;
     let response = SubmitResponse {
         sweep_id: Some(submitted.sweep_id),
@@ -61,6 +62,7 @@ async fn submit(
         count: submitted.count,
         dry_run: false,
         preview: Vec::new(),
+        warnings,
     };
     Ok((timing(), Json(response)))
 }

@@ -56,6 +56,10 @@ pub struct SubmitResponse {
     pub dry_run: bool,
     /// The first few jobs (a dry run) or none.
     pub preview: Vec<JobPreview>,
+    /// Keys the file sets that have no effect here (W&B's `project`, `entity`, ...), one
+    /// sentence each: accepted, never silently dropped.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// Jobs of a sweep or of the whole queue, by status.
@@ -343,6 +347,8 @@ pub struct ClaimedJob {
     pub attempt: u32,
     pub sweep_id: SweepId,
     pub sweep: String,
+    /// The form of the sweep file (a W&B job also gets the params file W&B's agent writes).
+    pub form: SweepForm,
     pub index: u64,
     pub params: Value,
     pub command: String,
