@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 ./scripts/install-test-deps.sh
 # libtorch for the built-in trainer (idempotent: instant when .venv-torch is in place).
-./scripts/setup-torch.sh
+# The full wheel: the checkpoint tests load our checkpoints with Python torch (import torch
+# needs every dependency), and the trainer benchmark runs PyTorch eager beside app.
+./scripts/setup-torch.sh --full
 
 # docker-compose.yml must be a valid Compose file (no engine needed to check that).
 # (The file requires the two tokens to be set; any values do for the check.)
