@@ -304,3 +304,46 @@ async fn idle_and_half_sent_connections_are_closed_and_capped_while_others_are_s
     let open = std::fs::read_dir(format!("/proc/{}/fd", server.child.id())).unwrap().count();
     assert!(open < 64, "the server still holds {open} descriptors");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_while_finishes_claim_the_next_jobs_loses_and_duplicates_nothing() {
+    // Short jobs: nearly every moment some worker is between its report and its next claim,
+    // which the one-request finish makes one transaction.
+    const JOBS: u64 = 600;
+    let mut server = ServerProcess::start();
+    let workers: Vec<WorkerProcess> =
+        (0..2).map(|n| WorkerProcess::start(&server.url, &format!("quick-{n}"), &["--max-jobs", "2"])).collect();
+    let values: Vec<String> = (0..JOBS).map(|i| i.to_string()).collect();
+    server.submit(&format!("name: quick\ncommand: 'true'\ngrid:\n  i: [{}]\n", values.join(", "))).await;
+    let done = shared::api::JobQuery {
+        sweep: Some("quick".into()),
+        status: Some(JobStatus::Succeeded),
+        limit: Some(1),
+        ..Default::default()
+    };
+    wait_until("a third of the sweep succeeded", LONG, || async {
+        (server.client().jobs(&done).await.ok()?.total >= JOBS / 3).then_some(())
+    })
+    .await;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    wait_until("the workers noticed", LONG, || async {
+        workers.iter().all(|worker| worker.log().contains("failed")).then_some(())
+    })
+    .await;
+    server.restart();
+    let jobs = wait_until("every job ended", LONG, || async {
+        let jobs = server.jobs_of("quick").await;
+        jobs.iter().all(|job| job.status.is_terminal()).then_some(jobs)
+    })
+    .await;
+    assert_eq!(jobs.len() as u64, JOBS);
+    let client = server.client();
+    for job in &jobs {
+        assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
+        let events = client.job_events(job.id).await.unwrap();
+        let successes = events.iter().filter(|event| event.to == JobStatus::Succeeded).count();
+        assert_eq!(successes, 1, "job {} succeeded {successes} times", job.id);
+        assert_eq!(client.results(job.id).await.unwrap().len(), 1, "job {} has one result version", job.id);
+    }
+}
