@@ -4,10 +4,10 @@
 Each round runs every system on the same workloads, in an order that rotates from round to
 round, and the table gives the median jobs/s over the rounds, the range, and the ratio to app;
 app's own server and worker CPU per job; dispatch latency (submission to the job's process
-running, read from the mtime of a file the job touches); and the time to submit 100,000 jobs.
+running: the job writes the wall clock to a file); and the time to submit 100,000 jobs.
 
-Like for like: every system runs the job's program directly (`true`, `sleep 0.01`, `touch F`)
-at parallelism 2; GNU parallel gets SHELL=/bin/sh (dash, as the floor). The floors are two
+Like for like: every system runs the job's program directly (`true`, `sleep 0.01`; the latency
+job is the same `sh -c` line everywhere) at parallelism 2; GNU parallel gets SHELL=/bin/sh (dash, as the floor). The floors are two
 loops of `sh -c true` and of `true`, one process start per job.
 
     scripts/bench-peers.sh [--rounds 5] [--app target/release/app]
@@ -210,6 +210,17 @@ def run_floor(prefix, words, count):
     return time.perf_counter() - started, None
 
 
+def stamp(target):
+    """The job writes the wall clock at its start: a file's mtime is the kernel's coarse clock
+    (a tick, up to 4 ms), which can read earlier than the submission it follows."""
+    return f"date +%s%N > {target}.part && mv {target}.part {target}"
+
+
+def started_at(target):
+    with open(target) as file:
+        return int(file.read().strip())
+
+
 def dispatch_latencies(system, binary, samples):
     """Seconds from submission to the job's process running, for `samples` single jobs."""
     latencies = []
@@ -220,10 +231,10 @@ def dispatch_latencies(system, binary, samples):
                 for sample in range(samples):
                     target = f"{directory}/{sample}"
                     submitted = time.time_ns()
-                    name = app.submit(f"touch {target}", 1)
+                    name = app.submit(stamp(target), 1)
                     while not os.path.exists(target):
                         time.sleep(0.001)
-                    latencies.append((os.stat(target).st_mtime_ns - submitted) / 1e6)
+                    latencies.append((started_at(target) - submitted) / 1e6)
                     while not app.done(name):
                         time.sleep(0.005)
             finally:
@@ -240,10 +251,10 @@ def dispatch_latencies(system, binary, samples):
                 for sample in range(samples):
                     target = f"{directory}/{sample}"
                     job = Job()
-                    job.program(["touch", target])
+                    job.program(["/bin/sh", "-c", stamp(target)])
                     submitted = time.time_ns()
                     client.wait_for_jobs([client.submit(job)])
-                    latencies.append((os.stat(target).st_mtime_ns - submitted) / 1e6)
+                    latencies.append((started_at(target) - submitted) / 1e6)
             quiet.__exit__(None, None, None)
         elif system == "tsp":
             env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_SAVELIST="")
@@ -251,9 +262,9 @@ def dispatch_latencies(system, binary, samples):
             for sample in range(samples):
                 target = f"{directory}/{sample}"
                 submitted = time.time_ns()
-                job = tsp(env, "touch", target)
+                job = tsp(env, "/bin/sh", "-c", stamp(target))
                 subprocess.run(["tsp", "-w", job], env=env, capture_output=True)
-                latencies.append((os.stat(target).st_mtime_ns - submitted) / 1e6)
+                latencies.append((started_at(target) - submitted) / 1e6)
             subprocess.run(["tsp", "-K"], env=env, capture_output=True)
     return latencies
 
@@ -263,7 +274,7 @@ def submit_100k(system, binary):
         app = App(binary, workers=False)
         try:
             values = ", ".join(str(i) for i in range(100_000))
-            yaml = f"name: big\ncommand: true\ngrid: {{i: [{values}]}}\n".encode()
+            yaml = f"name: big\ncommand: \"true\"\ngrid: {{i: [{values}]}}\n".encode()
             started = time.perf_counter()
             http(f"{app.url}/api/sweeps", "POST", yaml, "application/yaml")
             return time.perf_counter() - started
