@@ -233,7 +233,13 @@ async fn run_group(
     events: &Events,
 ) -> (Option<PoolConnection<Sqlite>>, std::collections::VecDeque<RunUnit>) {
     let mut tx = Tx { conn, changes: Vec::new() };
-    if let Err(error) = execute(&mut tx, "BEGIN IMMEDIATE").await {
+    // Every statement is a round trip to sqlx's SQLite thread, so the savepoint that fences
+    // each unit of a group is opened with the statement before it: `BEGIN` for the first,
+    // `RELEASE` of the previous one for the others. A refused unit's `ROLLBACK TO` keeps its
+    // savepoint open for the next unit, and `COMMIT` releases the last one.
+    let savepoints = group.len() > 1;
+    let begin = if savepoints { "BEGIN IMMEDIATE; SAVEPOINT unit" } else { "BEGIN IMMEDIATE" };
+    if let Err(error) = execute(&mut tx, begin).await {
         let error = ApiError::from(error);
         tracing::error!(error = ?error, "starting a write transaction");
         let rest = std::mem::take(group);
@@ -241,13 +247,8 @@ async fn run_group(
         close(tx.conn);
         return (None, rest);
     }
-    let savepoints = group.len() > 1;
     let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
     while let Some(unit) = group.pop_front() {
-        if savepoints && execute(&mut tx, "SAVEPOINT unit").await.is_err() {
-            group.push_front(unit);
-            return abandon(tx, ran, group, "a savepoint could not be set");
-        }
         let outcome = match AssertUnwindSafe(unit(&mut tx)).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(_) => {
@@ -259,19 +260,15 @@ async fn run_group(
         let changes = std::mem::take(&mut tx.changes);
         match outcome.failed().map(is_database_failure) {
             None => {
-                if savepoints && execute(&mut tx, "RELEASE unit").await.is_err() {
-                    ran.push((outcome, changes));
-                    return abandon(tx, ran, group, "a savepoint could not be released");
-                }
+                let next = savepoints && !group.is_empty();
                 ran.push((outcome, changes));
+                if next && execute(&mut tx, "RELEASE unit; SAVEPOINT unit").await.is_err() {
+                    return abandon(tx, ran, group, "a savepoint could not be set");
+                }
             }
             Some(false) => {
                 // The unit refused (409, 400, ...): undo what it wrote, keep the others.
-                let undone = if savepoints {
-                    execute(&mut tx, "ROLLBACK TO unit").await.is_ok() && execute(&mut tx, "RELEASE unit").await.is_ok()
-                } else {
-                    true
-                };
+                let undone = !savepoints || execute(&mut tx, "ROLLBACK TO unit").await.is_ok();
                 ran.push((outcome, Vec::new()));
                 if !undone {
                     return abandon(tx, ran, group, "a refused unit could not be undone");
@@ -339,8 +336,9 @@ fn close(conn: PoolConnection<Sqlite>) {
     });
 }
 
-async fn execute(tx: &mut Tx, statement: &str) -> sqlx::Result<()> {
-    sqlx::query(statement).execute(&mut *tx.conn).await.map(|_| ())
+/// Runs one or more statements without arguments in one round trip.
+async fn execute(tx: &mut Tx, statements: &'static str) -> sqlx::Result<()> {
+    sqlx::query(statements).execute(&mut *tx.conn).await.map(|_| ())
 }
 
 /// Whether a unit's error came from the database rather than from a decision: then the whole
@@ -351,3 +349,7 @@ fn is_database_failure(error: &ApiError) -> bool {
         ApiError::Sqlx(_) | ApiError::Internal(_) | ApiError::InsufficientStorage(_) | ApiError::Unavailable(_)
     )
 }
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;
