@@ -166,7 +166,8 @@ def run_hq_loud(words, count):
             client = cluster.client()
             job = Job()
             for _ in range(count):
-                job.program(words)
+                # Each task's stdout and stderr files go to its working directory.
+                job.program(words, cwd=directory)
             started = time.perf_counter()
             submitted = client.submit(job)
             client.wait_for_jobs([submitted])
@@ -251,7 +252,7 @@ def dispatch_latencies(system, binary, samples):
                 for sample in range(samples):
                     target = f"{directory}/{sample}"
                     job = Job()
-                    job.program(["/bin/sh", "-c", stamp(target)])
+                    job.program(["/bin/sh", "-c", stamp(target)], cwd=directory)
                     submitted = time.time_ns()
                     client.wait_for_jobs([client.submit(job)])
                     latencies.append((started_at(target) - submitted) / 1e6)
@@ -288,7 +289,7 @@ def submit_100k(system, binary):
             client = cluster.client()
             job = Job()
             for _ in range(100_000):
-                job.program(["true"])
+                job.program(["true"], cwd=directory)
             started = time.perf_counter()
             client.submit(job)
             return time.perf_counter() - started
