@@ -13,7 +13,7 @@ mod exposition;
 
 use common::{app, free_port, repo, wait_until, ServerProcess, WorkerProcess};
 use exposition::{metrics_in, names, value};
-use shared::api::{Job, JobQuery, SubmitQuery};
+use shared::api::{GpuSample, HeartbeatRequest, Job, JobQuery, SubmitQuery};
 use shared::job::JobStatus;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -101,6 +101,7 @@ async fn metrics_describe_the_queue_after_a_sweep_and_pass_promtool() {
     assert_eq!(of("app_gpu_memory_total_bytes", &gpu), Some(24.0 * (1u64 << 30) as f64));
     assert_eq!(of("app_gpu_utilization_ratio", &gpu), Some(0.0));
     assert_eq!(of("app_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), Some(1.0));
+    assert_eq!(of("app_gpu_temperature_celsius", &gpu), None, "a fake GPU has no sensor: no series, not 0");
     // Latency by route template: the sweep's submission, the heartbeats, and no raw ids.
     let requests = exposition::samples(&body)
         .into_iter()
@@ -126,6 +127,31 @@ async fn metrics_describe_the_queue_after_a_sweep_and_pass_promtool() {
     assert!(content_type.starts_with("application/openmetrics-text; version=1.0.0"), "{content_type}");
     assert!(openmetrics.ends_with("# EOF\n") && openmetrics.contains("# TYPE app_jobs_claimed counter"));
 
+    // A box with sensors (its heartbeat sent through the client, as a worker sends it): every
+    // reading in base units, labelled like DCGM's.
+    let sensors = client.register(&common::cpu_worker("sensors")).await.unwrap();
+    let reading = GpuSample {
+        index: 3,
+        uuid: "GPU-5e1f0a2b".into(),
+        name: "NVIDIA A100-SXM4-80GB".into(),
+        memory_total: 80 << 30,
+        memory_used: 20 << 30,
+        utilization: Some(37),
+        temperature: Some(61),
+        power_watts: Some(215.5),
+        at: 0,
+    };
+    let beat = HeartbeatRequest { running: Vec::new(), gpus: vec![reading] };
+    client.heartbeat(sensors.worker_id, &beat).await.unwrap();
+    let (_, _, body) = scrape(&server.url, None, None).await;
+    let a100 = [("worker", "sensors"), ("gpu", "3"), ("uuid", "GPU-5e1f0a2b"), ("model", "NVIDIA A100-SXM4-80GB")];
+    assert_eq!(value(&body, "app_gpu_utilization_ratio", &a100), Some(0.37), "{body}");
+    assert_eq!(value(&body, "app_gpu_memory_used_bytes", &a100), Some((20u64 << 30) as f64));
+    assert_eq!(value(&body, "app_gpu_temperature_celsius", &a100), Some(61.0));
+    assert_eq!(value(&body, "app_gpu_power_watts", &a100), Some(215.5));
+    assert_eq!(value(&body, "app_workers", &[("state", "healthy")]), Some(2.0));
+    let promtool = run_with_input(Command::new(tool("promtool")).args(["check", "metrics"]), &body);
+    assert!(promtool.status.success() && text(&promtool).trim().is_empty(), "promtool: {}\n{body}", text(&promtool));
     check_dashboard(&body);
 
     // The worker dies with a job running: its lease runs out, the job is a crash, the worker
@@ -137,10 +163,11 @@ async fn metrics_describe_the_queue_after_a_sweep_and_pass_promtool() {
     .await;
     common::signal(&worker.child, "KILL");
     worker.wait_exit(Duration::from_secs(10));
-    let body = wait_until("the lease expiry is counted and the worker lost", LONG, || async {
+    // The box with sensors went silent before: it is lost by then too.
+    let body = wait_until("the lease expiry is counted and both workers lost", LONG, || async {
         let (_, _, body) = scrape(&server.url, None, None).await;
         let expired = value(&body, "app_lease_expiries_total", &[]) == Some(1.0);
-        (expired && value(&body, "app_workers", &[("state", "lost")]) == Some(1.0)).then_some(body)
+        (expired && value(&body, "app_workers", &[("state", "lost")]) == Some(2.0)).then_some(body)
     })
     .await;
     assert_eq!(value(&body, "app_job_crashes_total", &[("cause", "lease_expired")]), Some(1.0), "{body}");
@@ -312,6 +339,7 @@ fn systemd_units_verify_and_are_hardened() {
     }
     // The dedicated user: systemd-sysusers creates it from the file, here in a scratch root.
     let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("etc")).unwrap();
     let created = Command::new(tool("systemd-sysusers"))
         .arg(format!("--root={}", root.path().display()))
         .arg(repo("deploy/systemd/app.sysusers.conf"))
@@ -374,14 +402,15 @@ fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
 async fn the_sbatch_script_starts_one_worker_per_node_with_the_nodes_gpus() {
     let server = ServerProcess::start();
     let dir = tempfile::tempdir().unwrap();
-    // A stand-in for Slurm's srun on a one-node allocation: it records its options and runs
-    // the task, as srun does on each node.
+    // A stand-in for Slurm's srun on a one-node allocation: it records its options and its
+    // task's pid, and runs the task, as srun does on each node.
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
     let srun = bin.join("srun");
     std::fs::write(
         &srun,
-        "#!/bin/bash\nprintf '%s\\n' \"$@\" > \"$SRUN_ARGS\"\nwhile [[ $1 == --* ]]; do shift; done\nexec \"$@\"\n",
+        "#!/bin/bash\nprintf '%s\\n' \"$@\" > \"$SRUN_ARGS\"\nwhile [[ $1 == --* ]]; do shift; done\n\
+         \"$@\" &\necho $! > \"$SRUN_TASK\"\nwait $!\n",
     )
     .unwrap();
     std::fs::set_permissions(&srun, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -395,6 +424,7 @@ async fn the_sbatch_script_starts_one_worker_per_node_with_the_nodes_gpus() {
         .env("PATH", path)
         .env("HOME", dir.path())
         .env("SRUN_ARGS", dir.path().join("srun-args"))
+        .env("SRUN_TASK", dir.path().join("srun-task"))
         .env("SLURM_JOB_ID", "4242")
         .env("SLURM_JOB_NUM_NODES", "1")
         .env("SLURM_GPUS_ON_NODE", "2")
@@ -404,7 +434,6 @@ async fn the_sbatch_script_starts_one_worker_per_node_with_the_nodes_gpus() {
         .env("APP_FAKE_GPUS", "2x16GiB")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("batch.log")).unwrap());
-    std::os::unix::process::CommandExt::process_group(&mut batch, 0);
     let mut child = batch.spawn().unwrap();
     let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout).unwrap();
     let name = format!("slurm-4242-{}", host.trim());
@@ -421,7 +450,12 @@ async fn the_sbatch_script_starts_one_worker_per_node_with_the_nodes_gpus() {
         assert!(args.lines().any(|line| line == expected), "srun got no {expected}: {args}");
     }
     assert!(Path::new(&dir.path().join("app-4242").join(host.trim())).is_dir(), "the node's work directory");
-    // scancel: SIGTERM to the step drains the worker, which exits.
-    Command::new("kill").args(["-TERM", &format!("-{}", child.id())]).status().unwrap();
+    // scancel: SIGTERM to the step's task drains the worker, which exits, and so does the
+    // batch script. (The task's own pid: a negative pid given to procps' kill can reach every
+    // process.)
+    let task = std::fs::read_to_string(dir.path().join("srun-task")).unwrap();
+    let task: u32 = task.trim().parse().unwrap();
+    assert!(task > 1);
+    assert!(Command::new("kill").args(["-TERM", &task.to_string()]).status().unwrap().success());
     common::wait_exit(&mut child, Duration::from_secs(30));
 }
