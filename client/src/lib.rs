@@ -239,7 +239,7 @@ impl Client {
                     (kind, ClientError::Unreachable { url, reason: describe(&error) })
                 }
             };
-            failures.push(error);
+            failures.push((index, error));
             if !replayable || !try_next(kind, &method) {
                 self.servers.failed(index);
                 break;
@@ -248,27 +248,32 @@ impl Client {
         Err(self.all_failed(failures))
     }
 
-    /// The error of a request that no server took: the only failure as it was, or, with
-    /// several servers, one naming each server tried and how it failed. When one answered
-    /// 5xx, the error keeps that status (a full disk stays a full disk).
-    fn all_failed(&self, mut failures: Vec<ClientError>) -> ClientError {
-        if failures.len() <= 1 && self.servers.urls().len() == 1 {
-            return failures.pop().unwrap_or_else(|| ClientError::Unreachable {
+    /// The error of a request that no server took: the failure as it was when one server was
+    /// tried, or one naming each server tried and how it failed. When one answered 5xx, the
+    /// error keeps that status (a full disk stays a full disk).
+    fn all_failed(&self, mut failures: Vec<(usize, ClientError)>) -> ClientError {
+        if failures.len() <= 1 {
+            return failures.pop().map(|(_, error)| error).unwrap_or_else(|| ClientError::Unreachable {
                 url: self.base_url().to_string(),
                 reason: "no server to try".into(),
             });
         }
+        let tried = failures.iter().map(|(index, _)| self.servers.url(*index)).collect::<Vec<_>>().join(", ");
         let each = failures
             .iter()
-            .map(|error| match error {
+            .map(|(_, error)| match error {
                 ClientError::Unreachable { url, reason } => format!("{url}: {reason}"),
                 ClientError::Server { url, status, message } => format!("{url}: server error ({status}) {message}"),
                 other => other.to_string(),
             })
             .collect::<Vec<_>>()
             .join("; ");
-        let tried = self.servers.urls().join(", ");
-        match failures.into_iter().rev().find(|error| matches!(error, ClientError::Server { .. })) {
+        match failures
+            .into_iter()
+            .rev()
+            .map(|(_, error)| error)
+            .find(|error| matches!(error, ClientError::Server { .. }))
+        {
             Some(ClientError::Server { status, .. }) => {
                 ClientError::Server { url: tried, status, message: format!("no server took the request ({each})") }
             }

@@ -73,7 +73,7 @@ pub struct ServerFlags {
 pub struct WorkerFlags {
     /// The server a worker (--client-only) connects to, e.g. http://head:8000; several,
     /// comma-separated, are replicas tried in order, the one that answers kept [env: APP_URL]
-    #[arg(long, value_name = "URL[,URL...]")]
+    #[arg(long)]
     pub url: Option<String>,
     /// This worker's name, unique per box (default: the host name; `local` when embedded)
     /// [env: APP_WORKER_NAME]
