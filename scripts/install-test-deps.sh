@@ -6,7 +6,12 @@
 #   git, curl       git for the commit of a job's working tree, curl for scripts/quickstart.sh;
 #   chromium        Debian's Chromium, driven by the browser test (tests/browser.rs);
 #   nodejs, npm     to run that test's script, and `npm ci` of its packages (playwright-core)
-#                   in tests/browser when they are missing or older than its package-lock.json.
+#                   in tests/browser when they are missing or older than its package-lock.json;
+#   prometheus      Debian's package, for `promtool check metrics` on the server's /metrics
+#                   (tests/ops.rs);
+#   systemd         for `systemd-analyze verify` and `security` of deploy/systemd (tests/ops.rs);
+#   python3-venv    for .venv-deploy: the PyPI package kubernetes-validate (pinned), which checks
+#                   deploy/kubernetes against the Kubernetes JSON schemas it ships (offline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +25,9 @@ fi
 [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || missing+=(chromium)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=""
@@ -34,4 +42,12 @@ if [ ! -d "$browser_test/node_modules" ] || [ "$browser_test/package-lock.json" 
     echo "installing the browser test's packages (npm ci in $browser_test)" >&2
     npm ci --prefix "$browser_test" --no-audit --no-fund --loglevel=error >/dev/null
     touch "$browser_test/node_modules"
+fi
+
+deploy_venv=.venv-deploy
+kubernetes_validate=1.37.0
+if [ "$("$deploy_venv/bin/kubernetes-validate" --version 2>/dev/null)" != "$kubernetes_validate" ]; then
+    echo "installing kubernetes-validate $kubernetes_validate (pip, in $deploy_venv)" >&2
+    python3 -m venv "$deploy_venv"
+    "$deploy_venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$kubernetes_validate"
 fi

@@ -3,11 +3,15 @@
 //! The worker, the CLI and the server's own integration tests all talk to the server through
 //! this one client, so the API is exercised the way it is used. Errors separate what is worth
 //! retrying (the server is unreachable or failed: [`ClientError::is_retryable`]) from what
-//! the server refused (4xx, with its message).
+//! the server refused (4xx, with its message). One client may be given several servers,
+//! replicas of one queue, and fails over between them (`servers`).
+
+mod servers;
 
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use servers::{try_next, Servers, TryFailure};
 use shared::api::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -96,7 +100,9 @@ impl std::fmt::Debug for ClientOptions {
 
 #[derive(Debug, Clone)]
 pub struct Client {
-    base: String,
+    /// The servers, and the one requests start at; shared by clones, so every part of a
+    /// worker sticks to the server that answered last.
+    servers: Arc<Servers>,
     http: reqwest::Client,
     /// A registered worker's session and server instance, sent with every worker request.
     session: Option<Arc<Session>>,
@@ -116,18 +122,21 @@ struct Session {
 
 impl Client {
     /// A client of the server at `base_url` (e.g. `http://127.0.0.1:8000`), without a token.
+    /// Several URLs, comma-separated, are replicas of one queue (see [`Client::with_options`]).
     pub fn new(base_url: &str) -> ClientResult<Client> {
         Client::with_options(base_url, &ClientOptions::default())
     }
 
     /// A client that sends `options.token` as a bearer token on every request and, for
     /// `https://` servers, also trusts the certificates in `options.ca_pem`.
+    ///
+    /// `base_url` may list several servers, comma-separated (replicas of one queue): each
+    /// request goes to the one that answered last, and on to the next in the order given when
+    /// it cannot be reached or answers 5xx (see `servers` for which requests are sent twice).
+    /// A worker's session is valid on every replica of its server instance (one database).
     pub fn with_options(base_url: &str, options: &ClientOptions) -> ClientResult<Client> {
-        let base = base_url.trim_end_matches('/').to_string();
         let rejected = |message: String| ClientError::Rejected { status: 0, message };
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(rejected(format!("server URL `{base_url}` must start with http:// or https://")));
-        }
+        let servers = Servers::parse(base_url).map_err(rejected)?;
         let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
@@ -153,12 +162,18 @@ impl Client {
         }
         let http = builder
             .build()
-            .map_err(|error| ClientError::Unreachable { url: base.clone(), reason: error.to_string() })?;
-        Ok(Client { base, http, session: None, registered: Arc::default() })
+            .map_err(|error| ClientError::Unreachable { url: servers.urls().join(", "), reason: error.to_string() })?;
+        Ok(Client { servers: Arc::new(servers), http, session: None, registered: Arc::default() })
     }
 
+    /// The server requests go to now: the one that answered last (the first, before any).
     pub fn base_url(&self) -> &str {
-        &self.base
+        self.servers.url(self.servers.current())
+    }
+
+    /// Every server this client may use, in the order given.
+    pub fn urls(&self) -> &[String] {
+        self.servers.urls()
     }
 
     /// This client speaking as the registered worker `response` describes: every request
@@ -171,7 +186,7 @@ impl Client {
     fn session_of(&self, response: &RegisterResponse) -> ClientResult<Session> {
         let header = |value: &str| {
             let mut header = reqwest::header::HeaderValue::from_str(value).map_err(|_| ClientError::Decode {
-                url: self.base.clone(),
+                url: self.base_url().to_string(),
                 reason: "the server sent a session that cannot go in a header".into(),
             })?;
             header.set_sensitive(true);
@@ -180,69 +195,120 @@ impl Client {
         Ok(Session { session: header(&response.session)?, instance: header(&response.instance)? })
     }
 
-    fn request(&self, method: Method, path: &str) -> (String, RequestBuilder) {
-        let url = format!("{}{}", self.base, path);
-        let builder = self.http.request(method, &url).timeout(REQUEST_TIMEOUT);
-        (url, builder)
-    }
-
-    /// A request of `worker`'s, carrying its session.
-    fn worker_request(&self, worker: WorkerId, method: Method, path: &str) -> (String, RequestBuilder) {
-        let (url, builder) = self.request(method, path);
+    /// A request to `url`; a worker's carries its session.
+    fn start(&self, method: Method, url: &str, worker: Option<WorkerId>) -> RequestBuilder {
+        let builder = self.http.request(method, url).timeout(REQUEST_TIMEOUT);
+        let Some(worker) = worker else { return builder };
         let remembered = || self.registered.lock().ok()?.get(&worker).cloned();
         match self.session.clone().or_else(remembered) {
-            Some(session) => (
-                url,
-                builder
-                    .header(SESSION_HEADER, session.session.clone())
-                    .header(INSTANCE_HEADER, session.instance.clone()),
-            ),
-            None => (url, builder),
+            Some(session) => builder
+                .header(SESSION_HEADER, session.session.clone())
+                .header(INSTANCE_HEADER, session.instance.clone()),
+            None => builder,
         }
     }
 
+    /// Sends `method path` (shaped by `shape`: query, body, timeout) to the servers in turn
+    /// until one answers with anything but 5xx, and returns that answer with its URL. With
+    /// several servers, an error lists every one tried. A request whose body cannot be made
+    /// twice (`replayable` false: a streamed file) is tried at the current server only; if it
+    /// fails there, the caller's retry starts at the next.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        worker: Option<WorkerId>,
+        replayable: bool,
+        mut shape: impl FnMut(RequestBuilder) -> RequestBuilder,
+    ) -> ClientResult<(String, reqwest::Response)> {
+        let mut failures = Vec::new();
+        for index in self.servers.order() {
+            let url = format!("{}{path}", self.servers.url(index));
+            let (kind, error) = match shape(self.start(method.clone(), &url, worker)).send().await {
+                Ok(response) if !response.status().is_server_error() => {
+                    self.servers.answered(index);
+                    return Ok((url, response));
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    let text = response.text().await.unwrap_or_default();
+                    (TryFailure::ServerError(status.as_u16()), failure(url, status, &text))
+                }
+                Err(error) => {
+                    let kind = if error.is_connect() { TryFailure::NotSent } else { TryFailure::NoAnswer };
+                    (kind, ClientError::Unreachable { url, reason: describe(&error) })
+                }
+            };
+            failures.push((index, error));
+            if !replayable || !try_next(kind, &method) {
+                self.servers.failed(index);
+                break;
+            }
+        }
+        Err(self.all_failed(failures))
+    }
+
+    /// The error of a request that no server took: the failure as it was when one server was
+    /// tried, or one naming each server tried and how it failed. When one answered 5xx, the
+    /// error keeps that status (a full disk stays a full disk).
+    fn all_failed(&self, mut failures: Vec<(usize, ClientError)>) -> ClientError {
+        if failures.len() <= 1 {
+            return failures.pop().map(|(_, error)| error).unwrap_or_else(|| ClientError::Unreachable {
+                url: self.base_url().to_string(),
+                reason: "no server to try".into(),
+            });
+        }
+        let tried = failures.iter().map(|(index, _)| self.servers.url(*index)).collect::<Vec<_>>().join(", ");
+        let each = failures
+            .iter()
+            .map(|(_, error)| match error {
+                ClientError::Unreachable { url, reason } => format!("{url}: {reason}"),
+                ClientError::Server { url, status, message } => format!("{url}: server error ({status}) {message}"),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        match failures
+            .into_iter()
+            .rev()
+            .map(|(_, error)| error)
+            .find(|error| matches!(error, ClientError::Server { .. }))
+        {
+            Some(ClientError::Server { status, .. }) => {
+                ClientError::Server { url: tried, status, message: format!("no server took the request ({each})") }
+            }
+            _ => ClientError::Unreachable { url: tried, reason: format!("none of them answered ({each})") },
+        }
+    }
+
+    /// [`Client::exchange`], then the answer's JSON body as `T`, or the refusal it carries.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        worker: Option<WorkerId>,
+        shape: impl FnMut(RequestBuilder) -> RequestBuilder,
+    ) -> ClientResult<T> {
+        let (url, response) = self.exchange(method, path, worker, true, shape).await?;
+        decode(url, response).await
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> ClientResult<T> {
+        self.send(Method::GET, path, None, |builder| builder).await
+    }
+
+    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> ClientResult<T> {
+        self.send(Method::POST, path, None, |builder| builder.json(body)).await
+    }
+
+    /// A POST of `worker`'s, carrying its session.
     async fn worker_post<B: Serialize, T: DeserializeOwned>(
         &self,
         worker: WorkerId,
         path: &str,
         body: &B,
     ) -> ClientResult<T> {
-        let (url, builder) = self.worker_request(worker, Method::POST, path);
-        Self::send(url, builder.json(body)).await
-    }
-
-    async fn send<T: DeserializeOwned>(url: String, builder: RequestBuilder) -> ClientResult<T> {
-        let response = builder
-            .send()
-            .await
-            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
-        let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
-        if status.is_success() {
-            return serde_json::from_slice(&bytes)
-                .map_err(|error| ClientError::Decode { url, reason: error.to_string() });
-        }
-        let message = serde_json::from_slice::<ErrorBody>(&bytes)
-            .map(|body| body.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).trim().to_string());
-        if status.is_server_error() {
-            Err(ClientError::Server { url, status: status.as_u16(), message })
-        } else {
-            Err(ClientError::Rejected { status: status.as_u16(), message: rejection_message(status, message) })
-        }
-    }
-
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> ClientResult<T> {
-        let (url, builder) = self.request(Method::GET, path);
-        Self::send(url, builder).await
-    }
-
-    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> ClientResult<T> {
-        let (url, builder) = self.request(Method::POST, path);
-        Self::send(url, builder.json(body)).await
+        self.send(Method::POST, path, Some(worker), |builder| builder.json(body)).await
     }
 
     pub async fn health(&self) -> ClientResult<Health> {
@@ -251,10 +317,10 @@ impl Client {
 
     /// Submits a sweep file (or, with `query.dry_run`, only validates and counts it).
     pub async fn submit(&self, yaml: &str, query: &SubmitQuery) -> ClientResult<SubmitResponse> {
-        let (url, builder) = self.request(Method::POST, "/api/sweeps");
-        let builder =
-            builder.query(query).header(reqwest::header::CONTENT_TYPE, "application/yaml").body(yaml.to_string());
-        Self::send(url, builder).await
+        self.send(Method::POST, "/api/sweeps", None, |builder| {
+            builder.query(query).header(reqwest::header::CONTENT_TYPE, "application/yaml").body(yaml.to_string())
+        })
+        .await
     }
 
     pub async fn sweeps(&self) -> ClientResult<Vec<SweepInfo>> {
@@ -271,8 +337,7 @@ impl Client {
     }
 
     pub async fn jobs(&self, query: &JobQuery) -> ClientResult<JobPage> {
-        let (url, builder) = self.request(Method::GET, "/api/jobs");
-        Self::send(url, builder.query(query)).await
+        self.send(Method::GET, "/api/jobs", None, |builder| builder.query(query)).await
     }
 
     pub async fn job(&self, id: JobId) -> ClientResult<Job> {
@@ -331,9 +396,9 @@ impl Client {
     /// Asks for work; the server answers at once when something fits, otherwise waits up to
     /// `request.wait_ms` for a job to arrive.
     pub async fn claim(&self, worker: WorkerId, request: &ClaimRequest) -> ClientResult<ClaimResponse> {
-        let (url, builder) = self.worker_request(worker, Method::POST, &format!("/api/workers/{worker}/claim"));
-        let builder = builder.timeout(REQUEST_TIMEOUT + Duration::from_millis(request.wait_ms)).json(request);
-        Self::send(url, builder).await
+        let timeout = REQUEST_TIMEOUT + Duration::from_millis(request.wait_ms);
+        let path = format!("/api/workers/{worker}/claim");
+        self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
     }
 
     pub async fn heartbeat(&self, worker: WorkerId, request: &HeartbeatRequest) -> ClientResult<HeartbeatResponse> {
@@ -344,9 +409,9 @@ impl Client {
     /// request asks, claims the next jobs. A 409 means the attempt is stale: nothing was applied.
     pub async fn finish(&self, worker: WorkerId, request: &FinishRequest) -> ClientResult<FinishResponse> {
         let wait = request.claim.as_ref().map_or(0, |claim| claim.wait_ms);
-        let (url, builder) = self.worker_request(worker, Method::POST, &format!("/api/workers/{worker}/finish"));
-        let builder = builder.timeout(REQUEST_TIMEOUT + Duration::from_millis(wait)).json(request);
-        Self::send(url, builder).await
+        let timeout = REQUEST_TIMEOUT + Duration::from_millis(wait);
+        let path = format!("/api/workers/{worker}/finish");
+        self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
     }
 
     /// Tells the server this worker takes no more jobs: its parked claim returns at once.
@@ -364,17 +429,19 @@ impl Client {
 impl Client {
     /// Appends log bytes of an attempt at `append.offset` (a retried append is recognised).
     pub async fn append_log(&self, job: JobId, append: &LogAppend, bytes: Vec<u8>) -> ClientResult<LogAck> {
-        let (url, builder) = self.worker_request(append.worker_id, Method::POST, &format!("/api/jobs/{job}/log"));
-        let builder =
-            builder.query(append).header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(bytes);
-        Self::send(url, builder).await
+        let path = format!("/api/jobs/{job}/log");
+        // A copy per try: only a failover sends it twice.
+        self.send(Method::POST, &path, Some(append.worker_id), |builder| {
+            builder.query(append).header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(bytes.clone())
+        })
+        .await
     }
 
     /// Reads an attempt's log from an offset, waiting up to `query.wait_ms` for new bytes.
     pub async fn log(&self, job: JobId, query: &LogQuery) -> ClientResult<LogChunk> {
-        let (url, builder) = self.request(Method::GET, &format!("/api/jobs/{job}/log"));
-        let builder = builder.timeout(REQUEST_TIMEOUT + Duration::from_millis(query.wait_ms)).query(query);
-        Self::send(url, builder).await
+        let timeout = REQUEST_TIMEOUT + Duration::from_millis(query.wait_ms);
+        let path = format!("/api/jobs/{job}/log");
+        self.send(Method::GET, &path, None, |builder| builder.timeout(timeout).query(query)).await
     }
 
     pub async fn send_metrics(&self, job: JobId, batch: &MetricsBatch) -> ClientResult<MetricsAck> {
@@ -395,9 +462,18 @@ impl Client {
         file: tokio::fs::File,
     ) -> ClientResult<ManifestEntry> {
         let route = format!("/api/jobs/{job}/attempts/{attempt}/files/{}", encode_path(path));
-        let (url, builder) = self.worker_request(worker_id, Method::PUT, &route);
-        let builder = builder.timeout(UPLOAD_TIMEOUT).query(&FileUploadQuery { worker_id }).body(file);
-        Self::send(url, builder).await
+        // A file streams once: no failover within this call (the caller's retry moves on).
+        let mut file = Some(file);
+        let (url, response) = self
+            .exchange(Method::PUT, &route, Some(worker_id), false, |builder| {
+                let builder = builder.timeout(UPLOAD_TIMEOUT).query(&FileUploadQuery { worker_id });
+                match file.take() {
+                    Some(file) => builder.body(file),
+                    None => builder,
+                }
+            })
+            .await?;
+        decode(url, response).await
     }
 
     /// Seals the uploaded files of an attempt as its immutable result version.
@@ -420,12 +496,8 @@ impl Client {
     ) -> ClientResult<u64> {
         use tokio::io::AsyncWriteExt;
         let route = format!("/api/jobs/{job}/results/{attempt}/files/{}", encode_path(path));
-        let (url, builder) = self.request(Method::GET, &route);
-        let mut response = builder
-            .timeout(UPLOAD_TIMEOUT)
-            .send()
-            .await
-            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        let (url, mut response) =
+            self.exchange(Method::GET, &route, None, true, |builder| builder.timeout(UPLOAD_TIMEOUT)).await?;
         if !response.status().is_success() {
             let status = response.status();
             let text = response.text().await.unwrap_or_default();
@@ -459,19 +531,15 @@ impl Client {
 
     /// A sweep's leaderboard: parameters and metrics of each run, best first.
     pub async fn summary(&self, sweep: &str, top: Option<u32>) -> ClientResult<SweepSummary> {
-        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/summary", encode(sweep)));
-        Self::send(url, builder.query(&SummaryQuery { top, format: None })).await
+        let path = format!("/api/sweeps/{}/summary", encode(sweep));
+        self.send(Method::GET, &path, None, |builder| builder.query(&SummaryQuery { top, format: None })).await
     }
 
     /// The same leaderboard as CSV text.
     pub async fn summary_csv(&self, sweep: &str, top: Option<u32>) -> ClientResult<String> {
-        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/summary", encode(sweep)));
         let query = SummaryQuery { top, format: Some("csv".into()) };
-        let response = builder
-            .query(&query)
-            .send()
-            .await
-            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        let path = format!("/api/sweeps/{}/summary", encode(sweep));
+        let (url, response) = self.exchange(Method::GET, &path, None, true, |builder| builder.query(&query)).await?;
         let status = response.status();
         let text = response
             .text()
@@ -490,22 +558,34 @@ impl Client {
 
     /// A sweep's leaderboard with the direction each of its metrics improves in.
     pub async fn leaderboard(&self, sweep: &str, top: Option<u32>) -> ClientResult<Leaderboard> {
-        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/summary", encode(sweep)));
-        Self::send(url, builder.query(&SummaryQuery { top, format: None })).await
+        let path = format!("/api/sweeps/{}/summary", encode(sweep));
+        self.send(Method::GET, &path, None, |builder| builder.query(&SummaryQuery { top, format: None })).await
     }
 
     /// A sweep analysed by `query.metric` (default: its own): parameter importance, the best
     /// result over time and when the sweep will finish.
     pub async fn sweep_analysis(&self, sweep: &str, query: &AnalysisQuery) -> ClientResult<SweepAnalysis> {
-        let (url, builder) = self.request(Method::GET, &format!("/api/sweeps/{}/analysis", encode(sweep)));
-        Self::send(url, builder.query(query)).await
+        let path = format!("/api/sweeps/{}/analysis", encode(sweep));
+        self.send(Method::GET, &path, None, |builder| builder.query(query)).await
     }
 
     /// The readings of the GPUs an attempt of a job held (default: its latest), while it held them.
     pub async fn job_gpu(&self, job: JobId, query: &JobGpuQuery) -> ClientResult<JobGpuUsage> {
-        let (url, builder) = self.request(Method::GET, &format!("/api/jobs/{job}/gpu"));
-        Self::send(url, builder.query(query)).await
+        self.send(Method::GET, &format!("/api/jobs/{job}/gpu"), None, |builder| builder.query(query)).await
     }
+}
+
+/// An answer's JSON body as `T`, or the refusal it carries.
+async fn decode<T: DeserializeOwned>(url: String, response: reqwest::Response) -> ClientResult<T> {
+    let status = response.status();
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+    if status.is_success() {
+        return serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode { url, reason: error.to_string() });
+    }
+    Err(failure(url, status, &String::from_utf8_lossy(&bytes)))
 }
 
 /// Percent-encodes each segment of a relative file path, keeping the `/` between them.
@@ -578,7 +658,6 @@ impl Client {
     /// Removes a sweep none of whose jobs is queued or running, with its jobs' records and
     /// result files (409 while jobs are queued or running).
     pub async fn delete_sweep(&self, key: &str) -> ClientResult<SweepRemoved> {
-        let (url, builder) = self.request(Method::DELETE, &format!("/api/sweeps/{}", encode(key)));
-        Self::send(url, builder).await
+        self.send(Method::DELETE, &format!("/api/sweeps/{}", encode(key)), None, |builder| builder).await
     }
 }

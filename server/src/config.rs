@@ -48,6 +48,8 @@ pub struct ServerConfig {
     pub max_connections: Option<usize>,
     /// Open connections per client address at most.
     pub max_connections_per_address: usize,
+    /// `/metrics` answers without a token (for a Prometheus that scrapes without one).
+    pub metrics_public: bool,
 }
 
 /// PEM files of the server's certificate chain and private key.
@@ -78,6 +80,7 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(20),
             max_connections: None,
             max_connections_per_address: 256,
+            metrics_public: false,
         }
     }
 }
@@ -108,6 +111,7 @@ pub struct ServerFile {
     pub header_timeout_secs: Option<f64>,
     pub max_connections: Option<usize>,
     pub max_connections_per_address: Option<usize>,
+    pub metrics_public: Option<bool>,
     /// A user token given as a value (APP_USER_TOKEN); never read from a file's table.
     #[serde(skip)]
     pub user_token: Option<String>,
@@ -148,6 +152,7 @@ impl ServerFile {
             header_timeout_secs: self.header_timeout_secs.or(lower.header_timeout_secs),
             max_connections: self.max_connections.or(lower.max_connections),
             max_connections_per_address: self.max_connections_per_address.or(lower.max_connections_per_address),
+            metrics_public: self.metrics_public.or(lower.metrics_public),
         }
     }
 }
@@ -199,6 +204,9 @@ impl ServerConfig {
         if let Some(value) = file.max_connections_per_address {
             anyhow::ensure!(value >= 1, "`max_connections_per_address` must be at least 1");
             self.max_connections_per_address = value;
+        }
+        if let Some(public) = file.metrics_public {
+            self.metrics_public = public;
         }
         if let Some(value) = file.max_log_bytes_per_job {
             self.max_log_bytes_per_job = value;

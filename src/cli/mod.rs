@@ -50,7 +50,8 @@ pub struct Cli {
 /// How a verb reaches the server.
 #[derive(Debug, Args, Clone)]
 pub struct UrlArg {
-    /// The server's URL.
+    /// The server's URL. Several, comma-separated (replicas of one queue: `--url
+    /// http://a:8000,http://b:8000`), are tried in order; the one that answers is kept.
     #[arg(long, env = "APP_URL", default_value = "http://127.0.0.1:8000")]
     pub url: String,
     /// A file holding your user token (or set APP_TOKEN) when the server requires tokens.

@@ -59,6 +59,9 @@ pub struct ServerFlags {
     /// The PEM private key of --tls-cert [env: APP_TLS_KEY]
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Serve /metrics (Prometheus) without a token; other endpoints keep theirs
+    #[arg(long)]
+    pub metrics_public: bool,
     /// Allow listening beyond loopback without tokens (anyone who reaches the port can then
     /// run commands on every worker)
     #[arg(long)]
@@ -68,7 +71,8 @@ pub struct ServerFlags {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Worker (app, app --client-only)")]
 pub struct WorkerFlags {
-    /// The server a worker (--client-only) connects to, e.g. http://head:8000 [env: APP_URL]
+    /// The server a worker (--client-only) connects to, e.g. http://head:8000; several,
+    /// comma-separated, are replicas tried in order, the one that answers kept [env: APP_URL]
     #[arg(long)]
     pub url: Option<String>,
     /// This worker's name, unique per box (default: the host name; `local` when embedded)
@@ -197,6 +201,7 @@ impl Layer {
                 worker_token_file: server.worker_token_file.clone(),
                 tls_cert: server.tls_cert.clone(),
                 tls_key: server.tls_key.clone(),
+                metrics_public: server.metrics_public.then_some(true),
                 ..ServerFile::default()
             },
             worker: WorkerFile {

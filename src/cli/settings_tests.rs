@@ -183,3 +183,24 @@ fn a_bad_worker_name_is_refused_by_name() {
         .unwrap_err();
     assert!(error.to_string().contains("worker name `a/b`"), "{error}");
 }
+
+#[test]
+fn metrics_are_public_only_when_the_file_or_the_flag_says_so() {
+    let none = Layer::default;
+    assert!(!settings(Mode::ServerOnly, none(), none(), none()).server.metrics_public);
+    let from_file = file("[server]\nmetrics_public = true\n");
+    assert!(settings(Mode::ServerOnly, from_file, none(), none()).server.metrics_public);
+    assert!(settings(Mode::ServerOnly, none(), none(), flags(&["--metrics-public"])).server.metrics_public);
+    let wrong = Layer::from_toml("[server]\nmetrics_public = \"yes\"\n", Path::new("both.toml")).unwrap_err();
+    assert!(wrong.to_string().contains("metrics_public"), "{wrong}");
+}
+
+#[test]
+fn a_list_of_server_urls_reaches_the_worker_as_given() {
+    let urls = "http://head1:8000,http://head2:8000";
+    let from_flag = settings(Mode::ClientOnly, Layer::default(), Layer::default(), flags(&["--url", urls]));
+    assert_eq!(from_flag.worker.url, urls);
+    let from_file =
+        settings(Mode::ClientOnly, file(&format!("[worker]\nurl = \"{urls}\"\n")), Layer::default(), Layer::default());
+    assert_eq!(client::Client::new(&from_file.worker.url).unwrap().urls(), ["http://head1:8000", "http://head2:8000"]);
+}

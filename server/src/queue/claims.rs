@@ -64,6 +64,7 @@ pub(super) async fn dispatch(queue: Weak<Queue>, mut tickets: mpsc::Receiver<Cla
             queue.write(move |tx| Box::pin(async move { claim_batch(tx, &requests, lease, &names).await })).await;
         match served {
             Ok(per_ticket) => {
+                queue.meters.claimed(per_ticket.iter().map(Vec::len).sum());
                 for (ticket, jobs) in batch.into_iter().zip(per_ticket) {
                     if let Err(Ok(unsent)) = ticket.reply.send(Ok(jobs)) {
                         queue.give_back(ticket.worker_id, unsent).await;

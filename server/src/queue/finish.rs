@@ -97,6 +97,7 @@ impl Queue {
                 })
             })
             .await?;
+        self.meters.finished(status, jobs.len());
         if let Some(claim) = claim.filter(|claim| jobs.is_empty() && claim.wait_ms > 0) {
             jobs = self.claim(worker, claim.capacity, Duration::from_millis(claim.wait_ms)).await?;
         }

@@ -49,6 +49,7 @@ impl Queue {
             })
         })
         .await
+        .inspect(|expiry| self.meters.leases_expired(expiry))
     }
 
     /// Gives every running job a full lease from now: after a restart or a pause of this

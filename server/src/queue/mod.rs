@@ -15,6 +15,7 @@ mod jobs;
 mod leases;
 pub mod logs;
 mod maintenance;
+pub mod meters;
 mod metrics;
 mod reports;
 mod results;
@@ -70,6 +71,8 @@ pub struct Queue {
     sessions: sessions::Sessions,
     /// Workers that stopped taking jobs.
     draining: Mutex<HashSet<WorkerId>>,
+    /// What this process counted, for `/metrics`.
+    meters: meters::Meters,
 }
 
 /// The service's background tasks, awaited at shutdown.
@@ -111,6 +114,7 @@ impl Queue {
             instance,
             sessions: sessions::Sessions::default(),
             draining: Mutex::default(),
+            meters: meters::Meters::default(),
         });
         let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
         (queue, Tasks { writer: writer_task, dispatcher })
@@ -123,6 +127,10 @@ impl Queue {
 
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+
+    pub fn meters(&self) -> &meters::Meters {
+        &self.meters
     }
 
     pub fn events(&self) -> &Events {

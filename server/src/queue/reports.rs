@@ -52,6 +52,8 @@ impl Queue {
     /// A worker's report of how an attempt ended.
     pub async fn report(&self, id: JobId, worker: WorkerId, attempt: u32, outcome: Outcome) -> ApiResult<JobStatus> {
         let attempt = JobAttempt { job_id: id, attempt };
-        self.write(move |tx| Box::pin(async move { apply_outcome(tx, attempt, worker, &outcome).await })).await
+        self.write(move |tx| Box::pin(async move { apply_outcome(tx, attempt, worker, &outcome).await }))
+            .await
+            .inspect(|status| self.meters.reported(*status))
     }
 }

@@ -44,6 +44,7 @@ impl Queue {
         if let Ok(mut names) = self.sweep_names.write() {
             names.insert(submitted.sweep_id, (submitted.name.clone(), form));
         }
+        self.meters.submitted(submitted.count);
         tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
         Ok(submitted)
     }

@@ -87,6 +87,7 @@ impl Queue {
         if name != asked {
             tracing::warn!(asked = %asked, registered = %name, "a live worker on another box uses this name; registered under another");
         }
+        self.meters.lost_on_restart(requeued.len());
         if !requeued.is_empty() {
             tracing::warn!(worker = %name, jobs = ?requeued, "worker re-registered without its jobs; they are lost");
         }

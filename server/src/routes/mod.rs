@@ -9,6 +9,7 @@ mod maintenance;
 mod metrics;
 mod overview;
 mod page;
+mod prometheus;
 mod results;
 mod session;
 mod session_worker;
@@ -26,6 +27,7 @@ use tower_http::trace::TraceLayer;
 
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes;
+    let (metrics_guarded, metrics_public) = prometheus::routers(state.config.metrics_public);
     Router::new()
         .merge(page::router())
         .merge(analysis::router())
@@ -42,11 +44,14 @@ pub fn router(state: AppState) -> Router {
         .merge(session::router())
         .merge(summary::router())
         .merge(telemetry::router())
+        .merge(metrics_guarded)
         .fallback(|| async {
             crate::error::ApiError::NotFound("no such endpoint; see the API list in README.md".into())
         })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), crate::auth::authorize))
+        .merge(metrics_public)
+        .layer(middleware::from_fn_with_state(state.clone(), prometheus::time_request))
         // Spans name the path only: a query string may carry what should not be logged (a
         // token sent there by mistake is refused, and must not end up in the log either).
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {

@@ -1,0 +1,66 @@
+//! What a Prometheus scrape reads (`routes/prometheus.rs`): each a lookup, never a count over
+//! the jobs table, so scraping every few seconds costs the queue nothing it would notice.
+
+use shared::api::GpuSample;
+use sqlx::{Row, SqlitePool};
+
+/// Jobs of one sweep in one status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepDepth {
+    pub sweep: String,
+    pub status: String,
+    pub jobs: i64,
+}
+
+/// Jobs by sweep and status, from the counts the triggers keep (migrations/0004).
+pub async fn queue_depth(pool: &SqlitePool) -> sqlx::Result<Vec<SweepDepth>> {
+    let rows = sqlx::query(
+        "SELECT s.name AS sweep, c.status, c.jobs FROM sweep_counts c JOIN sweeps s ON s.id = c.sweep_id
+         ORDER BY s.name, c.status",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(SweepDepth { sweep: row.try_get("sweep")?, status: row.try_get("status")?, jobs: row.try_get("jobs")? })
+        })
+        .collect()
+}
+
+/// When each worker was last heard from (unix ms).
+pub async fn workers_last_seen(pool: &SqlitePool) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar("SELECT last_seen_at FROM workers").fetch_all(pool).await
+}
+
+/// Each worker's latest GPU readings (the GPUs of its last heartbeat with telemetry), by
+/// worker name, when they were taken at or after `since`: a silent worker's GPUs drop out
+/// rather than report their last values for ever.
+pub async fn latest_gpus(pool: &SqlitePool, since: i64) -> sqlx::Result<Vec<(String, GpuSample)>> {
+    // The subquery is one step down the (worker_id, at) index per worker.
+    let rows = sqlx::query(
+        "SELECT w.name AS worker, t.* FROM workers w
+         JOIN gpu_telemetry t ON t.worker_id = w.id
+              AND t.at = (SELECT max(at) FROM gpu_telemetry WHERE worker_id = w.id)
+         WHERE t.at >= ?
+         ORDER BY w.name, t.gpu_index",
+    )
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let sample = GpuSample {
+                index: row.try_get("gpu_index")?,
+                uuid: row.try_get("uuid")?,
+                name: row.try_get("name")?,
+                memory_total: row.try_get::<i64, _>("memory_total")? as u64,
+                memory_used: row.try_get::<i64, _>("memory_used")? as u64,
+                utilization: row.try_get("utilization")?,
+                temperature: row.try_get("temperature")?,
+                power_watts: row.try_get("power_watts")?,
+                at: row.try_get("at")?,
+            };
+            Ok((row.try_get("worker")?, sample))
+        })
+        .collect()
+}
