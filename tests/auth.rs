@@ -53,6 +53,11 @@ async fn a_secured_server_runs_jobs_for_token_holders_only_and_jobs_never_see_th
     assert_eq!(job.worker.as_deref(), Some("good"));
     let log = client.log(job.id, &Default::default()).await.unwrap().text;
     assert!(log.contains("token=[none]"), "the job saw a token: {log}");
+    // The stray worker may still be starting on a loaded machine: wait for its word, bounded.
+    wait_until("the stray worker names the token", Duration::from_secs(30), || async {
+        stray.log().contains("token").then_some(())
+    })
+    .await;
     stray.signal("TERM");
     stray.wait_exit(Duration::from_secs(10));
     assert!(stray.log().contains("token"), "the stray worker says why it cannot work: {}", stray.log());
