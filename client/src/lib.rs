@@ -582,3 +582,135 @@ impl Client {
         Self::send(url, builder).await
     }
 }
+
+/// Code snapshots and checkpoints (see `shared::api::code`).
+impl Client {
+    /// The snapshot `digest`, if the server holds it (a 404 otherwise).
+    pub async fn code_info(&self, digest: &str) -> ClientResult<CodeInfo> {
+        self.get(&format!("/api/code/{}", encode(digest))).await
+    }
+
+    /// Uploads a compressed snapshot, streamed; the server names it by its own digest.
+    pub async fn upload_code(&self, file: tokio::fs::File) -> ClientResult<CodeInfo> {
+        let (url, builder) = self.request(Method::POST, "/api/code");
+        let length = file.metadata().await.map(|metadata| metadata.len()).ok();
+        let mut builder = builder.timeout(UPLOAD_TIMEOUT).header(reqwest::header::CONTENT_TYPE, "application/zstd");
+        if let Some(length) = length {
+            builder = builder.header(reqwest::header::CONTENT_LENGTH, length);
+        }
+        Self::send(url, builder.body(file)).await
+    }
+
+    /// Where and how a sweep's jobs run: its code snapshot, workdir, variables and setup line.
+    pub async fn sweep_workspace(&self, key: &str) -> ClientResult<Workspace> {
+        self.get(&format!("/api/sweeps/{}/code", encode(key))).await
+    }
+
+    /// Downloads snapshot `digest` for `worker` to `destination` (streamed); its length.
+    pub async fn download_code(
+        &self,
+        worker: WorkerId,
+        digest: &str,
+        destination: &std::path::Path,
+    ) -> ClientResult<u64> {
+        let route = format!("/api/workers/{worker}/code/{}", encode(digest));
+        let (url, builder) = self.worker_request(worker, Method::GET, &route);
+        let response = Self::open_download(url.clone(), builder).await?;
+        save(url, response, destination).await
+    }
+
+    /// Uploads a checkpoint of a running attempt (a 409 means the attempt is stale).
+    pub async fn upload_checkpoint(
+        &self,
+        job: JobId,
+        attempt: u32,
+        worker_id: WorkerId,
+        file: tokio::fs::File,
+    ) -> ClientResult<CheckpointInfo> {
+        let route = format!("/api/jobs/{job}/attempts/{attempt}/checkpoint");
+        let (url, builder) = self.worker_request(worker_id, Method::PUT, &route);
+        let length = file.metadata().await.map(|metadata| metadata.len()).ok();
+        let mut builder = builder.timeout(UPLOAD_TIMEOUT).query(&CheckpointQuery { worker_id });
+        if let Some(length) = length {
+            builder = builder.header(reqwest::header::CONTENT_LENGTH, length);
+        }
+        Self::send(url, builder.body(file)).await
+    }
+
+    /// Downloads the job's newest checkpoint for attempt `attempt` (running on `worker_id`) to
+    /// `destination`: which attempt uploaded it and its SHA-256, or `None` when it has none.
+    pub async fn download_checkpoint(
+        &self,
+        job: JobId,
+        attempt: u32,
+        worker_id: WorkerId,
+        destination: &std::path::Path,
+    ) -> ClientResult<Option<(u32, String)>> {
+        let route = format!("/api/jobs/{job}/attempts/{attempt}/checkpoint");
+        let (url, builder) = self.worker_request(worker_id, Method::GET, &route);
+        let response = match Self::open_download(url.clone(), builder.query(&CheckpointQuery { worker_id })).await {
+            Ok(response) => response,
+            Err(error) if error.status() == Some(404) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let header = |name: &str| response.headers().get(name).and_then(|value| value.to_str().ok()).map(String::from);
+        let from = header(CHECKPOINT_ATTEMPT_HEADER).and_then(|attempt| attempt.parse().ok());
+        let sha256 = header(CHECKPOINT_SHA256_HEADER);
+        let (Some(from), Some(sha256)) = (from, sha256) else {
+            return Err(ClientError::Decode {
+                url,
+                reason: "a checkpoint without its attempt and SHA-256 headers".into(),
+            });
+        };
+        save(url, response, destination).await?;
+        Ok(Some((from, sha256)))
+    }
+
+    /// The job's newest checkpoint (a 404 when it has none).
+    pub async fn checkpoint_info(&self, job: JobId) -> ClientResult<CheckpointInfo> {
+        self.get(&format!("/api/jobs/{job}/checkpoint")).await
+    }
+
+    /// Sends a download request; the response once the server said yes.
+    async fn open_download(url: String, builder: RequestBuilder) -> ClientResult<reqwest::Response> {
+        let response = builder
+            .timeout(UPLOAD_TIMEOUT)
+            .send()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        Err(failure(url, status, &text))
+    }
+}
+
+/// Streams a download's body into `destination`; a broken transfer leaves no file behind.
+async fn save(url: String, mut response: reqwest::Response, destination: &std::path::Path) -> ClientResult<u64> {
+    use tokio::io::AsyncWriteExt;
+    let local = |error: std::io::Error| ClientError::Rejected {
+        status: 0,
+        message: format!("writing {}: {error}", destination.display()),
+    };
+    let mut file = tokio::fs::File::create(destination).await.map_err(local)?;
+    let mut written = 0;
+    let copied: ClientResult<()> = async {
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
+        {
+            file.write_all(&chunk).await.map_err(local)?;
+            written += chunk.len() as u64;
+        }
+        file.flush().await.map_err(local)
+    }
+    .await;
+    if copied.is_err() {
+        drop(file);
+        let _ = tokio::fs::remove_file(destination).await;
+    }
+    copied.map(|()| written)
+}
