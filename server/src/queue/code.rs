@@ -107,9 +107,11 @@ impl Queue {
         let target = self.code_path(&digest);
         // The same code again: the stored copy stays as it is.
         if tokio::fs::metadata(&target).await.is_err() {
-            tokio::fs::rename(temp, &target)
-                .await
-                .map_err(|error| disk_error(error, format!("storing code snapshot {digest}")))?;
+            let placed = async {
+                tokio::fs::create_dir_all(self.code_dir()).await?;
+                tokio::fs::rename(temp, &target).await
+            };
+            placed.await.map_err(|error| disk_error(error, format!("storing code snapshot {digest}")))?;
         }
         Ok(CodeInfo { digest, packed_bytes: size })
     }
