@@ -69,8 +69,7 @@ fn write_tar<W: Write>(root: &Path, entries: &[PathBuf], out: W) -> io::Result<(
     sorted.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
     sorted.dedup();
     let mut builder = tar::Builder::new(HashWriter::new(out));
-    let mut packed =
-        Packed { digest: String::new(), tar_bytes: 0, entries: 0, content_bytes: 0, skipped: Vec::new() };
+    let mut packed = Packed { digest: String::new(), tar_bytes: 0, entries: 0, content_bytes: 0, skipped: Vec::new() };
     for relative in sorted {
         match append(&mut builder, root, relative)? {
             Ok(size) => {

@@ -10,9 +10,14 @@ use std::path::Path;
 #[derive(Debug)]
 pub enum UnpackError {
     /// The bytes are not the snapshot they claim to be (corrupted on disk or in transit).
-    Mismatch { expected: String, found: String },
+    Mismatch {
+        expected: String,
+        found: String,
+    },
     /// The tar stream is longer than allowed (a decompression bomb, or a snapshot over the cap).
-    TooLarge { limit: u64 },
+    TooLarge {
+        limit: u64,
+    },
     Io(io::Error),
 }
 

@@ -2,9 +2,10 @@
 //! process group, stdout and stderr appended to the attempt's log file as they come, and a
 //! whole-group kill (SIGTERM, then SIGKILL after a grace period) on cancel or timeout.
 //!
-//! A sweep's `setup:` line runs first in the same shell (so `source .venv/bin/activate` or
-//! `conda activate x` holds for the command); the shell marks that setup succeeded before the
-//! command starts, so a setup that fails, or exits the shell, fails the attempt as "setup failed".
+//! A sweep's `setup:` line runs first in the same shell, bash where there is one (so
+//! `source .venv/bin/activate` or `conda activate x` holds for the command); the shell marks that
+//! setup succeeded before the command starts, so a setup that fails, or exits the shell, fails
+//! the attempt as "setup failed".
 
 use crate::guard::Guard;
 use nix::sys::signal::{killpg, Signal};
@@ -191,6 +192,9 @@ pub fn free_port() -> Option<u16> {
 /// standard library would fall back from `posix_spawn` to a full fork of the multi-threaded
 /// worker for every job.
 pub const SHELL: &str = "/bin/sh";
+/// The shell of a job with a `setup:` line, where there is one: setup lines are written for
+/// bash (`source .venv/bin/activate`, `conda activate`), as SkyPilot's `setup` runs in bash.
+pub const SETUP_SHELL: &str = "/bin/bash";
 
 /// The worker's own environment as jobs inherit it: without any `APP_*` variable. The worker
 /// and the server read their credentials and settings from those (`APP_TOKEN`,
@@ -251,6 +255,7 @@ pub async fn run(
     let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard } = launch;
     let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, notes: Vec::new() };
     let script = setup.map(|setup| setup_script(setup, &dirs.setup_done, command));
+    let shell = if setup.is_some() && Path::new(SETUP_SHELL).exists() { SETUP_SHELL } else { SHELL };
     let command = script.as_deref().unwrap_or(command);
     // A plain command line starts directly (one process fewer per job); anything a shell
     // would interpret goes to `sh -c`.
@@ -266,7 +271,7 @@ pub async fn run(
                 launcher
             }
             None => {
-                let mut launcher = Command::new(SHELL);
+                let mut launcher = Command::new(shell);
                 launcher.arg("-c").arg(command);
                 launcher
             }

@@ -57,7 +57,12 @@ async fn a_snapshot_is_stored_once_under_its_digest_and_every_claimed_job_carrie
     };
     app.client.submit(yaml, &query).await.unwrap();
     let expected = Workspace {
-        code: Some(CodeSnapshot { digest: digest.clone(), dir: "src".into(), commit: Some("a".repeat(40)), dirty: true }),
+        code: Some(CodeSnapshot {
+            digest: digest.clone(),
+            dir: "src".into(),
+            commit: Some("a".repeat(40)),
+            dirty: true,
+        }),
         workdir: None,
         env: vec![("OMP_NUM_THREADS".into(), "2".into())],
         setup: Some("source env.sh".into()),
@@ -77,7 +82,8 @@ async fn a_snapshot_is_stored_once_under_its_digest_and_every_claimed_job_carrie
     app.submit(&sweep_of("plain", 1)).await;
     let none = format!("{}code: none\n", sweep_of("none", 1));
     app.client.submit(&none, &query).await.unwrap();
-    let workspaces = (app.client.sweep_workspace("plain").await.unwrap(), app.client.sweep_workspace("none").await.unwrap());
+    let workspaces =
+        (app.client.sweep_workspace("plain").await.unwrap(), app.client.sweep_workspace("none").await.unwrap());
     assert_eq!((workspaces.0.code, workspaces.1.code), (None, None));
 }
 
@@ -107,7 +113,8 @@ async fn a_bad_snapshot_or_a_submission_naming_one_the_server_lacks_is_refused_a
 
     let (_, archive_path) = packed_project(&dir.path().join("again"));
     app.client.upload_code(open(&archive_path).await).await.unwrap();
-    let escaping = submit(SubmitQuery { code: Some(digest), code_dir: Some("../up".into()), ..SubmitQuery::default() }).await;
+    let escaping =
+        submit(SubmitQuery { code: Some(digest), code_dir: Some("../up".into()), ..SubmitQuery::default() }).await;
     assert!(escaping.to_string().starts_with("code_dir: "), "{escaping}");
     assert!(app.client.sweeps().await.unwrap().is_empty());
 }
