@@ -28,10 +28,7 @@ async fn workdir_env_and_setup_shape_the_job_and_their_failures_say_what_failed(
     std::fs::write(shared.path().join("marker.txt"), "on the shared filesystem\n").unwrap();
     let shared_dir = shared.path().canonicalize().unwrap();
 
-    let yaml = format!(
-        "name: fixed\nworkdir: {}\ncommand: 'pwd; cat marker.txt'\n",
-        shared_dir.display()
-    );
+    let yaml = format!("name: fixed\nworkdir: {}\ncommand: 'pwd; cat marker.txt'\n", shared_dir.display());
     let (job, log) = run_to_end(&server, &yaml).await;
     assert_eq!(job.status, JobStatus::Succeeded, "{log}");
     assert_eq!(log, format!("{}\non the shared filesystem\n", shared_dir.display()));
@@ -58,7 +55,10 @@ async fn workdir_env_and_setup_shape_the_job_and_their_failures_say_what_failed(
     let (job, log) = run_to_end(&server, yaml).await;
     assert_eq!(job.status, JobStatus::Failed);
     let reason = job.reason.unwrap_or_default();
-    assert!(reason.starts_with("setup failed: `echo activating; source /nonexistent/venv/bin/activate` exited with code"), "{reason}");
+    assert!(
+        reason.starts_with("setup failed: `echo activating; source /nonexistent/venv/bin/activate` exited with code"),
+        "{reason}"
+    );
     // Its output (stdout and stderr, in either order) is in the log; the command never ran.
     assert!(log.contains("activating\n") && log.contains("No such file or directory"), "{log}");
     assert!(!log.contains("never"), "{log}");
