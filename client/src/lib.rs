@@ -6,6 +6,7 @@
 //! the server refused (4xx, with its message). One client may be given several servers,
 //! replicas of one queue, and fails over between them (`servers`).
 
+mod code;
 mod servers;
 
 use reqwest::{Method, RequestBuilder, StatusCode};
@@ -462,18 +463,8 @@ impl Client {
         file: tokio::fs::File,
     ) -> ClientResult<ManifestEntry> {
         let route = format!("/api/jobs/{job}/attempts/{attempt}/files/{}", encode_path(path));
-        // A file streams once: no failover within this call (the caller's retry moves on).
-        let mut file = Some(file);
-        let (url, response) = self
-            .exchange(Method::PUT, &route, Some(worker_id), false, |builder| {
-                let builder = builder.timeout(UPLOAD_TIMEOUT).query(&FileUploadQuery { worker_id });
-                match file.take() {
-                    Some(file) => builder.body(file),
-                    None => builder,
-                }
-            })
-            .await?;
-        decode(url, response).await
+        self.upload(Method::PUT, &route, Some(worker_id), file, |builder| builder.query(&FileUploadQuery { worker_id }))
+            .await
     }
 
     /// Seals the uploaded files of an attempt as its immutable result version.
@@ -494,39 +485,53 @@ impl Client {
         path: &str,
         destination: &std::path::Path,
     ) -> ClientResult<u64> {
-        use tokio::io::AsyncWriteExt;
         let route = format!("/api/jobs/{job}/results/{attempt}/files/{}", encode_path(path));
-        let (url, mut response) =
-            self.exchange(Method::GET, &route, None, true, |builder| builder.timeout(UPLOAD_TIMEOUT)).await?;
-        if !response.status().is_success() {
-            let status = response.status();
-            let text = response.text().await.unwrap_or_default();
-            return Err(failure(url, status, &text));
+        let (url, response) = self.open_download(&route, None, |builder| builder).await?;
+        save(url, response, destination).await
+    }
+
+    /// Sends a GET for a file (streamed, long timeout); the response once the server said yes.
+    async fn open_download(
+        &self,
+        route: &str,
+        worker: Option<WorkerId>,
+        shape: impl Fn(RequestBuilder) -> RequestBuilder,
+    ) -> ClientResult<(String, reqwest::Response)> {
+        let (url, response) =
+            self.exchange(Method::GET, route, worker, true, |builder| shape(builder.timeout(UPLOAD_TIMEOUT))).await?;
+        if response.status().is_success() {
+            return Ok((url, response));
         }
-        let local = |error: std::io::Error| ClientError::Rejected {
-            status: 0,
-            message: format!("writing {}: {error}", destination.display()),
-        };
-        let mut file = tokio::fs::File::create(destination).await.map_err(local)?;
-        let mut written = 0;
-        let copied: ClientResult<()> = async {
-            while let Some(chunk) = response
-                .chunk()
-                .await
-                .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
-            {
-                file.write_all(&chunk).await.map_err(local)?;
-                written += chunk.len() as u64;
-            }
-            file.flush().await.map_err(local)
-        }
-        .await;
-        if copied.is_err() {
-            // Half a file is worse than none: it would pass for the real one.
-            drop(file);
-            let _ = tokio::fs::remove_file(destination).await;
-        }
-        copied.map(|()| written)
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        Err(failure(url, status, &text))
+    }
+
+    /// Streams `file` as the body of `method route` (with its length when known). A file
+    /// streams once: no failover within this call (the caller's retry moves on).
+    async fn upload<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        route: &str,
+        worker: Option<WorkerId>,
+        file: tokio::fs::File,
+        shape: impl Fn(RequestBuilder) -> RequestBuilder,
+    ) -> ClientResult<T> {
+        let length = file.metadata().await.map(|metadata| metadata.len()).ok();
+        let mut file = Some(file);
+        let (url, response) = self
+            .exchange(method, route, worker, false, |builder| {
+                let mut builder = shape(builder.timeout(UPLOAD_TIMEOUT));
+                if let Some(length) = length {
+                    builder = builder.header(reqwest::header::CONTENT_LENGTH, length);
+                }
+                match file.take() {
+                    Some(file) => builder.body(file),
+                    None => builder,
+                }
+            })
+            .await?;
+        decode(url, response).await
     }
 
     /// A sweep's leaderboard: parameters and metrics of each run, best first.
@@ -660,4 +665,33 @@ impl Client {
     pub async fn delete_sweep(&self, key: &str) -> ClientResult<SweepRemoved> {
         self.send(Method::DELETE, &format!("/api/sweeps/{}", encode(key)), None, |builder| builder).await
     }
+}
+
+/// Streams a download's body into `destination`; a broken transfer leaves no file behind
+/// (half a file is worse than none: it would pass for the real one).
+async fn save(url: String, mut response: reqwest::Response, destination: &std::path::Path) -> ClientResult<u64> {
+    use tokio::io::AsyncWriteExt;
+    let local = |error: std::io::Error| ClientError::Rejected {
+        status: 0,
+        message: format!("writing {}: {error}", destination.display()),
+    };
+    let mut file = tokio::fs::File::create(destination).await.map_err(local)?;
+    let mut written = 0;
+    let copied: ClientResult<()> = async {
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
+        {
+            file.write_all(&chunk).await.map_err(local)?;
+            written += chunk.len() as u64;
+        }
+        file.flush().await.map_err(local)
+    }
+    .await;
+    if copied.is_err() {
+        drop(file);
+        let _ = tokio::fs::remove_file(destination).await;
+    }
+    copied.map(|()| written)
 }

@@ -132,6 +132,8 @@ pub fn access_for(method: &Method, path: &str) -> Access {
         ("POST", ["api", "jobs", _, "report" | "log" | "metrics"]) => worker,
         ("PUT", ["api", "jobs", _, "attempts", _, "files", ..]) => worker,
         ("POST", ["api", "jobs", _, "attempts", _, "result"]) => worker,
+        ("PUT" | "GET", ["api", "jobs", _, "attempts", _, "checkpoint"]) => worker,
+        ("GET", ["api", "workers", _, "code", _]) => worker,
         _ => Access::Only(Role::User),
     }
 }

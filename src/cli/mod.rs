@@ -13,6 +13,7 @@ mod logs;
 mod results;
 mod serve;
 mod settings;
+mod snapshot;
 mod status;
 mod submit;
 mod sweeps;

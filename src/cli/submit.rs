@@ -1,6 +1,7 @@
 //! `app submit FILE`: send a sweep to the server, or count and show it with `--dry-run`
 //! (which needs no server: the expansion is the same pure code the server runs); `--wait`
-//! follows it to the end as `app wait` does.
+//! follows it to the end as `app wait` does. The project's code goes with it (`snapshot`)
+//! unless the file says `code: none` or `workdir:`, or `--no-code` is given.
 
 use super::UrlArg;
 use anyhow::Context;
@@ -9,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use shared::api::SubmitQuery;
 use shared::names::name_from_stem;
-use shared::sweep::{ExpandOptions, Sweep};
+use shared::sweep::{Code, ExpandOptions, Sweep};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,6 +40,23 @@ pub struct SubmitArgs {
     /// The largest sweep a dry run accepts (the server has its own limit).
     #[arg(long, default_value_t = 100_000)]
     pub max_jobs: u64,
+    /// Ship no code: jobs start in an empty directory (as `code: none` in the file).
+    #[arg(long)]
+    pub no_code: bool,
+    /// The largest project shipped, uncompressed (e.g. 500MiB).
+    #[arg(long, env = "APP_MAX_CODE_SIZE", value_name = "SIZE", default_value = "100MiB")]
+    pub max_code_size: String,
+}
+
+impl SubmitArgs {
+    /// Whether the project's code goes with the sweep.
+    fn ships_code(&self, sweep: &Sweep) -> bool {
+        !self.no_code && sweep.environment.code == Code::Project && sweep.environment.workdir.is_none()
+    }
+
+    fn code_cap(&self) -> anyhow::Result<u64> {
+        shared::size::parse_bytes(&self.max_code_size).map_err(|error| anyhow::anyhow!("--max-code-size: {error}"))
+    }
 }
 
 pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
@@ -47,13 +65,26 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     let stem = args.file.file_stem().map(|stem| stem.to_string_lossy().to_string()).unwrap_or_default();
     let default_name = name_from_stem(&stem);
     if args.dry_run {
-        return dry_run(&args, &source, &default_name);
+        return dry_run(&args, &source, &default_name).await;
     }
     // Check the file here first: a syntax error needs no server to be reported.
     let local = ExpandOptions { max_jobs: u64::MAX, command: args.command.clone(), ..ExpandOptions::default() };
-    Sweep::parse(&source, &local).with_context(|| format!("in {}", args.file.display()))?;
+    let sweep = Sweep::parse(&source, &local).with_context(|| format!("in {}", args.file.display()))?;
+    let cap = args.code_cap()?;
     let client = super::client(&args.url)?;
-    let query = SubmitQuery { dry_run: false, command: args.command.clone(), name: Some(default_name) };
+    let mut query = SubmitQuery { command: args.command.clone(), name: Some(default_name), ..SubmitQuery::default() };
+    let shipped = if args.ships_code(&sweep) {
+        let shipped = super::snapshot::ship(&client, &args.file, cap)
+            .await
+            .with_context(|| format!("shipping the code of {} (--no-code ships none)", args.file.display()))?;
+        query.code = Some(shipped.snapshot.digest.clone());
+        query.code_dir = Some(shipped.snapshot.dir.clone());
+        query.code_commit = shipped.snapshot.commit.clone();
+        query.code_dirty = shipped.snapshot.dirty;
+        Some(shipped)
+    } else {
+        None
+    };
     let request = client.submit(&source, &query);
     tokio::pin!(request);
     // A spinner only when the server takes more than a moment (a large grid).
@@ -71,9 +102,20 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     .with_context(|| format!("submitting {} to {}", args.file.display(), client.base_url()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&response)?)?;
+        let mut answer = serde_json::to_value(&response)?;
+        answer["code"] = match &shipped {
+            Some(shipped) => json!({
+                "root": shipped.root, "files": shipped.files, "bytes": shipped.bytes,
+                "snapshot": shipped.snapshot, "uploaded_bytes": shipped.uploaded,
+            }),
+            None => Value::Null,
+        };
+        writeln!(out, "{}", serde_json::to_string_pretty(&answer)?)?;
     } else {
         warn(&response.warnings);
+        if let Some(shipped) = &shipped {
+            writeln!(out, "{}", shipped.describe())?;
+        }
         let id = response.sweep_id.map(|id| format!(" (id {id})")).unwrap_or_default();
         writeln!(out, "submitted sweep {}{id}: {} jobs ({} form)", response.name, response.count, response.form)?;
         if !args.wait {
@@ -87,10 +129,19 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {
+async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {
     let options = ExpandOptions { max_jobs: args.max_jobs, command: args.command.clone(), ..ExpandOptions::default() };
     let sweep = Sweep::parse(source, &options).with_context(|| format!("in {}", args.file.display()))?;
     let name = sweep.name.clone().unwrap_or_else(|| default_name.to_string());
+    // What would be shipped, listed and checked against the cap (nothing is read or sent).
+    let project = match args.ships_code(&sweep) {
+        true => Some(super::snapshot::survey(&args.file, args.code_cap()?).await?),
+        false => None,
+    };
+    let code = project.as_ref().map(|project| {
+        let dir = super::snapshot::start_dir(&project.root, &args.file);
+        (project.root.clone(), project.files.len(), project.bytes(), dir)
+    });
     let mut out = std::io::stdout().lock();
     if args.json {
         let jobs = sweep
@@ -104,8 +155,11 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
                 Ok(entry)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let code =
+            code.map(|(root, files, bytes, dir)| json!({"root": root, "files": files, "bytes": bytes, "dir": dir}));
         let output = json!({
-            "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs
+            "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs,
+            "code": code
         });
         writeln!(out, "{}", serde_json::to_string(&output)?)?;
         return Ok(());
@@ -118,6 +172,15 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
     }
     if sweep.count() > SHOWN_JOBS as u64 {
         writeln!(out, "  ... and {} more", sweep.count() - SHOWN_JOBS as u64)?;
+    }
+    if let Some((root, files, bytes, dir)) = code {
+        let start = if dir.is_empty() { String::new() } else { format!(", jobs start in {dir}/") };
+        writeln!(
+            out,
+            "code: {files} files, {} from {} would be shipped{start}",
+            super::format::bytes(bytes),
+            root.display()
+        )?;
     }
     Ok(())
 }

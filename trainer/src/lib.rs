@@ -13,6 +13,7 @@ pub mod bench;
 pub mod config;
 pub mod early;
 pub mod ranks;
+pub mod resume;
 pub mod scaler;
 pub mod schedule;
 

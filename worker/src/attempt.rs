@@ -1,13 +1,16 @@
-//! One attempt from start to finish: prepare its directory, run it while shipping its log and
-//! metrics, then (after the process ended and its GPUs were released) end it with one finish
+//! One attempt from start to finish: prepare its directory (code, checkpoint: `workspace`), run
+//! it while shipping its log and metrics and uploading its checkpoints, then (after the process
+//! ended and its GPUs were released) upload its last checkpoint and end it with one finish
 //! request: the log tail, the last metric points, the result (small files inline, large ones
 //! streamed first) and the outcome, retried while the server is unreachable.
 
+use crate::checkpoints::{self, CheckpointSync};
 use crate::config::WorkerConfig;
 use crate::executor::{self, AttemptDirs, Ended, Launch, Stop};
 use crate::guard::Guard;
 use crate::results::{self, OutputFile};
 use crate::shipper::{append_local, ShipError, Shipper};
+use crate::workspace;
 use client::{Client, ClientError, ClientResult};
 use shared::api::{AttemptRecord, ClaimedJob, FinishRequest, FinishResponse, InlineResult, JobAttempt, WorkerId};
 use shared::job::Outcome;
@@ -53,6 +56,8 @@ pub struct AttemptContext {
     pub inherited: Arc<Vec<(OsString, OsString)>>,
     /// The attempt directories to use again.
     pub slots: Arc<crate::slots::Slots>,
+    /// Code snapshots downloaded by this worker.
+    pub code: Arc<crate::code::CodeCache>,
 }
 
 fn now_ms() -> i64 {
@@ -126,28 +131,47 @@ pub async fn run(
     let mut shipper =
         Shipper::new(context.client.clone(), context.worker_id, attempt, dirs.log.clone(), dirs.metrics.clone());
     let mut lost = false;
-    let ended = match dirs.prepare(&job).await {
-        Err(error) => Ended {
-            outcome: Outcome::Error { reason: format!("preparing {}: {error}", dirs.root.display()) },
-            notes: Vec::new(),
-        },
-        Ok(log) => {
+    let prepared = match dirs.prepare(&job).await {
+        Err(error) => Err(format!("preparing {}: {error}", dirs.root.display())),
+        Ok(log) => workspace::prepare(&context, &job, &dirs).await.map(|prepared| (log, prepared)),
+    };
+    let resumed_from = prepared.as_ref().ok().and_then(|(_, prepared)| prepared.resumed_from);
+    let mut checkpoints = None;
+    let ended = match prepared {
+        Err(reason) => Ended { outcome: Outcome::Error { reason }, notes: Vec::new() },
+        Ok((log, prepared)) => {
             let port = if indices.len() > 1 { executor::free_port() } else { None };
             let mut env = executor::environment(&job, &dirs, &indices, port);
             let own = std::env::current_exe().ok();
             env.extend(own.and_then(|exe| executor::path_with(&exe, std::env::var_os("PATH").as_deref())));
+            env.extend(prepared.env);
             let written = Arc::new(Notify::new());
             let timeout = job.timeout_secs.map(Duration::from_secs);
+            let sync = CheckpointSync::new(
+                context.client.clone(),
+                context.worker_id,
+                attempt,
+                dirs.checkpoint.clone(),
+                dirs.checkpoint_archive.clone(),
+                dirs.log.clone(),
+                config.checkpoint_max_bytes,
+            );
+            let (stop_sync, stopped_sync) = oneshot::channel();
+            let syncing = tokio::spawn(checkpoints::sync_in_background(sync, config.checkpoint_interval, stopped_sync));
+            checkpoints = Some((stop_sync, syncing));
             // Its own task: a slow or long shipping pass must never delay a timeout, a cancel
             // or the end of the process.
             let process = tokio::spawn({
                 let (command, dirs, grace, written) =
                     (job.command.clone(), dirs.clone(), config.kill_grace, written.clone());
                 let (guard, inherited) = (context.guard.clone(), context.inherited.clone());
+                let (setup, cwd) = (job.workspace.setup.clone(), prepared.cwd);
                 async move {
                     let launch = Launch {
                         command: &command,
+                        setup: setup.as_deref(),
                         dirs: &dirs,
+                        cwd: &cwd,
                         inherited: &inherited,
                         env: &env,
                         timeout,
@@ -182,10 +206,19 @@ pub async fn run(
     let finished_at = now_ms();
     tracing::debug!(job = %job.id, attempt = job.attempt, outcome = ?ended.outcome, "process ended");
     let lease_lost = matches!(ended.outcome, Outcome::Killed { ref reason } if reason == executor::LEASE_LOST);
+    if let Some((stop_sync, syncing)) = checkpoints {
+        let _ = stop_sync.send(());
+        // The last state of the directory, for the next attempt should this one not be the last.
+        if let Ok(mut sync) = syncing.await {
+            if !lost && !lease_lost {
+                sync.sync().await;
+            }
+        }
+    }
     let mut delivered = false;
     if !lost && !lease_lost {
         let times = (started_at, finished_at);
-        delivered = finish(&context, &job, &dirs, &mut shipper, ended, &gpus, times, &events).await;
+        delivered = finish(&context, &job, &dirs, &mut shipper, ended, &gpus, times, resumed_from, &events).await;
     }
     release_slot(&context, &job, &dirs, slot, delivered).await;
     let _ = events.send(AttemptEvent::Done(attempt)).await;
@@ -229,6 +262,7 @@ async fn finish(
     ended: Ended,
     gpus: &[(u32, String)],
     (started_at, finished_at): (i64, i64),
+    resumed_from: Option<u32>,
     events: &mpsc::Sender<AttemptEvent>,
 ) -> bool {
     let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
@@ -247,7 +281,13 @@ async fn finish(
             hostname: context.hostname.clone(),
             gpus: gpus.iter().map(|(_, name)| name.clone()).collect(),
             cuda_visible_devices: Some(gpus.iter().map(|(index, _)| index.to_string()).collect::<Vec<_>>().join(",")),
-            git_commit: if context.in_git_tree { results::git_commit(&dirs.cwd).await } else { None },
+            git_commit: match &job.workspace.code {
+                Some(code) => code.commit.clone(),
+                None if context.in_git_tree => results::git_commit(&dirs.cwd).await,
+                None => None,
+            },
+            code: job.workspace.code.clone(),
+            resumed_from,
         };
         let size: u64 = files.iter().map(|file| file.entry.size).sum();
         let (inline, streamed) = if size <= INLINE_OUTPUT_BYTES {

@@ -31,6 +31,13 @@ pub struct WorkerConfig {
     pub ship_interval: Duration,
     /// Keep each attempt's directory after everything was delivered (default: remove it).
     pub keep_work_dirs: bool,
+    /// How often a running job's `$APP_CHECKPOINT_DIR` is uploaded when it changed (and once
+    /// more when the attempt ends).
+    pub checkpoint_interval: Duration,
+    /// A checkpoint directory larger than this is not uploaded (a warning goes to the job's log).
+    pub checkpoint_max_bytes: u64,
+    /// Code snapshots kept on this worker at most, least recently used removed first.
+    pub code_cache_bytes: u64,
     /// The worker token and the CA to trust (its Debug output hides the token).
     pub connection: client::ClientOptions,
 }
@@ -49,6 +56,9 @@ impl WorkerConfig {
             claim_wait: Duration::from_secs(20),
             ship_interval: Duration::from_millis(250),
             keep_work_dirs: false,
+            checkpoint_interval: Duration::from_secs(300),
+            checkpoint_max_bytes: 10 << 30,
+            code_cache_bytes: 5 << 30,
             connection: client::ClientOptions::default(),
         }
     }
@@ -79,6 +89,12 @@ pub struct WorkerFile {
     pub telemetry_secs: Option<f64>,
     pub kill_grace_secs: Option<f64>,
     pub keep_work_dirs: Option<bool>,
+    /// Seconds between checkpoint uploads of a running job (300).
+    pub checkpoint_secs: Option<f64>,
+    /// The largest checkpoint uploaded, e.g. `10GiB` (the default).
+    pub checkpoint_max_size: Option<String>,
+    /// Code snapshots kept on this worker, e.g. `5GiB` (the default).
+    pub code_cache_size: Option<String>,
     /// A file holding the worker token (first non-comment line).
     pub token_file: Option<PathBuf>,
     /// PEM certificate(s) of a private CA that signed the server's certificate.
@@ -108,6 +124,9 @@ impl WorkerFile {
             telemetry_secs: self.telemetry_secs.or(lower.telemetry_secs),
             kill_grace_secs: self.kill_grace_secs.or(lower.kill_grace_secs),
             keep_work_dirs: self.keep_work_dirs.or(lower.keep_work_dirs),
+            checkpoint_secs: self.checkpoint_secs.or(lower.checkpoint_secs),
+            checkpoint_max_size: self.checkpoint_max_size.or(lower.checkpoint_max_size),
+            code_cache_size: self.code_cache_size.or(lower.code_cache_size),
             token_file,
             ca_file: self.ca_file.or(lower.ca_file),
             token,
@@ -146,6 +165,18 @@ impl WorkerFile {
         }
         if let Some(value) = self.kill_grace_secs {
             config.kill_grace = seconds(value, "kill_grace_secs")?;
+        }
+        if let Some(value) = self.checkpoint_secs {
+            config.checkpoint_interval = seconds(value, "checkpoint_secs")?;
+        }
+        let size = |text: &str, key: &str| -> anyhow::Result<u64> {
+            shared::size::parse_bytes(text).map_err(|error| anyhow::anyhow!("`{key}`: {error}"))
+        };
+        if let Some(text) = &self.checkpoint_max_size {
+            config.checkpoint_max_bytes = size(text, "checkpoint_max_size")?;
+        }
+        if let Some(text) = &self.code_cache_size {
+            config.code_cache_bytes = size(text, "code_cache_size")?;
         }
         if self.token.is_some() || self.token_file.is_some() || self.ca_file.is_some() {
             let loaded =

@@ -53,6 +53,7 @@ struct Daemon {
     guard: Arc<Guard>,
     inherited: Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
     slots: Arc<crate::slots::Slots>,
+    code: Arc<crate::code::CodeCache>,
     draining: bool,
     /// Attempts whose process ended and whose finish request is still being built: the finish
     /// will claim the next jobs, so no claim of its own is started meanwhile (that would cost
@@ -82,6 +83,7 @@ pub async fn run(
     let guard = Guard::start().context("starting the guard that ends jobs with their worker")?;
     let max_jobs = config.max_jobs.unwrap_or_else(|| default_max_jobs(inventory.sample().len())).max(1);
     let (events, mut received) = mpsc::channel(256);
+    let (config_work_dir, config_code_cache) = (config.work_dir.clone(), config.code_cache_bytes);
     let mut daemon = Daemon {
         client: base.clone(),
         base,
@@ -100,6 +102,7 @@ pub async fn run(
         guard: Arc::new(guard),
         inherited: Arc::new(crate::executor::inherited_environment()),
         slots: Arc::default(),
+        code: Arc::new(crate::code::CodeCache::new(&config_work_dir, config_code_cache)),
         draining: false,
         finishing: Default::default(),
         slots_in_flight: 0,
@@ -396,6 +399,7 @@ impl Daemon {
             guard: self.guard.clone(),
             inherited: self.inherited.clone(),
             slots: self.slots.clone(),
+            code: self.code.clone(),
         };
         tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
     }

@@ -1,6 +1,11 @@
 //! Runs one attempt: a fresh directory, the job's environment, `sh -c COMMAND` in its own
 //! process group, stdout and stderr appended to the attempt's log file as they come, and a
 //! whole-group kill (SIGTERM, then SIGKILL after a grace period) on cancel or timeout.
+//!
+//! A sweep's `setup:` line runs first in the same shell, bash where there is one (so
+//! `source .venv/bin/activate` or `conda activate x` holds for the command); the shell marks that
+//! setup succeeded before the command starts, so a setup that fails, or exits the shell, fails
+//! the attempt as "setup failed".
 
 use crate::guard::Guard;
 use nix::sys::signal::{killpg, Signal};
@@ -20,8 +25,15 @@ use tokio::sync::{mpsc, Notify};
 #[derive(Debug, Clone)]
 pub struct AttemptDirs {
     pub root: PathBuf,
-    /// The job's working directory: fresh and empty.
+    /// The job's fresh directory: empty, or its code snapshot unpacked (the job starts here or
+    /// in a directory inside it, or in the sweep's `workdir`).
     pub cwd: PathBuf,
+    /// `APP_CHECKPOINT_DIR`: empty, or the job's newest checkpoint restored.
+    pub checkpoint: PathBuf,
+    /// Where a checkpoint is packed before its upload, and downloaded before it is restored.
+    pub checkpoint_archive: PathBuf,
+    /// Written by the job's shell once its `setup:` line succeeded.
+    pub setup_done: PathBuf,
     /// `APP_OUTPUT_DIR`: uploaded as the attempt's results.
     pub output: PathBuf,
     /// `APP_CONFIG`.
@@ -49,6 +61,9 @@ impl AttemptDirs {
     fn at(root: PathBuf) -> AttemptDirs {
         AttemptDirs {
             cwd: root.join("work"),
+            checkpoint: root.join("checkpoint"),
+            checkpoint_archive: root.join("checkpoint.tar.zst"),
+            setup_done: root.join("setup-done"),
             output: root.join("output"),
             config: root.join("config.yaml"),
             metrics: root.join("metrics.jsonl"),
@@ -64,7 +79,10 @@ impl AttemptDirs {
     pub fn clear(&self) -> std::io::Result<()> {
         crate::slots::empty(&self.cwd)?;
         crate::slots::empty(&self.output)?;
-        let _ = std::fs::remove_file(&self.wandb_params);
+        crate::slots::empty(&self.checkpoint)?;
+        for file in [&self.wandb_params, &self.setup_done, &self.checkpoint_archive] {
+            let _ = std::fs::remove_file(file);
+        }
         for file in [&self.config, &self.metrics, &self.log] {
             match std::fs::OpenOptions::new().write(true).open(file) {
                 Ok(file) => file.set_len(0)?,
@@ -90,10 +108,11 @@ impl AttemptDirs {
         };
         let dirs = self.clone();
         tokio::task::spawn_blocking(move || {
-            for dir in [&dirs.cwd, &dirs.output] {
+            for dir in [&dirs.cwd, &dirs.output, &dirs.checkpoint] {
                 crate::slots::empty(dir)?;
                 std::fs::create_dir_all(dir)?;
             }
+            let _ = std::fs::remove_file(&dirs.setup_done);
             std::fs::write(&dirs.config, config)?;
             if let Some(wandb) = wandb {
                 std::fs::write(&dirs.wandb_params, wandb)?;
@@ -130,6 +149,7 @@ pub fn environment(
         ("APP_CONFIG".to_string(), path(&dirs.config)),
         ("APP_OUTPUT_DIR".to_string(), path(&dirs.output)),
         ("APP_METRICS_FILE".to_string(), path(&dirs.metrics)),
+        ("APP_CHECKPOINT_DIR".to_string(), path(&dirs.checkpoint)),
         // CUDA numbers GPUs by speed unless told otherwise; NVML (and --gpus) by PCI bus.
         ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
         // Empty for CPU jobs: they must not wander onto GPU 0.
@@ -172,6 +192,9 @@ pub fn free_port() -> Option<u16> {
 /// standard library would fall back from `posix_spawn` to a full fork of the multi-threaded
 /// worker for every job.
 pub const SHELL: &str = "/bin/sh";
+/// The shell of a job with a `setup:` line, where there is one: setup lines are written for
+/// bash (`source .venv/bin/activate`, `conda activate`), as SkyPilot's `setup` runs in bash.
+pub const SETUP_SHELL: &str = "/bin/bash";
 
 /// The worker's own environment as jobs inherit it: without any `APP_*` variable. The worker
 /// and the server read their credentials and settings from those (`APP_TOKEN`,
@@ -199,7 +222,11 @@ pub enum Stop {
 /// What starting a job needs besides its command.
 pub struct Launch<'a> {
     pub command: &'a str,
+    /// The sweep's `setup:` line, run before the command in the same shell.
+    pub setup: Option<&'a str>,
     pub dirs: &'a AttemptDirs,
+    /// Where the job starts: `dirs.cwd`, a directory inside it, or the sweep's `workdir`.
+    pub cwd: &'a Path,
     /// The worker's environment without `APP_*` ([`inherited_environment`]).
     pub inherited: &'a [(std::ffi::OsString, std::ffi::OsString)],
     /// The job's own variables ([`environment`]).
@@ -225,14 +252,17 @@ pub async fn run(
     mut stop: mpsc::Receiver<Stop>,
     log_written: Arc<Notify>,
 ) -> Ended {
-    let Launch { command, dirs, inherited, env, timeout, grace, guard } = launch;
+    let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard } = launch;
     let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, notes: Vec::new() };
+    let script = setup.map(|setup| setup_script(setup, &dirs.setup_done, command));
+    let shell = if setup.is_some() && Path::new(SETUP_SHELL).exists() { SETUP_SHELL } else { SHELL };
+    let command = script.as_deref().unwrap_or(command);
     // A plain command line starts directly (one process fewer per job); anything a shell
     // would interpret goes to `sh -c`.
     let job_path = env.iter().rev().find(|(key, _)| key == "PATH").map(|(_, value)| value.clone());
     let job_path = job_path.or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
     let direct = crate::launch::plain_words(command)
-        .and_then(|words| Some((crate::launch::find_program_cached(&words[0], &job_path, &dirs.cwd)?, words)));
+        .and_then(|words| Some((crate::launch::find_program_cached(&words[0], &job_path, cwd)?, words)));
     let spawn = |direct: Option<&(PathBuf, Vec<String>)>| {
         let mut launcher = match direct {
             Some((program, words)) => {
@@ -241,13 +271,13 @@ pub async fn run(
                 launcher
             }
             None => {
-                let mut launcher = Command::new(SHELL);
+                let mut launcher = Command::new(shell);
                 launcher.arg("-c").arg(command);
                 launcher
             }
         };
         launcher
-            .current_dir(&dirs.cwd)
+            .current_dir(cwd)
             // Jobs get the worker's environment without its own settings and credentials.
             .env_clear()
             .envs(inherited.iter().map(|(key, value)| (key, value)))
@@ -332,7 +362,27 @@ pub async fn run(
         (None, Ok(status)) => Outcome::Exited { code: exit_code(status) },
         (None, Err(error)) => Outcome::Error { reason: format!("waiting for the job: {error}") },
     };
+    let outcome = match (setup, outcome) {
+        (Some(setup), Outcome::Exited { code }) if code != 0 && !dirs.setup_done.exists() => {
+            Outcome::Error { reason: format!("setup failed: `{setup}` {}", shared::job::exit_reason(code)) }
+        }
+        (_, outcome) => outcome,
+    };
     Ended { outcome, notes }
+}
+
+/// The shell script of a job with a `setup:` line: the line, then (if it succeeded) a mark
+/// that it did, then the command, all in one shell.
+pub fn setup_script(setup: &str, done: &Path, command: &str) -> String {
+    let done = shlex::try_quote(&done.to_string_lossy()).map(|quoted| quoted.into_owned()).unwrap_or_default();
+    format!(
+        "{setup}
+app_setup_status=$?
+[ \"$app_setup_status\" -eq 0 ] || exit \"$app_setup_status\"
+: > {done}
+{command}
+"
+    )
 }
 
 /// SIGTERM to the whole group, SIGKILL after `grace`. The grace is for every process of the

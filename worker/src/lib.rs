@@ -7,6 +7,8 @@
 //! two: kill and hand back), so tests drive it with fake GPUs and no signals.
 
 mod attempt;
+mod checkpoints;
+mod code;
 pub mod config;
 mod daemon;
 pub mod executor;
@@ -18,6 +20,7 @@ pub mod reservations;
 pub mod results;
 pub mod shipper;
 mod slots;
+mod workspace;
 
 pub use config::WorkerConfig;
 pub use daemon::run;

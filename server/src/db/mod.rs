@@ -7,6 +7,8 @@
 //! own pool and never wait for writers (WAL).
 
 pub mod analysis;
+pub mod checkpoints;
+pub mod code;
 pub mod events;
 pub mod jobs;
 pub mod logs;

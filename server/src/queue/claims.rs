@@ -59,9 +59,10 @@ pub(super) async fn dispatch(queue: Weak<Queue>, mut tickets: mpsc::Receiver<Cla
         }
         let requests: Vec<(WorkerId, Capacity)> =
             batch.iter().map(|ticket| (ticket.worker_id, ticket.capacity.clone())).collect();
-        let (lease, names) = (queue.config.lease, queue.sweep_names.clone());
-        let served =
-            queue.write(move |tx| Box::pin(async move { claim_batch(tx, &requests, lease, &names).await })).await;
+        let (lease, names, workspaces) = (queue.config.lease, queue.sweep_names.clone(), queue.workspaces.clone());
+        let served = queue
+            .write(move |tx| Box::pin(async move { claim_batch(tx, &requests, lease, &names, &workspaces).await }))
+            .await;
         match served {
             Ok(per_ticket) => {
                 queue.meters.claimed(per_ticket.iter().map(Vec::len).sum());
@@ -186,6 +187,7 @@ pub(super) async fn claim_batch(
     requests: &[(WorkerId, Capacity)],
     lease: Duration,
     names: &SweepNames,
+    workspaces: &super::code::Workspaces,
 ) -> ApiResult<Vec<Vec<ClaimedJob>>> {
     let now = now_ms();
     let lease_expires_at = now + lease.as_millis() as i64;
@@ -228,7 +230,7 @@ pub(super) async fn claim_batch(
     for row in &rows {
         let id = JobId::new(row.try_get("id")?);
         if let Some((position, placement)) = chosen.remove(&id) {
-            per_ticket[position].push(claimed_job(tx, row, placement, names).await?);
+            per_ticket[position].push(claimed_job(tx, row, placement, names, workspaces).await?);
             // Log followers waiting for a queued job's first attempt learn it started.
             tx.note(Change::Job(id));
         }
@@ -245,10 +247,12 @@ async fn claimed_job(
     row: &sqlx::sqlite::SqliteRow,
     placement: Placement,
     names: &SweepNames,
+    workspaces: &super::code::Workspaces,
 ) -> ApiResult<ClaimedJob> {
     let sweep_id = SweepId::new(row.try_get("sweep_id")?);
     let params: String = row.try_get("params")?;
     let (name, form) = sweep_name(tx, sweep_id, names).await?;
+    let workspace = super::code::workspace_of(tx, sweep_id, workspaces).await?;
     Ok(ClaimedJob {
         id: JobId::new(row.try_get("id")?),
         attempt: row.try_get("attempt")?,
@@ -263,6 +267,7 @@ async fn claimed_job(
         timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
         placement,
         lease_expires_at: row.try_get("lease_expires_at")?,
+        workspace,
     })
 }
 

@@ -7,7 +7,9 @@
 //! and only the writer turns committed changes into wake-ups. Reads go to the reader pool
 //! directly ([`Queue::reader`]); nothing outside this module writes.
 
+mod checkpoints;
 mod claims;
+mod code;
 pub mod events;
 mod fence;
 mod finish;
@@ -64,6 +66,10 @@ pub struct Queue {
     logs: LogStore,
     /// Sweep names and forms never change, and every claimed job carries them.
     sweep_names: claims::SweepNames,
+    /// So do their workspaces (code, workdir, env, setup).
+    workspaces: code::Workspaces,
+    /// Checkpoints are placed one at a time (see `checkpoints`).
+    checkpoint_lock: tokio::sync::Mutex<()>,
     /// Turns true when the server shuts down, so long polls end instead of holding it open.
     shutting_down: watch::Receiver<bool>,
     /// This database's identity (see `sessions`).
@@ -110,6 +116,8 @@ impl Queue {
             claims,
             layout,
             sweep_names: Arc::default(),
+            workspaces: Arc::default(),
+            checkpoint_lock: tokio::sync::Mutex::default(),
             shutting_down,
             instance,
             sessions: sessions::Sessions::default(),

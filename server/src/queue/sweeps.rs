@@ -3,7 +3,7 @@
 use super::{Change, Queue};
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
-use shared::api::{CancelResponse, SweepDetail, SweepId};
+use shared::api::{CancelResponse, SweepDetail, SweepId, Workspace};
 use shared::sweep::{ExpandOptions, Sweep};
 use std::sync::Arc;
 
@@ -26,9 +26,18 @@ impl Queue {
             .map_err(|error| ApiError::BadRequest(error.to_string()))
     }
 
-    /// Stores a parsed sweep and all its jobs in one transaction, under a name made unique.
-    pub async fn submit(&self, sweep: Arc<Sweep>, source: Arc<String>, base_name: String) -> ApiResult<Submitted> {
+    /// Stores a parsed sweep and all its jobs in one transaction, under a name made unique,
+    /// with the workspace its jobs run in (see `code`).
+    pub async fn submit(
+        &self,
+        sweep: Arc<Sweep>,
+        source: Arc<String>,
+        base_name: String,
+        workspace: Workspace,
+    ) -> ApiResult<Submitted> {
         let form = sweep.form;
+        let workspace = Arc::new(workspace);
+        let stored_workspace = workspace.clone();
         let submitted = self
             .write(move |tx| {
                 Box::pin(async move {
@@ -36,6 +45,7 @@ impl Queue {
                     let name = db::sweeps::unique_name(tx.conn(), &base_name).await?;
                     let sweep_id = db::sweeps::insert(tx.conn(), &name, &sweep, &source, now).await?;
                     let count = db::sweeps::insert_jobs(tx.conn(), sweep_id, &sweep, now).await?;
+                    super::code::set_workspace(tx, sweep_id, &stored_workspace).await?;
                     tx.note(Change::Claimable);
                     Ok(Submitted { sweep_id, name, count })
                 })
@@ -45,6 +55,10 @@ impl Queue {
             names.insert(submitted.sweep_id, (submitted.name.clone(), form));
         }
         self.meters.submitted(submitted.count);
+        // Replaces whatever a removed sweep that had this id left.
+        if let Ok(mut workspaces) = self.workspaces.write() {
+            workspaces.insert(submitted.sweep_id, workspace);
+        }
         tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
         Ok(submitted)
     }

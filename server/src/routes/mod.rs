@@ -1,6 +1,8 @@
 //! The HTTP API: one module per resource, each exposing `router()`.
 
 mod analysis;
+mod checkpoints;
+mod code;
 mod events;
 mod health;
 mod jobs;
@@ -31,6 +33,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(page::router())
         .merge(analysis::router())
+        .merge(checkpoints::router())
+        .merge(code::router())
         .merge(health::router())
         .merge(events::router())
         .merge(overview::router())

@@ -33,7 +33,7 @@ async fn submit(
         move || AppendHeaders([("server-timing", format!("submit;dur={:.3}", started.elapsed().as_secs_f64() * 1e3))]);
     let source = Arc::new(body?);
     let sweep = state.queue.parse_sweep(source.clone(), query.command.clone()).await?;
-    let base_name = sweep.name.clone().or(query.name).unwrap_or_else(|| "sweep".into());
+    let base_name = sweep.name.clone().or(query.name.clone()).unwrap_or_else(|| "sweep".into());
     check_name("sweep", &base_name).map_err(ApiError::BadRequest)?;
     // Adaptive sweeps have no jobs up front; until the sweep controller runs them, refuse
     // rather than record an empty sweep.
@@ -54,7 +54,8 @@ async fn submit(
         return Ok((timing(), Json(response)));
     }
     let (form, warnings) = (sweep.form, sweep.warnings.clone());
-    let submitted = state.queue.submit(Arc::new(sweep), source, base_name).await?;
+    let workspace = state.queue.workspace_for(&sweep, &query).await?;
+    let submitted = state.queue.submit(Arc::new(sweep), source, base_name, workspace).await?;
     let response = SubmitResponse {
         sweep_id: Some(submitted.sweep_id),
         name: submitted.name,

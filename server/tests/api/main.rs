@@ -5,6 +5,7 @@ mod analysis;
 mod auth;
 mod bad_input;
 mod claims;
+mod code;
 mod finish;
 mod helpers;
 mod lifecycle;

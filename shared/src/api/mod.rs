@@ -35,6 +35,13 @@ pub struct SubmitQuery {
     pub command: Option<String>,
     /// The sweep's name when the file has none (the CLI sends the file's stem).
     pub name: Option<String>,
+    /// The code snapshot the jobs run in (its digest, uploaded before; see `code`), where in it
+    /// they start, and the git commit and state it was packed from.
+    pub code: Option<String>,
+    pub code_dir: Option<String>,
+    pub code_commit: Option<String>,
+    #[serde(default)]
+    pub code_dirty: bool,
 }
 
 /// One job as a dry run shows it.
@@ -358,6 +365,9 @@ pub struct ClaimedJob {
     /// The GPUs the server placed it on, from the capacity the worker reported.
     pub placement: Placement,
     pub lease_expires_at: i64,
+    /// Its code, directory, variables and setup line (the sweep's).
+    #[serde(default)]
+    pub workspace: Workspace,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -408,9 +418,11 @@ pub struct WorkerInfo {
     pub running_jobs: Vec<JobId>,
 }
 
+mod code;
 mod finish;
 mod maintenance;
 mod outputs;
+pub use code::*;
 pub use finish::*;
 pub use maintenance::*;
 pub use outputs::*;

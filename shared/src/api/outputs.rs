@@ -134,8 +134,15 @@ pub struct AttemptRecord {
     pub gpus: Vec<String>,
     /// `CUDA_VISIBLE_DEVICES` as set for the job.
     pub cuda_visible_devices: Option<String>,
-    /// `git rev-parse HEAD` of the job's working directory, when it is a git checkout.
+    /// The git commit of the code it ran: the shipped snapshot's, or `git rev-parse HEAD` of
+    /// the job's working directory when that is a git checkout.
     pub git_commit: Option<String>,
+    /// The code snapshot it ran (digest, directory, commit, dirty), when code was shipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<super::CodeSnapshot>,
+    /// The attempt whose checkpoint it started from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<u32>,
 }
 
 /// Query of `PUT /api/jobs/{id}/attempts/{attempt}/files/{path}`; the body is the file.

@@ -16,7 +16,7 @@ use super::loader::{Loader, LoaderOptions};
 use super::step::{Ddp, Engine, Evaluation};
 use super::{io_error, TrainError};
 use crate::batches::{check_step_rows, min_rows_per_step};
-use crate::config::{Task, TrainConfig};
+use crate::config::{CheckpointFormat, Task, TrainConfig};
 use crate::early::{EarlyStopping, Verdict};
 use crate::ranks::RankInfo;
 use crate::schedule::{learning_rate, Progress};
@@ -90,7 +90,8 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
     let mut stopping = EarlyStopping::new(&metric, config.early_stopping.patience, config.early_stopping.min_delta);
     let (mut first_epoch, mut step) = (1, 0);
     let mut history = Vec::new();
-    if let Some(path) = &config.resume {
+    let checkpoint_dir = crate::resume::checkpoint_dir();
+    if let Some(path) = &crate::resume::resume_from(config.resume.as_deref(), checkpoint_dir.as_deref()) {
         if let Some(info) = checkpoint::resume(&mut engine, path)? {
             first_epoch = info.epoch + 1;
             step = info.step;
@@ -207,6 +208,9 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
         if main && config.checkpoint_every > 0 && epoch % config.checkpoint_every == 0 {
             checkpoint::save(&engine, &outputs.dir.join(format!("model_epoch_{epoch:03}.{extension}")), &info)?;
         }
+        if let Some(dir) = checkpoint_dir.as_deref().filter(|_| main) {
+            save_latest(&engine, dir, config.checkpoint_format, &info)?;
+        }
         if verdict == Verdict::Stop {
             log.line(&format!("early stop: no improvement of {metric} for {} epochs", config.early_stopping.patience))?;
             stopped_early = true;
@@ -233,6 +237,21 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
         devices,
         stopped_early,
     })
+}
+
+/// Keeps the latest state in the worker's checkpoint directory: written aside, then renamed
+/// over the previous one (weights first: a crash between the two renames repeats an epoch
+/// rather than skipping one), so the directory never holds half a checkpoint.
+fn save_latest(engine: &Engine, dir: &Path, format: CheckpointFormat, info: &CheckpointInfo) -> Result<(), TrainError> {
+    let latest = crate::resume::latest_path(dir, format);
+    let partial = dir.join(format!("partial.{}", format.extension()));
+    checkpoint::save(engine, &partial, info)?;
+    for (from, to) in
+        [(partial.clone(), latest.clone()), (partial.with_extension("json"), latest.with_extension("json"))]
+    {
+        std::fs::rename(&from, &to).map_err(io_error(format!("renaming {} to {}", from.display(), to.display())))?;
+    }
+    Ok(())
 }
 
 /// Moves the dataset to the GPU when asked, or (auto) when it takes under a quarter of the

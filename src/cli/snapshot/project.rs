@@ -1,0 +1,193 @@
+//! What `app submit` ships: the project around a sweep file and the files it holds.
+//!
+//! The project's root is the git work tree holding the sweep file, else the sweep file's own
+//! directory. In a work tree the files are git's own list, tracked plus untracked-not-ignored
+//! (`git ls-files -co --exclude-standard`, submodules listed the same way inside them), so the
+//! snapshot is what `git status` shows, never the ignored build outputs and data; outside git,
+//! every file under the root (without descending into `.git`). Either way, patterns in the
+//! root's `.appignore` (gitignore syntax) leave files out, and symlinks are never followed: a
+//! link leading out of the root is left out with a warning (see `archive::links`).
+
+use anyhow::Context;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The name of the file of patterns the snapshot leaves out.
+pub const APPIGNORE: &str = ".appignore";
+/// A project walked without git stops here: a sweep file in a home directory or a data disk
+/// would otherwise be listed for minutes before the size cap refuses it.
+const MAX_WALKED_ENTRIES: usize = 200_000;
+
+/// A project about to be packed.
+#[derive(Debug, Clone)]
+pub struct Project {
+    /// Absolute, without symlinks.
+    pub root: PathBuf,
+    /// `HEAD` of the work tree, when it has a commit.
+    pub commit: Option<String>,
+    /// The work tree differs from `commit` (changed, deleted or untracked files).
+    pub dirty: bool,
+    /// Files and links to pack, relative to `root`, with their sizes (links count 0).
+    pub files: Vec<(PathBuf, u64)>,
+}
+
+impl Project {
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|(_, size)| size).sum()
+    }
+
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|(path, _)| path.clone()).collect()
+    }
+}
+
+/// Finds the project of `sweep_file` and lists what it ships.
+pub fn find(sweep_file: &Path) -> anyhow::Result<Project> {
+    let file = sweep_file.canonicalize().with_context(|| format!("resolving {}", sweep_file.display()))?;
+    let dir = file.parent().unwrap_or(Path::new("/")).to_path_buf();
+    std::fs::read_dir(&dir).with_context(|| {
+        format!(
+            "cannot read {}, the sweep file's directory, to pack its code (pass --no-code to ship none)",
+            dir.display()
+        )
+    })?;
+    let git_root =
+        git_text(&dir, &["rev-parse", "--show-toplevel"]).and_then(|top| PathBuf::from(top).canonicalize().ok());
+    let root = git_root.clone().unwrap_or(dir);
+    if root == Path::new("/") {
+        anyhow::bail!(
+            "refusing to pack / as the project's code: keep the sweep file in its project, or pass --no-code"
+        );
+    }
+    let listed = match git_root {
+        Some(_) => list_git(&root, Path::new(""))?,
+        None => list_walking(&root)?,
+    };
+    let ignore = appignore(&root);
+    let files: Vec<(PathBuf, u64)> = listed
+        .into_iter()
+        .filter(|path| !ignore.matched_path_or_any_parents(path, false).is_ignore())
+        .map(|path| {
+            let size =
+                std::fs::symlink_metadata(root.join(&path))
+                    .map(|metadata| if metadata.is_file() { metadata.len() } else { 0 });
+            (path, size.unwrap_or(0))
+        })
+        .collect();
+    let (commit, dirty) = if git_root.is_some() { git_state(&root) } else { (None, false) };
+    Ok(Project { root, commit, dirty, files })
+}
+
+/// The root's `.appignore`, as a matcher of paths relative to the root.
+fn appignore(root: &Path) -> ignore::gitignore::Gitignore {
+    let (matcher, error) = ignore::gitignore::Gitignore::new(root.join(APPIGNORE));
+    if let Some(error) = error.filter(|_| root.join(APPIGNORE).exists()) {
+        eprintln!("warning: {APPIGNORE}: {error}");
+    }
+    matcher
+}
+
+/// Git's list of the work tree at `root/prefix`: tracked and untracked-not-ignored files,
+/// the files of its submodules in turn.
+fn list_git(root: &Path, prefix: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let dir = root.join(prefix);
+    let output = Command::new("git")
+        .arg("-C")
+        .arg(&dir)
+        .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("listing the files of {} with git", dir.display()))?;
+    if !output.status.success() {
+        let error = String::from_utf8_lossy(&output.stderr);
+        anyhow::bail!("git could not list the files of {}: {}", dir.display(), error.trim());
+    }
+    let mut files = Vec::new();
+    for name in output.stdout.split(|byte| *byte == 0).filter(|name| !name.is_empty()) {
+        let path = prefix.join(std::ffi::OsStr::from_bytes(name));
+        let full = root.join(&path);
+        // A submodule is listed as its directory: its own files go in instead.
+        let is_dir = std::fs::symlink_metadata(&full).is_ok_and(|metadata| metadata.is_dir());
+        if is_dir {
+            if full.join(".git").exists() {
+                files.extend(list_git(root, &path)?);
+            }
+            continue;
+        }
+        files.push(path);
+    }
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+/// Every file under `root` (links not followed, `.git` and what `.appignore` names not entered).
+fn list_walking(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let ignore = appignore(root);
+    let mut files = Vec::new();
+    let walk = walkdir::WalkDir::new(root).follow_links(false).min_depth(1).sort_by_file_name().into_iter();
+    let entries = walk.filter_entry(|entry| {
+        let Ok(relative) = entry.path().strip_prefix(root) else { return false };
+        let is_dir = entry.file_type().is_dir();
+        !(is_dir && entry.file_name() == ".git") && !ignore.matched(relative, is_dir).is_ignore()
+    });
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                // An unreadable directory is left out, as an unreadable file is.
+                let path = error.path().map(|path| path.display().to_string()).unwrap_or_default();
+                eprintln!("warning: not shipped: {path} ({error})");
+                continue;
+            }
+        };
+        if entry.file_type().is_dir() {
+            continue;
+        }
+        if files.len() >= MAX_WALKED_ENTRIES {
+            anyhow::bail!(
+                "{} holds more than {MAX_WALKED_ENTRIES} files: is it really the project? keep the sweep file in its \
+                 project's directory, list what to leave out in {APPIGNORE}, or pass --no-code",
+                root.display()
+            );
+        }
+        files.push(entry.path().strip_prefix(root).context("walking the project")?.to_path_buf());
+    }
+    Ok(files)
+}
+
+/// `HEAD` of the work tree, and whether anything differs from it (`git status` lists changes,
+/// deletions and untracked files that are not ignored).
+fn git_state(root: &Path) -> (Option<String>, bool) {
+    let commit = git_text(root, &["rev-parse", "--verify", "--quiet", "HEAD"]);
+    let status = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["status", "--porcelain", "-z", "--ignore-submodules=none"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let dirty = match status {
+        Ok(output) if output.status.success() => !output.stdout.is_empty(),
+        _ => true,
+    };
+    (commit, dirty)
+}
+
+/// The trimmed output of a git command in `dir`, when it succeeds.
+fn git_text(dir: &Path, args: &[&str]) -> Option<String> {
+    let output =
+        Command::new("git").arg("-C").arg(dir).args(args).stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+    let text = String::from_utf8(output.stdout).ok()?.trim().to_string();
+    (output.status.success() && !text.is_empty()).then_some(text)
+}
+
+/// The largest files of a project, for the message that refuses it.
+pub fn largest(project: &Project, count: usize) -> Vec<(PathBuf, u64)> {
+    let mut files = project.files.clone();
+    files.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    files.truncate(count);
+    files
+}
