@@ -7,9 +7,9 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
-use shared::api::SubmitQuery;
+use shared::api::{SearchPlan, SubmitQuery};
 use shared::names::name_from_stem;
-use shared::sweep::{ExpandOptions, Sweep};
+use shared::sweep::{ExpandOptions, JobSpec, Sweep};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -75,7 +75,14 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     } else {
         warn(&response.warnings);
         let id = response.sweep_id.map(|id| format!(" (id {id})")).unwrap_or_default();
-        writeln!(out, "submitted sweep {}{id}: {} jobs ({} form)", response.name, response.count, response.form)?;
+        let runs = match response.search.as_ref().and_then(|search| search.adaptive.clone()) {
+            Some(adaptive) => adaptive,
+            None => format!("{} jobs", response.count),
+        };
+        writeln!(out, "submitted sweep {}{id}: {runs} ({} form)", response.name, response.form)?;
+        if let Some(early_stop) = response.search.as_ref().and_then(|search| search.early_stop.as_deref()) {
+            writeln!(out, "  {early_stop}")?;
+        }
         if !args.wait {
             writeln!(out, "watch it with: app status {}", response.name)?;
         }
@@ -91,6 +98,13 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
     let options = ExpandOptions { max_jobs: args.max_jobs, command: args.command.clone(), ..ExpandOptions::default() };
     let sweep = Sweep::parse(source, &options).with_context(|| format!("in {}", args.file.display()))?;
     let name = sweep.name.clone().unwrap_or_else(|| default_name.to_string());
+    let plan = SearchPlan::of(&sweep);
+    // An adaptive sweep's first runs are drawn before any result is in: they can be shown.
+    let shown: Vec<JobSpec> = if sweep.search.is_adaptive() {
+        server::queue::search_preview(&sweep, SHOWN_JOBS as u64)
+    } else {
+        sweep.jobs().take(SHOWN_JOBS).collect()
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
         let jobs = sweep
@@ -105,14 +119,24 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let output = json!({
-            "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs
+            "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs,
+            "search": plan
         });
         writeln!(out, "{}", serde_json::to_string(&output)?)?;
         return Ok(());
     }
     warn(&sweep.warnings);
-    writeln!(out, "sweep {name} ({} form): {} jobs", sweep.form, sweep.count())?;
-    for job in sweep.jobs().take(SHOWN_JOBS) {
+    match plan.as_ref().and_then(|plan| plan.adaptive.as_deref()) {
+        Some(adaptive) => writeln!(out, "sweep {name} ({} form): {adaptive}", sweep.form)?,
+        None => writeln!(out, "sweep {name} ({} form): {} jobs", sweep.form, sweep.count())?,
+    }
+    if let Some(early_stop) = plan.as_ref().and_then(|plan| plan.early_stop.as_deref()) {
+        writeln!(out, "  {early_stop}")?;
+    }
+    if sweep.search.is_adaptive() && !shown.is_empty() {
+        writeln!(out, "  first runs (drawn before any result is in):")?;
+    }
+    for job in &shown {
         writeln!(out, "  #{:<4} {}", job.index, job.params)?;
         writeln!(out, "        $ {}", job.command)?;
     }

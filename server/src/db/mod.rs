@@ -13,6 +13,7 @@ pub mod logs;
 pub mod maintenance;
 pub mod metrics;
 pub mod results;
+pub mod search;
 pub mod sweeps;
 pub mod telemetry;
 pub mod workers;

@@ -59,9 +59,16 @@ pub(super) async fn dispatch(queue: Weak<Queue>, mut tickets: mpsc::Receiver<Cla
         }
         let requests: Vec<(WorkerId, Capacity)> =
             batch.iter().map(|ticket| (ticket.worker_id, ticket.capacity.clone())).collect();
-        let (lease, names) = (queue.config.lease, queue.sweep_names.clone());
-        let served =
-            queue.write(move |tx| Box::pin(async move { claim_batch(tx, &requests, lease, &names).await })).await;
+        let (lease, names, search) = (queue.config.lease, queue.sweep_names.clone(), queue.search.clone());
+        let served = queue
+            .write(move |tx| {
+                Box::pin(async move {
+                    // Adaptive sweeps get their runs for these claims first (queue/search).
+                    search.top_up(tx, &requests).await?;
+                    claim_batch(tx, &requests, lease, &names).await
+                })
+            })
+            .await;
         match served {
             Ok(per_ticket) => {
                 for (ticket, jobs) in batch.into_iter().zip(per_ticket) {

@@ -18,6 +18,7 @@ mod maintenance;
 mod metrics;
 mod reports;
 mod results;
+mod search;
 mod sessions;
 mod signals;
 mod sweeps;
@@ -29,6 +30,7 @@ pub use events::{Change, Events};
 pub use jobs::no_job;
 pub use leases::LeaseExpiry;
 pub use logs::LogStore;
+pub use search::preview as search_preview;
 pub use sessions::same_worker;
 pub use writer::Tx;
 
@@ -70,6 +72,8 @@ pub struct Queue {
     sessions: sessions::Sessions,
     /// Workers that stopped taking jobs.
     draining: Mutex<HashSet<WorkerId>>,
+    /// The sweep controller (adaptive runs, early stopping).
+    search: Arc<search::Controller>,
 }
 
 /// The service's background tasks, awaited at shutdown.
@@ -111,6 +115,7 @@ impl Queue {
             instance,
             sessions: sessions::Sessions::default(),
             draining: Mutex::default(),
+            search: Arc::default(),
         });
         let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
         (queue, Tasks { writer: writer_task, dispatcher })

@@ -29,6 +29,7 @@ impl Queue {
     /// Stores a parsed sweep and all its jobs in one transaction, under a name made unique.
     pub async fn submit(&self, sweep: Arc<Sweep>, source: Arc<String>, base_name: String) -> ApiResult<Submitted> {
         let form = sweep.form;
+        let (parsed, search) = (sweep.clone(), self.search.clone());
         let submitted = self
             .write(move |tx| {
                 Box::pin(async move {
@@ -36,6 +37,7 @@ impl Queue {
                     let name = db::sweeps::unique_name(tx.conn(), &base_name).await?;
                     let sweep_id = db::sweeps::insert(tx.conn(), &name, &sweep, &source, now).await?;
                     let count = db::sweeps::insert_jobs(tx.conn(), sweep_id, &sweep, now).await?;
+                    search.on_submit(tx, sweep_id, &sweep).await?;
                     tx.note(Change::Claimable);
                     Ok(Submitted { sweep_id, name, count })
                 })
@@ -44,6 +46,7 @@ impl Queue {
         if let Ok(mut names) = self.sweep_names.write() {
             names.insert(submitted.sweep_id, (submitted.name.clone(), form));
         }
+        self.search.submitted(submitted.sweep_id, parsed);
         tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
         Ok(submitted)
     }
@@ -61,6 +64,7 @@ impl Queue {
             .write(move |tx| {
                 Box::pin(async move {
                     let (cancelled, cancel_requested) = db::jobs::cancel_sweep(tx.conn(), id, now_ms()).await?;
+                    super::search::Controller::on_cancel(tx, id).await?;
                     tx.note(Change::Page);
                     // Followers of a job's log that wait for it to start learn it never will.
                     for job in &cancelled {
