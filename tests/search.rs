@@ -202,3 +202,55 @@ command: >-
     let notes = detail(&server, "diverged").await.search.unwrap().notes;
     assert!(notes.iter().any(|note| note.contains("no finished run has reported `loss`")), "{notes:?}");
 }
+
+/// `target/browser-screenshots/<name>`, emptied.
+fn screenshot_dir(name: &str) -> std::path::PathBuf {
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("browser-screenshots").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Needs what tests/browser.rs needs (Debian's chromium, `npm ci` in tests/browser:
+/// `scripts/install-test-deps.sh`); fails without them rather than skip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_runs_stopped_early_apart_and_what_an_adaptive_sweep_will_do() {
+    assert!(
+        common::repo("tests/browser/node_modules/playwright-core/package.json").exists(),
+        "tests/browser/node_modules has no playwright-core: run scripts/install-test-deps.sh"
+    );
+    let server = ServerProcess::start();
+    let _worker = WorkerProcess::start(&server.url, "serial", &["--max-jobs", "1"]);
+    let yaml = r#"name: page-halving
+method: grid
+metric: {name: loss, goal: minimize}
+early_terminate: {type: hyperband, min_iter: 2, eta: 2}
+parameters:
+  good: {values: [0, 4]}
+  rep: {values: [1, 2]}
+command: >-
+  for s in 1 2 3 4 5 6; do
+  awk -v g="$APP_PARAM_GOOD" -v s="$s" 'BEGIN { printf "{\"step\": %d, \"loss\": %.17g}\n", s, g + 1 / s }'
+  >> "$APP_METRICS_FILE"; sleep 0.3; done
+"#;
+    server.submit(yaml).await;
+    let jobs = all_finished(&server, "page-halving", 4).await;
+    let stopped = jobs.iter().find(|job| job.stopped_early.is_some()).expect("a run was stopped early");
+    let screenshots = screenshot_dir("search");
+    let stopped_id = stopped.id.to_string();
+    let output = tokio::process::Command::new("node")
+        .arg(common::repo("tests/browser/search.mjs"))
+        .arg(&server.url)
+        .arg(&screenshots)
+        .env("SWEEP", "page-halving")
+        .env("STOPPED_JOB", &stopped_id)
+        .env("CHROMIUM", std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(LONG, output).await.expect("the browser checks finish").expect("node runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the browser checks failed: {said}");
+    assert_eq!(said.matches("ok: ").count(), 3, "{said}");
+}
