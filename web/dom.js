@@ -48,6 +48,12 @@ export function badge(status) {
   return h('span.badge', { class: `status-${status}`, dataset: { status } }, status);
 }
 
+/** A job's (or leaderboard row's) badge: a run stopped early says so, with the decision on hover. */
+export function runBadge(run) {
+  if (!run.stopped_early || run.status !== 'cancelled') return badge(run.status);
+  return h('span.badge.status-cancelled.stopped-early', { dataset: { status: run.status, stoppedEarly: String(run.stopped_early.rung) }, title: run.stopped_early.reason }, 'stopped early');
+}
+
 /** A bar of a sweep's jobs by status. */
 export function progressBar(counts, big = false) {
   const order = ['succeeded', 'failed', 'cancelled', 'running', 'queued'];

@@ -7,7 +7,7 @@
 
 import { get, post, segment } from './api.js';
 import {
-  h, fill, badge, message, notFound, number, bytes, timeAgo, elapsed, localTime, refresher, toast,
+  h, fill, badge, runBadge, message, notFound, number, bytes, timeAgo, elapsed, localTime, refresher, toast,
 } from './dom.js';
 import { flatParams, paramFormatter } from './params.js';
 import { reasonText } from './reasons.js';
@@ -118,7 +118,7 @@ export function mount(root, route) {
     }
     fill(headBox,
       h('div.grow', {},
-        h('h1', {}, `Job ${job.id} `, badge(job.status), job.cancel_requested && job.status === 'running' ? h('span.muted', {}, ' cancelling…') : null),
+        h('h1', {}, `Job ${job.id} `, runBadge(job), job.cancel_requested && job.status === 'running' ? h('span.muted', {}, job.stopped_early ? ' stopping early…' : ' cancelling…') : null),
         h('div.sub', {}, 'sweep ', h('a', { href: links.sweep(job.sweep) }, job.sweep), ` · index ${job.index} · attempt ${job.attempt}`),
         job.reason ? h('div.reason', { dataset: { reason: job.reason } }, reasonText(job.reason)) : null),
       h('div.toolbar', {}, controls));
@@ -130,7 +130,7 @@ export function mount(root, route) {
     const when = (ms) => (ms ? [timeAgo(ms), h('span.muted', {}, ` ${localTime(ms)}`)] : '—');
     const rows = [
       ['Command', h('pre.command', {}, job.command)],
-      ['Status', [badge(job.status), job.reason ? h('span', { dataset: { reason: job.reason } }, ` ${reasonText(job.reason)}`) : '']],
+      ['Status', [runBadge(job), job.reason ? h('span', { dataset: { reason: job.reason } }, ` ${reasonText(job.reason)}`) : '']],
       ['Worker', queued ? waiting : job.worker ? [job.worker, ' ', h('a', { href: links.workers() }, '(workers)')] : '—'],
       ['GPUs', queued ? '—' : job.gpus?.length ? job.gpus.join(', ') : (job.started_at ? 'none (CPU)' : '—')],
       ['Resources', resourcesText(job.resources)],

@@ -4,13 +4,13 @@
 // direction is unknown shows its min and its max instead. Columns sort on click; rows can be
 // filtered (by the parallel-coordinates brushes) and ticked for comparison.
 
-import { h, fill, badge, count, number } from './dom.js';
+import { h, fill, runBadge, count, number } from './dom.js';
 import { flatParams, paramFormatter, exactText } from './params.js';
 import { links } from './nav.js';
 
 const ROWS_STEP = 50;
 export const MAX_COMPARED = 6;
-const STATUS_ORDER = ['running', 'succeeded', 'failed', 'cancelled', 'queued'];
+const STATUS_ORDER = ['running', 'succeeded', 'failed', 'stopped early', 'cancelled', 'queued'];
 
 /** The best of a metric summary by goal (`maximize`/`minimize`), or null. */
 export function bestOf(summary, goal) {
@@ -44,7 +44,7 @@ export function leaderboardPanel({ onTick, onClear }) {
     const columns = [
       { key: 'rank', label: 'Rank', num: true, value: (row) => row.rank },
       { key: 'job', label: 'Job', num: true, value: (row) => row.job_id },
-      { key: 'status', label: 'Status', value: (row) => STATUS_ORDER.indexOf(row.status) },
+      { key: 'status', label: 'Status', value: (row) => STATUS_ORDER.indexOf(row.stopped_early ? 'stopped early' : row.status) },
     ];
     if (metric) {
       columns.push({
@@ -155,7 +155,7 @@ export function leaderboardPanel({ onTick, onClear }) {
     const value = column.value(row);
     if (column.key === 'rank') return h('td.num', {}, value ?? '—');
     if (column.key === 'job') return h('td.num', {}, h('a', { href: links.job(row.job_id) }, String(row.job_id)));
-    if (column.key === 'status') return h('td', {}, badge(row.status));
+    if (column.key === 'status') return h('td', {}, runBadge(row));
     if (column.kind === 'param') {
       if (value === undefined) return h('td.mono', {}, '');
       const { text, exact } = column.format(value);

@@ -4,7 +4,7 @@
 
 import { get, post } from './api.js';
 import {
-  h, fill, badge, progressBar, message, count, number, timeAgo, elapsed, refresher, toast,
+  h, fill, runBadge, progressBar, message, count, number, timeAgo, elapsed, refresher, toast,
 } from './dom.js';
 import { paramsLine, exactLine } from './params.js';
 import { reasonText } from './reasons.js';
@@ -219,7 +219,7 @@ export function mount(root, route) {
     if ((job.status === 'queued' || job.status === 'running') && !job.cancel_requested) {
       buttons.push(h('button.small.danger', { type: 'button', dataset: { action: 'cancel' }, onclick: () => act(job, 'cancel') }, 'Cancel'));
     }
-    if (job.cancel_requested && job.status === 'running') buttons.push(h('span.muted', {}, 'cancelling…'));
+    if (job.cancel_requested && job.status === 'running') buttons.push(h('span.muted', {}, job.stopped_early ? 'stopping early…' : 'cancelling…'));
     if (job.status === 'failed' || job.status === 'cancelled') {
       buttons.push(h('button.small', { type: 'button', dataset: { action: 'retry' }, onclick: () => act(job, 'retry') }, 'Retry'));
     }
@@ -284,7 +284,7 @@ export function mount(root, route) {
         })
         : null),
       h('td.num.col-id', {}, h('a', { href: links.job(job.id) }, String(job.id))),
-      h('td.col-status', {}, badge(job.status)),
+      h('td.col-status', {}, runBadge(job)),
       h('td.col-sweep', {}, h('a', { href: links.sweep(job.sweep) }, job.sweep), h('span.muted', {}, ` #${job.index}`)),
       h('td.params.col-params.wide', { title: exactLine(job.params) }, paramsLine(job.params)),
       priorityCell(job),

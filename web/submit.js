@@ -101,7 +101,8 @@ export function mount(root) {
       draft.command = '';
       checked = null;
       fill(result, h('section.panel.submitted', {}, h('h2', {}, 'Submitted'),
-        h('p', {}, `Sweep `, h('a', { href: links.sweep(answer.name) }, answer.name), ` with ${count(answer.count)} jobs is queued.`)));
+        h('p', {}, `Sweep `, h('a', { href: links.sweep(answer.name) }, answer.name),
+          answer.search?.adaptive ? ` is queued: ${answer.search.adaptive}.` : ` with ${count(answer.count)} jobs is queued.`)));
       location.hash = links.sweep(answer.name);
     } catch (error) {
       fill(result, h('section.panel.dry-run-error', {}, h('h2', {}, 'Not submitted'), message(error.message, 'error')));
@@ -113,10 +114,14 @@ export function mount(root) {
 
   function showPreview(answer) {
     const jobs = answer.preview || [];
+    // An adaptive sweep has no jobs up front: it says how many runs it will make instead.
+    const adaptive = answer.search?.adaptive;
     fill(result, h('section.panel.preview', {},
       h('h2', {}, 'Dry run'),
-      h('div.summary-line', {}, h('strong', {}, `${count(answer.count)} job${answer.count === 1 ? '' : 's'}`),
+      h('div.summary-line', {}, h('strong', { dataset: { adaptive: adaptive ? 'true' : 'false' } }, adaptive || `${count(answer.count)} job${answer.count === 1 ? '' : 's'}`),
         ` · ${answer.form} form · sweep name `, h('strong', {}, answer.name)),
+      answer.search?.early_stop ? h('p.early-stop', {}, answer.search.early_stop) : null,
+      adaptive && jobs.length ? h('p.muted', {}, 'The first runs, drawn before any result is in:') : null,
       jobs.length
         ? h('div.table-wrap.short', {}, h('table.preview-table', {},
           h('thead', {}, h('tr', {}, h('th.num', {}, 'Index'), h('th', {}, 'Parameters'), h('th', {}, 'Command'))),
@@ -126,7 +131,7 @@ export function mount(root) {
             h('td.params', { title: exactLine(job.params) }, paramsLine(job.params)),
             h('td.mono.command-cell', { title: job.command }, job.command))))))
         : null,
-      answer.count > jobs.length ? h('p.muted', {}, `The first ${jobs.length} of ${count(answer.count)} shown.`) : null));
+      !adaptive && answer.count > jobs.length ? h('p.muted', {}, `The first ${jobs.length} of ${count(answer.count)} shown.`) : null));
   }
 
   async function upload() {

@@ -155,7 +155,22 @@ export function mount(root, route) {
       progressBar(counts, true),
       h('div.legend', {}, STATUSES.map((status) => h('a', { href: links.queue({ sweep: sweep.name, status }), dataset: { count: status } },
         h('i', { class: `status-${status}`, style: { background: `var(--${status})` } }), `${count(counts[status])} ${status}`))),
+      searchLine(sweep.search),
       analysis ? h('p.eta', { dataset: { eta: analysis.eta.remaining_ms ?? 'none' } }, 'Estimate: ', etaText(analysis.eta)) : null);
+  }
+
+  /** Where the sweep's controller stands: runs made (of the cap), runs stopped early, notes. */
+  function searchLine(search) {
+    if (!search) return null;
+    const parts = [];
+    if (search.method !== 'fixed') {
+      const cap = search.run_cap === null || search.run_cap === undefined ? 'until stopped' : `of up to ${count(search.run_cap)}`;
+      parts.push(`Adaptive (${search.method === 'bayes' ? 'bayes, TPE' : 'random'}): ${count(search.proposed)} runs made ${cap}${search.open ? '' : ', no more to come'}.`);
+    }
+    if (search.early_stop) parts.push(` ${count(search.stopped_early)} run${search.stopped_early === 1 ? '' : 's'} stopped early.`);
+    return h('div.search-state', { dataset: { proposed: String(search.proposed), stoppedEarly: String(search.stopped_early) } },
+      h('p', {}, parts.join('')),
+      search.notes.length ? h('ul.muted', {}, search.notes.map((note) => h('li', {}, note))) : null);
   }
 
   function renderParallel() {

@@ -12,23 +12,32 @@ use std::collections::BTreeSet;
 
 /// Scores each row by the sweep metric (its min when minimizing, its max when maximizing),
 /// sorts best first with ties and unscored rows in index order, numbers the scored rows
-/// from 1, and keeps the first `top`. Without a metric, rows stay in index order.
+/// from 1, and keeps the first `top`. Without a metric, rows stay in index order. Runs
+/// stopped early come after the ranked runs, unranked: their score is from part of a run.
 pub fn rank(mut rows: Vec<SummaryRow>, metric: Option<&Metric>, top: Option<u32>) -> Vec<SummaryRow> {
     for row in &mut rows {
         row.score = metric.and_then(|metric| Some(best_of(row.metrics.get(&metric.name)?, metric.goal)));
         row.rank = None;
     }
     let maximize = matches!(metric, Some(Metric { goal: Goal::Maximize, .. }));
-    rows.sort_by(|a, b| match (a.score, b.score) {
-        (Some(x), Some(y)) => {
-            let order = if maximize { y.total_cmp(&x) } else { x.total_cmp(&y) };
-            order.then(a.index.cmp(&b.index))
-        }
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => a.index.cmp(&b.index),
+    // Ranked runs, then runs stopped early, then runs without a score.
+    let group = |row: &SummaryRow| match (row.score, &row.stopped_early) {
+        (Some(_), None) => 0,
+        (_, Some(_)) => 1,
+        (None, None) => 2,
+    };
+    rows.sort_by(|a, b| {
+        group(a).cmp(&group(b)).then_with(|| match (a.score, b.score) {
+            (Some(x), Some(y)) => {
+                let order = if maximize { y.total_cmp(&x) } else { x.total_cmp(&y) };
+                order.then(a.index.cmp(&b.index))
+            }
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => a.index.cmp(&b.index),
+        })
     });
-    for (position, row) in rows.iter_mut().filter(|row| row.score.is_some()).enumerate() {
+    for (position, row) in rows.iter_mut().filter(|row| group(row) == 0).enumerate() {
         row.rank = Some(position as u64 + 1);
     }
     if let Some(top) = top {
@@ -177,7 +186,7 @@ pub fn to_csv(summary: &SweepSummary) -> String {
             optional(row.rank.map(|rank| rank.to_string())),
             row.index.to_string(),
             row.job_id.to_string(),
-            row.status.to_string(),
+            if row.stopped_early.is_some() { "stopped_early".to_owned() } else { row.status.to_string() },
             optional(row.score.map(|score| score.to_string())),
         ];
         record.extend(params.iter().map(|name| param_text(row.params.get(name))));
@@ -257,6 +266,7 @@ mod tests {
             params: json!({"lr": 0.1, "name": "a,\"b\"", "dims": [1, 2]}),
             metrics,
             score: None,
+            stopped_early: None,
         }
     }
 
@@ -277,6 +287,28 @@ mod tests {
         assert_eq!(order(&maximized), [(1, Some(1)), (3, Some(2))]);
         let unranked = rank(rows, None, None);
         assert_eq!(order(&unranked), [(0, None), (1, None), (2, None), (3, None)]);
+    }
+
+    #[test]
+    fn runs_stopped_early_come_after_the_ranked_runs_without_a_rank() {
+        let stopped = |index, loss| SummaryRow {
+            status: JobStatus::Cancelled,
+            stopped_early: Some(shared::api::StoppedEarly {
+                rung: 3,
+                cutoff: Some(0.3),
+                reason: "stopped early".into(),
+                at: 1,
+            }),
+            ..row(index, loss)
+        };
+        let rows =
+            vec![stopped(0, Some(0.1)), row(1, Some(0.5)), row(2, None), stopped(3, Some(0.9)), row(4, Some(0.2))];
+        let ranked = rank(rows, Some(&metric(Goal::Minimize)), None);
+        assert_eq!(order(&ranked), [(4, Some(1)), (1, Some(2)), (0, None), (3, None), (2, None)]);
+        let top = rank(ranked.clone(), Some(&metric(Goal::Minimize)), Some(2));
+        assert_eq!(order(&top), [(4, Some(1)), (1, Some(2))], "a stopped run never takes a place in the top");
+        let csv = to_csv(&SweepSummary { sweep: "s".into(), metric: Some(metric(Goal::Minimize)), rows: ranked });
+        assert!(csv.lines().nth(3).unwrap().starts_with(",0,100,stopped_early,0.1,"), "{csv}");
     }
 
     #[test]

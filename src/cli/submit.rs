@@ -8,9 +8,9 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
-use shared::api::SubmitQuery;
+use shared::api::{SearchPlan, SubmitQuery};
 use shared::names::name_from_stem;
-use shared::sweep::{Code, ExpandOptions, Sweep};
+use shared::sweep::{Code, ExpandOptions, JobSpec, Sweep};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -117,7 +117,14 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
             writeln!(out, "{}", shipped.describe())?;
         }
         let id = response.sweep_id.map(|id| format!(" (id {id})")).unwrap_or_default();
-        writeln!(out, "submitted sweep {}{id}: {} jobs ({} form)", response.name, response.count, response.form)?;
+        let runs = match response.search.as_ref().and_then(|search| search.adaptive.clone()) {
+            Some(adaptive) => adaptive,
+            None => format!("{} jobs", response.count),
+        };
+        writeln!(out, "submitted sweep {}{id}: {runs} ({} form)", response.name, response.form)?;
+        if let Some(early_stop) = response.search.as_ref().and_then(|search| search.early_stop.as_deref()) {
+            writeln!(out, "  {early_stop}")?;
+        }
         if !args.wait {
             writeln!(out, "watch it with: app status {}", response.name)?;
         }
@@ -142,6 +149,13 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
         let dir = super::snapshot::start_dir(&project.root, &args.file);
         (project.root.clone(), project.files.len(), project.bytes(), dir)
     });
+    let plan = SearchPlan::of(&sweep);
+    // An adaptive sweep's first runs are drawn before any result is in: they can be shown.
+    let shown: Vec<JobSpec> = if sweep.search.is_adaptive() {
+        server::queue::search_preview(&sweep, SHOWN_JOBS as u64)
+    } else {
+        sweep.jobs().take(SHOWN_JOBS).collect()
+    };
     let mut out = std::io::stdout().lock();
     if args.json {
         let jobs = sweep
@@ -159,14 +173,24 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
             code.map(|(root, files, bytes, dir)| json!({"root": root, "files": files, "bytes": bytes, "dir": dir}));
         let output = json!({
             "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs,
-            "code": code
+            "code": code,
+            "search": plan
         });
         writeln!(out, "{}", serde_json::to_string(&output)?)?;
         return Ok(());
     }
     warn(&sweep.warnings);
-    writeln!(out, "sweep {name} ({} form): {} jobs", sweep.form, sweep.count())?;
-    for job in sweep.jobs().take(SHOWN_JOBS) {
+    match plan.as_ref().and_then(|plan| plan.adaptive.as_deref()) {
+        Some(adaptive) => writeln!(out, "sweep {name} ({} form): {adaptive}", sweep.form)?,
+        None => writeln!(out, "sweep {name} ({} form): {} jobs", sweep.form, sweep.count())?,
+    }
+    if let Some(early_stop) = plan.as_ref().and_then(|plan| plan.early_stop.as_deref()) {
+        writeln!(out, "  {early_stop}")?;
+    }
+    if sweep.search.is_adaptive() && !shown.is_empty() {
+        writeln!(out, "  first runs (drawn before any result is in):")?;
+    }
+    for job in &shown {
         writeln!(out, "  #{:<4} {}", job.index, job.params)?;
         writeln!(out, "        $ {}", job.command)?;
     }

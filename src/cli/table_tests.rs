@@ -76,6 +76,7 @@ fn job(id: i64, index: u64, status: JobStatus, attempt: u32) -> Job {
         gpus: Vec::new(),
         notes: Vec::new(),
         metrics,
+        stopped_early: None,
     }
 }
 
@@ -128,6 +129,7 @@ fn leaderboard_summary() -> SweepSummary {
                 params: vaep_params(index),
                 score: Some(0.1 + rank as f64 / 97.0),
                 metrics,
+                stopped_early: None,
             }
         })
         .collect();

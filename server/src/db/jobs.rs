@@ -11,9 +11,11 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::SqliteConnection;
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
-const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name, a.notes AS notes
+const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name, a.notes AS notes,
+         es.rung AS stop_rung, es.cutoff AS stop_cutoff, es.reason AS stop_reason, es.stopped_at
      FROM jobs j JOIN sweeps s ON s.id = j.sweep_id LEFT JOIN workers w ON w.id = j.worker_id
-     LEFT JOIN job_attempts a ON a.job_id = j.id AND a.attempt = j.attempt";
+     LEFT JOIN job_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
+     LEFT JOIN early_stops es ON es.job_id = j.id AND es.attempt = j.attempt";
 
 fn status_of(row: &SqliteRow) -> anyhow::Result<JobStatus> {
     let text: String = row.try_get("status")?;
@@ -68,6 +70,7 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
             .unwrap_or_default(),
         // Filled by `get` and `list` from `job_metric_summaries`.
         metrics: Default::default(),
+        stopped_early: super::search::stopped_early_of(row)?,
     })
 }
 

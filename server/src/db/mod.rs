@@ -16,6 +16,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod results;
 pub mod scrape;
+pub mod search;
 pub mod sweeps;
 pub mod telemetry;
 pub mod workers;

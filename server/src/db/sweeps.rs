@@ -174,7 +174,8 @@ pub async fn find(pool: &SqlitePool, key: &str) -> anyhow::Result<Option<SweepDe
     let Some(row) = row else { return Ok(None) };
     let mut info = info_from_row(&row)?;
     info.counts = counts(pool, Some(info.id)).await?;
-    Ok(Some(SweepDetail { info, source: row.try_get("source")? }))
+    let search = super::search::state(pool, info.id).await?;
+    Ok(Some(SweepDetail { info, source: row.try_get("source")?, search }))
 }
 
 /// Newest first.

@@ -59,9 +59,16 @@ pub(super) async fn dispatch(queue: Weak<Queue>, mut tickets: mpsc::Receiver<Cla
         }
         let requests: Vec<(WorkerId, Capacity)> =
             batch.iter().map(|ticket| (ticket.worker_id, ticket.capacity.clone())).collect();
-        let (lease, names, workspaces) = (queue.config.lease, queue.sweep_names.clone(), queue.workspaces.clone());
+        let (lease, names) = (queue.config.lease, queue.sweep_names.clone());
+        let (workspaces, search) = (queue.workspaces.clone(), queue.search.clone());
         let served = queue
-            .write(move |tx| Box::pin(async move { claim_batch(tx, &requests, lease, &names, &workspaces).await }))
+            .write(move |tx| {
+                Box::pin(async move {
+                    // Adaptive sweeps get their runs for these claims first (queue/search).
+                    search.top_up(tx, &requests).await?;
+                    claim_batch(tx, &requests, lease, &names, &workspaces).await
+                })
+            })
             .await;
         match served {
             Ok(per_ticket) => {

@@ -79,7 +79,8 @@ impl Queue {
         }
         let claim = request.claim.clone().filter(|_| !self.is_draining(worker));
         let (logs, cap, layout) = (self.logs.clone(), self.config.max_log_bytes_per_job, self.layout.clone());
-        let (lease, names, workspaces) = (self.config.lease, self.sweep_names.clone(), self.workspaces.clone());
+        let (lease, names) = (self.config.lease, self.sweep_names.clone());
+        let (workspaces, search) = (self.workspaces.clone(), self.search.clone());
         let capacity = claim.as_ref().map(|claim| claim.capacity.clone());
         // The next jobs are claimed in the same write unit: the pages the finish changed (the
         // jobs table, its indexes, the counts) are then written to the log once, not twice.
@@ -89,9 +90,9 @@ impl Queue {
                     let status = apply(tx, at, request, (&logs, cap), &layout, staging).await?;
                     let jobs = match capacity {
                         Some(capacity) => {
-                            super::claims::claim_batch(tx, &[(worker, capacity)], lease, &names, &workspaces)
-                                .await?
-                                .remove(0)
+                            let requests = [(worker, capacity)];
+                            search.top_up(tx, &requests).await?;
+                            super::claims::claim_batch(tx, &requests, lease, &names, &workspaces).await?.remove(0)
                         }
                         None => Vec::new(),
                     };

@@ -3,7 +3,7 @@
 use super::{Change, Queue, Tx};
 use crate::db;
 use crate::error::ApiResult;
-use shared::api::{JobId, MetricPoint, MetricSummary, WorkerId};
+use shared::api::{JobId, MetricPoint, MetricSummary, SweepId, WorkerId};
 use std::collections::BTreeMap;
 
 /// Last, min, max, step and count of each metric over `points`, in order.
@@ -30,9 +30,16 @@ pub(super) fn summarize(points: &[MetricPoint]) -> BTreeMap<String, MetricSummar
     summaries
 }
 
-/// Stores a batch in `tx` (fenced); returns the metrics-file offset now stored up to. The
-/// offset is where the batch ends in the file: one at or before what is stored is a retry of a
-/// batch already kept.
+/// What [`record`] did: the metrics-file offset now stored up to, the job's sweep, and
+/// whether the batch was new.
+pub(super) struct Stored {
+    pub offset: u64,
+    pub sweep_id: SweepId,
+    pub fresh: bool,
+}
+
+/// Stores a batch in `tx` (fenced). The offset is where the batch ends in the file: one at or
+/// before what is stored is a retry of a batch already kept.
 pub(super) async fn record(
     tx: &mut Tx,
     job: JobId,
@@ -40,11 +47,11 @@ pub(super) async fn record(
     worker: WorkerId,
     offset: u64,
     points: &[MetricPoint],
-) -> ApiResult<u64> {
-    super::fence::holder(tx.conn(), job, attempt, worker, "metrics batch").await?;
+) -> ApiResult<Stored> {
+    let sweep_id = super::fence::holder(tx.conn(), job, attempt, worker, "metrics batch").await?.sweep_id;
     let (stored_offset, stored_points) = db::metrics::progress(tx.conn(), job, attempt).await?;
     if offset <= stored_offset {
-        return Ok(stored_offset);
+        return Ok(Stored { offset: stored_offset, sweep_id, fresh: false });
     }
     db::metrics::append(tx.conn(), job, attempt, stored_points, points).await?;
     db::metrics::merge_summaries(tx.conn(), job, attempt, &summarize(points)).await?;
@@ -52,11 +59,12 @@ pub(super) async fn record(
     if !points.is_empty() {
         tx.note(Change::Page);
     }
-    Ok(offset)
+    Ok(Stored { offset, sweep_id, fresh: !points.is_empty() })
 }
 
 impl Queue {
-    /// A worker's batch of metric points for a running attempt.
+    /// A worker's batch of metric points for a running attempt; then, for a sweep that stops
+    /// runs early, whether this run should stop (queue/search).
     pub async fn record_metrics(
         &self,
         job: JobId,
@@ -65,7 +73,15 @@ impl Queue {
         offset: u64,
         points: Vec<MetricPoint>,
     ) -> ApiResult<u64> {
-        self.write(move |tx| Box::pin(async move { record(tx, job, attempt, worker, offset, &points).await })).await
+        let points = std::sync::Arc::new(points);
+        let batch = points.clone();
+        let stored = self
+            .write(move |tx| Box::pin(async move { record(tx, job, attempt, worker, offset, &batch).await }))
+            .await?;
+        if stored.fresh {
+            self.search.after_metrics(self, job, attempt, stored.sweep_id, &points).await;
+        }
+        Ok(stored.offset)
     }
 }
 

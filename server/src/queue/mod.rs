@@ -21,6 +21,7 @@ pub mod meters;
 mod metrics;
 mod reports;
 mod results;
+mod search;
 mod sessions;
 mod signals;
 mod sweeps;
@@ -32,6 +33,7 @@ pub use events::{Change, Events};
 pub use jobs::no_job;
 pub use leases::LeaseExpiry;
 pub use logs::LogStore;
+pub use search::preview as search_preview;
 pub use sessions::same_worker;
 pub use writer::Tx;
 
@@ -79,6 +81,8 @@ pub struct Queue {
     draining: Mutex<HashSet<WorkerId>>,
     /// What this process counted, for `/metrics`.
     meters: meters::Meters,
+    /// The sweep controller (adaptive runs, early stopping).
+    search: Arc<search::Controller>,
 }
 
 /// The service's background tasks, awaited at shutdown.
@@ -123,6 +127,7 @@ impl Queue {
             sessions: sessions::Sessions::default(),
             draining: Mutex::default(),
             meters: meters::Meters::default(),
+            search: Arc::default(),
         });
         let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
         (queue, Tasks { writer: writer_task, dispatcher })

@@ -38,6 +38,7 @@ impl Queue {
         let form = sweep.form;
         let workspace = Arc::new(workspace);
         let stored_workspace = workspace.clone();
+        let (parsed, search) = (sweep.clone(), self.search.clone());
         let submitted = self
             .write(move |tx| {
                 Box::pin(async move {
@@ -46,6 +47,7 @@ impl Queue {
                     let sweep_id = db::sweeps::insert(tx.conn(), &name, &sweep, &source, now).await?;
                     let count = db::sweeps::insert_jobs(tx.conn(), sweep_id, &sweep, now).await?;
                     super::code::set_workspace(tx, sweep_id, &stored_workspace).await?;
+                    search.on_submit(tx, sweep_id, &sweep).await?;
                     tx.note(Change::Claimable);
                     Ok(Submitted { sweep_id, name, count })
                 })
@@ -59,6 +61,7 @@ impl Queue {
         if let Ok(mut workspaces) = self.workspaces.write() {
             workspaces.insert(submitted.sweep_id, workspace);
         }
+        self.search.submitted(submitted.sweep_id, parsed);
         tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
         Ok(submitted)
     }
@@ -76,6 +79,7 @@ impl Queue {
             .write(move |tx| {
                 Box::pin(async move {
                     let (cancelled, cancel_requested) = db::jobs::cancel_sweep(tx.conn(), id, now_ms()).await?;
+                    super::search::Controller::on_cancel(tx, id).await?;
                     tx.note(Change::Page);
                     // Followers of a job's log that wait for it to start learn it never will.
                     for job in &cancelled {

@@ -28,8 +28,13 @@ async fn summary(
         Some(other) => return Err(ApiError::BadRequest(format!("unknown format `{other}`; use `json` or `csv`"))),
     };
     let sweep = state.queue.find_sweep(&key).await?.info;
+    // Runs stopped early rank after the others: a top of N reads N more than there are of them.
+    let mut stopped = db::search::stopped_in_sweep(state.queue.reader(), sweep.id).await?;
     let (jobs, mut summaries) = match query.top {
-        Some(top) => db::metrics::sweep_top_jobs(state.queue.reader(), sweep.id, sweep.metric.as_ref(), top).await?,
+        Some(top) => {
+            let read = top.saturating_add(stopped.len().min(u32::MAX as usize) as u32);
+            db::metrics::sweep_top_jobs(state.queue.reader(), sweep.id, sweep.metric.as_ref(), read).await?
+        }
         None => db::metrics::sweep_jobs(state.queue.reader(), sweep.id).await?,
     };
     let rows = jobs
@@ -43,6 +48,7 @@ async fn summary(
                 params: serde_json::from_str(&job.params)?,
                 metrics: summaries.remove(&job.id).unwrap_or_default(),
                 score: None,
+                stopped_early: stopped.remove(&job.id),
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

@@ -2,13 +2,14 @@
 
 use crate::db;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult};
+use crate::queue;
 use crate::state::AppState;
 use axum::extract::rejection::StringRejection;
 use axum::extract::State;
 use axum::response::AppendHeaders;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use shared::api::{CancelResponse, JobPreview, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo};
+use shared::api::{CancelResponse, JobPreview, SearchPlan, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo};
 use shared::names::check_name;
 use std::sync::Arc;
 
@@ -35,21 +36,23 @@ async fn submit(
     let sweep = state.queue.parse_sweep(source.clone(), query.command.clone()).await?;
     let base_name = sweep.name.clone().or(query.name.clone()).unwrap_or_else(|| "sweep".into());
     check_name("sweep", &base_name).map_err(ApiError::BadRequest)?;
-    // Adaptive sweeps have no jobs up front; until the sweep controller runs them, refuse
-    // rather than record an empty sweep.
-    if let Some(adaptive) = sweep.search.describe().filter(|_| !query.dry_run) {
-        return Err(ApiError::BadRequest(format!("{adaptive}: adaptive search is not run by this server yet")));
-    }
+    let search = SearchPlan::of(&sweep);
     if query.dry_run {
-        let preview = sweep.jobs().take(PREVIEW_JOBS as usize).map(preview).collect::<Result<_, _>>()?;
+        // An adaptive sweep shows its first runs: they are drawn before any result is in.
+        let jobs: Vec<_> = if sweep.search.is_adaptive() {
+            queue::search_preview(&sweep, PREVIEW_JOBS)
+        } else {
+            sweep.jobs().take(PREVIEW_JOBS as usize).collect()
+        };
         let response = SubmitResponse {
             sweep_id: None,
             name: base_name,
             form: sweep.form,
             count: sweep.count(),
             dry_run: true,
-            preview,
+            preview: jobs.into_iter().map(preview).collect::<Result<_, _>>()?,
             warnings: sweep.warnings.clone(),
+            search,
         };
         return Ok((timing(), Json(response)));
     }
@@ -64,6 +67,7 @@ async fn submit(
         dry_run: false,
         preview: Vec::new(),
         warnings,
+        search,
     };
     Ok((timing(), Json(response)))
 }

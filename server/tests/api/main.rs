@@ -14,6 +14,7 @@ mod maintenance;
 mod metrics;
 mod page;
 mod results;
+mod search;
 mod sessions;
 mod submit;
 mod summary;

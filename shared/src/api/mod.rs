@@ -67,6 +67,9 @@ pub struct SubmitResponse {
     /// sentence each: accepted, never silently dropped.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Runs proposed one at a time, or stopped early: what the search does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchPlan>,
 }
 
 /// Jobs of a sweep or of the whole queue, by status.
@@ -111,6 +114,9 @@ pub struct SweepDetail {
     pub info: SweepInfo,
     /// The submitted YAML, as sent.
     pub source: String,
+    /// Where its controller stands, for a sweep whose runs are proposed or stopped early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchState>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -149,6 +155,9 @@ pub struct Job {
     /// Last, min and max of each metric of the latest attempt.
     #[serde(default)]
     pub metrics: std::collections::BTreeMap<String, MetricSummary>,
+    /// Set when the latest attempt was stopped early (its status is then `cancelled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<StoppedEarly>,
 }
 
 /// Filters and paging of `GET /api/jobs`.
@@ -429,3 +438,5 @@ pub use outputs::*;
 
 mod analysis;
 pub use analysis::*;
+mod search;
+pub use search::*;

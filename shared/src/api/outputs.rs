@@ -195,6 +195,9 @@ pub struct SummaryRow {
     pub metrics: BTreeMap<String, MetricSummary>,
     /// The sweep metric's best value (min or max by its goal), the sort key.
     pub score: Option<f64>,
+    /// Set for a run stopped early: it is listed after the ranked runs, without a rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<super::StoppedEarly>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,119 @@
+//! The sweep controller: makes the runs of adaptive sweeps (bayes, random without a cap) when
+//! workers claim, and stops runs early (hyperband/ASHA rungs, the median rule) from their
+//! streamed metric. The decisions are `shared::search`'s pure functions; this module reads
+//! their inputs from the database and applies what they decide.
+//!
+//! Everything it must remember lives in the database (`sweep_search`, `early_stops`,
+//! migrations/0006): the runs made so far (which is also the next run's index), whether the
+//! sweep is still open, the notes. A restarted server re-reads the sweep's stored source and
+//! goes on with the next index; proposals are seeded by `(seed, index)`, so the same results
+//! give the same proposals. In memory there is only a cache of parsed sweeps and a hint that
+//! lets claim batches skip the lookup while no adaptive sweep is open.
+
+mod proposals;
+mod stopping;
+
+pub use proposals::preview;
+
+use super::{Change, Tx};
+use crate::db;
+use crate::error::ApiResult;
+use shared::api::{SearchMethod, SweepId};
+use shared::sweep::{ExpandOptions, Sweep, MAX_YAML_DEPTH};
+use sqlx::SqliteConnection;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The controller's in-memory side: parsed sweeps and the "maybe open" hint.
+pub struct Controller {
+    /// Every sweep looked up so far: `Some` when it has a controller row (adaptive or
+    /// stopping runs early), `None` when it has none. Sources never change; a new submission
+    /// overwrites its id's entry (SQLite may reuse the id of a removed sweep).
+    sweeps: Mutex<HashMap<SweepId, Option<Arc<Sweep>>>>,
+    /// False once a claim batch found no open adaptive sweep; set by every such submission.
+    maybe_open: AtomicBool,
+}
+
+impl Default for Controller {
+    fn default() -> Self {
+        // Open until a batch has looked: a restarted server may have open sweeps.
+        Controller { sweeps: Mutex::default(), maybe_open: AtomicBool::new(true) }
+    }
+}
+
+/// The options a stored source is parsed again with: it was accepted once, so no limit of
+/// the current configuration may refuse it now (adaptive sweeps have no jobs to count).
+fn reparse_options() -> ExpandOptions {
+    ExpandOptions { max_jobs: u64::MAX, command: None, max_depth: MAX_YAML_DEPTH }
+}
+
+impl Controller {
+    /// Called in the submission's write unit: sets up the controller of a sweep that needs one.
+    /// The hint is set here, in the writer's order, so a claim batch woken by this commit (or
+    /// run after it) looks, whatever a batch before it concluded.
+    pub(super) async fn on_submit(&self, tx: &mut Tx, sweep_id: SweepId, sweep: &Sweep) -> ApiResult<()> {
+        let method = SearchMethod::of(&sweep.search);
+        if method == SearchMethod::Fixed && sweep.early_stop.is_none() {
+            return Ok(());
+        }
+        if sweep.search.is_adaptive() {
+            self.maybe_open.store(true, Ordering::SeqCst);
+        }
+        let seed = match sweep.search {
+            shared::search::Search::Bayes { seed, .. }
+            | shared::search::Search::AdaptiveRandom { seed }
+            | shared::search::Search::Random { seed } => seed,
+            shared::search::Search::Grid => 0,
+        };
+        let search = db::search::NewSearch {
+            method,
+            seed,
+            run_cap: sweep.search.run_cap(),
+            early_stop: sweep.early_stop.is_some(),
+        };
+        db::search::insert(tx.conn(), sweep_id, &search).await?;
+        Ok(())
+    }
+
+    /// After a submission committed: remember its parse (only then: a rolled-back id may be
+    /// given to another sweep).
+    pub(super) fn submitted(&self, sweep_id: SweepId, sweep: Arc<Sweep>) {
+        let has_controller = sweep.search.is_adaptive() || sweep.early_stop.is_some();
+        if let Ok(mut sweeps) = self.sweeps.lock() {
+            sweeps.insert(sweep_id, has_controller.then_some(sweep));
+        }
+    }
+
+    /// Called in the cancel's write unit: no more runs are made.
+    pub(super) async fn on_cancel(tx: &mut Tx, sweep_id: SweepId) -> ApiResult<()> {
+        if db::search::close(tx.conn(), sweep_id).await? {
+            db::search::add_note(tx.conn(), sweep_id, "the sweep was cancelled: no more runs are made").await?;
+            tx.note(Change::Page);
+        }
+        Ok(())
+    }
+
+    /// The parsed sweep if it has a controller, from the cache or its stored source.
+    async fn sweep(&self, conn: &mut SqliteConnection, sweep_id: SweepId) -> ApiResult<Option<Arc<Sweep>>> {
+        if let Some(known) = self.sweeps.lock().ok().and_then(|sweeps| sweeps.get(&sweep_id).cloned()) {
+            return Ok(known);
+        }
+        let parsed = match db::search::source_of(conn, sweep_id).await? {
+            None => None,
+            Some((source, _)) => match Sweep::parse(&source, &reparse_options()) {
+                Ok(sweep) => Some(Arc::new(sweep)),
+                Err(error) => {
+                    // Accepted once, refused now: a newer server reads files differently. Its
+                    // runs go on as they are; nothing new is proposed or stopped.
+                    tracing::error!(sweep = %sweep_id, %error, "a stored sweep no longer parses; its controller stops");
+                    None
+                }
+            },
+        };
+        if let Ok(mut sweeps) = self.sweeps.lock() {
+            sweeps.insert(sweep_id, parsed.clone());
+        }
+        Ok(parsed)
+    }
+}
