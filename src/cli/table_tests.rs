@@ -76,6 +76,8 @@ fn job(id: i64, index: u64, status: JobStatus, attempt: u32) -> Job {
         gpus: Vec::new(),
         notes: Vec::new(),
         metrics,
+        gpu_usage: None,
+        waiting: None,
     }
 }
 
@@ -128,6 +130,7 @@ fn leaderboard_summary() -> SweepSummary {
                 params: vaep_params(index),
                 score: Some(0.1 + rank as f64 / 97.0),
                 metrics,
+                gpu_usage: None,
             }
         })
         .collect();
@@ -141,7 +144,7 @@ fn workers_list() -> Vec<WorkerInfo> {
         WorkerInfo {
             id: WorkerId::new(1),
             name: "gpu-box-1".into(),
-            capacity: Capacity { job_slots: 8, gpus: vec![gpu(0), gpu(1)] },
+            capacity: Capacity { job_slots: 8, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() },
             registered_at: NOW - 90 * MINUTE,
             last_seen_at: NOW - 2_000,
             running: 2,
@@ -151,7 +154,7 @@ fn workers_list() -> Vec<WorkerInfo> {
         WorkerInfo {
             id: WorkerId::new(2),
             name: "laptop".into(),
-            capacity: Capacity { job_slots: 4, gpus: Vec::new() },
+            capacity: Capacity { job_slots: 4, gpus: Vec::new(), ..Capacity::default() },
             registered_at: NOW - 600 * MINUTE,
             last_seen_at: NOW - 300 * MINUTE,
             running: 0,

@@ -20,6 +20,7 @@ fn record() -> AttemptRecord {
         gpus: Vec::new(),
         cuda_visible_devices: None,
         git_commit: None,
+        ..AttemptRecord::default()
     }
 }
 

@@ -104,6 +104,9 @@ pub struct SweepDetail {
     pub info: SweepInfo,
     /// The submitted YAML, as sent.
     pub source: String,
+    /// Why its queued jobs cannot run on any connected worker, when they cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaceable: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -142,6 +145,12 @@ pub struct Job {
     /// Last, min and max of each metric of the latest attempt.
     #[serde(default)]
     pub metrics: std::collections::BTreeMap<String, MetricSummary>,
+    /// What the latest attempt used of its GPUs, once it has ended (see [`GpuUsage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_usage: Option<GpuUsage>,
+    /// Why a queued job waits: its place in the queue, or why no worker can run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
 }
 
 /// Filters and paging of `GET /api/jobs`.
@@ -158,6 +167,10 @@ pub struct JobQuery {
     pub sort: Option<JobSort>,
     /// Ascending unless `desc`.
     pub order: Option<SortOrder>,
+    /// Also give each queued job of the page its place in the queue (costs a pass over the
+    /// queue; a single job's page always has it).
+    #[serde(default)]
+    pub positions: bool,
 }
 
 /// The orders of a job listing; every one ends with the id, so paging is stable.
@@ -417,3 +430,5 @@ pub use outputs::*;
 
 mod analysis;
 pub use analysis::*;
+mod gpu;
+pub use gpu::*;

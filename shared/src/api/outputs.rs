@@ -136,6 +136,12 @@ pub struct AttemptRecord {
     pub cuda_visible_devices: Option<String>,
     /// `git rev-parse HEAD` of the job's working directory, when it is a git checkout.
     pub git_commit: Option<String>,
+    /// What it used of its GPUs (none for a CPU job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_usage: Option<super::GpuUsage>,
+    /// Its GPU use over its run, a few hundred points at most.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_timeline: Vec<super::GpuPoint>,
 }
 
 /// Query of `PUT /api/jobs/{id}/attempts/{attempt}/files/{path}`; the body is the file.
@@ -188,6 +194,9 @@ pub struct SummaryRow {
     pub metrics: BTreeMap<String, MetricSummary>,
     /// The sweep metric's best value (min or max by its goal), the sort key.
     pub score: Option<f64>,
+    /// What its latest attempt used of its GPUs, once ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_usage: Option<super::GpuUsage>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
