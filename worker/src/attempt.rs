@@ -3,6 +3,7 @@
 //! request: the log tail, the last metric points, the result (small files inline, large ones
 //! streamed first) and the outcome, retried while the server is unreachable.
 
+use crate::accounting::Accounted;
 use crate::config::WorkerConfig;
 use crate::executor::{self, AttemptDirs, Ended, Launch, Stop};
 use crate::guard::Guard;
@@ -25,8 +26,9 @@ const INLINE_TAIL_BYTES: u64 = 512 << 10;
 /// What an attempt tells the daemon.
 #[derive(Debug)]
 pub enum AttemptEvent {
-    /// The process is gone: its slot and GPUs are free again.
-    ProcessEnded(JobAttempt),
+    /// The process is gone: its slot and GPUs are free again. The daemon answers with what the
+    /// attempt used of its GPUs (`None` for a CPU job).
+    ProcessEnded(JobAttempt, oneshot::Sender<Option<Accounted>>),
     /// The attempt is ready to end: the daemon sends the request (with a claim for the next
     /// jobs when it can) and gives the answer back on `reply`.
     Finishing { request: Box<FinishRequest>, reply: oneshot::Sender<ClientResult<FinishResponse>> },
@@ -53,6 +55,8 @@ pub struct AttemptContext {
     pub inherited: Arc<Vec<(OsString, OsString)>>,
     /// The attempt directories to use again.
     pub slots: Arc<crate::slots::Slots>,
+    /// `OMP_NUM_THREADS` for CPU jobs sharing the box (see `reservations::cpu_threads_per_job`).
+    pub cpu_threads: Option<u32>,
 }
 
 fn now_ms() -> i64 {
@@ -134,6 +138,10 @@ pub async fn run(
         Ok(log) => {
             let port = if indices.len() > 1 { executor::free_port() } else { None };
             let mut env = executor::environment(&job, &dirs, &indices, port);
+            // First, so that whatever the job's own environment sets later wins.
+            if let Some(threads) = context.cpu_threads.filter(|_| indices.is_empty()) {
+                env.insert(0, ("OMP_NUM_THREADS".to_string(), threads.to_string()));
+            }
             let own = std::env::current_exe().ok();
             env.extend(own.and_then(|exe| executor::path_with(&exe, std::env::var_os("PATH").as_deref())));
             let written = Arc::new(Notify::new());
@@ -178,14 +186,16 @@ pub async fn run(
             }
         }
     };
-    let _ = events.send(AttemptEvent::ProcessEnded(attempt)).await;
+    let (account, accounted) = oneshot::channel();
+    let _ = events.send(AttemptEvent::ProcessEnded(attempt, account)).await;
+    let accounted = accounted.await.ok().flatten();
     let finished_at = now_ms();
     tracing::debug!(job = %job.id, attempt = job.attempt, outcome = ?ended.outcome, "process ended");
     let lease_lost = matches!(ended.outcome, Outcome::Killed { ref reason } if reason == executor::LEASE_LOST);
     let mut delivered = false;
     if !lost && !lease_lost {
         let times = (started_at, finished_at);
-        delivered = finish(&context, &job, &dirs, &mut shipper, ended, &gpus, times, &events).await;
+        delivered = finish(&context, &job, &dirs, &mut shipper, (ended, accounted), &gpus, times, &events).await;
     }
     release_slot(&context, &job, &dirs, slot, delivered).await;
     let _ = events.send(AttemptEvent::Done(attempt)).await;
@@ -226,13 +236,14 @@ async fn finish(
     job: &ClaimedJob,
     dirs: &AttemptDirs,
     shipper: &mut Shipper,
-    ended: Ended,
+    (mut ended, accounted): (Ended, Option<Accounted>),
     gpus: &[(u32, String)],
     (started_at, finished_at): (i64, i64),
     events: &mpsc::Sender<AttemptEvent>,
 ) -> bool {
     let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
     let mut result = None;
+    ended.notes.extend(accounted.as_ref().and_then(|accounted| accounted.note.clone()));
     if ended.outcome != Outcome::Abandoned {
         let files = collect_outputs(dirs).await;
         let record = AttemptRecord {
@@ -248,6 +259,8 @@ async fn finish(
             gpus: gpus.iter().map(|(_, name)| name.clone()).collect(),
             cuda_visible_devices: Some(gpus.iter().map(|(index, _)| index.to_string()).collect::<Vec<_>>().join(",")),
             git_commit: if context.in_git_tree { results::git_commit(&dirs.cwd).await } else { None },
+            gpu_usage: accounted.as_ref().map(|accounted| accounted.usage.clone()),
+            gpu_timeline: accounted.map(|accounted| accounted.timeline).unwrap_or_default(),
         };
         let size: u64 = files.iter().map(|file| file.entry.size).sum();
         let (inline, streamed) = if size <= INLINE_OUTPUT_BYTES {
