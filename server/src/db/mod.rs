@@ -8,6 +8,7 @@
 
 pub mod analysis;
 pub mod events;
+pub mod gpu;
 pub mod jobs;
 pub mod logs;
 pub mod maintenance;

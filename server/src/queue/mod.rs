@@ -21,6 +21,7 @@ mod results;
 mod sessions;
 mod signals;
 mod sweeps;
+mod waiting;
 mod workers;
 mod writer;
 

@@ -32,6 +32,8 @@ async fn summary(
         Some(top) => db::metrics::sweep_top_jobs(state.queue.reader(), sweep.id, sweep.metric.as_ref(), top).await?,
         None => db::metrics::sweep_jobs(state.queue.reader(), sweep.id).await?,
     };
+    let ids: Vec<_> = jobs.iter().map(|job| job.id).collect();
+    let mut usage = db::gpu::usage_of(state.queue.reader(), &ids).await?;
     let rows = jobs
         .into_iter()
         .map(|job| {
@@ -43,6 +45,7 @@ async fn summary(
                 params: serde_json::from_str(&job.params)?,
                 metrics: summaries.remove(&job.id).unwrap_or_default(),
                 score: None,
+                gpu_usage: usage.remove(&job.id),
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
