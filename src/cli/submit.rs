@@ -1,5 +1,6 @@
 //! `app submit FILE`: send a sweep to the server, or count and show it with `--dry-run`
-//! (which needs no server: the expansion is the same pure code the server runs); `--wait`
+//! (which needs no server: the expansion is the same pure code the server runs; when the
+//! server is known, it also says whether its workers could ever run the jobs); `--wait`
 //! follows it to the end as `app wait` does.
 
 use super::UrlArg;
@@ -47,7 +48,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     let stem = args.file.file_stem().map(|stem| stem.to_string_lossy().to_string()).unwrap_or_default();
     let default_name = name_from_stem(&stem);
     if args.dry_run {
-        return dry_run(&args, &source, &default_name);
+        return dry_run(&args, &source, &default_name).await;
     }
     // Check the file here first: a syntax error needs no server to be reported.
     let local = ExpandOptions { max_jobs: u64::MAX, command: args.command.clone(), ..ExpandOptions::default() };
@@ -87,10 +88,11 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {
+async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Result<()> {
     let options = ExpandOptions { max_jobs: args.max_jobs, command: args.command.clone(), ..ExpandOptions::default() };
     let sweep = Sweep::parse(source, &options).with_context(|| format!("in {}", args.file.display()))?;
     let name = sweep.name.clone().unwrap_or_else(|| default_name.to_string());
+    let placeable = placeable_on_server(&args.url, &sweep).await;
     let mut out = std::io::stdout().lock();
     if args.json {
         let jobs = sweep
@@ -104,9 +106,12 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
                 Ok(entry)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let output = json!({
+        let mut output = json!({
             "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs
         });
+        if let Some(Ok(unplaceable)) = &placeable {
+            output["unplaceable"] = json!(unplaceable);
+        }
         writeln!(out, "{}", serde_json::to_string(&output)?)?;
         return Ok(());
     }
@@ -119,7 +124,39 @@ fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow::Resul
     if sweep.count() > SHOWN_JOBS as u64 {
         writeln!(out, "  ... and {} more", sweep.count() - SHOWN_JOBS as u64)?;
     }
+    match placeable {
+        Some(Ok(None)) => writeln!(out, "the workers connected to {} can run these jobs", args.url.url)?,
+        Some(Ok(Some(reason))) => {
+            writeln!(out, "no worker connected to {} can run these jobs: {reason}", args.url.url)?
+        }
+        Some(Err(error)) => eprintln!("warning: could not ask {} about its workers: {error:#}", args.url.url),
+        None => {}
+    }
     Ok(())
+}
+
+/// Whether the workers connected to the server could ever run the sweep's jobs (`Ok(None)`:
+/// they could; `Ok(Some(why))`: none can), decided by the same pure function the server uses.
+/// `None` when no server was named (`--url` or `APP_URL`) and none answers at the default
+/// address: a dry run needs no server.
+async fn placeable_on_server(url: &super::UrlArg, sweep: &Sweep) -> Option<anyhow::Result<Option<String>>> {
+    let named = std::env::var_os("APP_URL").is_some() || url.url != super::DEFAULT_URL;
+    let asked = async {
+        let client = super::client(url)?;
+        let workers = tokio::time::timeout(Duration::from_secs(5), client.workers())
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within 5 s"))??;
+        let connected: Vec<_> = workers
+            .into_iter()
+            .filter(|worker| worker.state != shared::api::WorkerState::Lost)
+            .map(|worker| worker.capacity)
+            .collect();
+        anyhow::Ok(shared::waiting::could_ever_place(&sweep.resources, &connected).err().map(|why| why.to_string()))
+    };
+    match asked.await {
+        Err(_) if !named => None,
+        answer => Some(answer),
+    }
 }
 
 /// Keys of the file that have no effect here, said on stderr (stdout stays for the result).
