@@ -145,16 +145,32 @@ fn ghost_reading(index: u32, utilization: u32) -> GpuSample {
 async fn accountant_finishes_a_measured_job(server: &ServerProcess) -> shared::api::JobId {
     let client = server.client();
     client.submit(GPU_SWEEP, &SubmitQuery::default()).await.unwrap();
-    let slot = GpuSlot { index: 0, memory_total: 16 << 30, memory_free: 16 << 30, exclusive_held: false, shared_jobs: 0 };
+    let slot =
+        GpuSlot { index: 0, memory_total: 16 << 30, memory_free: 16 << 30, exclusive_held: false, shared_jobs: 0 };
     let capacity = Capacity { job_slots: 1, gpus: vec![slot], ..Capacity::default() };
-    let register =
-        RegisterRequest { name: ACCOUNTANT.into(), protocol: shared::PROTOCOL_VERSION, key: None, capacity: capacity.clone(), holding: vec![] };
+    let register = RegisterRequest {
+        name: ACCOUNTANT.into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: capacity.clone(),
+        holding: vec![],
+    };
     let worker = client.register(&register).await.unwrap().worker_id;
-    let job = client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs.pop().expect("the web-gpu job");
+    let job = client
+        .claim(worker, &ClaimRequest { capacity, wait_ms: 0 })
+        .await
+        .unwrap()
+        .jobs
+        .pop()
+        .expect("the web-gpu job");
     let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000;
     let busy = [5.0, 12.0, 8.0, 20.0, 10.0, 7.0];
     let timeline: Vec<GpuPoint> = (0..busy.len())
-        .map(|at| GpuPoint { at: start + at as i64 * 10_000, utilization: Some(busy[at]), memory: Some((2 + at as u64) << 30) })
+        .map(|at| GpuPoint {
+            at: start + at as i64 * 10_000,
+            utilization: Some(busy[at]),
+            memory: Some((2 + at as u64) << 30),
+        })
         .collect();
     let usage = GpuUsage {
         gpus: vec![0],

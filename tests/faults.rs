@@ -313,8 +313,11 @@ async fn bad_bodies_from_workers_get_a_4xx_and_the_queue_keeps_working() {
     let refused = client.register(&register(twice.clone())).await.unwrap_err();
     assert_eq!(refused.status(), Some(400), "{refused}");
     assert!(refused.to_string().contains("GPU 0 is listed twice"), "{refused}");
-    let worker_id =
-        client.register(&register(Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() })).await.unwrap().worker_id;
+    let worker_id = client
+        .register(&register(Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() }))
+        .await
+        .unwrap()
+        .worker_id;
     let refused = client.claim(worker_id, &ClaimRequest { capacity: twice, wait_ms: 0 }).await.unwrap_err();
     assert_eq!(refused.status(), Some(400), "{refused}");
     // Garbage where JSON is expected: refused, never a server error.

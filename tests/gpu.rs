@@ -91,7 +91,10 @@ async fn each_job_records_its_own_gpu_use_and_a_mostly_idle_gpu_is_flagged() {
     let board = server.client().leaderboard("measured", None).await.unwrap();
     assert!(board.summary.rows.iter().all(|row| row.gpu_usage.is_some()));
     let csv = server.client().summary_csv("measured", None).await.unwrap();
-    assert!(csv.lines().next().unwrap().ends_with("gpu.util_mean,gpu.util_p95,gpu.memory_peak,gpu.hours,gpu.idle"), "{csv}");
+    assert!(
+        csv.lines().next().unwrap().ends_with("gpu.util_mean,gpu.util_p95,gpu.memory_peak,gpu.hours,gpu.idle"),
+        "{csv}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,7 +241,8 @@ async fn the_workers_cuda_visible_devices_picks_its_gpus_and_an_unknown_one_stop
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_jobs_sharing_a_box_get_their_share_of_the_cores() {
-    let yaml = "name: threads\ncommand: 'echo \"$OMP_NUM_THREADS\" > \"$APP_OUTPUT_DIR/threads\"'\ngrid:\n  i: [0, 1, 2]\n";
+    let yaml =
+        "name: threads\ncommand: 'echo \"$OMP_NUM_THREADS\" > \"$APP_OUTPUT_DIR/threads\"'\ngrid:\n  i: [0, 1, 2]\n";
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as u32;
     let share = (cores / 2).max(1).to_string();
     // The worker's own setting wins over the share; one job at a time shares nothing.

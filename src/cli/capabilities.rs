@@ -22,7 +22,9 @@ pub async fn detect() -> Capabilities {
             capabilities.cuda_error = found.cuda_error;
             capabilities.torch = found.torch;
         }
-        Err(error) => tracing::warn!(%error, "could not ask the trainer what it finds here; advertising it without details"),
+        Err(error) => {
+            tracing::warn!(%error, "could not ask the trainer what it finds here; advertising it without details")
+        }
     }
     tracing::info!(
         cuda = ?capabilities.cuda, torch = ?capabilities.torch, why = ?capabilities.cuda_error,

@@ -445,8 +445,13 @@ await step('the workers page shows the worker, the lost ghost last, and which jo
   const ghost = page.locator(`.worker-card[data-worker="${ghostName}"]`);
   await ghost.waitFor();
   check(await ghost.getAttribute('data-state') === 'lost', 'the ghost is lost');
-  const order = await page.locator('.worker-card').evaluateAll((cards) => cards.map((card) => card.dataset.worker));
-  check(order[order.length - 1] === ghostName, `lost workers come last: ${order}`);
+  // The ghost and the worker that reported a measured job are both lost by now.
+  const order = await page.locator('.worker-card').evaluateAll((cards) => cards.map((card) => `${card.dataset.worker}:${card.dataset.state}`));
+  const firstLost = order.findIndex((entry) => entry.endsWith(':lost'));
+  check(firstLost > 0 && order.slice(firstLost).every((entry) => entry.endsWith(':lost')), `lost workers come last: ${order}`);
+  check(order.includes(`${ghostName}:lost`), `the ghost is among them: ${order}`);
+  check(await page.locator(`.worker-card[data-worker="${workerName}"] [data-trainer="no"]`).count() === 1,
+    'the worker built without the trainer says so');
   check(await ghost.locator('.gpu-row').count() === 2, 'the ghost has two GPU rows');
   await shot('workers-desktop-light');
 });
@@ -568,12 +573,12 @@ await step("item 6: the workers' chart captions do not overlap at 390 px", async
   await go('#/workers');
   await page.locator(`.worker-card[data-worker="${ghostName}"] .gpu-row .uplot`).first().waitFor();
   await page.waitForTimeout(300);
-  const rows = await page.evaluate(() => [...document.querySelectorAll('.gpu-row')].map((row) =>
+  const rows = await page.evaluate((ghost) => [...document.querySelectorAll(`.worker-card[data-worker="${ghost}"] .gpu-row`)].map((row) =>
     ['.gpu-head', '.spark h4', '.spark .uplot', '.readings'].flatMap((selector) =>
       [...row.querySelectorAll(selector)].map((part) => {
         const { x, y, width, height } = part.getBoundingClientRect();
         return { selector, box: { x, y, width, height } };
-      }))));
+      }))), ghostName);
   check(rows.length === 2, `the ghost's two GPU rows (${rows.length})`);
   for (const parts of rows) {
     check(parts.length === 6, `a GPU row has its head, two captions, two charts and readings (${parts.length})`);

@@ -90,8 +90,7 @@ pub async fn run(
     let guard = Guard::start().context("starting the guard that ends jobs with their worker")?;
     let max_jobs = config.max_jobs.unwrap_or_else(|| default_max_jobs(inventory.sample().len())).max(1);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let cpu_threads =
-        cpu_threads_per_job(cores, max_jobs).filter(|_| std::env::var_os("OMP_NUM_THREADS").is_none());
+    let cpu_threads = cpu_threads_per_job(cores, max_jobs).filter(|_| std::env::var_os("OMP_NUM_THREADS").is_none());
     let (events, mut received) = mpsc::channel(256);
     let reservations = Reservations::new(max_jobs, config.capabilities.clone());
     let mut daemon = Daemon {

@@ -129,7 +129,8 @@ fn parse_line(line: &str, scripted: &mut Scripted) -> Result<(), String> {
     let number = |key: &str| -> Result<Option<u32>, String> {
         words.get(key).map(|value| value.parse().map_err(|_| format!("`{key}={value}` is not a number"))).transpose()
     };
-    let size = |key: &str| -> Result<Option<u64>, String> { words.get(key).map(|value| parse_bytes(value)).transpose() };
+    let size =
+        |key: &str| -> Result<Option<u64>, String> { words.get(key).map(|value| parse_bytes(value)).transpose() };
     let gpu = number("gpu")?.ok_or("a reading needs gpu=N")?;
     match number("pid")? {
         Some(pid) => {

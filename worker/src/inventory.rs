@@ -136,7 +136,8 @@ pub fn detect(
                 anyhow::bail!("--gpus was given but no GPU can be seen (NVML: {reason})");
             }
             // An empty list (or `-1`) hides every GPU, which is all a box without any can do.
-            if let Some(visible) = cuda_visible.filter(|visible| super::visible::visible_indices(visible, &[]).is_err()) {
+            if let Some(visible) = cuda_visible.filter(|visible| super::visible::visible_indices(visible, &[]).is_err())
+            {
                 anyhow::bail!(
                     "CUDA_VISIBLE_DEVICES={visible} names GPUs, but NVML sees none ({reason}); unset it to run CPU jobs only"
                 );

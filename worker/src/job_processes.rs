@@ -77,7 +77,8 @@ mod tests {
         if std::env::var_os("APP_JOB_ID").is_none() {
             assert_eq!(attempt_of(std::process::id()), None);
         }
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(job.id() as i32), nix::sys::signal::Signal::SIGKILL);
+        let _ =
+            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(job.id() as i32), nix::sys::signal::Signal::SIGKILL);
         let _ = job.wait();
     }
 }

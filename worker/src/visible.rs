@@ -101,7 +101,10 @@ mod tests {
         let error = visible_indices("0,5", &uuids()).unwrap_err();
         assert_eq!(error, "CUDA_VISIBLE_DEVICES names GPU 5, but NVML sees 3 (0..2)");
         let error = visible_indices("GPU-deadbeef", &uuids()).unwrap_err();
-        assert!(error.starts_with("CUDA_VISIBLE_DEVICES names GPU-deadbeef, which NVML does not see (it sees GPU-8d2c1a5e"), "{error}");
+        assert!(
+            error.starts_with("CUDA_VISIBLE_DEVICES names GPU-deadbeef, which NVML does not see (it sees GPU-8d2c1a5e"),
+            "{error}"
+        );
         let error = visible_indices("GPU-8d2c", &uuids()).unwrap_err();
         assert!(error.contains("matches 2 GPUs"), "{error}");
         assert!(visible_indices("MIG-abc", &uuids()).unwrap_err().contains("MIG"));

@@ -15,7 +15,11 @@ impl Queue {
     /// The whole-box capacities of the workers not lost (healthy or stale), as registered.
     async fn connected_capacities(&self) -> ApiResult<Vec<Capacity>> {
         let workers = self.workers().await?;
-        Ok(workers.into_iter().filter(|worker| worker.state != WorkerState::Lost).map(|worker| worker.capacity).collect())
+        Ok(workers
+            .into_iter()
+            .filter(|worker| worker.state != WorkerState::Lost)
+            .map(|worker| worker.capacity)
+            .collect())
     }
 
     /// Says why each queued job of `jobs` waits: why no connected worker can run it, and (for a
