@@ -1,5 +1,6 @@
 //! The web page in a real browser: the `app` binary as server and CPU-only worker, sweeps
-//! submitted through the typed client, a "ghost" worker that claims a GPU job, reports GPU
+//! submitted through the typed client, a worker speaking through the client that finishes a GPU
+//! job with its measured GPU use, a "ghost" worker that claims a GPU job, reports GPU
 //! readings and vanishes (so the job is requeued by the reaper), then `tests/browser/pages.mjs`
 //! drives headless Chromium (playwright-core) through every view at 1440x900 and at 390x844,
 //! with one check per defect the page had, and fails on any console error. Screenshots of each
@@ -11,8 +12,11 @@
 mod common;
 
 use common::{repo, wait_until, ServerProcess, WorkerProcess};
-use shared::api::{ClaimRequest, GpuSample, HeartbeatRequest, JobAttempt, RegisterRequest, SubmitQuery};
-use shared::job::JobStatus;
+use shared::api::{
+    AttemptRecord, ClaimRequest, FinishRequest, GpuPoint, GpuSample, GpuUsage, HeartbeatRequest, InlineResult,
+    JobAttempt, RegisterRequest, SubmitQuery,
+};
+use shared::job::{JobStatus, Outcome};
 use shared::placement::{Capacity, GpuSlot};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -20,6 +24,7 @@ use std::time::Duration;
 
 const WORKER: &str = "web-worker";
 const GHOST: &str = "ghost-gpu-box";
+const ACCOUNTANT: &str = "measured-gpu-box";
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(480);
 
 /// Four jobs held at a gate (a file the script creates once it has seen them queued or
@@ -58,6 +63,9 @@ const BLOCKED_SWEEP: &str = "name: web-blocked\ncommand: echo never\nresources: 
 
 /// One GPU job, claimed by the ghost worker and requeued when it goes silent.
 const REQUEUE_SWEEP: &str = "name: web-requeue\ncommand: echo lost\nresources: {gpus: 1}\ngrid:\n  i: [1]\n";
+
+/// One GPU job, run by a worker speaking through the client that reports its GPU use.
+const GPU_SWEEP: &str = "name: web-gpu\ncommand: echo measured\nresources: {gpus: 1}\n";
 
 /// A W&B random sweep for the analysis views: the loss follows lr (and a little dropout),
 /// batch size and optimizer do not matter; 8 steps each.
@@ -131,6 +139,73 @@ fn ghost_reading(index: u32, utilization: u32) -> GpuSample {
     }
 }
 
+/// A worker with one GPU, speaking through the client, claims the `web-gpu` job and finishes it
+/// with what its accounting measured, as a real worker sends it: six readings of a mostly idle
+/// GPU (the job page draws them, the leaderboard flags the run). Answers the job's id.
+async fn accountant_finishes_a_measured_job(server: &ServerProcess) -> shared::api::JobId {
+    let client = server.client();
+    client.submit(GPU_SWEEP, &SubmitQuery::default()).await.unwrap();
+    let slot =
+        GpuSlot { index: 0, memory_total: 16 << 30, memory_free: 16 << 30, exclusive_held: false, shared_jobs: 0 };
+    let capacity = Capacity { job_slots: 1, gpus: vec![slot], ..Capacity::default() };
+    let register = RegisterRequest {
+        name: ACCOUNTANT.into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: capacity.clone(),
+        holding: vec![],
+    };
+    let worker = client.register(&register).await.unwrap().worker_id;
+    let job = client
+        .claim(worker, &ClaimRequest { capacity, wait_ms: 0 })
+        .await
+        .unwrap()
+        .jobs
+        .pop()
+        .expect("the web-gpu job");
+    let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 60_000;
+    let busy = [5.0, 12.0, 8.0, 20.0, 10.0, 7.0];
+    let timeline: Vec<GpuPoint> = (0..busy.len())
+        .map(|at| GpuPoint {
+            at: start + at as i64 * 10_000,
+            utilization: Some(busy[at]),
+            memory: Some((2 + at as u64) << 30),
+        })
+        .collect();
+    let usage = GpuUsage {
+        gpus: vec![0],
+        samples: 6,
+        utilization_mean: Some(10.3),
+        utilization_p95: Some(20.0),
+        memory_peak: Some(7 << 30),
+        gpu_hours: 60.0 / 3600.0,
+        idle_gpus: vec![0],
+    };
+    let record = AttemptRecord {
+        exit_code: Some(0),
+        outcome: "exited with code 0".into(),
+        started_at: start,
+        finished_at: start + 60_000,
+        worker: ACCOUNTANT.into(),
+        gpus: vec!["Ghost GPU".into()],
+        gpu_usage: Some(usage),
+        gpu_timeline: timeline,
+        ..AttemptRecord::default()
+    };
+    let finish = FinishRequest {
+        job_id: job.id,
+        attempt: job.attempt,
+        outcome: Outcome::Exited { code: 0 },
+        log: None,
+        metrics: None,
+        result: Some(InlineResult { files: vec![], streamed: vec![], record }),
+        notes: vec![format!("{} GPU 0 averaged 10% busy over the run (under 30%)", shared::api::IDLE_NOTE)],
+        claim: None,
+    };
+    client.finish(worker, &finish).await.unwrap();
+    job.id
+}
+
 /// A worker with two GPUs that claims the requeue sweep's job, sends a few heartbeats with GPU
 /// readings and then goes silent: the reaper requeues the job when its lease runs out. Answers
 /// the job's id once it is queued again.
@@ -138,7 +213,7 @@ async fn ghost_claims_and_vanishes(server: &ServerProcess) -> shared::api::JobId
     let client = server.client();
     let slot =
         |index| GpuSlot { index, memory_total: 16 << 30, memory_free: 16 << 30, exclusive_held: false, shared_jobs: 0 };
-    let capacity = Capacity { job_slots: 1, gpus: vec![slot(0), slot(1)] };
+    let capacity = Capacity { job_slots: 1, gpus: vec![slot(0), slot(1)], ..Capacity::default() };
     let register = RegisterRequest {
         name: GHOST.into(),
         protocol: shared::PROTOCOL_VERSION,
@@ -174,6 +249,8 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
     check_prerequisites();
     let server = ServerProcess::start();
     let client = server.client();
+    // Before the requeue sweep, so that each speaking worker claims the one job meant for it.
+    let measured = accountant_finishes_a_measured_job(&server).await;
     // First, so that the ghost's claim finds this job and nothing else.
     client.submit(REQUEUE_SWEEP, &SubmitQuery::default()).await.unwrap();
     let requeued = ghost_claims_and_vanishes(&server).await;
@@ -190,11 +267,13 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
     let screenshots = screenshot_dir("pages");
     let gate_env = gate.to_string_lossy().into_owned();
     let requeued_env = requeued.to_string();
+    let measured_env = measured.to_string();
     let env = [
         ("GATE_FILE", gate_env.as_str()),
         ("WORKER_NAME", WORKER),
         ("GHOST_WORKER", GHOST),
         ("REQUEUED_JOB", requeued_env.as_str()),
+        ("MEASURED_JOB", measured_env.as_str()),
     ];
     let output = run_script("pages.mjs", &server.url, &screenshots, &env).await;
     let stdout = String::from_utf8_lossy(&output.stdout);

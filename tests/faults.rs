@@ -262,7 +262,7 @@ async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_
     let server = ServerProcess::start_with("lease_secs = 300\n");
     let client = server.client();
     server.submit("name: leftover\ncommand: 'true'\n").await;
-    let capacity = Capacity { job_slots: 1, gpus: Vec::new() };
+    let capacity = Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() };
     let register = RegisterRequest {
         name: "by-hand".into(),
         protocol: shared::PROTOCOL_VERSION,
@@ -302,7 +302,7 @@ async fn bad_bodies_from_workers_get_a_4xx_and_the_queue_keeps_working() {
     let client = server.client();
     let gpu =
         |index| GpuSlot { index, memory_total: 1 << 34, memory_free: 1 << 34, exclusive_held: false, shared_jobs: 0 };
-    let twice = Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(0)] };
+    let twice = Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(0)], ..Capacity::default() };
     let register = |capacity| RegisterRequest {
         name: "twice".into(),
         protocol: shared::PROTOCOL_VERSION,
@@ -313,8 +313,11 @@ async fn bad_bodies_from_workers_get_a_4xx_and_the_queue_keeps_working() {
     let refused = client.register(&register(twice.clone())).await.unwrap_err();
     assert_eq!(refused.status(), Some(400), "{refused}");
     assert!(refused.to_string().contains("GPU 0 is listed twice"), "{refused}");
-    let worker_id =
-        client.register(&register(Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(1)] })).await.unwrap().worker_id;
+    let worker_id = client
+        .register(&register(Capacity { job_slots: 2, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() }))
+        .await
+        .unwrap()
+        .worker_id;
     let refused = client.claim(worker_id, &ClaimRequest { capacity: twice, wait_ms: 0 }).await.unwrap_err();
     assert_eq!(refused.status(), Some(400), "{refused}");
     // Garbage where JSON is expected: refused, never a server error.

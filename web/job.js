@@ -1,5 +1,7 @@
 // The job page (#/jobs/ID): what it runs and with which parameters, its attempts, a live log
-// tail (long poll on /api/jobs/ID/log), its metric charts, its GPUs and its result files.
+// tail (long poll on /api/jobs/ID/log), its metric charts, its GPUs (what it used of them, as
+// its worker measured) and its result files. A queued job says why it waits: its place in the
+// queue, or why no connected worker can run it.
 //
 // What the job holds now follows its status: a queued job (new, retried or requeued after a
 // lost worker) holds no worker and no GPU and its duration does not count, whatever its last
@@ -126,7 +128,7 @@ export function mount(root, route) {
 
   function renderDetails() {
     const queued = job.status === 'queued';
-    const waiting = queued ? h('span.muted', {}, job.attempt > 0 ? `— (waiting in the queue for attempt ${job.attempt + 1})` : '— (waiting in the queue)') : null;
+    const waiting = queued ? waitingText(job) : null;
     const when = (ms) => (ms ? [timeAgo(ms), h('span.muted', {}, ` ${localTime(ms)}`)] : '—');
     const rows = [
       ['Command', h('pre.command', {}, job.command)],
@@ -140,6 +142,8 @@ export function mount(root, route) {
       ['Duration', queued ? h('span.muted', { dataset: { duration: 'none' } }, '—')
         : elapsed(job.started_at, job.status === 'running' ? null : job.finished_at)],
       ['Exit code', queued ? '—' : job.exit_code ?? '—'],
+      ['GPU use', gpuUseText(job.gpu_usage)],
+      ['Notes', job.notes?.length ? h('ul.notes', {}, job.notes.map((note) => h('li', { class: note.startsWith('GPU mostly idle') ? 'gpu-idle' : '' }, note))) : '—'],
       ['Attempts', `${job.attempt} (crashes ${job.crash_count}, retries left ${job.retries_left})`],
       ['Timeout', job.timeout_secs ? `${job.timeout_secs} s` : 'none'],
     ];
@@ -292,12 +296,37 @@ function fileUrl(id, attempt, path) {
   return `/api/jobs/${id}/results/${attempt}/files/${path.split('/').map(segment).join('/')}`;
 }
 
+/** Why a queued job waits: why no worker can run it, or its place in the queue. */
+function waitingText(job) {
+  const attempt = job.attempt > 0 ? ` for attempt ${job.attempt + 1}` : '';
+  const reason = job.waiting?.reason;
+  if (reason) return h('span.waiting-never', { dataset: { waiting: 'never' } }, `— cannot run on any connected worker: ${reason}`);
+  const position = job.waiting?.position;
+  const place = position === undefined || position === null ? 'waiting in the queue'
+    : position === 0 ? 'next in the queue' : `waiting in the queue, ${number(position)} ahead`;
+  return h('span.muted', { dataset: { waiting: position ?? '' } }, `— (${place}${attempt})`);
+}
+
+/** What the latest attempt used of its GPUs, in a line; the idle flag stands out. */
+function gpuUseText(usage) {
+  if (!usage) return '—';
+  const parts = [];
+  if (usage.utilization_mean !== null && usage.utilization_mean !== undefined) {
+    parts.push(`utilisation mean ${number(usage.utilization_mean)}%, p95 ${number(usage.utilization_p95)}%`);
+  }
+  if (usage.memory_peak !== null && usage.memory_peak !== undefined) parts.push(`peak memory ${bytes(usage.memory_peak)}`);
+  parts.push(`${usage.gpu_hours.toFixed(usage.gpu_hours < 1 ? 3 : 1)} GPU-hours`);
+  return h('span', { dataset: { gpuUse: '' } }, parts.join(' · '),
+    usage.idle_gpus?.length ? h('strong.gpu-idle', {}, ` · GPU mostly idle: input-bound? (GPU ${usage.idle_gpus.join(', ')})`) : null);
+}
+
 function resourcesText(resources) {
   if (!resources) return '—';
   const parts = [];
   parts.push(resources.gpus === null || resources.gpus === undefined ? 'GPUs: 1 on a GPU box, else CPU' : `GPUs: ${resources.gpus}`);
   if (resources.gpu_memory) parts.push(`GPU memory ${bytes(resources.gpu_memory)} each`);
   if (resources.exclusive !== null && resources.exclusive !== undefined) parts.push(resources.exclusive ? 'exclusive' : 'shared');
+  if (resources.trainer) parts.push('built-in trainer');
   return parts.join(' · ');
 }
 

@@ -2,9 +2,10 @@
 // its parameters and its other metrics. Each metric column follows that metric's own direction
 // as the server decided it (`directions`): its best is its max or its min, and a metric whose
 // direction is unknown shows its min and its max instead. Columns sort on click; rows can be
-// filtered (by the parallel-coordinates brushes) and ticked for comparison.
+// filtered (by the parallel-coordinates brushes) and ticked for comparison. When runs recorded
+// their GPU use (per-job accounting), GPU columns follow: mean utilisation, peak memory, GPU-hours.
 
-import { h, fill, runBadge, count, number } from './dom.js';
+import { h, fill, runBadge, count, number, bytes } from './dom.js';
 import { flatParams, paramFormatter, exactText } from './params.js';
 import { links } from './nav.js';
 
@@ -82,7 +83,43 @@ export function leaderboardPanel({ onTick, onClear }) {
         }
       }
     }
+    if (rows.some((row) => row.gpu_usage)) columns.push(...gpuColumns());
     return columns;
+  }
+
+  /** What each run used of its GPUs, as its worker measured it. */
+  function gpuColumns() {
+    const usage = (row) => row.gpu_usage || null;
+    return [
+      {
+        key: 'gpu:util', label: 'GPU util %', num: true, kind: 'gpu', group: 'gpu',
+        title: 'mean GPU utilisation over the run (a shared GPU counted in equal parts); ⚠ a GPU it held was mostly idle',
+        value: (row) => usage(row)?.utilization_mean ?? null,
+        text: (row) => {
+          const used = usage(row);
+          if (!used || used.utilization_mean === null || used.utilization_mean === undefined) return '';
+          return `${used.idle_gpus?.length ? '⚠ ' : ''}${used.utilization_mean.toFixed(0)}`;
+        },
+        hint: (row) => {
+          const used = usage(row);
+          if (!used) return undefined;
+          const idle = used.idle_gpus?.length ? ` · GPU mostly idle: input-bound? (GPU ${used.idle_gpus.join(', ')})` : '';
+          return `mean ${number(used.utilization_mean)}% · p95 ${number(used.utilization_p95)}% over ${used.samples} readings${idle}`;
+        },
+      },
+      {
+        key: 'gpu:memory', label: 'GPU mem peak', num: true, kind: 'gpu', group: 'gpu',
+        title: 'the most GPU memory the run\'s processes held at once, all its GPUs together',
+        value: (row) => usage(row)?.memory_peak ?? null,
+        text: (row) => (usage(row)?.memory_peak !== null && usage(row)?.memory_peak !== undefined ? bytes(usage(row).memory_peak) : ''),
+      },
+      {
+        key: 'gpu:hours', label: 'GPU h', num: true, kind: 'gpu', group: 'gpu',
+        title: 'GPU time held: wall time × GPUs (a shared GPU in equal parts)',
+        value: (row) => usage(row)?.gpu_hours ?? null,
+        text: (row) => (usage(row) ? usage(row).gpu_hours.toFixed(usage(row).gpu_hours < 1 ? 3 : 1) : ''),
+      },
+    ];
   }
 
   function compare(a, b) {
@@ -129,7 +166,7 @@ export function leaderboardPanel({ onTick, onClear }) {
       if (spans[spans.length - 1].group === group) spans[spans.length - 1].span += 1;
       else spans.push({ group, span: 1 });
     }
-    const titles = { fixed: '', param: 'Parameters', metric: 'Metrics' };
+    const titles = { fixed: '', param: 'Parameters', metric: 'Metrics', gpu: 'GPU' };
     const groups = h('tr.groups', {}, spans.map(({ group, span }) =>
       h('th', { colSpan: span, class: `group-${group}` }, titles[group])));
     const params = columns.some((column) => column.group === 'param');
@@ -156,6 +193,10 @@ export function leaderboardPanel({ onTick, onClear }) {
     if (column.key === 'rank') return h('td.num', {}, value ?? '—');
     if (column.key === 'job') return h('td.num', {}, h('a', { href: links.job(row.job_id) }, String(row.job_id)));
     if (column.key === 'status') return h('td', {}, runBadge(row));
+    if (column.kind === 'gpu') {
+      const idle = column.key === 'gpu:util' && row.gpu_usage?.idle_gpus?.length;
+      return h('td.num', { title: column.hint?.(row), class: idle ? 'gpu-idle' : '', dataset: { gpu: column.key } }, column.text(row));
+    }
     if (column.kind === 'param') {
       if (value === undefined) return h('td.mono', {}, '');
       const { text, exact } = column.format(value);

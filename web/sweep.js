@@ -2,7 +2,8 @@
 // coordinates plot whose brushes filter the leaderboard, metric curves (any metric, smoothed,
 // log y) of the top or the ticked runs, a parameter-vs-metric scatter with failed and stopped
 // runs marked, a comparison of ticked runs, parameter importance and the best result over time
-// (both computed by the server), the sortable leaderboard, and CSV and JSON downloads.
+// (both computed by the server), the sortable leaderboard, and CSV and JSON downloads. When no
+// connected worker can run its queued jobs, the progress panel says why.
 
 import { get, post, url, segment } from './api.js';
 import { h, fill, progressBar, message, notFound, count, timeAgo, refresher, toast } from './dom.js';
@@ -156,6 +157,9 @@ export function mount(root, route) {
       h('div.legend', {}, STATUSES.map((status) => h('a', { href: links.queue({ sweep: sweep.name, status }), dataset: { count: status } },
         h('i', { class: `status-${status}`, style: { background: `var(--${status})` } }), `${count(counts[status])} ${status}`))),
       searchLine(sweep.search),
+      sweep.unplaceable
+        ? h('p.waiting-never', { dataset: { unplaceable: '' } }, `Its queued jobs cannot run on any connected worker: ${sweep.unplaceable}. They wait until such a worker connects.`)
+        : null,
       analysis ? h('p.eta', { dataset: { eta: analysis.eta.remaining_ms ?? 'none' } }, 'Estimate: ', etaText(analysis.eta)) : null);
   }
 

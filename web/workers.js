@@ -1,6 +1,7 @@
 // The workers page (#/workers): one card per worker (state, last seen, running jobs) and one row
 // per GPU with its utilisation and memory over the last hour, temperature and power, and the
-// running jobs that hold it with the memory each declared. Lost workers come last, dimmed.
+// running jobs that hold it with the memory each declared, and what the worker's binary can run
+// (the built-in trainer, with its torch and whether it found CUDA). Lost workers come last, dimmed.
 
 import { get, segment } from './api.js';
 import { h, fill, badge, message, timeAgo, bytes, refresher } from './dom.js';
@@ -89,7 +90,8 @@ export function mount(root) {
         h('span', {}, 'last seen ', timeAgo(worker.last_seen_at)),
         h('span', {}, 'registered ', timeAgo(worker.registered_at)),
         h('span', {}, `${worker.running} running`, worker.capacity ? ` · ${worker.capacity.job_slots} job slots` : ''),
-        h('span', {}, gpus.size ? `${gpus.size} GPU${gpus.size > 1 ? 's' : ''}` : 'CPU only')),
+        h('span', {}, gpus.size ? `${gpus.size} GPU${gpus.size > 1 ? 's' : ''}` : 'CPU only'),
+        capabilitiesFact(worker.capacity?.capabilities)),
       running.length
         ? h('div.facts', {}, 'running jobs: ', running.map((id) => h('a', { href: links.job(id) }, `#${id}`)).flatMap((link, i) => (i ? [' ', link] : [link])))
         : null,
@@ -172,6 +174,19 @@ export function mount(root) {
       }
     },
   };
+}
+
+/** `trainer (torch 2.11.0, CUDA)`, or `no trainer`: what the worker can run besides commands. */
+function capabilitiesFact(capabilities) {
+  if (!capabilities?.trainer) {
+    return h('span', { dataset: { trainer: 'no' }, title: 'built without the torch feature: train: jobs go to other workers' }, 'no trainer');
+  }
+  const details = [];
+  if (capabilities.torch) details.push(`torch ${capabilities.torch}`);
+  if (capabilities.cuda === true) details.push('CUDA');
+  if (capabilities.cuda === false) details.push('no CUDA');
+  return h('span', { dataset: { trainer: 'yes' }, title: capabilities.cuda_error || '' },
+    `trainer${details.length ? ` (${details.join(', ')})` : ''}`);
 }
 
 function groupByGpu(samples) {

@@ -157,7 +157,9 @@ pub fn directions(rows: &[SummaryRow], sweep_metric: Option<&Metric>) -> Vec<Met
 
 /// The leaderboard as CSV: `rank,index,job_id,status,score`, then `param.<name>` for every
 /// top-level parameter and `<metric>.last`, `.min`, `.max` for every metric seen, and
-/// `<metric>.best` (its max or min) for each metric whose direction is known.
+/// `<metric>.best` (its max or min) for each metric whose direction is known; then, when any
+/// run recorded its GPU use, `gpu.util_mean`, `gpu.util_p95`, `gpu.memory_peak` (bytes),
+/// `gpu.hours` and `gpu.idle` (the GPUs flagged mostly idle, space-separated).
 pub fn to_csv(summary: &SweepSummary) -> String {
     let mut params: Vec<String> = Vec::new();
     for row in &summary.rows {
@@ -177,6 +179,10 @@ pub fn to_csv(summary: &SweepSummary) -> String {
         if metric.goal.is_some() {
             header.push(format!("{}.best", metric.name));
         }
+    }
+    let gpu = summary.rows.iter().any(|row| row.gpu_usage.is_some());
+    if gpu {
+        header.extend(GPU_COLUMNS.map(String::from));
     }
     let mut out = String::new();
     push_record(&mut out, &header);
@@ -200,9 +206,27 @@ pub fn to_csv(summary: &SweepSummary) -> String {
                 record.push(optional(values.map(|values| best_of(values, goal).to_string())));
             }
         }
+        if gpu {
+            record.extend(gpu_fields(row.gpu_usage.as_ref()));
+        }
         push_record(&mut out, &record);
     }
     out
+}
+
+const GPU_COLUMNS: [&str; 5] = ["gpu.util_mean", "gpu.util_p95", "gpu.memory_peak", "gpu.hours", "gpu.idle"];
+
+fn gpu_fields(usage: Option<&shared::api::GpuUsage>) -> [String; 5] {
+    let Some(usage) = usage else { return Default::default() };
+    let text = |value: Option<f64>| value.map(|value| value.to_string()).unwrap_or_default();
+    let idle: Vec<String> = usage.idle_gpus.iter().map(u32::to_string).collect();
+    [
+        text(usage.utilization_mean),
+        text(usage.utilization_p95),
+        usage.memory_peak.map(|bytes| bytes.to_string()).unwrap_or_default(),
+        format!("{:.4}", usage.gpu_hours),
+        idle.join(" "),
+    ]
 }
 
 /// A metric's best value over a run: its max or its min.
@@ -259,6 +283,7 @@ mod tests {
             );
         }
         SummaryRow {
+            gpu_usage: None,
             rank: None,
             job_id: JobId::new(index as i64 + 100),
             index,
@@ -268,6 +293,28 @@ mod tests {
             score: None,
             stopped_early: None,
         }
+    }
+
+    #[test]
+    fn csv_has_gpu_columns_when_a_run_recorded_its_gpu_use() {
+        let mut measured = row(1, Some(0.2));
+        measured.gpu_usage = Some(shared::api::GpuUsage {
+            gpus: vec![0],
+            samples: 10,
+            utilization_mean: Some(12.5),
+            utilization_p95: Some(30.0),
+            memory_peak: Some(1 << 30),
+            gpu_hours: 0.25,
+            idle_gpus: vec![0],
+        });
+        let summary = SweepSummary { sweep: "s".into(), metric: None, rows: vec![row(0, None), measured] };
+        let csv = to_csv(&summary);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert!(lines[0].ends_with(",gpu.util_mean,gpu.util_p95,gpu.memory_peak,gpu.hours,gpu.idle"), "{}", lines[0]);
+        assert!(lines[1].ends_with(",,,,,"), "{}", lines[1]);
+        assert!(lines[2].ends_with(",12.5,30,1073741824,0.2500,0"), "{}", lines[2]);
+        let without = SweepSummary { sweep: "s".into(), metric: None, rows: vec![row(0, None)] };
+        assert!(!to_csv(&without).contains("gpu."));
     }
 
     fn metric(goal: Goal) -> Metric {

@@ -6,6 +6,7 @@
 //! so a change to the protocol shows up as a compile error on both sides.
 
 pub mod api;
+pub mod capabilities;
 pub mod dotted;
 pub mod history;
 pub mod job;
@@ -14,6 +15,7 @@ pub mod placement;
 pub mod search;
 pub mod size;
 pub mod sweep;
+pub mod waiting;
 
 /// Bumped whenever a request or response type changes incompatibly.
 pub const PROTOCOL_VERSION: u32 = 2;

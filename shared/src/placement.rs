@@ -4,8 +4,11 @@
 //! same function on the capacity the worker reported, so it hands out only jobs the worker can
 //! place. Rules: never over-commit declared memory; never give a GPU that already holds one of
 //! this worker's jobs to an exclusive job, even if its memory still looks free (new jobs have
-//! not allocated yet); N distinct GPUs, the least loaded first.
+//! not allocated yet); N distinct GPUs, the least loaded first; a job that runs the built-in
+//! trainer only where it is built in. Whether a job could *ever* be placed anywhere, and why
+//! not, is [`crate::waiting`]'s.
 
+use crate::capabilities::Capabilities;
 use crate::sweep::Resources;
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +34,9 @@ pub struct Capacity {
     /// How many more jobs of any kind the worker will run (`--max-jobs` minus running).
     pub job_slots: u32,
     pub gpus: Vec<GpuSlot>,
+    /// What the worker's binary can run (the trainer); the same in every capacity it reports.
+    #[serde(default)]
+    pub capabilities: Capabilities,
 }
 
 /// A capacity as it arrives, before [`Capacity::check`].
@@ -38,13 +44,16 @@ pub struct Capacity {
 struct UncheckedCapacity {
     job_slots: u32,
     gpus: Vec<GpuSlot>,
+    #[serde(default)]
+    capabilities: Capabilities,
 }
 
 impl TryFrom<UncheckedCapacity> for Capacity {
     type Error = String;
 
     fn try_from(unchecked: UncheckedCapacity) -> Result<Capacity, String> {
-        let capacity = Capacity { job_slots: unchecked.job_slots, gpus: unchecked.gpus };
+        let UncheckedCapacity { job_slots, gpus, capabilities } = unchecked;
+        let capacity = Capacity { job_slots, gpus, capabilities };
         capacity.check()?;
         Ok(capacity)
     }
@@ -68,7 +77,7 @@ pub fn is_exclusive(request: &Resources) -> bool {
 
 /// Chooses GPUs for `request`, or `None` when it does not fit now.
 pub fn place(request: &Resources, capacity: &Capacity) -> Option<Placement> {
-    if capacity.job_slots == 0 {
+    if capacity.job_slots == 0 || (request.trainer && !capacity.capabilities.trainer) {
         return None;
     }
     let wanted = gpus_wanted(request, capacity) as usize;
@@ -150,11 +159,12 @@ mod tests {
                     shared_jobs: 0,
                 })
                 .collect(),
+            capabilities: Capabilities::default(),
         }
     }
 
     fn shared(memory: u64) -> Resources {
-        Resources { gpus: Some(1), gpu_memory: Some(memory), exclusive: None }
+        Resources { gpus: Some(1), gpu_memory: Some(memory), ..Resources::default() }
     }
 
     #[test]
@@ -200,9 +210,19 @@ mod tests {
         let mut capacity = gpus(3, 24 * GIB, 8);
         capacity.gpus[0].shared_jobs = 1;
         capacity.gpus[0].memory_free = 20 * GIB;
-        let request = Resources { gpus: Some(2), gpu_memory: Some(4 * GIB), exclusive: None };
+        let request = Resources { gpus: Some(2), gpu_memory: Some(4 * GIB), ..Resources::default() };
         let placement = place(&request, &capacity).unwrap();
         assert_eq!(placement.gpus, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_trainer_job_goes_only_where_the_trainer_is_built_in() {
+        let train = Resources { trainer: true, ..Resources::default() };
+        let mut capacity = gpus(1, 24 * GIB, 1);
+        assert_eq!(place(&train, &capacity), None);
+        assert!(place(&Resources::default(), &capacity).is_some());
+        capacity.capabilities.trainer = true;
+        assert_eq!(place(&train, &capacity), Some(Placement { gpus: vec![0] }));
     }
 
     #[test]

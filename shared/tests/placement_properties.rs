@@ -18,7 +18,7 @@ fn request() -> impl Strategy<Value = Resources> {
         prop::option::of(prop::sample::select(vec![2 * GIB, 8 * GIB, 20 * GIB])),
         prop::option::of(any::<bool>()),
     )
-        .prop_map(|(gpus, gpu_memory, exclusive)| Resources { gpus, gpu_memory, exclusive })
+        .prop_map(|(gpus, gpu_memory, exclusive)| Resources { gpus, gpu_memory, exclusive, trainer: false })
 }
 
 proptest! {
@@ -43,7 +43,7 @@ proptest! {
             })
             .collect();
         let allowed: HashSet<u32> = inventory.iter().map(|gpu| gpu.index).collect();
-        let mut capacity = Capacity { job_slots: slots, gpus: inventory.clone() };
+        let mut capacity = Capacity { job_slots: slots, gpus: inventory.clone(), ..Capacity::default() };
         let mut declared: HashMap<u32, u64> = HashMap::new();
         let mut exclusive_on: HashSet<u32> = HashSet::new();
         let mut shared_on: HashSet<u32> = HashSet::new();
@@ -85,6 +85,7 @@ proptest! {
                 .enumerate()
                 .map(|(index, total)| GpuSlot { index: index as u32, memory_total: *total, memory_free: *total, exclusive_held: false, shared_jobs: 0 })
                 .collect(),
+            ..Capacity::default()
         };
         prop_assert_eq!(place(&request, &capacity), place(&request, &capacity));
     }

@@ -6,6 +6,7 @@
 
 mod bench;
 mod cancel;
+mod capabilities;
 mod dev;
 mod files;
 mod format;
@@ -48,12 +49,15 @@ pub struct Cli {
     pub serve: settings::ServeArgs,
 }
 
+/// The server a verb talks to when neither `--url` nor `APP_URL` names one.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8000";
+
 /// How a verb reaches the server.
 #[derive(Debug, Args, Clone)]
 pub struct UrlArg {
     /// The server's URL. Several, comma-separated (replicas of one queue: `--url
     /// http://a:8000,http://b:8000`), are tried in order; the one that answers is kept.
-    #[arg(long, env = "APP_URL", default_value = "http://127.0.0.1:8000")]
+    #[arg(long, env = "APP_URL", default_value = DEFAULT_URL)]
     pub url: String,
     /// A file holding your user token (or set APP_TOKEN) when the server requires tokens.
     #[arg(long, env = "APP_TOKEN_FILE", value_name = "FILE")]
@@ -101,6 +105,9 @@ pub enum Command {
     /// Maintainers' tools: `app dev bench queue|worker|page|load`.
     #[command(subcommand, hide = true)]
     Dev(dev::DevCommand),
+    /// What the built-in trainer finds on this machine, as JSON (asked by the worker at start).
+    #[command(name = "probe-trainer", hide = true)]
+    ProbeTrainer,
 }
 
 pub fn init_tracing(cli: &Cli) {
@@ -138,6 +145,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             bench::run(args, config).await
         }
         Command::Dev(command) => dev::run(command).await,
+        Command::ProbeTrainer => capabilities::probe(),
     }
 }
 

@@ -40,9 +40,17 @@ fn check_exposure(config: &ServerConfig, address: std::net::SocketAddr, insecure
 
 /// `app --client-only`: the worker daemon alone.
 async fn run_worker(settings: Settings) -> anyhow::Result<()> {
-    let config = settings.worker;
-    let inventory = worker::detect(config.fake_gpus.as_deref(), config.gpus.as_deref())?;
+    let mut config = settings.worker;
+    let inventory = inventory(&config)?;
+    config.capabilities = super::capabilities::detect().await;
     worker::run(config, Arc::from(inventory), stop_signals()).await
+}
+
+/// The GPUs this worker may use: its own `CUDA_VISIBLE_DEVICES` (as Slurm or Kubernetes set
+/// it), then `--gpus`, over NVML or `--fake-gpus`.
+fn inventory(config: &worker::WorkerConfig) -> anyhow::Result<Box<dyn worker::GpuInventory>> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    worker::detect(config.fake_gpus.as_deref(), config.gpus.as_deref(), visible.as_deref())
 }
 
 /// `app --server-only`, or the embedded default with a local worker.
@@ -67,7 +75,8 @@ async fn run_server(settings: Settings) -> anyhow::Result<()> {
         // A self-signed certificate is its own CA; otherwise pass --ca.
         worker_config.connection.ca_pem = std::fs::read(&tls.cert).ok();
     }
-    let inventory = worker::detect(worker_config.fake_gpus.as_deref(), worker_config.gpus.as_deref())?;
+    let inventory = inventory(&worker_config)?;
+    worker_config.capabilities = super::capabilities::detect().await;
     let (worker_done, server_stop) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(server::run(listener, config, async move {
         let _ = server_stop.await;

@@ -88,7 +88,8 @@ pub struct WorkerFlags {
     /// Where attempts get their fresh directories (default ./app-work) [env: APP_WORK_DIR]
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
-    /// Testing aid: simulate GPUs, e.g. --fake-gpus 2x24GiB [env: APP_FAKE_GPUS]
+    /// Testing aid: simulate GPUs, e.g. --fake-gpus 2x24GiB; 2x24GiB@FILE scripts their readings
+    /// (docs/gpu.md) [env: APP_FAKE_GPUS]
     #[arg(long, value_name = "N[xMEM]")]
     pub fake_gpus: Option<String>,
     /// Seconds between SIGTERM and SIGKILL when a job is cancelled or times out (default 10)

@@ -1,5 +1,6 @@
 //! `app status [SWEEP] [--status S] [--json]`: the sweeps in the queue, or jobs (of one sweep,
-//! or of every sweep with `--status`) with their start, duration and best metric.
+//! or of every sweep with `--status`) with their start, duration and best metric; a queued
+//! job says why it waits (its place in the queue, or why no connected worker can run it).
 
 use super::{format, table, UrlArg};
 use anyhow::Context;
@@ -47,9 +48,13 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         }
         (None, Some(status)) => (None, JobQuery { status: Some(status), ..JobQuery::default() }),
         (Some(key), status) => {
-            let sweep = client.sweep(key).await.with_context(|| format!("looking up sweep {key}"))?.info;
+            let detail = client.sweep(key).await.with_context(|| format!("looking up sweep {key}"))?;
+            let sweep = detail.info;
             if !args.json {
                 writeln!(out, "{}", sweep_line(&sweep))?;
+                if let Some(reason) = &detail.unplaceable {
+                    writeln!(out, "its queued jobs cannot run on any connected worker: {reason}")?;
+                }
             }
             let query = JobQuery { sweep: Some(sweep.id.to_string()), status, ..JobQuery::default() };
             (sweep.metric, query)
@@ -57,7 +62,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     };
     // Across sweeps the newest jobs matter most; within a sweep, index order reads best.
     let order = if args.sweep.is_none() { SortOrder::Desc } else { SortOrder::Asc };
-    let query = JobQuery { limit: Some(args.limit), sort: Some(JobSort::Id), order: Some(order), ..query };
+    let query =
+        JobQuery { limit: Some(args.limit), sort: Some(JobSort::Id), order: Some(order), positions: true, ..query };
     let page = client.jobs(&query).await.context("listing jobs")?;
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&page)?)?;
@@ -154,6 +160,23 @@ pub fn best_of(job: &Job, metric: &Metric) -> Option<f64> {
     })
 }
 
+/// Why a queued job waits, in a few words: `cannot run: <why>`, `next in the queue`, or
+/// `12 ahead in the queue`; `None` for a job that is not queued.
+pub fn waiting_text(job: &Job) -> Option<String> {
+    let waiting = job.waiting.as_ref().filter(|_| job.status == JobStatus::Queued)?;
+    match (&waiting.reason, waiting.position) {
+        (Some(reason), _) => Some(format!("cannot run: {reason}")),
+        (None, Some(0)) => Some("next in the queue".into()),
+        (None, Some(ahead)) => Some(format!("{ahead} ahead in the queue")),
+        (None, None) => None,
+    }
+}
+
+/// Why a job is in its status: why a queued one waits, else the reason it records.
+fn why(job: &Job) -> Option<String> {
+    waiting_text(job).or_else(|| job.reason.clone())
+}
+
 /// How long the latest attempt ran (so far, while it runs).
 pub fn duration_of(job: &Job, now: i64) -> String {
     match (job.started_at, job.finished_at, job.status) {
@@ -186,7 +209,7 @@ pub fn jobs_table(jobs: &[Job], metric: Option<&Metric>, with_sweep: bool, now: 
     }
     header.push("params".into());
     // No reason column when no job has one (a sweep that ran well).
-    let reasons = jobs.iter().any(|job| job.reason.is_some());
+    let reasons = jobs.iter().any(|job| why(job).is_some());
     if reasons {
         header.push("reason".into());
     }
@@ -208,7 +231,7 @@ pub fn jobs_table(jobs: &[Job], metric: Option<&Metric>, with_sweep: bool, now: 
         }
         row.push(format::params(&job.params));
         if reasons {
-            row.push(job.reason.clone().unwrap_or_default());
+            row.push(why(job).unwrap_or_default());
         }
         wide.rows.push(row);
     }
@@ -232,7 +255,7 @@ pub fn jobs_table(jobs: &[Job], metric: Option<&Metric>, with_sweep: bool, now: 
                 id = format!("{id}\n{}", job.sweep);
             }
             // A cancelled job's reason is `cancelled` again: said once.
-            let reason = job.reason.clone().filter(|reason| *reason != job.status.to_string());
+            let reason = why(job).filter(|reason| *reason != job.status.to_string());
             let status = lines([status_of(job), reason.unwrap_or_default()]);
             let started = job.started_at.map(|start| format::age(start, now)).unwrap_or_default();
             let ran = lines([job.worker.clone().unwrap_or_default(), started, duration_of(job, now)]);

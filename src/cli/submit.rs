@@ -1,5 +1,6 @@
 //! `app submit FILE`: send a sweep to the server, or count and show it with `--dry-run`
-//! (which needs no server: the expansion is the same pure code the server runs); `--wait`
+//! (which needs no server: the expansion is the same pure code the server runs; when the
+//! server is known, it also says whether its workers could ever run the jobs); `--wait`
 //! follows it to the end as `app wait` does. The project's code goes with it (`snapshot`)
 //! unless the file says `code: none` or `workdir:`, or `--no-code` is given.
 
@@ -156,6 +157,7 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
     } else {
         sweep.jobs().take(SHOWN_JOBS).collect()
     };
+    let placeable = placeable_on_server(&args.url, &sweep).await;
     let mut out = std::io::stdout().lock();
     if args.json {
         let jobs = sweep
@@ -171,11 +173,14 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
             .collect::<anyhow::Result<Vec<_>>>()?;
         let code =
             code.map(|(root, files, bytes, dir)| json!({"root": root, "files": files, "bytes": bytes, "dir": dir}));
-        let output = json!({
+        let mut output = json!({
             "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs,
             "code": code,
             "search": plan
         });
+        if let Some(Ok(unplaceable)) = &placeable {
+            output["unplaceable"] = json!(unplaceable);
+        }
         writeln!(out, "{}", serde_json::to_string(&output)?)?;
         return Ok(());
     }
@@ -206,7 +211,39 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
             root.display()
         )?;
     }
+    match placeable {
+        Some(Ok(None)) => writeln!(out, "the workers connected to {} can run these jobs", args.url.url)?,
+        Some(Ok(Some(reason))) => {
+            writeln!(out, "no worker connected to {} can run these jobs: {reason}", args.url.url)?
+        }
+        Some(Err(error)) => eprintln!("warning: could not ask {} about its workers: {error:#}", args.url.url),
+        None => {}
+    }
     Ok(())
+}
+
+/// Whether the workers connected to the server could ever run the sweep's jobs (`Ok(None)`:
+/// they could; `Ok(Some(why))`: none can), decided by the same pure function the server uses.
+/// `None` when no server was named (`--url` or `APP_URL`) and none answers at the default
+/// address: a dry run needs no server.
+async fn placeable_on_server(url: &super::UrlArg, sweep: &Sweep) -> Option<anyhow::Result<Option<String>>> {
+    let named = std::env::var_os("APP_URL").is_some() || url.url != super::DEFAULT_URL;
+    let asked = async {
+        let client = super::client(url)?;
+        let workers = tokio::time::timeout(Duration::from_secs(5), client.workers())
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within 5 s"))??;
+        let connected: Vec<_> = workers
+            .into_iter()
+            .filter(|worker| worker.state != shared::api::WorkerState::Lost)
+            .map(|worker| worker.capacity)
+            .collect();
+        anyhow::Ok(shared::waiting::could_ever_place(&sweep.resources, &connected).err().map(|why| why.to_string()))
+    };
+    match asked.await {
+        Err(_) if !named => None,
+        answer => Some(answer),
+    }
 }
 
 /// Keys of the file that have no effect here, said on stderr (stdout stays for the result).

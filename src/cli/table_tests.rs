@@ -77,6 +77,8 @@ fn job(id: i64, index: u64, status: JobStatus, attempt: u32) -> Job {
         notes: Vec::new(),
         metrics,
         stopped_early: None,
+        gpu_usage: None,
+        waiting: None,
     }
 }
 
@@ -130,6 +132,7 @@ fn leaderboard_summary() -> SweepSummary {
                 score: Some(0.1 + rank as f64 / 97.0),
                 metrics,
                 stopped_early: None,
+                gpu_usage: None,
             }
         })
         .collect();
@@ -143,7 +146,7 @@ fn workers_list() -> Vec<WorkerInfo> {
         WorkerInfo {
             id: WorkerId::new(1),
             name: "gpu-box-1".into(),
-            capacity: Capacity { job_slots: 8, gpus: vec![gpu(0), gpu(1)] },
+            capacity: Capacity { job_slots: 8, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() },
             registered_at: NOW - 90 * MINUTE,
             last_seen_at: NOW - 2_000,
             running: 2,
@@ -153,7 +156,7 @@ fn workers_list() -> Vec<WorkerInfo> {
         WorkerInfo {
             id: WorkerId::new(2),
             name: "laptop".into(),
-            capacity: Capacity { job_slots: 4, gpus: Vec::new() },
+            capacity: Capacity { job_slots: 4, gpus: Vec::new(), ..Capacity::default() },
             registered_at: NOW - 600 * MINUTE,
             last_seen_at: NOW - 300 * MINUTE,
             running: 0,

@@ -1,6 +1,7 @@
 //! `app wait SWEEP|JOB` (and `app submit --wait`): wait until every job has finished, with a
 //! progress bar on a terminal; then exit non-zero if any failed, printing the failed jobs with
-//! their reasons and the last lines of their logs, as a script needs to see them.
+//! their reasons and the last lines of their logs, as a script needs to see them. Jobs that no
+//! connected worker can run are said to be so (with why) rather than waited for silently.
 
 use super::UrlArg;
 use anyhow::Context;
@@ -56,17 +57,18 @@ pub async fn run(args: WaitArgs) -> anyhow::Result<()> {
     wait(&client, &target, timeout).await
 }
 
-/// Counts of the target's jobs now.
-async fn counts(client: &Client, target: &Target) -> anyhow::Result<StatusCounts> {
+/// Counts of the target's jobs now, and why its queued jobs cannot run, if they cannot.
+async fn counts(client: &Client, target: &Target) -> anyhow::Result<(StatusCounts, Option<String>)> {
     match target {
         Target::Sweep(key) => {
-            Ok(client.sweep(key).await.with_context(|| format!("following sweep {key}"))?.info.counts)
+            let sweep = client.sweep(key).await.with_context(|| format!("following sweep {key}"))?;
+            Ok((sweep.info.counts, sweep.unplaceable))
         }
         Target::Job(id) => {
             let job = client.job(*id).await.with_context(|| format!("following job {id}"))?;
             let mut counts = StatusCounts::default();
             counts.add(job.status, 1);
-            Ok(counts)
+            Ok((counts, job.waiting.and_then(|waiting| waiting.reason)))
         }
     }
 }
@@ -78,7 +80,8 @@ fn finished(counts: &StatusCounts) -> u64 {
 /// Waits until no job of `target` is queued or running; an error when any failed.
 pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut counts = counts(client, target).await?;
+    let (mut counts, mut unplaceable) = counts(client, target).await?;
+    let mut said: Option<String> = None;
     // Drawn only on a terminal (indicatif hides itself otherwise).
     let bar = ProgressBar::new(counts.total());
     bar.set_style(
@@ -91,6 +94,16 @@ pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -
         bar.set_length(counts.total());
         bar.set_position(finished(&counts));
         bar.set_message(format!("{} running, {} queued, {} failed", counts.running, counts.queued, counts.failed));
+        if unplaceable != said {
+            if let Some(reason) = &unplaceable {
+                // On stderr, above the bar: stdout keeps the final result for scripts.
+                bar.suspend(|| {
+                    eprintln!("{}: queued jobs cannot run on any connected worker: {reason}", name(target));
+                    eprintln!("  (they wait until such a worker connects; Ctrl-C stops waiting, the jobs stay queued)");
+                });
+            }
+            said = unplaceable.clone();
+        }
         if let Some(limit) = timeout {
             if started.elapsed() >= limit {
                 bar.finish_and_clear();
@@ -107,7 +120,7 @@ pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
-        counts = self::counts(client, target).await?;
+        (counts, unplaceable) = self::counts(client, target).await?;
     }
     bar.finish_and_clear();
     let mut out = std::io::stdout().lock();

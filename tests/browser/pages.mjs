@@ -6,9 +6,11 @@
 //                 metrics (`loss`, `acc`, `lr`, `test_acc` once), write a result file; the one
 //                 with lr=0.0001 then fails; a parameter holds an <img>, another 17 digits;
 //   web-blocked   3 jobs that need a GPU, so the CPU-only worker never starts them;
-//   web-analysis  24 random-search runs whose loss follows lr.
+//   web-analysis  24 random-search runs whose loss follows lr;
+//   web-gpu       1 GPU job finished by a worker that reported its GPU use: six readings of a
+//                 mostly idle GPU (MEASURED_JOB).
 //
-//   node pages.mjs SERVER_URL OUTPUT_DIR  (env: GATE_FILE, WORKER_NAME, GHOST_WORKER, REQUEUED_JOB, CHROMIUM)
+//   node pages.mjs SERVER_URL OUTPUT_DIR  (env: GATE_FILE, WORKER_NAME, GHOST_WORKER, REQUEUED_JOB, MEASURED_JOB, CHROMIUM)
 //
 // Each view is checked at 1440x900 and again at 390x844, with a check for each defect the page
 // once had (the check names say which). Fails (exit 1) on any console error or page error other
@@ -28,6 +30,7 @@ const gateFile = process.env.GATE_FILE;
 const workerName = process.env.WORKER_NAME || 'web-worker';
 const ghostName = process.env.GHOST_WORKER || 'ghost-gpu-box';
 const requeuedJob = Number(process.env.REQUEUED_JOB);
+const measuredJob = Number(process.env.MEASURED_JOB);
 const SMOKE = 'web-smoke';
 const BLOCKED = 'web-blocked';
 const ANALYSIS = 'web-analysis';
@@ -403,14 +406,52 @@ await step('item 8: a sweep whose jobs wait for a worker says why there is no es
   check(text.includes('no estimate'), `no estimate for a sweep with nothing finished: ${text}`);
 });
 
+await step('issue 12 item 4: a sweep and a job no connected worker can run say why', async () => {
+  // Only the CPU worker is connected by now (the GPU ones went silent).
+  const reason = 'it asks for 1 GPU; no connected worker has a GPU';
+  const unplaceable = page.locator('.progress-panel [data-unplaceable]');
+  await unplaceable.waitFor();
+  check((await unplaceable.innerText()).includes(reason), `the sweep says why: ${await unplaceable.innerText()}`);
+  const queued = (await api(`/api/jobs?sweep=${BLOCKED}&status=queued`)).jobs[0];
+  check(queued.waiting?.reason === reason, `the API says why: ${JSON.stringify(queued.waiting)}`);
+  await go(`#/jobs/${queued.id}`);
+  const waiting = page.locator('[data-waiting="never"]');
+  await waiting.waitFor();
+  check((await waiting.innerText()).includes(reason), `the job page says why: ${await waiting.innerText()}`);
+});
+
+await step("issue 14 item 8 and issue 16 item 9: a job's own GPU use, charted and flagged mostly idle", async () => {
+  await go(`#/jobs/${measuredJob}`);
+  const charts = page.locator('section.job-gpu .charts[data-source="accounting"]');
+  await charts.waitFor();
+  await page.locator('section.job-gpu [data-gpu-chart="memory"] .uplot canvas').waitFor();
+  check(await charts.getAttribute('data-samples') === '6', `the six readings of its run (${await charts.getAttribute('data-samples')})`);
+  check((await page.locator('section.job-gpu h3').first().innerText()).includes("this job's share"), 'the chart says whose use it is');
+  const use = await page.locator('[data-gpu-use]').innerText();
+  check(use.includes('mean 10.3%') && use.includes('7.0 GiB') && use.includes('GPU mostly idle: input-bound?'), `the GPU use line: ${use}`);
+  const details = await page.locator('table.kv').first().innerText();
+  check(details.includes('GPU mostly idle: input-bound? GPU 0 averaged 10% busy'), 'the note is on the page');
+  await shot('measured-desktop-light');
+  await go('#/sweeps/web-gpu');
+  const cell = page.locator('table.leaderboard tbody td[data-gpu="gpu:util"]');
+  await cell.waitFor();
+  check((await cell.innerText()).trim() === '⚠ 10', `the leaderboard flags the run: ${await cell.innerText()}`);
+  check(await page.locator('table.leaderboard thead th[data-column="gpu:hours"]').count() === 1, 'a GPU-hours column');
+});
+
 await step('the workers page shows the worker, the lost ghost last, and which job holds a GPU', async () => {
   await go('#/workers');
   await page.locator(`.worker-card[data-worker="${workerName}"]`).waitFor();
   const ghost = page.locator(`.worker-card[data-worker="${ghostName}"]`);
   await ghost.waitFor();
   check(await ghost.getAttribute('data-state') === 'lost', 'the ghost is lost');
-  const order = await page.locator('.worker-card').evaluateAll((cards) => cards.map((card) => card.dataset.worker));
-  check(order[order.length - 1] === ghostName, `lost workers come last: ${order}`);
+  // The ghost and the worker that reported a measured job are both lost by now.
+  const order = await page.locator('.worker-card').evaluateAll((cards) => cards.map((card) => `${card.dataset.worker}:${card.dataset.state}`));
+  const firstLost = order.findIndex((entry) => entry.endsWith(':lost'));
+  check(firstLost > 0 && order.slice(firstLost).every((entry) => entry.endsWith(':lost')), `lost workers come last: ${order}`);
+  check(order.includes(`${ghostName}:lost`), `the ghost is among them: ${order}`);
+  check(await page.locator(`.worker-card[data-worker="${workerName}"] [data-trainer="no"]`).count() === 1,
+    'the worker built without the trainer says so');
   check(await ghost.locator('.gpu-row').count() === 2, 'the ghost has two GPU rows');
   await shot('workers-desktop-light');
 });
@@ -532,12 +573,12 @@ await step("item 6: the workers' chart captions do not overlap at 390 px", async
   await go('#/workers');
   await page.locator(`.worker-card[data-worker="${ghostName}"] .gpu-row .uplot`).first().waitFor();
   await page.waitForTimeout(300);
-  const rows = await page.evaluate(() => [...document.querySelectorAll('.gpu-row')].map((row) =>
+  const rows = await page.evaluate((ghost) => [...document.querySelectorAll(`.worker-card[data-worker="${ghost}"] .gpu-row`)].map((row) =>
     ['.gpu-head', '.spark h4', '.spark .uplot', '.readings'].flatMap((selector) =>
       [...row.querySelectorAll(selector)].map((part) => {
         const { x, y, width, height } = part.getBoundingClientRect();
         return { selector, box: { x, y, width, height } };
-      }))));
+      }))), ghostName);
   check(rows.length === 2, `the ghost's two GPU rows (${rows.length})`);
   for (const parts of rows) {
     check(parts.length === 6, `a GPU row has its head, two captions, two charts and readings (${parts.length})`);

@@ -21,6 +21,9 @@ pub fn app() -> Command {
         .env_remove("APP_USER_TOKEN")
         .env_remove("APP_WORKER_TOKEN")
         .env_remove("APP_CA")
+        // The GPUs and threads a worker uses follow these; tests set them when they mean to.
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("OMP_NUM_THREADS")
         .stdin(Stdio::null());
     command
 }
@@ -46,7 +49,7 @@ pub fn cpu_worker(name: &str) -> shared::api::RegisterRequest {
 }
 
 pub fn cpu_capacity(job_slots: u32) -> shared::placement::Capacity {
-    shared::placement::Capacity { job_slots, gpus: Vec::new() }
+    shared::placement::Capacity { job_slots, gpus: Vec::new(), ..shared::placement::Capacity::default() }
 }
 
 /// Polls `check` every 25 ms until it holds, or panics after `timeout` naming `what`.
@@ -233,6 +236,14 @@ impl WorkerProcess {
     pub fn start_with_env(url: &str, name: &str, env: &[(&str, &str)]) -> WorkerProcess {
         let dir = tempfile::tempdir().unwrap();
         let mut command = Self::command(&dir, url, name, &[]);
+        command.envs(env.iter().copied());
+        Self::spawn(dir, command, name)
+    }
+
+    /// With these variables in its environment and these extra flags.
+    pub fn start_with_env_args(url: &str, name: &str, env: &[(&str, &str)], extra: &[&str]) -> WorkerProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Self::command(&dir, url, name, extra);
         command.envs(env.iter().copied());
         Self::spawn(dir, command, name)
     }

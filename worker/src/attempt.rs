@@ -4,6 +4,7 @@
 //! request: the log tail, the last metric points, the result (small files inline, large ones
 //! streamed first) and the outcome, retried while the server is unreachable.
 
+use crate::accounting::Accounted;
 use crate::checkpoints::{self, CheckpointSync};
 use crate::config::WorkerConfig;
 use crate::executor::{self, AttemptDirs, Ended, Launch, Stop};
@@ -28,8 +29,9 @@ const INLINE_TAIL_BYTES: u64 = 512 << 10;
 /// What an attempt tells the daemon.
 #[derive(Debug)]
 pub enum AttemptEvent {
-    /// The process is gone: its slot and GPUs are free again.
-    ProcessEnded(JobAttempt),
+    /// The process is gone: its slot and GPUs are free again. The daemon answers with what the
+    /// attempt used of its GPUs (`None` for a CPU job).
+    ProcessEnded(JobAttempt, oneshot::Sender<Option<Accounted>>),
     /// The attempt is ready to end: the daemon sends the request (with a claim for the next
     /// jobs when it can) and gives the answer back on `reply`.
     Finishing { request: Box<FinishRequest>, reply: oneshot::Sender<ClientResult<FinishResponse>> },
@@ -58,6 +60,8 @@ pub struct AttemptContext {
     pub slots: Arc<crate::slots::Slots>,
     /// Code snapshots downloaded by this worker.
     pub code: Arc<crate::code::CodeCache>,
+    /// `OMP_NUM_THREADS` for CPU jobs sharing the box (see `reservations::cpu_threads_per_job`).
+    pub cpu_threads: Option<u32>,
 }
 
 fn now_ms() -> i64 {
@@ -142,6 +146,10 @@ pub async fn run(
         Ok((log, prepared)) => {
             let port = if indices.len() > 1 { executor::free_port() } else { None };
             let mut env = executor::environment(&job, &dirs, &indices, port);
+            // First, so that whatever the job's own environment sets later wins.
+            if let Some(threads) = context.cpu_threads.filter(|_| indices.is_empty()) {
+                env.insert(0, ("OMP_NUM_THREADS".to_string(), threads.to_string()));
+            }
             let own = std::env::current_exe().ok();
             env.extend(own.and_then(|exe| executor::path_with(&exe, std::env::var_os("PATH").as_deref())));
             env.extend(prepared.env);
@@ -202,7 +210,9 @@ pub async fn run(
             }
         }
     };
-    let _ = events.send(AttemptEvent::ProcessEnded(attempt)).await;
+    let (account, accounted) = oneshot::channel();
+    let _ = events.send(AttemptEvent::ProcessEnded(attempt, account)).await;
+    let accounted = accounted.await.ok().flatten();
     let finished_at = now_ms();
     tracing::debug!(job = %job.id, attempt = job.attempt, outcome = ?ended.outcome, "process ended");
     let lease_lost = matches!(ended.outcome, Outcome::Killed { ref reason } if reason == executor::LEASE_LOST);
@@ -218,7 +228,8 @@ pub async fn run(
     let mut delivered = false;
     if !lost && !lease_lost {
         let times = (started_at, finished_at);
-        delivered = finish(&context, &job, &dirs, &mut shipper, ended, &gpus, times, resumed_from, &events).await;
+        delivered =
+            finish(&context, &job, &dirs, &mut shipper, (ended, accounted), &gpus, times, resumed_from, &events).await;
     }
     release_slot(&context, &job, &dirs, slot, delivered).await;
     let _ = events.send(AttemptEvent::Done(attempt)).await;
@@ -259,7 +270,7 @@ async fn finish(
     job: &ClaimedJob,
     dirs: &AttemptDirs,
     shipper: &mut Shipper,
-    ended: Ended,
+    (mut ended, accounted): (Ended, Option<Accounted>),
     gpus: &[(u32, String)],
     (started_at, finished_at): (i64, i64),
     resumed_from: Option<u32>,
@@ -267,6 +278,7 @@ async fn finish(
 ) -> bool {
     let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
     let mut result = None;
+    ended.notes.extend(accounted.as_ref().and_then(|accounted| accounted.note.clone()));
     if ended.outcome != Outcome::Abandoned {
         let files = collect_outputs(dirs).await;
         let record = AttemptRecord {
@@ -288,6 +300,8 @@ async fn finish(
             },
             code: job.workspace.code.clone(),
             resumed_from,
+            gpu_usage: accounted.as_ref().map(|accounted| accounted.usage.clone()),
+            gpu_timeline: accounted.map(|accounted| accounted.timeline).unwrap_or_default(),
         };
         let size: u64 = files.iter().map(|file| file.entry.size).sum();
         let (inline, streamed) = if size <= INLINE_OUTPUT_BYTES {

@@ -21,7 +21,8 @@ pub struct WorkerConfig {
     pub work_dir: PathBuf,
     /// `--fake-gpus 2x24GiB`: a simulated inventory, a testing aid.
     pub fake_gpus: Option<String>,
-    /// How often GPU telemetry is sampled (sent with the next heartbeat).
+    /// How often GPU telemetry is sampled (sent with the next heartbeat), and how often the
+    /// GPUs of running jobs are read for their accounting.
     pub telemetry_interval: Duration,
     /// Time between SIGTERM and SIGKILL when a job is cancelled or times out.
     pub kill_grace: Duration,
@@ -40,6 +41,9 @@ pub struct WorkerConfig {
     pub code_cache_bytes: u64,
     /// The worker token and the CA to trust (its Debug output hides the token).
     pub connection: client::ClientOptions,
+    /// What this worker's `app` binary can run (the trainer), told to the server with every
+    /// capacity; the binary fills it in (the worker library cannot know its features).
+    pub capabilities: shared::capabilities::Capabilities,
 }
 
 impl WorkerConfig {
@@ -60,6 +64,7 @@ impl WorkerConfig {
             checkpoint_max_bytes: 10 << 30,
             code_cache_bytes: 5 << 30,
             connection: client::ClientOptions::default(),
+            capabilities: shared::capabilities::Capabilities::default(),
         }
     }
 }

@@ -1,13 +1,16 @@
 //! The worker's main loop: register, then claim what fits, start attempts, heartbeat (with
 //! telemetry, bringing back cancels), finish attempts (claiming the next jobs in the same
-//! request), and drain on the first stop request, abort on the second.
+//! request), and drain on the first stop request, abort on the second. While jobs hold GPUs it
+//! also reads the GPUs for their accounting (`accounting`) and hands each attempt its account
+//! when its process ends.
 
+use crate::accounting::Accounting;
 use crate::attempt::{self, AttemptContext, AttemptEvent};
 use crate::config::WorkerConfig;
 use crate::executor::Stop;
 use crate::guard::Guard;
 use crate::inventory::GpuInventory;
-use crate::reservations::{default_max_jobs, Reservations};
+use crate::reservations::{cpu_threads_per_job, default_max_jobs, Reservations};
 use anyhow::Context;
 use client::{Client, ClientError, ClientResult};
 use shared::api::{
@@ -61,6 +64,11 @@ struct Daemon {
     finishing: std::collections::HashSet<JobAttempt>,
     /// Job slots asked for by claims not answered yet.
     slots_in_flight: u32,
+    /// What the attempts holding GPUs have used of them so far.
+    accounting: Accounting,
+    /// `OMP_NUM_THREADS` for CPU jobs: the share of the cores each of `max_jobs` jobs gets
+    /// (`None` when jobs do not share the box or the worker's own environment sets it).
+    cpu_threads: Option<u32>,
 }
 
 /// Runs the worker until `stop` has been signalled and its jobs are done (first signal:
@@ -82,8 +90,11 @@ pub async fn run(
     let identity = crate::identity::take(&config.work_dir)?;
     let guard = Guard::start().context("starting the guard that ends jobs with their worker")?;
     let max_jobs = config.max_jobs.unwrap_or_else(|| default_max_jobs(inventory.sample().len())).max(1);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cpu_threads = cpu_threads_per_job(cores, max_jobs).filter(|_| std::env::var_os("OMP_NUM_THREADS").is_none());
     let (events, mut received) = mpsc::channel(256);
     let (config_work_dir, config_code_cache) = (config.work_dir.clone(), config.code_cache_bytes);
+    let reservations = Reservations::new(max_jobs, config.capabilities.clone());
     let mut daemon = Daemon {
         client: base.clone(),
         base,
@@ -94,7 +105,7 @@ pub async fn run(
         max_jobs,
         worker_id: WorkerId::new(0),
         heartbeat: Duration::from_secs(5),
-        reservations: Reservations::new(max_jobs),
+        reservations,
         running: HashMap::new(),
         events,
         hostname: crate::config::default_name(),
@@ -106,6 +117,8 @@ pub async fn run(
         draining: false,
         finishing: Default::default(),
         slots_in_flight: 0,
+        accounting: Accounting::default(),
+        cpu_threads,
     };
     daemon.in_git_tree = crate::results::inside_git_tree(&daemon.config.work_dir);
     tokio::select! {
@@ -124,6 +137,8 @@ pub async fn run(
     let mut last_telemetry: Option<Instant> = None;
     let mut beat_failures = 0u32;
     let mut abort_deadline: Option<Instant> = None;
+    let mut account_tick = tokio::time::interval(daemon.config.telemetry_interval.max(Duration::from_millis(100)));
+    account_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if daemon.draining && daemon.running.is_empty() && claims.is_empty() {
             tracing::info!("drained: every job finished and reported");
@@ -179,9 +194,10 @@ pub async fn run(
                 }
             }
             Some(event) = received.recv() => match event {
-                AttemptEvent::ProcessEnded(attempt) => {
+                AttemptEvent::ProcessEnded(attempt, account) => {
                     daemon.reservations.release(attempt);
                     daemon.finishing.insert(attempt);
+                    let _ = account.send(daemon.accounting.end(attempt, now_ms()));
                 }
                 AttemptEvent::Finishing { request, reply } => {
                     daemon.finishing.remove(&JobAttempt { job_id: request.job_id, attempt: request.attempt });
@@ -199,6 +215,7 @@ pub async fn run(
                     daemon.finishing.remove(&attempt);
                 }
             },
+            _ = account_tick.tick(), if daemon.accounting.is_active() => daemon.read_gpus(),
             _ = beat_tick.tick(), if beat.is_none() => {
                 let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
                 let gpus = if telemetry_due { last_telemetry = Some(Instant::now()); daemon.inventory.sample() } else { Vec::new() };
@@ -255,6 +272,10 @@ pub async fn run(
     }
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
+}
+
 fn backoff(failures: u32) -> Duration {
     Duration::from_millis(250u64.saturating_mul(1 << failures.min(7))).min(Duration::from_secs(30))
 }
@@ -285,7 +306,8 @@ impl Daemon {
                 name: self.config.name.clone(),
                 protocol: shared::PROTOCOL_VERSION,
                 key: Some(self.key.clone()),
-                capacity: Reservations::new(self.max_jobs).capacity(&self.inventory.sample()),
+                capacity: Reservations::new(self.max_jobs, self.config.capabilities.clone())
+                    .capacity(&self.inventory.sample()),
                 holding: self.running.keys().copied().collect(),
             };
             match self.base.register(&request).await {
@@ -302,7 +324,8 @@ impl Daemon {
                     }
                     tracing::info!(
                         worker = %response.name, id = %response.worker_id, url = %self.client.base_url(),
-                        max_jobs = self.max_jobs, "registered with the server"
+                        max_jobs = self.max_jobs, trainer = self.config.capabilities.trainer,
+                        "registered with the server"
                     );
                     return Ok(());
                 }
@@ -385,6 +408,7 @@ impl Daemon {
             })
             .collect();
         let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
+        self.accounting.begin(attempt, &placement.gpus, now_ms());
         self.reservations.hold(attempt, job.resources.clone(), placement);
         let (stop, stopped) = mpsc::channel(4);
         self.running.insert(attempt, stop.clone());
@@ -400,8 +424,16 @@ impl Daemon {
             inherited: self.inherited.clone(),
             slots: self.slots.clone(),
             code: self.code.clone(),
+            cpu_threads: self.cpu_threads,
         };
         tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
+    }
+
+    /// Reads the GPUs and whose processes use them, for the accounts of the running attempts.
+    fn read_gpus(&mut self) {
+        let gpus = self.inventory.sample();
+        let processes = crate::job_processes::attribute(self.inventory.processes());
+        self.accounting.record(now_ms(), &gpus, &processes);
     }
 
     /// Returns a job this worker will not run; the server requeues it without counting a crash.

@@ -1,12 +1,27 @@
 //! The GPUs of this box: NVML when a driver is there, a simulated set with `--fake-gpus`, or
-//! none (CPU jobs only). NVML is initialised once; its absence is not an error.
+//! none (CPU jobs only). NVML is initialised once; its absence is not an error. Which of them
+//! the worker may use follows its own `CUDA_VISIBLE_DEVICES` (see `visible`), then `--gpus`.
 
+pub use crate::fake_gpus::FakeGpus;
 use shared::api::GpuSample;
-use shared::size::parse_bytes;
+
+/// A process using a GPU, as NVML lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    pub gpu: u32,
+    pub pid: u32,
+    /// GPU memory it holds on that GPU, bytes (`None`: NVML cannot tell).
+    pub memory: Option<u64>,
+}
 
 /// Fresh readings of the GPUs this worker may use.
 pub trait GpuInventory: Send + Sync {
     fn sample(&self) -> Vec<GpuSample>;
+
+    /// The processes using those GPUs now (empty where NVML cannot list them).
+    fn processes(&self) -> Vec<GpuProcess> {
+        Vec::new()
+    }
 }
 
 /// A box without GPUs (or without a driver).
@@ -15,57 +30,6 @@ pub struct NoGpus;
 impl GpuInventory for NoGpus {
     fn sample(&self) -> Vec<GpuSample> {
         Vec::new()
-    }
-}
-
-/// Simulated GPUs for testing placement on machines without any (`--fake-gpus 2x24GiB`).
-pub struct FakeGpus {
-    memory: Vec<(u32, u64)>,
-}
-
-impl FakeGpus {
-    /// `2x24GiB` (two GPUs of 24 GiB), `24GiB,80GiB` (one of each), or `3` (three of 24 GiB).
-    pub fn parse(spec: &str) -> Result<FakeGpus, String> {
-        let mut memory = Vec::new();
-        for part in spec.split(',').map(str::trim).filter(|part| !part.is_empty()) {
-            let (count, size) = match part.split_once(['x', 'X']) {
-                Some((count, size)) => (count.trim(), size.trim()),
-                None if part.chars().all(|c| c.is_ascii_digit()) => (part, "24GiB"),
-                None => ("1", part),
-            };
-            let count: u32 =
-                count.parse().map_err(|_| format!("`{part}` in --fake-gpus: expected N or NxSIZE, e.g. 2x24GiB"))?;
-            let bytes = parse_bytes(size).map_err(|error| format!("--fake-gpus: {error}"))?;
-            memory.extend((0..count).map(|_| bytes));
-        }
-        if memory.is_empty() {
-            return Err(format!("--fake-gpus `{spec}` describes no GPU (expected e.g. 2x24GiB)"));
-        }
-        Ok(FakeGpus { memory: memory.into_iter().enumerate().map(|(index, bytes)| (index as u32, bytes)).collect() })
-    }
-
-    fn restrict(mut self, indices: &[u32]) -> FakeGpus {
-        self.memory.retain(|(index, _)| indices.contains(index));
-        self
-    }
-}
-
-impl GpuInventory for FakeGpus {
-    fn sample(&self) -> Vec<GpuSample> {
-        self.memory
-            .iter()
-            .map(|(index, total)| GpuSample {
-                index: *index,
-                uuid: format!("GPU-fake-{index}"),
-                name: "Fake GPU".into(),
-                memory_total: *total,
-                memory_used: 0,
-                utilization: Some(0),
-                temperature: None,
-                power_watts: None,
-                at: 0,
-            })
-            .collect()
     }
 }
 
@@ -85,6 +49,14 @@ impl NvmlGpus {
             .map_err(|error| error.to_string())?;
         let count = nvml.device_count().map_err(|error| error.to_string())?;
         Ok(NvmlGpus { nvml, indices: (0..count).collect() })
+    }
+
+    /// The UUID of every GPU NVML sees, in NVML's order.
+    fn uuids(&self) -> Vec<String> {
+        self.indices
+            .iter()
+            .map(|index| self.nvml.device_by_index(*index).and_then(|device| device.uuid()).unwrap_or_default())
+            .collect()
     }
 }
 
@@ -109,28 +81,52 @@ impl GpuInventory for NvmlGpus {
         }
         samples
     }
+
+    fn processes(&self) -> Vec<GpuProcess> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let mut processes: Vec<GpuProcess> = Vec::new();
+        for &index in &self.indices {
+            let Ok(device) = self.nvml.device_by_index(index) else { continue };
+            let compute = device.running_compute_processes();
+            let listed = compute.into_iter().chain(device.running_graphics_processes()).flatten();
+            for info in listed {
+                let memory = match info.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => Some(bytes),
+                    UsedGpuMemory::Unavailable => None,
+                };
+                // A process with compute and graphics contexts is listed twice: once is enough.
+                if !processes.iter().any(|known| known.gpu == index && known.pid == info.pid) {
+                    processes.push(GpuProcess { gpu: index, pid: info.pid, memory });
+                }
+            }
+        }
+        processes
+    }
 }
 
 /// The inventory for these settings: fake GPUs if asked, else NVML if a driver answers, else
-/// none. `only` restricts the GPUs to those indices (`--gpus 0,1`).
-pub fn detect(fake: Option<&str>, only: Option<&[u32]>) -> anyhow::Result<Box<dyn GpuInventory>> {
+/// none. `cuda_visible` is the worker's own `CUDA_VISIBLE_DEVICES`: only the GPUs it names are
+/// used, and one that NVML does not see stops the worker. `only` (`--gpus 0,1`, NVML indices)
+/// then restricts them further.
+pub fn detect(
+    fake: Option<&str>,
+    only: Option<&[u32]>,
+    cuda_visible: Option<&str>,
+) -> anyhow::Result<Box<dyn GpuInventory>> {
     if let Some(spec) = fake {
         let mut gpus = FakeGpus::parse(spec).map_err(anyhow::Error::msg)?;
-        if let Some(only) = only {
-            check_indices(only, gpus.memory.len() as u32)?;
-            gpus = gpus.restrict(only);
-        }
-        tracing::info!(gpus = gpus.memory.len(), "using a simulated GPU inventory (--fake-gpus)");
+        let uuids: Vec<String> = gpus.gpus.iter().map(|gpu| gpu.uuid.clone()).collect();
+        let allowed = allowed(&uuids, only, cuda_visible)?;
+        gpus = gpus.restrict(&allowed);
+        tracing::info!(gpus = gpus.gpus.len(), "using a simulated GPU inventory (--fake-gpus)");
         return Ok(Box::new(gpus));
     }
     match NvmlGpus::init() {
         Ok(mut gpus) => {
-            if let Some(only) = only {
-                check_indices(only, gpus.indices.len() as u32)?;
-                gpus.indices.retain(|index| only.contains(index));
-            }
+            let allowed = allowed(&gpus.uuids(), only, cuda_visible)?;
+            gpus.indices.retain(|index| allowed.contains(index));
             let names: Vec<String> =
-                gpus.sample().into_iter().map(|gpu| format!("{}: {}", gpu.index, gpu.name)).collect();
+                gpus.sample().into_iter().map(|gpu| format!("{}: {} {}", gpu.index, gpu.name, gpu.uuid)).collect();
             tracing::info!(gpus = ?names, "NVML inventory");
             Ok(Box::new(gpus))
         }
@@ -139,39 +135,67 @@ pub fn detect(fake: Option<&str>, only: Option<&[u32]>) -> anyhow::Result<Box<dy
             if only.is_some_and(|only| !only.is_empty()) {
                 anyhow::bail!("--gpus was given but no GPU can be seen (NVML: {reason})");
             }
+            // An empty list (or `-1`) hides every GPU, which is all a box without any can do.
+            if let Some(visible) = cuda_visible.filter(|visible| super::visible::visible_indices(visible, &[]).is_err())
+            {
+                anyhow::bail!(
+                    "CUDA_VISIBLE_DEVICES={visible} names GPUs, but NVML sees none ({reason}); unset it to run CPU jobs only"
+                );
+            }
             Ok(Box::new(NoGpus))
         }
     }
 }
 
-fn check_indices(only: &[u32], count: u32) -> anyhow::Result<()> {
+/// The NVML indices this worker may use among GPUs with these `uuids` (in NVML order).
+fn allowed(uuids: &[String], only: Option<&[u32]>, cuda_visible: Option<&str>) -> anyhow::Result<Vec<u32>> {
+    let count = uuids.len() as u32;
+    let visible = match cuda_visible {
+        Some(spec) => {
+            let visible = super::visible::visible_indices(spec, uuids).map_err(anyhow::Error::msg)?;
+            tracing::info!(cuda_visible_devices = spec, gpus = ?visible, "using the GPUs CUDA_VISIBLE_DEVICES names");
+            visible
+        }
+        None => (0..count).collect(),
+    };
+    let Some(only) = only else { return Ok(visible) };
     if let Some(missing) = only.iter().find(|index| **index >= count) {
         anyhow::bail!("--gpus names GPU {missing}, but this box has {count} (0..{})", count.saturating_sub(1));
     }
-    Ok(())
+    if let Some(hidden) = only.iter().find(|index| !visible.contains(index)) {
+        let visible = cuda_visible.unwrap_or_default();
+        anyhow::bail!("--gpus names GPU {hidden}, which CUDA_VISIBLE_DEVICES={visible} leaves out");
+    }
+    Ok(only.to_vec())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn fake_specs_parse() {
-        let gpus = FakeGpus::parse("2x24GiB").unwrap().sample();
-        assert_eq!(gpus.len(), 2);
-        assert_eq!((gpus[1].index, gpus[1].memory_total), (1, 24 << 30));
-        let mixed = FakeGpus::parse("24GiB, 80GiB").unwrap().sample();
-        assert_eq!(mixed.iter().map(|gpu| gpu.memory_total).collect::<Vec<_>>(), [24 << 30, 80 << 30]);
-        assert_eq!(FakeGpus::parse("3").unwrap().sample().len(), 3);
-        assert!(FakeGpus::parse("twox24").is_err());
-        assert!(FakeGpus::parse("").is_err());
+    fn indices(inventory: &dyn GpuInventory) -> Vec<u32> {
+        inventory.sample().iter().map(|gpu| gpu.index).collect()
     }
 
     #[test]
     fn gpus_flag_restricts_and_checks_indices() {
-        let inventory = detect(Some("4x8GiB"), Some(&[1, 3])).unwrap();
-        assert_eq!(inventory.sample().iter().map(|gpu| gpu.index).collect::<Vec<_>>(), [1, 3]);
-        let error = detect(Some("2x8GiB"), Some(&[5])).err().unwrap().to_string();
+        let inventory = detect(Some("4x8GiB"), Some(&[1, 3]), None).unwrap();
+        assert_eq!(indices(inventory.as_ref()), [1, 3]);
+        let error = detect(Some("2x8GiB"), Some(&[5]), None).err().unwrap().to_string();
         assert!(error.contains("GPU 5"), "{error}");
+    }
+
+    #[test]
+    fn cuda_visible_devices_chooses_the_gpus_by_index_or_uuid() {
+        let uuid = crate::fake_gpus::fake_uuid(2);
+        let inventory = detect(Some("4x8GiB"), None, Some(&format!("{uuid},0"))).unwrap();
+        assert_eq!(indices(inventory.as_ref()), [0, 2]);
+        assert!(indices(detect(Some("4x8GiB"), None, Some("")).unwrap().as_ref()).is_empty());
+        let error = detect(Some("2x8GiB"), None, Some("GPU-0123")).err().unwrap().to_string();
+        assert!(error.contains("names GPU-0123, which NVML does not see"), "{error}");
+        // --gpus restricts within what CUDA_VISIBLE_DEVICES allows.
+        assert_eq!(indices(detect(Some("4x8GiB"), Some(&[2]), Some("1,2")).unwrap().as_ref()), [2]);
+        let error = detect(Some("4x8GiB"), Some(&[3]), Some("1,2")).err().unwrap().to_string();
+        assert_eq!(error, "--gpus names GPU 3, which CUDA_VISIBLE_DEVICES=1,2 leaves out");
     }
 }

@@ -6,20 +6,24 @@
 //! [`run`] takes its settings, the GPU inventory and a stop channel (one message: drain;
 //! two: kill and hand back), so tests drive it with fake GPUs and no signals.
 
+pub mod accounting;
 mod attempt;
 mod checkpoints;
 mod code;
 pub mod config;
 mod daemon;
 pub mod executor;
+mod fake_gpus;
 pub mod guard;
 mod identity;
 pub mod inventory;
+mod job_processes;
 mod launch;
 pub mod reservations;
 pub mod results;
 pub mod shipper;
 mod slots;
+pub mod visible;
 mod workspace;
 
 pub use config::WorkerConfig;

@@ -3,6 +3,7 @@
 //! reading. Pure bookkeeping, no I/O.
 
 use shared::api::{GpuSample, JobAttempt};
+use shared::capabilities::Capabilities;
 use shared::placement::{is_exclusive, Capacity, GpuSlot, Placement};
 use shared::sweep::Resources;
 use std::collections::HashMap;
@@ -10,12 +11,14 @@ use std::collections::HashMap;
 #[derive(Debug)]
 pub struct Reservations {
     max_jobs: u32,
+    /// What the worker can run, part of every capacity it reports.
+    capabilities: Capabilities,
     held: HashMap<JobAttempt, (Resources, Placement)>,
 }
 
 impl Reservations {
-    pub fn new(max_jobs: u32) -> Reservations {
-        Reservations { max_jobs, held: HashMap::new() }
+    pub fn new(max_jobs: u32, capabilities: Capabilities) -> Reservations {
+        Reservations { max_jobs, capabilities, held: HashMap::new() }
     }
 
     pub fn hold(&mut self, job: JobAttempt, resources: Resources, placement: Placement) {
@@ -66,7 +69,7 @@ impl Reservations {
                 slot
             })
             .collect();
-        Capacity { job_slots: slots, gpus }
+        Capacity { job_slots: slots, gpus, capabilities: self.capabilities.clone() }
     }
 }
 
@@ -78,6 +81,13 @@ pub fn default_max_jobs(gpu_count: usize) -> u32 {
     } else {
         std::thread::available_parallelism().map(|cores| cores.get() as u32).unwrap_or(1)
     }
+}
+
+/// Threads a CPU job should use (`OMP_NUM_THREADS`) when several share the box: its share of
+/// the cores, so that `max_jobs` jobs each starting one OpenMP thread per core (libtorch,
+/// NumPy's BLAS) do not oversubscribe it. `None` when jobs do not share (one at a time).
+pub fn cpu_threads_per_job(cores: usize, max_jobs: u32) -> Option<u32> {
+    (max_jobs > 1).then(|| (cores as u32 / max_jobs).max(1))
 }
 
 #[cfg(test)]
@@ -106,12 +116,12 @@ mod tests {
     }
 
     fn shared_job(memory: u64) -> Resources {
-        Resources { gpus: Some(1), gpu_memory: Some(memory), exclusive: None }
+        Resources { gpus: Some(1), gpu_memory: Some(memory), ..Resources::default() }
     }
 
     #[test]
     fn an_exclusive_job_closes_its_gpu_even_before_it_allocates() {
-        let mut reservations = Reservations::new(8);
+        let mut reservations = Reservations::new(8, Capabilities::default());
         reservations.hold(attempt(1), Resources::default(), Placement { gpus: vec![0] });
         let capacity = reservations.capacity(&[gpu(0, 24 * GIB, 0), gpu(1, 24 * GIB, 0)]);
         assert!(capacity.gpus[0].exclusive_held);
@@ -122,7 +132,7 @@ mod tests {
 
     #[test]
     fn declared_and_seen_memory_both_limit_sharing() {
-        let mut reservations = Reservations::new(8);
+        let mut reservations = Reservations::new(8, Capabilities::default());
         reservations.hold(attempt(1), shared_job(8 * GIB), Placement { gpus: vec![0] });
         reservations.hold(attempt(2), shared_job(8 * GIB), Placement { gpus: vec![0] });
         // Nothing allocated yet: the declarations leave 8 GiB.
@@ -139,8 +149,24 @@ mod tests {
     }
 
     #[test]
+    fn the_capacity_carries_the_workers_capabilities() {
+        let trainer = Capabilities { trainer: true, ..Capabilities::default() };
+        let reservations = Reservations::new(1, trainer.clone());
+        let capacity = reservations.capacity(&[gpu(0, 24 * GIB, 0)]);
+        assert_eq!(capacity.capabilities, trainer);
+        assert!(place(&Resources { trainer: true, ..Resources::default() }, &capacity).is_some());
+    }
+
+    #[test]
+    fn cpu_jobs_sharing_a_box_share_its_cores() {
+        assert_eq!(cpu_threads_per_job(16, 4), Some(4));
+        assert_eq!(cpu_threads_per_job(2, 8), Some(1));
+        assert_eq!(cpu_threads_per_job(16, 1), None);
+    }
+
+    #[test]
     fn slots_run_out_at_max_jobs() {
-        let mut reservations = Reservations::new(2);
+        let mut reservations = Reservations::new(2, Capabilities::default());
         reservations.hold(attempt(1), Resources::default(), Placement { gpus: vec![] });
         reservations.hold(attempt(2), Resources::default(), Placement { gpus: vec![] });
         assert_eq!(reservations.capacity(&[]).job_slots, 0);

@@ -27,6 +27,7 @@ pub fn resources_of(row: &SqliteRow) -> sqlx::Result<Resources> {
         gpus: row.try_get("gpus")?,
         gpu_memory: row.try_get::<Option<i64>, _>("gpu_memory")?.map(|bytes| bytes as u64),
         exclusive: row.try_get("exclusive")?,
+        trainer: row.try_get("needs_trainer")?,
     })
 }
 
@@ -68,9 +69,12 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
             .map(serde_json::from_str)
             .transpose()?
             .unwrap_or_default(),
-        // Filled by `get` and `list` from `job_metric_summaries`.
+        // Filled by `get` and `list` from `job_metric_summaries` and `results`.
         metrics: Default::default(),
         stopped_early: super::search::stopped_early_of(row)?,
+        gpu_usage: None,
+        // Filled by the routes, which know the workers (see `queue::waiting`).
+        waiting: None,
     })
 }
 
@@ -79,6 +83,7 @@ pub async fn get(pool: &SqlitePool, id: JobId) -> anyhow::Result<Option<Job>> {
     let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = ?")).bind(id.get()).fetch_optional(pool).await?;
     let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
     job.metrics = super::metrics::summaries(pool, &[id]).await?.remove(&id).unwrap_or_default();
+    job.gpu_usage = super::gpu::usage_of(pool, &[id]).await?.remove(&id);
     Ok(Some(job))
 }
 
@@ -186,8 +191,10 @@ pub async fn list(
     // One query for the whole page's metrics, not one per job.
     let ids: Vec<JobId> = jobs.iter().map(|job| job.id).collect();
     let mut metrics = super::metrics::summaries(pool, &ids).await?;
+    let mut usage = super::gpu::usage_of(pool, &ids).await?;
     for job in &mut jobs {
         job.metrics = metrics.remove(&job.id).unwrap_or_default();
+        job.gpu_usage = usage.remove(&job.id);
     }
     Ok(JobPage { total: total as u64, jobs })
 }
@@ -267,7 +274,8 @@ pub struct Candidate {
 }
 
 /// Queued jobs in dispatch order (priority, then age) that could fit a worker with `gpus`
-/// GPUs, the largest having `max_free_memory` bytes free. The caller places them exactly.
+/// GPUs, the largest having `max_free_memory` bytes free, and that run the built-in trainer
+/// only if `trainer` (some worker asking has it). The caller places them exactly.
 /// `INDEXED BY`: without statistics SQLite would take `jobs_by_status` for `status = ?` and
 /// sort every queued job (a 25x slower claim on a million-job queue); the partial index is
 /// already in dispatch order.
@@ -275,35 +283,79 @@ pub async fn queued_candidates(
     conn: &mut SqliteConnection,
     gpus: u32,
     max_free_memory: u64,
+    trainer: bool,
     limit: u32,
 ) -> anyhow::Result<Vec<Candidate>> {
     // One row holding a JSON array rather than one row per candidate: every row costs a
     // round trip to sqlx's SQLite thread, and this runs on every claim.
     let packed: Option<String> = sqlx::query_scalar(
-        "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive)) FROM (
-             SELECT id, gpus, gpu_memory, exclusive FROM jobs INDEXED BY jobs_queue
+        "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive, needs_trainer)) FROM (
+             SELECT id, gpus, gpu_memory, exclusive, needs_trainer FROM jobs INDEXED BY jobs_queue
              WHERE status = 'queued' AND (gpus IS NULL OR gpus <= ?) AND (gpu_memory IS NULL OR gpu_memory <= ?)
+               AND (needs_trainer = 0 OR ?)
              ORDER BY priority DESC, id LIMIT ?)",
     )
     .bind(gpus)
     .bind(max_free_memory.min(i64::MAX as u64) as i64)
+    .bind(trainer)
     .bind(limit)
     .fetch_one(&mut *conn)
     .await?;
     // SQLite keeps booleans as 0/1.
-    type Packed = (JobId, Option<u32>, Option<i64>, Option<i64>);
+    type Packed = (JobId, Option<u32>, Option<i64>, Option<i64>, i64);
     let rows: Vec<Packed> = serde_json::from_str(packed.as_deref().unwrap_or("[]"))?;
     Ok(rows
         .into_iter()
-        .map(|(id, gpus, gpu_memory, exclusive)| Candidate {
+        .map(|(id, gpus, gpu_memory, exclusive, trainer)| Candidate {
             id,
             resources: Resources {
                 gpus,
                 gpu_memory: gpu_memory.map(|bytes| bytes as u64),
                 exclusive: exclusive.map(|flag| flag != 0),
+                trainer: trainer != 0,
             },
         })
         .collect())
+}
+
+/// How many queued jobs are dispatched before the queued job `id` of `priority` (priority
+/// first, then age: the claim's order). A range of the queue's index, not a scan of the table.
+pub async fn queue_position(pool: &SqlitePool, id: JobId, priority: i64) -> sqlx::Result<u64> {
+    let ahead: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM jobs INDEXED BY jobs_queue
+         WHERE status = 'queued' AND (priority > ?1 OR (priority = ?1 AND id < ?2))",
+    )
+    .bind(priority)
+    .bind(id.get())
+    .fetch_one(pool)
+    .await?;
+    Ok(ahead as u64)
+}
+
+/// The queue positions of several queued jobs in one pass over the queue's index.
+pub async fn queue_positions(pool: &SqlitePool, ids: &[JobId]) -> anyhow::Result<Vec<(JobId, u64)>> {
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT id, position FROM (
+             SELECT id, row_number() OVER (ORDER BY priority DESC, id) - 1 AS position
+             FROM jobs INDEXED BY jobs_queue WHERE status = 'queued')
+         WHERE id IN (SELECT value FROM json_each(?))",
+    )
+    .bind(serde_json::to_string(ids)?)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(id, position)| (JobId::new(id), position as u64)).collect())
+}
+
+/// The resources a queued job of the sweep asks for (every job of a sweep asks the same).
+pub async fn queued_resources_of_sweep(pool: &SqlitePool, sweep_id: SweepId) -> sqlx::Result<Option<Resources>> {
+    let row = sqlx::query(
+        "SELECT gpus, gpu_memory, exclusive, needs_trainer FROM jobs
+         WHERE sweep_id = ? AND status = 'queued' LIMIT 1",
+    )
+    .bind(sweep_id.get())
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(resources_of).transpose()
 }
 
 /// `queued -> running` for every `(job, worker, gpus)` whose job is still queued, in one
@@ -323,7 +375,7 @@ pub async fn mark_running(
                 cancel_requested = 0
          WHERE status = 'queued' AND id IN (SELECT value ->> 0 FROM json_each(?1))
          RETURNING id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                   timeout_secs, lease_expires_at",
+                   needs_trainer, timeout_secs, lease_expires_at",
     )
     .bind(pairs)
     .bind(lease_until)

@@ -10,6 +10,7 @@ pub mod analysis;
 pub mod checkpoints;
 pub mod code;
 pub mod events;
+pub mod gpu;
 pub mod jobs;
 pub mod logs;
 pub mod maintenance;

@@ -68,8 +68,8 @@ pub async fn insert_jobs(conn: &mut SqliteConnection, sweep_id: SweepId, sweep: 
         let mut sql = String::with_capacity(300 + batch.len() * 10);
         sql.push_str(
             "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                               timeout_secs, priority, retries_left, created_at)
-             SELECT ?, column1, column2, column3, column4, ?, ?, ?, ?, ?, ?, ? FROM (VALUES ",
+                               timeout_secs, priority, retries_left, created_at, needs_trainer)
+             SELECT ?, column1, column2, column3, column4, ?, ?, ?, ?, ?, ?, ?, ? FROM (VALUES ",
         );
         for position in 0..batch.len() {
             sql.push_str(if position == 0 { "(?,?,?,?)" } else { ",(?,?,?,?)" });
@@ -83,7 +83,8 @@ pub async fn insert_jobs(conn: &mut SqliteConnection, sweep_id: SweepId, sweep: 
             .bind(sweep.timeout_secs.map(|secs| secs as i64))
             .bind(sweep.priority)
             .bind(sweep.retries)
-            .bind(now);
+            .bind(now)
+            .bind(resources.trainer);
         for job in batch.drain(..) {
             query = query.bind(job.index as i64).bind(job.params).bind(job.command).bind(job.config);
         }
@@ -175,7 +176,7 @@ pub async fn find(pool: &SqlitePool, key: &str) -> anyhow::Result<Option<SweepDe
     let mut info = info_from_row(&row)?;
     info.counts = counts(pool, Some(info.id)).await?;
     let search = super::search::state(pool, info.id).await?;
-    Ok(Some(SweepDetail { info, source: row.try_get("source")?, search }))
+    Ok(Some(SweepDetail { info, source: row.try_get("source")?, search, unplaceable: None }))
 }
 
 /// Newest first.

@@ -207,6 +207,7 @@ pub(super) async fn claim_batch(
         .map(|gpu| gpu.memory_free)
         .max()
         .unwrap_or(0);
+    let trainer = requests.iter().any(|(_, capacity)| capacity.capabilities.trainer);
     let mut per_ticket: Vec<Vec<ClaimedJob>> = requests.iter().map(|_| Vec::new()).collect();
     if slots == 0 {
         return Ok(per_ticket);
@@ -215,7 +216,7 @@ pub(super) async fn claim_batch(
     // chosen jobs change in one statement.
     let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
     let (mut chosen, order) = loop {
-        let candidates = db::jobs::queued_candidates(tx.conn(), max_gpus, max_free_memory, limit).await?;
+        let candidates = db::jobs::queued_candidates(tx.conn(), max_gpus, max_free_memory, trainer, limit).await?;
         let (chosen, order, unfilled) = assign(requests, &candidates);
         // Jobs that fit nobody (exclusive ones while the GPUs are shared, say) may fill the
         // head of the queue: look further while a claim still has room and the queue has more.

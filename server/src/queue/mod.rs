@@ -25,6 +25,7 @@ mod search;
 mod sessions;
 mod signals;
 mod sweeps;
+mod waiting;
 mod workers;
 mod writer;
 

@@ -110,7 +110,13 @@ async fn job_gpu(
         samples: Vec::new(),
         shared_with: Vec::new(),
         retention_ms: state.config.telemetry_retention.as_millis() as u64,
+        usage: None,
+        timeline: Vec::new(),
     };
+    if let Some((accounted, timeline)) = db::gpu::attempt_usage(reader, id, attempt.attempt).await? {
+        usage.usage = Some(accounted);
+        usage.timeline = timeline;
+    }
     let worker = match &attempt.worker {
         Some(name) if !attempt.gpus.is_empty() => db::workers::id_by_name(reader, name).await?,
         _ => None,

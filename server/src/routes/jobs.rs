@@ -47,7 +47,9 @@ async fn list(State(state): State<AppState>, ApiQuery(query): ApiQuery<JobQuery>
         let total = db::jobs::list(queue.reader(), &filter, order, 1, 0).await?.total;
         return Ok(Json(JobPage { total, jobs: Vec::new() }));
     };
-    Ok(Json(db::jobs::list(queue.reader(), &filter, order, limit, offset as u64).await?))
+    let mut page = db::jobs::list(queue.reader(), &filter, order, limit, offset as u64).await?;
+    queue.explain_waiting(&mut page.jobs, query.positions).await?;
+    Ok(Json(page))
 }
 
 async fn job(queue: &Queue, id: JobId) -> ApiResult<Job> {
@@ -55,7 +57,9 @@ async fn job(queue: &Queue, id: JobId) -> ApiResult<Job> {
 }
 
 async fn show(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<Job>> {
-    Ok(Json(job(&state.queue, id).await?))
+    let mut job = job(&state.queue, id).await?;
+    state.queue.explain_waiting(std::slice::from_mut(&mut job), true).await?;
+    Ok(Json(job))
 }
 
 async fn events(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<Vec<JobEvent>>> {

@@ -37,6 +37,8 @@ async fn summary(
         }
         None => db::metrics::sweep_jobs(state.queue.reader(), sweep.id).await?,
     };
+    let ids: Vec<_> = jobs.iter().map(|job| job.id).collect();
+    let mut usage = db::gpu::usage_of(state.queue.reader(), &ids).await?;
     let rows = jobs
         .into_iter()
         .map(|job| {
@@ -49,6 +51,7 @@ async fn summary(
                 metrics: summaries.remove(&job.id).unwrap_or_default(),
                 score: None,
                 stopped_early: stopped.remove(&job.id),
+                gpu_usage: usage.remove(&job.id),
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

@@ -83,7 +83,11 @@ async fn list(State(state): State<AppState>) -> ApiResult<Json<Vec<SweepInfo>>> 
 }
 
 async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<SweepDetail>> {
-    Ok(Json(state.queue.find_sweep(&key).await?))
+    let mut sweep = state.queue.find_sweep(&key).await?;
+    if sweep.info.counts.queued > 0 {
+        sweep.unplaceable = state.queue.sweep_unplaceable(sweep.info.id).await?;
+    }
+    Ok(Json(sweep))
 }
 
 async fn cancel(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<CancelResponse>> {

@@ -168,7 +168,7 @@ async fn a_jobs_gpu_view_has_the_readings_of_its_gpus_within_its_attempt_and_who
     let app = TestApp::spawn().await;
     app.submit("name: gpus\ncommand: echo {i}\nresources: {gpus: 1, gpu_memory: 1GiB}\ngrid:\n  i: [1, 2, 3]\n").await;
     // GPU 1 is full, so both claimed jobs share GPU 0.
-    let capacity = Capacity { job_slots: 2, gpus: vec![gpu(0, 8 << 30), gpu(1, 0)] };
+    let capacity = Capacity { job_slots: 2, gpus: vec![gpu(0, 8 << 30), gpu(1, 0)], ..Capacity::default() };
     let register = RegisterRequest {
         name: "box".into(),
         protocol: shared::PROTOCOL_VERSION,

@@ -153,5 +153,6 @@ fn one_gpu(job_slots: u32, free_gib: u64, shared_jobs: u32) -> Capacity {
             exclusive_held: false,
             shared_jobs,
         }],
+        ..Capacity::default()
     }
 }

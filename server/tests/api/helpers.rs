@@ -151,7 +151,7 @@ impl Drop for TestApp {
 }
 
 pub fn cpu(job_slots: u32) -> Capacity {
-    Capacity { job_slots, gpus: Vec::new() }
+    Capacity { job_slots, gpus: Vec::new(), ..Capacity::default() }
 }
 
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.

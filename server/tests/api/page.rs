@@ -11,7 +11,7 @@ use std::time::Duration;
 fn two_gpus(job_slots: u32) -> Capacity {
     let gpu =
         |index| GpuSlot { index, memory_total: 24 << 30, memory_free: 24 << 30, exclusive_held: false, shared_jobs: 0 };
-    Capacity { job_slots, gpus: vec![gpu(0), gpu(1)] }
+    Capacity { job_slots, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() }
 }
 
 #[tokio::test]

@@ -132,4 +132,11 @@ pub struct JobGpuUsage {
     pub shared_with: Vec<JobId>,
     /// How long the server keeps readings, ms: older attempts have none left.
     pub retention_ms: u64,
+    /// The attempt's own share, as its worker measured it (per-job accounting), once it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<super::GpuUsage>,
+    /// The attempt's own utilisation and memory over its run, from the same accounting; when
+    /// empty, `samples` (whole-GPU readings) are all there is.
+    #[serde(default)]
+    pub timeline: Vec<super::GpuPoint>,
 }

@@ -117,6 +117,9 @@ pub struct SweepDetail {
     /// Where its controller stands, for a sweep whose runs are proposed or stopped early.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search: Option<SearchState>,
+    /// Why its queued jobs cannot run on any connected worker, when they cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaceable: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -158,6 +161,12 @@ pub struct Job {
     /// Set when the latest attempt was stopped early (its status is then `cancelled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_early: Option<StoppedEarly>,
+    /// What the latest attempt used of its GPUs, once it has ended (see [`GpuUsage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_usage: Option<GpuUsage>,
+    /// Why a queued job waits: its place in the queue, or why no worker can run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
 }
 
 /// Filters and paging of `GET /api/jobs`.
@@ -174,6 +183,10 @@ pub struct JobQuery {
     pub sort: Option<JobSort>,
     /// Ascending unless `desc`.
     pub order: Option<SortOrder>,
+    /// Also give each queued job of the page its place in the queue (costs a pass over the
+    /// queue; a single job's page always has it).
+    #[serde(default)]
+    pub positions: bool,
 }
 
 /// The orders of a job listing; every one ends with the id, so paging is stable.
@@ -440,3 +453,5 @@ mod analysis;
 pub use analysis::*;
 mod search;
 pub use search::*;
+mod gpu;
+pub use gpu::*;

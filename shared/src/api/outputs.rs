@@ -143,6 +143,12 @@ pub struct AttemptRecord {
     /// The attempt whose checkpoint it started from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<u32>,
+    /// What it used of its GPUs (none for a CPU job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_usage: Option<super::GpuUsage>,
+    /// Its GPU use over its run, a few hundred points at most.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_timeline: Vec<super::GpuPoint>,
 }
 
 /// Query of `PUT /api/jobs/{id}/attempts/{attempt}/files/{path}`; the body is the file.
@@ -198,6 +204,9 @@ pub struct SummaryRow {
     /// Set for a run stopped early: it is listed after the ranked runs, without a rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_early: Option<super::StoppedEarly>,
+    /// What its latest attempt used of its GPUs, once ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_usage: Option<super::GpuUsage>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

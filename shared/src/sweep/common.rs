@@ -180,7 +180,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(parsed.name.as_deref(), Some("n"));
-        assert_eq!(parsed.resources, Resources { gpus: Some(2), gpu_memory: Some(8 << 30), exclusive: Some(false) });
+        assert_eq!(
+            parsed.resources,
+            Resources { gpus: Some(2), gpu_memory: Some(8 << 30), exclusive: Some(false), trainer: false }
+        );
         assert_eq!(parsed.metric, Some(Metric { name: "acc".into(), goal: Goal::Maximize }));
         assert_eq!(settings("metric: {name: acc, target: 0.99}").unwrap().metric_target, Some(0.99));
         assert_eq!((parsed.priority, parsed.retries, parsed.timeout_secs), (-3, 2, Some(5400)));

@@ -90,6 +90,10 @@ pub struct Resources {
     pub gpu_memory: Option<u64>,
     /// Whether the job needs its GPUs to itself; `None` means "yes unless gpu_memory is set".
     pub exclusive: Option<bool>,
+    /// The job runs the built-in trainer (`app train`), so only a worker built with it can run
+    /// it. Not a key of the file: set from the command (see `capabilities::runs_trainer`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trainer: bool,
 }
 
 /// Settings that come from the server or the command line rather than from the file.
@@ -161,11 +165,14 @@ impl Sweep {
                 return Err(error::invalid("(root)", message));
             }
         };
-        match detect::detect_form(&root)? {
+        let mut sweep = match detect::detect_form(&root)? {
             SweepForm::Native => native::parse(&root, options),
             SweepForm::Wandb => wandb::parse(&root, options),
             SweepForm::Cvlab => cvlab::parse(root, &loader, options),
-        }
+        }?;
+        // Every job of a sweep runs the same program: the first one tells.
+        sweep.resources.trainer = sweep.job(0).is_some_and(|job| crate::capabilities::runs_trainer(&job.command));
+        Ok(sweep)
     }
 
     /// The number of jobs built at submission, after `max_runs` / `run_cap`; 0 for an

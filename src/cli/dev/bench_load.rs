@@ -117,7 +117,7 @@ async fn simulated_worker(
         name: format!("load-{number}"),
         protocol: shared::PROTOCOL_VERSION,
         key: None,
-        capacity: Capacity { job_slots: 1, gpus: Vec::new() },
+        capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
         holding: Vec::new(),
     };
     let (worker_id, client) = loop {
@@ -186,7 +186,8 @@ async fn claims(
     running: Arc<Mutex<Vec<JobAttempt>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let request = ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new() }, wait_ms: 25_000 };
+    let request =
+        ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() }, wait_ms: 25_000 };
     let mut runs = 0u64;
     while !*stop.borrow() {
         let claimed = tokio::select! {

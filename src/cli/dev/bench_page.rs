@@ -48,7 +48,7 @@ async fn fill(client: &Client, args: &BenchPageArgs) -> anyhow::Result<()> {
         name: "bench-worker".into(),
         protocol: shared::PROTOCOL_VERSION,
         key: None,
-        capacity: Capacity { job_slots: 100, gpus: Vec::new() },
+        capacity: Capacity { job_slots: 100, gpus: Vec::new(), ..Capacity::default() },
         holding: Vec::new(),
     };
     let registered = client.register(&register).await?;
@@ -58,7 +58,10 @@ async fn fill(client: &Client, args: &BenchPageArgs) -> anyhow::Result<()> {
     let mut running = Vec::new();
     while done < args.finished {
         let want = (args.finished - done).min(100) as u32;
-        let claim = ClaimRequest { capacity: Capacity { job_slots: want, gpus: Vec::new() }, wait_ms: 0 };
+        let claim = ClaimRequest {
+            capacity: Capacity { job_slots: want, gpus: Vec::new(), ..Capacity::default() },
+            wait_ms: 0,
+        };
         let jobs = client.claim(worker, &claim).await?.jobs;
         anyhow::ensure!(!jobs.is_empty(), "the queue ran dry after {done} jobs");
         for job in jobs {

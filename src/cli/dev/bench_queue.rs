@@ -161,7 +161,7 @@ fn cpu_worker(name: String) -> RegisterRequest {
         name,
         protocol: shared::PROTOCOL_VERSION,
         key: None,
-        capacity: Capacity { job_slots: 1, gpus: Vec::new() },
+        capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
         holding: Vec::new(),
     }
 }
@@ -176,7 +176,10 @@ async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> 
         tasks.push(tokio::spawn(async move {
             let worker = client.register(&cpu_worker(format!("bench-{number}"))).await?;
             let client = client.with_session(&worker)?;
-            let request = ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new() }, wait_ms: 1_000 };
+            let request = ClaimRequest {
+                capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
+                wait_ms: 1_000,
+            };
             // As a worker does: one claim to start, then each finish claims the next job.
             let mut jobs = client.claim(worker.worker_id, &request).await?.jobs;
             while Instant::now() < deadline {
@@ -215,7 +218,10 @@ async fn dispatch_latency(client: &Client, samples: u32) -> anyhow::Result<Vec<f
     let mut latencies = Vec::new();
     for sample in 0..samples {
         let claimer = client.clone();
-        let request = ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new() }, wait_ms: 10_000 };
+        let request = ClaimRequest {
+            capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
+            wait_ms: 10_000,
+        };
         let claim = tokio::spawn(async move {
             let response = claimer.claim(worker.worker_id, &request).await;
             (Instant::now(), response)

@@ -226,8 +226,8 @@ mod tests {
             exclusive_held: false,
             shared_jobs: 0,
         };
-        let gpu_box = Capacity { job_slots: 8, gpus: vec![gpu(0), gpu(1)] };
-        let cpu_box = Capacity { job_slots: 3, gpus: Vec::new() };
+        let gpu_box = Capacity { job_slots: 8, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() };
+        let cpu_box = Capacity { job_slots: 3, gpus: Vec::new(), ..Capacity::default() };
         let requests = [(WorkerId::new(1), gpu_box), (WorkerId::new(2), cpu_box)];
         assert_eq!(fitting_slots(&Resources { gpus: Some(1), ..Resources::default() }, &requests), 2);
         assert_eq!(fitting_slots(&Resources { gpus: Some(0), ..Resources::default() }, &requests), 11);
