@@ -317,30 +317,45 @@ pub async fn run(
     };
     tokio::pin!(deadline);
     let mut stopped: Option<Outcome> = None;
+    // The leader is not reaped before its group was killed (see `leader_exited`), so every
+    // signal below reaches the job's own group and never a stranger given the same number.
+    let exited = async {
+        match group {
+            Some(group) => leader_exited(group).await,
+            None => std::future::pending().await,
+        }
+    };
     // A closed `stop` channel disables its branch (the pattern does not match); the others
     // still end the wait.
-    let status = tokio::select! {
-        status = child.wait() => status,
+    let waited = tokio::select! {
+        () = exited => None,
+        status = child.wait(), if group.is_none() => Some(status),
         Some(reason) = stop.recv() => {
             stopped = Some(match reason {
                 Stop::Cancel => Outcome::Killed { reason: "cancelled".into() },
                 Stop::Lost => Outcome::Killed { reason: LEASE_LOST.into() },
                 Stop::Abandon => Outcome::Abandoned,
             });
-            terminate(&mut child, group, grace).await
+            terminate(group, grace).await;
+            None
         }
         _ = &mut deadline => {
             let limit = timeout.unwrap_or_default().as_secs();
             stopped = Some(Outcome::Killed { reason: format!("timed out after {limit} s") });
-            terminate(&mut child, group, grace).await
+            terminate(group, grace).await;
+            None
         }
     };
     // Whatever the job left behind in its group goes with it (GPU memory is returned only
-    // when every process holding it has ended).
+    // when every process holding it has ended); then the leader is reaped.
     if let Some(group) = group {
         let _ = killpg(group, Signal::SIGKILL);
         guard.forget(group.as_raw());
     }
+    let status = match waited {
+        Some(status) => status,
+        None => child.wait().await,
+    };
     for mut pipe in pipes.into_iter().flatten() {
         // A grandchild that left the group (setsid) could hold a pipe open: give it two
         // seconds, then stop reading it, so it cannot keep growing the job's log.
@@ -386,24 +401,40 @@ app_setup_status=$?
 }
 
 /// SIGTERM to the whole group, SIGKILL after `grace`. The grace is for every process of the
-/// group, not only `sh`: a compound command's shell dies at once, its children may need time.
-async fn terminate(
-    child: &mut tokio::process::Child,
-    group: Option<Pid>,
-    grace: Duration,
-) -> std::io::Result<std::process::ExitStatus> {
-    let Some(group) = group else { return child.wait().await };
+/// group, not only the leader: a compound command's shell dies at once, its children may need
+/// time. The leader stays unreaped meanwhile (its caller reaps it).
+async fn terminate(group: Option<Pid>, grace: Duration) {
+    let Some(group) = group else { return };
     let _ = killpg(group, Signal::SIGTERM);
     let deadline = tokio::time::Instant::now() + grace;
-    let status = tokio::time::timeout(grace, child.wait()).await;
-    // Signal 0 checks whether anyone is left in the group.
-    while killpg(group, None).is_ok() && tokio::time::Instant::now() < deadline {
+    while crate::job_processes::group_has_live_members(group.as_raw()) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = killpg(group, Signal::SIGKILL);
-    match status {
-        Ok(status) => status,
-        Err(_) => child.wait().await,
+}
+
+/// Resolves once the job's leader `pid` has exited, without reaping it. A process group's id
+/// is its leader's PID, and the kernel gives that number to no other process while the leader
+/// is unreaped: killing the group after `wait` could instead reach whoever got the number
+/// since (with PIDs wrapping every few seconds on a busy box, a stranger's whole group).
+/// Woken by SIGCHLD, with a slow poll as a fallback.
+async fn leader_exited(pid: Pid) {
+    use nix::errno::Errno;
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
+    loop {
+        // Listening before looking: a SIGCHLD between the two is kept for the next `recv`.
+        match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG) {
+            Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
+            // Exited (left as a zombie for the caller to reap), or not a child of ours any more.
+            _ => return,
+        }
+        match children.as_mut() {
+            Some(signals) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), signals.recv()).await;
+            }
+            None => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
     }
 }
 
@@ -472,4 +503,54 @@ async fn write_log(
     }
     written.notify_one();
     note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_leader_is_seen_to_exit_but_left_unreaped_so_its_group_id_stays_its_own() {
+        let mut child = Command::new("sh").args(["-c", "exit 3"]).process_group(0).spawn().unwrap();
+        let pid = Pid::from_raw(child.id().unwrap() as i32);
+        tokio::time::timeout(Duration::from_secs(10), leader_exited(pid)).await.expect("the exit is seen");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the leader is still listed");
+        assert!(stat.contains(") Z "), "the leader is a zombie until reaped: {stat}");
+        assert_eq!(child.wait().await.unwrap().code(), Some(3), "and the exit status is still there to reap");
+    }
+
+    #[tokio::test]
+    async fn what_a_job_leaves_in_its_group_is_killed_when_its_leader_exits() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs = AttemptDirs::at(root.path().join("attempt"));
+        std::fs::create_dir_all(&dirs.cwd).unwrap();
+        let log = std::fs::File::create(root.path().join("log")).unwrap();
+        let guard = Guard::start().unwrap();
+        let pid_file = root.path().join("left");
+        let command = format!("sleep 300 & echo $! > {}; exit 0", pid_file.display());
+        let (_stop, stopped) = mpsc::channel(1);
+        let launch = Launch {
+            command: &command,
+            setup: None,
+            dirs: &dirs,
+            cwd: &dirs.cwd,
+            inherited: &[(std::ffi::OsString::from("PATH"), std::env::var_os("PATH").unwrap_or_default())],
+            env: &[],
+            timeout: Some(Duration::from_secs(60)),
+            grace: Duration::from_secs(5),
+            guard: &guard,
+        };
+        let ended = run(launch, log, stopped, Arc::new(Notify::new())).await;
+        assert!(matches!(ended.outcome, Outcome::Exited { code: 0 }), "{:?}", ended.outcome);
+        let left: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{left}/stat"))
+                .is_ok_and(|stat| stat.contains("(sleep)") && !stat.contains(") Z "))
+        };
+        while running() {
+            assert!(std::time::Instant::now() < deadline, "the job's background sleep outlived it");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

@@ -1,0 +1,132 @@
+//! Whose is a GPU process: the attempt of this worker it belongs to, found from `/proc`.
+//!
+//! Every job runs in its own process group, whose leader is the process the worker started
+//! with the job's `APP_JOB_ID` and `APP_ATTEMPT`; every process of the job (a `torchrun` rank,
+//! a data-loader worker) is in that group unless it left it. So a process is the job's whose
+//! group leader carries those variables, or, for one that left its group, which carries them
+//! itself. A process of another user, or in another PID namespace, is nobody's.
+
+use crate::accounting::Attributed;
+use crate::inventory::GpuProcess;
+use shared::api::{JobAttempt, JobId};
+
+/// The attempt whose process `pid` is, if it is one of this worker's jobs.
+pub fn attempt_of(pid: u32) -> Option<JobAttempt> {
+    let leader = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(i32::try_from(pid).ok()?))).ok()?;
+    let leader = u32::try_from(leader.as_raw()).ok()?;
+    from_environ(leader).or_else(|| (leader != pid).then(|| from_environ(pid)).flatten())
+}
+
+/// Every process with the attempt it belongs to.
+pub fn attribute(processes: Vec<GpuProcess>) -> Vec<Attributed> {
+    processes
+        .into_iter()
+        .map(|process| Attributed { gpu: process.gpu, memory: process.memory, attempt: attempt_of(process.pid) })
+        .collect()
+}
+
+/// Whether process group `group` has a member that has not ended (zombies waiting to be
+/// reaped do not count: they hold nothing and can do nothing).
+pub fn group_has_live_members(group: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().filter(|name| name.bytes().all(|byte| byte.is_ascii_digit())) else {
+            return false;
+        };
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| state_and_group(&stat))
+            .is_some_and(|(state, pgrp)| pgrp == group && state != 'Z' && state != 'X')
+    })
+}
+
+/// The state letter and the process group of a `/proc/<pid>/stat` line. The command name (in
+/// parentheses) may hold spaces and parentheses itself: the fields start after the last `)`.
+fn state_and_group(stat: &str) -> Option<(char, i32)> {
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _parent = fields.next()?;
+    Some((state, fields.next()?.parse().ok()?))
+}
+
+fn from_environ(pid: u32) -> Option<JobAttempt> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    attempt_in(&environ)
+}
+
+/// `APP_JOB_ID` and `APP_ATTEMPT` of a NUL-separated environment block.
+fn attempt_in(environ: &[u8]) -> Option<JobAttempt> {
+    let value = |name: &[u8]| {
+        environ
+            .split(|byte| *byte == 0)
+            .find_map(|entry| entry.strip_prefix(name).and_then(|rest| rest.strip_prefix(b"=")))
+            .and_then(|value| std::str::from_utf8(value).ok())
+    };
+    let job_id: i64 = value(b"APP_JOB_ID")?.parse().ok()?;
+    let attempt: u32 = value(b"APP_ATTEMPT")?.parse().ok()?;
+    Some(JobAttempt { job_id: JobId::new(job_id), attempt })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_attempt_is_read_from_the_environment_block() {
+        let block = b"PATH=/bin\0APP_JOB_ID_X=9\0APP_JOB_ID=12\0APP_ATTEMPT=3\0";
+        assert_eq!(attempt_in(block), Some(JobAttempt { job_id: JobId::new(12), attempt: 3 }));
+        assert_eq!(attempt_in(b"APP_JOB_ID=12\0"), None);
+        assert_eq!(attempt_in(b"APP_JOB_ID=x\0APP_ATTEMPT=1\0"), None);
+    }
+
+    #[test]
+    fn stat_lines_give_state_and_group_even_with_parentheses_in_the_name() {
+        assert_eq!(state_and_group("42 (python3) S 1 42 42 0 -1"), Some(('S', 42)));
+        assert_eq!(state_and_group("43 (a) b) (c) Z 42 7 7 0"), Some(('Z', 7)));
+        assert_eq!(state_and_group("garbage"), None);
+    }
+
+    #[test]
+    fn a_group_is_live_while_a_member_runs_and_not_once_only_its_zombie_leader_is_left() {
+        use std::os::unix::process::CommandExt;
+        let mut leader = std::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let group = leader.id() as i32;
+        assert!(group_has_live_members(group));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(group), nix::sys::signal::Signal::SIGKILL).unwrap();
+        // Killed but not reaped: a zombie, which is no live member.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while group_has_live_members(group) {
+            assert!(std::time::Instant::now() < deadline, "the killed leader still counts as live");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        leader.wait().unwrap();
+    }
+
+    #[test]
+    fn a_child_in_the_group_of_a_job_process_is_that_jobs() {
+        use std::os::unix::process::CommandExt;
+        // A shell standing in for a job: its own group, the job's variables; its child sleeps.
+        let mut job = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .env("APP_JOB_ID", "41")
+            .env("APP_ATTEMPT", "2")
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(job.stdout.take().unwrap()), &mut line).unwrap();
+        let child: u32 = line.trim().parse().unwrap();
+        let expected = Some(JobAttempt { job_id: JobId::new(41), attempt: 2 });
+        assert_eq!(attempt_of(child), expected);
+        assert_eq!(attempt_of(job.id()), expected);
+        // This test process belongs to no job (unless the tests run as one).
+        if std::env::var_os("APP_JOB_ID").is_none() {
+            assert_eq!(attempt_of(std::process::id()), None);
+        }
+        let _ =
+            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(job.id() as i32), nix::sys::signal::Signal::SIGKILL);
+        let _ = job.wait();
+    }
+}
