@@ -26,6 +26,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+/// How long the box's free slots wait for a finishing attempt's request to claim for them.
+/// A short job's finish follows its end within milliseconds; one that streams large outputs
+/// first, or whose server refuses them (a full disk), can take minutes.
+const PIGGYBACK_WAIT: Duration = Duration::from_millis(500);
+
 /// What a request that can hand out jobs brought back.
 enum Claimed {
     Claim(ClientResult<ClaimResponse>),
@@ -58,10 +63,12 @@ struct Daemon {
     slots: Arc<crate::slots::Slots>,
     code: Arc<crate::code::CodeCache>,
     draining: bool,
-    /// Attempts whose process ended and whose finish request is still being built: the finish
-    /// will claim the next jobs, so no claim of its own is started meanwhile (that would cost
-    /// a second request and a second transaction per job).
-    finishing: std::collections::HashSet<JobAttempt>,
+    /// Attempts whose process ended and whose finish request is still being built, with when
+    /// their process ended: the finish will claim the next jobs, so no claim of its own is
+    /// started meanwhile (that would cost a second request and a second transaction per job),
+    /// for `PIGGYBACK_WAIT` at most: a finish that takes longer (large outputs streaming, a
+    /// server refusing them) must not keep the box's other slots idle.
+    finishing: std::collections::HashMap<JobAttempt, Instant>,
     /// Job slots asked for by claims not answered yet.
     slots_in_flight: u32,
     /// What the attempts holding GPUs have used of them so far.
@@ -148,7 +155,9 @@ pub async fn run(
             tracing::warn!(jobs = daemon.running.len(), "exiting before every abandoned job was reported");
             return Ok(());
         }
-        if !daemon.draining && claims.is_empty() && daemon.finishing.is_empty() && Instant::now() >= claim_not_before {
+        let piggyback_until = daemon.finishing.values().max().map(|ended| *ended + PIGGYBACK_WAIT);
+        let no_finish_due = piggyback_until.is_none_or(|until| Instant::now() >= until);
+        if !daemon.draining && claims.is_empty() && no_finish_due && Instant::now() >= claim_not_before {
             daemon.start_claim(&mut claims);
         }
         tokio::select! {
@@ -196,7 +205,7 @@ pub async fn run(
             Some(event) = received.recv() => match event {
                 AttemptEvent::ProcessEnded(attempt, account) => {
                     daemon.reservations.release(attempt);
-                    daemon.finishing.insert(attempt);
+                    daemon.finishing.insert(attempt, Instant::now());
                     let _ = account.send(daemon.accounting.end(attempt, now_ms()));
                 }
                 AttemptEvent::Finishing { request, reply } => {
@@ -267,6 +276,8 @@ pub async fn run(
             }
             // Only while a backoff is pending: a full worker (no claim to start) must not spin.
             _ = tokio::time::sleep_until(claim_not_before), if claims.is_empty() && !daemon.draining && claim_not_before > Instant::now() => {}
+            // A finish that did not come in time: the other slots claim on their own.
+            _ = tokio::time::sleep_until(piggyback_until.unwrap_or_else(Instant::now)), if claims.is_empty() && !daemon.draining && !no_finish_due => {}
             _ = tokio::time::sleep(Duration::from_millis(500)), if abort_deadline.is_some() => {}
         }
     }
