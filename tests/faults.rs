@@ -408,6 +408,16 @@ async fn a_full_disk_refuses_the_upload_keeps_serving_and_takes_it_once_space_is
     .await;
     let log = worker.log();
     assert!(log.contains("No space left on device") || log.contains("no space"), "{log}");
+    // The refused file takes none of the space left while its worker retries (it is refused by
+    // its declared length before a byte is written), so the other jobs' small writes fit.
+    for _ in 0..20 {
+        let stat = std::process::Command::new("stat").args(["-f", "-c", "%a %S"]).arg(&data).output().unwrap();
+        let numbers: Vec<u64> =
+            String::from_utf8_lossy(&stat.stdout).split_whitespace().map(|word| word.parse().unwrap()).collect();
+        let free = numbers[0] * numbers[1];
+        assert!(free > 16 << 20, "a refused upload is filling the disk: {free} bytes free");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The server keeps serving: health, and a small job from submission to result.
     let client = server.client();
     assert_eq!(client.health().await.unwrap().status, "ok");

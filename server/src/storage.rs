@@ -313,6 +313,27 @@ pub fn disk_error(error: io::Error, what: String) -> crate::error::ApiError {
     }
 }
 
+/// Refuses (507) a body of `declared` bytes that cannot fit in the free space of the
+/// filesystem holding `dir`, before a byte of it is written: streamed into the last free
+/// space, it would leave none for every other job's small writes (results, logs, the queue's
+/// own) for as long as its worker keeps retrying it.
+pub fn ensure_room(
+    dir: &Path,
+    declared: Option<u64>,
+    what: impl FnOnce() -> String,
+) -> Result<(), crate::error::ApiError> {
+    let Some(length) = declared else { return Ok(()) };
+    let Ok(stat) = nix::sys::statvfs::statvfs(dir) else { return Ok(()) };
+    let free = (stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64);
+    if length <= free {
+        return Ok(());
+    }
+    Err(crate::error::ApiError::InsufficientStorage(format!(
+        "the server's disk is full: no space for {} ({length} bytes, {free} bytes free); free space and retry",
+        what()
+    )))
+}
+
 /// Whether a disk error means the disk (or the quota) is full.
 pub fn is_disk_full(error: &io::Error) -> bool {
     matches!(error.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge)
