@@ -274,6 +274,8 @@ async fn the_web_page_follows_the_queue_live_and_its_actions_reach_the_api() {
         ("GHOST_WORKER", GHOST),
         ("REQUEUED_JOB", requeued_env.as_str()),
         ("MEASURED_JOB", measured_env.as_str()),
+        // What the worker's card says about the trainer depends on how this binary was built.
+        ("WORKER_TRAINER", if cfg!(feature = "torch") { "yes" } else { "no" }),
     ];
     let output = run_script("pages.mjs", &server.url, &screenshots, &env).await;
     let stdout = String::from_utf8_lossy(&output.stdout);

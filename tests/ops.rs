@@ -97,7 +97,7 @@ async fn metrics_describe_the_queue_after_a_sweep_and_pass_promtool() {
     assert_eq!(of("app_lease_expiries_total", &[]), Some(0.0));
     assert_eq!(of("app_workers", &[("state", "healthy")]), Some(1.0));
     assert_eq!(of("app_workers", &[("state", "lost")]), Some(0.0));
-    let gpu = [("worker", "gpubox"), ("gpu", "0"), ("uuid", "GPU-fake-0")];
+    let gpu = [("worker", "gpubox"), ("gpu", "0"), ("uuid", "GPU-fa4e0000-0000-4000-8000-000000000000")];
     assert_eq!(of("app_gpu_memory_total_bytes", &gpu), Some(24.0 * (1u64 << 30) as f64));
     assert_eq!(of("app_gpu_utilization_ratio", &gpu), Some(0.0));
     assert_eq!(of("app_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), Some(1.0));

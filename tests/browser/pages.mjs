@@ -450,8 +450,9 @@ await step('the workers page shows the worker, the lost ghost last, and which jo
   const firstLost = order.findIndex((entry) => entry.endsWith(':lost'));
   check(firstLost > 0 && order.slice(firstLost).every((entry) => entry.endsWith(':lost')), `lost workers come last: ${order}`);
   check(order.includes(`${ghostName}:lost`), `the ghost is among them: ${order}`);
-  check(await page.locator(`.worker-card[data-worker="${workerName}"] [data-trainer="no"]`).count() === 1,
-    'the worker built without the trainer says so');
+  const trainer = process.env.WORKER_TRAINER || 'no';
+  check(await page.locator(`.worker-card[data-worker="${workerName}"] [data-trainer="${trainer}"]`).count() === 1,
+    `the worker's card says whether it has the trainer (${trainer})`);
   check(await ghost.locator('.gpu-row').count() === 2, 'the ghost has two GPU rows');
   await shot('workers-desktop-light');
 });
