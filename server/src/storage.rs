@@ -324,7 +324,7 @@ pub fn ensure_room(
 ) -> Result<(), crate::error::ApiError> {
     let Some(length) = declared else { return Ok(()) };
     let Ok(stat) = nix::sys::statvfs::statvfs(dir) else { return Ok(()) };
-    let free = (stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64);
+    let free = stat.blocks_available().saturating_mul(stat.fragment_size());
     if length <= free {
         return Ok(());
     }
