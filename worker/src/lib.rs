@@ -8,7 +8,7 @@
 
 mod attempt;
 mod checkpoints;
-mod code;
+pub mod code;
 pub mod config;
 mod daemon;
 pub mod executor;
