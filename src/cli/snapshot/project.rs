@@ -131,7 +131,8 @@ fn list_walking(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let entries = walk.filter_entry(|entry| {
         let Ok(relative) = entry.path().strip_prefix(root) else { return false };
         let is_dir = entry.file_type().is_dir();
-        !(is_dir && entry.file_name() == ".git") && !ignore.matched(relative, is_dir).is_ignore()
+        let git_dir = is_dir && entry.file_name() == ".git";
+        !(git_dir || ignore.matched(relative, is_dir).is_ignore())
     });
     for entry in entries {
         let entry = match entry {
