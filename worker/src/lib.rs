@@ -9,7 +9,7 @@
 pub mod accounting;
 mod attempt;
 mod checkpoints;
-mod code;
+pub mod code;
 pub mod config;
 mod daemon;
 pub mod executor;

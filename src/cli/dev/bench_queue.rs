@@ -156,7 +156,7 @@ pub fn num_cpus() -> usize {
     std::thread::available_parallelism().map(usize::from).unwrap_or(1)
 }
 
-fn cpu_worker(name: String) -> RegisterRequest {
+pub fn cpu_worker(name: String) -> RegisterRequest {
     RegisterRequest {
         name,
         protocol: shared::PROTOCOL_VERSION,

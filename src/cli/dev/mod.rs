@@ -1,13 +1,16 @@
 //! `app dev`: maintainers' tools, kept out of the user's verbs. `app dev bench NAME` measures
-//! the queue, the worker, the web page's endpoints and a load of simulated workers, each against
-//! a server started in this process. (`app bench` is the trainer's benchmark, for users.)
+//! the queue, the worker, the web page's endpoints, a load of simulated workers and code
+//! shipping, each against a server started in this process. (`app bench` is the trainer's
+//! benchmark, for users.)
 
+mod bench_code;
 mod bench_load;
 mod bench_page;
 mod bench_queue;
 mod bench_search;
 mod bench_server;
 mod bench_worker;
+mod synthetic_project;
 
 use clap::Subcommand;
 
@@ -30,6 +33,8 @@ pub enum DevBench {
     Load(bench_load::BenchLoadArgs),
     /// Search: app's TPE, random search and early stopping against Optuna (bench/search/run.sh).
     Search(bench_search::BenchSearchArgs),
+    /// Code shipping: pack and upload, unchanged re-submit, a worker's fetch and unpack (5,000 files, 50 MB).
+    Code(bench_code::BenchCodeArgs),
 }
 
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
@@ -39,5 +44,6 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
         DevCommand::Bench(DevBench::Page(args)) => bench_page::run(args).await,
         DevCommand::Bench(DevBench::Load(args)) => bench_load::run(args).await,
         DevCommand::Bench(DevBench::Search(args)) => bench_search::run(args).await,
+        DevCommand::Bench(DevBench::Code(args)) => bench_code::run(args).await,
     }
 }
