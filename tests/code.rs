@@ -123,6 +123,7 @@ async fn a_sweep_from_a_git_project_runs_that_code_on_two_workers_and_records_co
     assert_eq!(version.record.git_commit.as_deref(), Some(head.as_str()));
     let stored = server.data_dir().join("code").join(format!("{}.tar.zst", code.digest));
     assert!(stored.is_file());
+    page_shows_the_snapshot(&server, jobs[0].id, &code.digest, &head).await;
 
     // Unchanged: nothing is uploaded again. Committed: the same snapshot, clean.
     let again = submit_in(&experiments, &server.url, &["sweep.yaml"]);
@@ -136,6 +137,28 @@ async fn a_sweep_from_a_git_project_runs_that_code_on_two_workers_and_records_co
     assert_eq!(answer["code"]["snapshot"]["dir"], "", "jobs start where app submit ran");
     assert_eq!(answer["code"]["uploaded_bytes"], serde_json::Value::Null);
     assert_eq!(std::fs::read_dir(server.data_dir().join("code")).unwrap().count(), 1);
+}
+
+/// The job page names the snapshot (checked in headless Chromium by tests/browser/code.mjs).
+async fn page_shows_the_snapshot(server: &ServerProcess, job: shared::api::JobId, digest: &str, commit: &str) {
+    let screenshots = common::repo("target/browser-screenshots/code");
+    let output = tokio::process::Command::new("node")
+        .arg(common::repo("tests/browser/code.mjs"))
+        .arg(&server.url)
+        .arg(&screenshots)
+        .env("JOB", job.to_string())
+        .env("DIGEST", digest)
+        .env("COMMIT", commit)
+        .env("CHROMIUM", std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(90), output)
+        .await
+        .expect("the browser check finishes")
+        .expect("node runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success() && said.contains("ok: "), "the browser check failed: {said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -229,6 +229,17 @@ export function mount(root, route) {
     }
   }
 
+  /** The code snapshot an attempt ran: its digest, commit, whether the tree was dirty, where it started. */
+  function codeLine(code) {
+    if (!code) return null;
+    const where = code.dir ? ` · started in ${code.dir}/` : '';
+    return h('p.muted.code-snapshot', { dataset: { codeDigest: code.digest, dirty: String(Boolean(code.dirty)) }, style: { margin: '0 0 6px' } },
+      'Code: snapshot ', h('span.mono', { title: `sha256:${code.digest}` }, code.digest.slice(0, 12)),
+      code.commit ? ` · git ${code.commit.slice(0, 10)}` : ' · not in git',
+      code.dirty ? ' (dirty: changed or untracked files were shipped)' : '',
+      where);
+  }
+
   function renderArtifacts(results) {
     if (results.status === 'rejected') {
       fill(artifactsBox, h('h2', {}, 'Artifacts'), message(`Cannot load results: ${results.reason.message}`, 'error'));
@@ -247,6 +258,7 @@ export function mount(root, route) {
               version.record?.gpus?.length ? ` · ${version.record.gpus.join(', ')}` : '',
               version.record?.git_commit ? ` · git ${version.record.git_commit.slice(0, 10)}` : '',
               ' · stored '), timeAgo(version.stored_at)),
+          codeLine(version.record?.code),
           version.files.length === 0 ? h('p.muted', {}, 'No files.') :
             h('div.table-wrap.short', {}, h('table.files', {},
               h('thead', {}, h('tr', {}, h('th', {}, 'File'), h('th.num', {}, 'Size'), h('th', {}, 'SHA-256'))),
