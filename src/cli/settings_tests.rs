@@ -204,3 +204,16 @@ fn a_list_of_server_urls_reaches_the_worker_as_given() {
         settings(Mode::ClientOnly, file(&format!("[worker]\nurl = \"{urls}\"\n")), Layer::default(), Layer::default());
     assert_eq!(client::Client::new(&from_file.worker.url).unwrap().urls(), ["http://head1:8000", "http://head2:8000"]);
 }
+
+#[test]
+fn the_example_config_files_are_read_as_they_are_shipped() {
+    let read = |name: &str| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs").join(name);
+        Layer::from_toml(&std::fs::read_to_string(&path).unwrap(), &path).unwrap()
+    };
+    let worker = settings(Mode::ClientOnly, read("worker.example.toml"), Layer::default(), Layer::default()).worker;
+    assert_eq!(worker.checkpoint_interval, Duration::from_secs(300));
+    assert_eq!(worker.checkpoint_max_bytes, 10 << 30);
+    assert_eq!(worker.code_cache_bytes, 5 << 30);
+    settings(Mode::ServerOnly, read("server.example.toml"), Layer::default(), Layer::default());
+}
