@@ -6,9 +6,8 @@
 // Checks: the job page names the snapshot its attempt ran (digest, commit, dirty, the
 // directory it started in). Fails on any console error.
 
-import { chromium } from 'playwright-core';
-import fs from 'node:fs';
 import path from 'node:path';
+import { openPage, check } from './harness.mjs';
 
 const [base, outDir] = process.argv.slice(2);
 const { JOB: job, DIGEST: digest, COMMIT: commit } = process.env;
@@ -16,22 +15,7 @@ if (!base || !outDir || !job || !digest || !commit) {
   console.error('usage: JOB=... DIGEST=... COMMIT=... node code.mjs SERVER_URL OUTPUT_DIR');
   process.exit(2);
 }
-fs.mkdirSync(outDir, { recursive: true });
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  args: ['--no-sandbox'],
-  headless: true,
-});
-const page = await (await browser.newContext({ viewport: { width: 1440, height: 900 } })).newPage();
-page.setDefaultTimeout(15_000);
-const problems = [];
-page.on('console', (message) => {
-  if (message.type() === 'error') problems.push(`console error: ${message.text()}`);
-});
-page.on('pageerror', (error) => problems.push(`page error: ${error.stack || error.message}`));
-function check(condition, what) {
-  if (!condition) throw new Error(`check failed: ${what}`);
-}
+const { browser, page, problems } = await openPage(outDir);
 
 try {
   await page.goto(`${base}/#/jobs/${job}`);

@@ -9,9 +9,8 @@
 // so with the decision as its reason; the submit view's dry run of a bayes sweep says how many
 // runs it will make and shows its first runs. Fails on any console error.
 
-import { chromium } from 'playwright-core';
-import fs from 'node:fs';
 import path from 'node:path';
+import { openPage, check } from './harness.mjs';
 
 const [base, outDir] = process.argv.slice(2);
 const sweep = process.env.SWEEP;
@@ -20,24 +19,7 @@ if (!base || !outDir || !sweep || !stoppedJob) {
   console.error('usage: SWEEP=... STOPPED_JOB=... node search.mjs SERVER_URL OUTPUT_DIR');
   process.exit(2);
 }
-fs.mkdirSync(outDir, { recursive: true });
-
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  args: ['--no-sandbox'],
-  headless: true,
-});
-const page = await (await browser.newContext({ viewport: { width: 1440, height: 900 } })).newPage();
-page.setDefaultTimeout(15_000);
-const problems = [];
-page.on('console', (message) => {
-  if (message.type() === 'error') problems.push(`console error: ${message.text()}`);
-});
-page.on('pageerror', (error) => problems.push(`page error: ${error.stack || error.message}`));
-
-function check(condition, what) {
-  if (!condition) throw new Error(`check failed: ${what}`);
-}
+const { browser, page, problems } = await openPage(outDir);
 
 const BAYES = `name: page-bayes
 method: bayes
