@@ -535,6 +535,25 @@ pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i
     Ok((cancelled.into_iter().map(JobId::new).collect(), requested))
 }
 
+/// Cancels the sweep's queued jobs with `reason` (its running ones go on); their ids.
+pub async fn cancel_queued_of_sweep(
+    conn: &mut SqliteConnection,
+    sweep_id: SweepId,
+    reason: &str,
+    now: i64,
+) -> sqlx::Result<Vec<JobId>> {
+    let cancelled: Vec<i64> = sqlx::query_scalar(
+        "UPDATE jobs SET status = 'cancelled', reason = ?, finished_at = ?
+         WHERE sweep_id = ? AND status = 'queued' RETURNING id",
+    )
+    .bind(reason)
+    .bind(now)
+    .bind(sweep_id.get())
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(cancelled.into_iter().map(JobId::new).collect())
+}
+
 /// Cancels the listed jobs: queued ones now, running ones flagged for their worker. Returns
 /// the ids of each kind; the others (finished, unknown) are untouched.
 pub async fn cancel_many(

@@ -266,6 +266,29 @@ pub async fn histories(
     Ok(histories)
 }
 
+/// The best finite value of `metric` an attempt reported (its least when `minimize`).
+pub async fn best_of(
+    conn: &mut SqliteConnection,
+    job: JobId,
+    attempt: u32,
+    metric: &str,
+    minimize: bool,
+) -> sqlx::Result<Option<f64>> {
+    let row: Option<(Option<f64>, Option<f64>)> = sqlx::query_as(concat!(
+        "SELECT ",
+        finite!("min_value"),
+        ", ",
+        finite!("max_value"),
+        " FROM job_metric_summaries WHERE job_id = ? AND attempt = ? AND name = ?"
+    ))
+    .bind(job.get())
+    .bind(attempt)
+    .bind(metric)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.and_then(|(min, max)| if minimize { min } else { max }))
+}
+
 /// The points of `metric` of one attempt, in the order written.
 pub async fn history_of(pool: &SqlitePool, job: JobId, attempt: u32, metric: &str) -> anyhow::Result<Points> {
     let packed: Option<String> = sqlx::query_scalar(concat!(

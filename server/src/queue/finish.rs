@@ -87,7 +87,7 @@ impl Queue {
         let (status, mut jobs) = self
             .write(move |tx| {
                 Box::pin(async move {
-                    let status = apply(tx, at, request, (&logs, cap), &layout, staging).await?;
+                    let status = apply(tx, &search, at, request, (&logs, cap), &layout, staging).await?;
                     let jobs = match capacity {
                         Some(capacity) => {
                             let requests = [(worker, capacity)];
@@ -112,6 +112,7 @@ use shared::api::WorkerId;
 
 async fn apply(
     tx: &mut Tx,
+    search: &super::search::Controller,
     at: WorkerAttempt,
     request: FinishRequest,
     logs: (&super::LogStore, u64),
@@ -135,7 +136,7 @@ async fn apply(
         seal(tx, at, result, source, layout, &staging).await?;
     }
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
-    super::reports::apply_to(tx, current, attempt, at.worker, &request.outcome).await
+    super::reports::apply_to(tx, search, current, attempt, at.worker, &request.outcome).await
 }
 
 /// Seals the staged files (inline and streamed) as the attempt's result version, inside the

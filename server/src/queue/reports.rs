@@ -11,17 +11,19 @@ use shared::job::{self, JobStatus, Outcome};
 /// Applies `outcome` to the attempt if `worker` still holds it; returns the job's new status.
 pub(super) async fn apply_outcome(
     tx: &mut Tx,
+    search: &super::search::Controller,
     attempt: JobAttempt,
     worker: WorkerId,
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
     let current = state_of(tx, attempt.job_id).await?;
-    apply_to(tx, current, attempt, worker, outcome).await
+    apply_to(tx, search, current, attempt, worker, outcome).await
 }
 
 /// [`apply_outcome`] on the state `current` just read in this write unit.
 pub(super) async fn apply_to(
     tx: &mut Tx,
+    search: &super::search::Controller,
     current: crate::db::jobs::JobState,
     attempt: JobAttempt,
     worker: WorkerId,
@@ -45,6 +47,9 @@ pub(super) async fn apply_to(
         tx.note(Change::Claimable);
     }
     tracing::debug!(job = %id, attempt = attempt.attempt, status = %decision.status, "attempt finished");
+    if decision.status == JobStatus::Succeeded {
+        search.after_success(tx, id, attempt.attempt, current.sweep_id).await?;
+    }
     Ok(decision.status)
 }
 
@@ -52,7 +57,8 @@ impl Queue {
     /// A worker's report of how an attempt ended.
     pub async fn report(&self, id: JobId, worker: WorkerId, attempt: u32, outcome: Outcome) -> ApiResult<JobStatus> {
         let attempt = JobAttempt { job_id: id, attempt };
-        self.write(move |tx| Box::pin(async move { apply_outcome(tx, attempt, worker, &outcome).await }))
+        let search = self.search.clone();
+        self.write(move |tx| Box::pin(async move { apply_outcome(tx, &search, attempt, worker, &outcome).await }))
             .await
             .inspect(|status| self.meters.reported(*status))
     }

@@ -27,6 +27,12 @@ fn objective(job: &ClaimedJob) -> f64 {
     (x - 0.3).powi(2) + (y + 0.2).powi(2)
 }
 
+/// Every job of a sweep.
+async fn jobs_of(app: &TestApp, sweep: &str) -> Vec<shared::api::Job> {
+    let query = shared::api::JobQuery { sweep: Some(sweep.into()), ..Default::default() };
+    app.client.jobs(&query).await.unwrap().jobs
+}
+
 fn point(step: i64, value: f64) -> MetricPoint {
     MetricPoint { step: Some(step), name: "loss".into(), value }
 }
@@ -309,4 +315,38 @@ async fn a_dry_run_shows_the_first_runs_of_an_adaptive_sweep() {
     let made = app.claim(worker, 4).await;
     let params: Vec<_> = made.iter().map(|job| job.params.clone()).collect();
     assert_eq!(params, answer.preview.iter().map(|job| job.params.clone()).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_run_at_the_metric_target_ends_a_grid_sweep_queued_runs_cancelled_running_ones_finish() {
+    let app = TestApp::spawn().await;
+    let grid = "name: targeted\nmetric: {name: loss, goal: minimize, target: 0.1}\n\
+                command: 'echo {i}'\ngrid:\n  i: [0, 1, 2, 3, 4]\n";
+    assert_eq!(app.submit(grid).await.count, 5);
+    let worker = app.register("w", 2).await;
+    let running = app.claim(worker, 2).await;
+    assert_eq!(running.len(), 2);
+
+    // A run above the target changes nothing.
+    let response = app.client.finish(worker, &finished(&running[0], vec![point(1, 0.5)], None)).await.unwrap();
+    assert_eq!(response.status, JobStatus::Succeeded);
+    let jobs = jobs_of(&app, "targeted").await;
+    assert_eq!(jobs.iter().filter(|job| job.status == JobStatus::Queued).count(), 3);
+
+    // One at it: the queued runs are cancelled saying why; the running one goes on.
+    let last = app.claim(worker, 1).await.remove(0);
+    let response =
+        app.client.finish(worker, &finished(&running[1], vec![point(1, 0.3), point(2, 0.05)], None)).await.unwrap();
+    assert_eq!(response.status, JobStatus::Succeeded);
+    let jobs = jobs_of(&app, "targeted").await;
+    let cancelled: Vec<_> = jobs.iter().filter(|job| job.status == JobStatus::Cancelled).collect();
+    assert_eq!(cancelled.len(), 2, "{jobs:#?}");
+    let reason = cancelled[0].reason.clone().unwrap_or_default();
+    assert!(reason.contains(&format!("job {} reached metric.target 0.1", running[1].id)), "{reason}");
+    assert_eq!(jobs.iter().find(|job| job.id == last.id).unwrap().status, JobStatus::Running);
+    let state = app.client.sweep("targeted").await.unwrap().search.unwrap();
+    assert!(state.notes.iter().any(|note| note.contains("2 queued jobs cancelled")), "{:?}", state.notes);
+    let response = app.client.finish(worker, &finished(&last, vec![point(1, 0.9)], None)).await.unwrap();
+    assert_eq!(response.status, JobStatus::Succeeded, "a running run finishes as it would");
+    assert!(app.claim(worker, 2).await.is_empty(), "and nothing more starts");
 }

@@ -17,8 +17,10 @@ pub use proposals::preview;
 
 use super::{Change, Tx};
 use crate::db;
+use crate::db::now_ms;
 use crate::error::ApiResult;
-use shared::api::{SearchMethod, SweepId};
+use shared::api::{JobId, SearchMethod, SweepId};
+use shared::sweep::Goal;
 use shared::sweep::{ExpandOptions, Sweep, MAX_YAML_DEPTH};
 use sqlx::SqliteConnection;
 use std::collections::HashMap;
@@ -54,7 +56,7 @@ impl Controller {
     /// run after it) looks, whatever a batch before it concluded.
     pub(super) async fn on_submit(&self, tx: &mut Tx, sweep_id: SweepId, sweep: &Sweep) -> ApiResult<()> {
         let method = SearchMethod::of(&sweep.search);
-        if method == SearchMethod::Fixed && sweep.early_stop.is_none() {
+        if method == SearchMethod::Fixed && sweep.early_stop.is_none() && sweep.metric_target.is_none() {
             return Ok(());
         }
         if sweep.search.is_adaptive() {
@@ -79,7 +81,7 @@ impl Controller {
     /// After a submission committed: remember its parse (only then: a rolled-back id may be
     /// given to another sweep).
     pub(super) fn submitted(&self, sweep_id: SweepId, sweep: Arc<Sweep>) {
-        let has_controller = sweep.search.is_adaptive() || sweep.early_stop.is_some();
+        let has_controller = sweep.search.is_adaptive() || sweep.early_stop.is_some() || sweep.metric_target.is_some();
         if let Ok(mut sweeps) = self.sweeps.lock() {
             sweeps.insert(sweep_id, has_controller.then_some(sweep));
         }
@@ -90,6 +92,43 @@ impl Controller {
         if db::search::close(tx.conn(), sweep_id).await? {
             db::search::add_note(tx.conn(), sweep_id, "the sweep was cancelled: no more runs are made").await?;
             tx.note(Change::Page);
+        }
+        Ok(())
+    }
+
+    /// After a run of the sweep succeeded: if it reached the sweep's `metric.target`, the sweep
+    /// launches nothing more, as W&B's does: its queued jobs are cancelled with that reason
+    /// (running ones finish) and an adaptive sweep makes no more runs. Costs a cached lookup
+    /// for sweeps without a target.
+    pub(super) async fn after_success(
+        &self,
+        tx: &mut Tx,
+        job: JobId,
+        attempt: u32,
+        sweep_id: SweepId,
+    ) -> ApiResult<()> {
+        let Some(sweep) = self.sweep(tx.conn(), sweep_id).await? else { return Ok(()) };
+        let (Some(target), Some(metric)) = (sweep.metric_target, sweep.metric.as_ref()) else { return Ok(()) };
+        let minimize = metric.goal == Goal::Minimize;
+        let Some(value) = db::search::best_of(tx.conn(), job, attempt, &metric.name, minimize).await? else {
+            return Ok(());
+        };
+        if !(if minimize { value <= target } else { value >= target }) {
+            return Ok(());
+        }
+        let reason = format!(
+            "job {job} reached metric.target {target} ({} = {value}): the sweep starts no more runs",
+            metric.name
+        );
+        let cancelled = db::jobs::cancel_queued_of_sweep(tx.conn(), sweep_id, &reason, now_ms()).await?;
+        let closed = db::search::close(tx.conn(), sweep_id).await?;
+        if closed || !cancelled.is_empty() {
+            let note = format!("{reason}; {} queued jobs cancelled, running ones finish", cancelled.len());
+            db::search::add_note(tx.conn(), sweep_id, &note).await?;
+            tx.note(Change::Page);
+        }
+        for job in cancelled {
+            tx.note(Change::Job(job));
         }
         Ok(())
     }
