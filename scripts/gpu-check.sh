@@ -13,7 +13,8 @@
 # Every step runs under `timeout` against one deadline, so the check ends within 10 minutes.
 #
 # Steps: the worker's NVML inventory and telemetry reaching a server (both started here on
-# loopback); a real job placed on a GPU with CUDA_VISIBLE_DEVICES; `app train` on CUDA against
+# loopback); a real job placed on a GPU with CUDA_VISIBLE_DEVICES, and its per-job accounting
+# (utilisation, peak memory, GPU-hours) in its result; `app train` on CUDA against
 # PyTorch eager (bf16 and tf32, same data, same run) with its log line naming the device; the
 # checkpoint loaded by torch.load; `app bench` over batch sizes x {fp32, tf32, bf16, fp16} on a
 # 4 x 4096 MLP at batch 8192 with model FLOP/s and MFU (FLOPs counted from the layer shapes,
@@ -162,7 +163,10 @@ port=$(free_port)
 url=http://127.0.0.1:$port
 "$app" --server-only --bind "127.0.0.1:$port" --data-dir "$work/server" > "$work/server.log" 2>&1 &
 pids+=($!)
-"$app" --client-only --url "$url" --name gpu-check --work-dir "$work/worker" --max-jobs 2 > "$work/worker.log" 2>&1 &
+# GPU readings every second, so a job of a few seconds gets its own accounting.
+printf '[worker]\ntelemetry_secs = 1\n' > "$work/worker.toml"
+"$app" --client-only --url "$url" --name gpu-check --work-dir "$work/worker" --max-jobs 2 \
+    --config "$work/worker.toml" > "$work/worker.log" 2>&1 &
 pids+=($!)
 inventory=""
 for _ in $(seq 150); do
@@ -208,12 +212,28 @@ fi
 
 # --- 2. a real job placed on a GPU --------------------------------------------------------
 gpus_wanted=$([ "$mode" = gpu ] && echo 1 || echo 0)
+# The job says what it sees, then keeps its GPU busy for 6 s (matrix products), so that its
+# per-job accounting (utilisation, peak memory, GPU-hours) has readings to show.
+cat > "$work/gpu_job.py" <<'EOF'
+import os, time
+import torch
+print("CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", ""), "torch sees",
+      torch.cuda.device_count(), "GPU(s)", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+if torch.cuda.is_available():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    end = time.time() + 6
+    while time.time() < end:
+        for _ in range(20):
+            b = a @ a
+        torch.cuda.synchronize()
+EOF
 cat > "$work/job.yaml" <<EOF
 name: gpu-check-job
-command: "echo CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES; $python -c 'import torch; print(\"torch sees\", torch.cuda.device_count(), \"GPU(s)\", torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"\")'"
+command: $python $work/gpu_job.py
 resources: {gpus: $gpus_wanted}
 EOF
-if have_time 60 && APP_URL=$url timeout "$(limit 20)" "$app" submit "$work/job.yaml" > "$work/submit.out" 2>&1; then
+# --no-code: the job is the script above, not the scratch directory the file sits in.
+if have_time 60 && APP_URL=$url timeout "$(limit 20)" "$app" submit --no-code "$work/job.yaml" > "$work/submit.out" 2>&1; then
     job_log=""
     for _ in $(seq "$(( $(limit 60) * 4 ))"); do
         job_log=$("$python" - "$url" <<'EOF' 2>/dev/null
@@ -230,8 +250,23 @@ EOF
     done
     if [ "$mode" = gpu ] && [[ "$job_log" == succeeded:*CUDA_VISIBLE_DEVICES=?*"torch sees 1 GPU(s)"* ]]; then
         record "job placed on a GPU" ok "${job_log#succeeded: }"
+        account=$("$python" - "$url" <<'EOF' 2>/dev/null
+import json, sys, urllib.request
+base = sys.argv[1]
+job = json.load(urllib.request.urlopen(base + "/api/jobs?sweep=gpu-check-job", timeout=2))["jobs"][0]
+versions = json.load(urllib.request.urlopen(f"{base}/api/jobs/{job['id']}/results", timeout=2))
+usage = (versions[-1]["record"].get("gpu_usage") if versions else None) or {}
+if usage.get("samples"):
+    print(f"{usage['samples']} readings: {usage.get('utilization_mean') or 0:.0f}% mean, "
+          f"{usage.get('utilization_p95') or 0:.0f}% p95 busy, peak {(usage.get('memory_peak') or 0) >> 20} MiB, "
+          f"{usage['gpu_hours'] * 3600:.1f} GPU-seconds" + (", flagged idle" if usage.get("idle_gpus") else ""))
+EOF
+)
+        [ -n "$account" ] && record "per-job GPU accounting" ok "$account" ||
+            record "per-job GPU accounting" FAIL "the job's result records no GPU readings"
     elif [ "$mode" = cpu ] && [[ "$job_log" == "succeeded: CUDA_VISIBLE_DEVICES= "* ]]; then
         record "job placed on a GPU" ok "CPU mode, a CPU job: ${job_log#succeeded: }"
+        record "per-job GPU accounting" skip "CPU mode: no GPU readings to account"
     else
         record "job placed on a GPU" FAIL "${job_log:-no outcome within the limit}"
     fi
