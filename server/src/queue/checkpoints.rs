@@ -22,7 +22,7 @@ fn no_checkpoint(job: JobId) -> ApiError {
 }
 
 impl Queue {
-    fn checkpoint_dir(&self, job: JobId) -> PathBuf {
+    pub(super) fn checkpoint_dir(&self, job: JobId) -> PathBuf {
         self.config.data_dir.join("checkpoints").join(job.to_string())
     }
 

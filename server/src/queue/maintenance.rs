@@ -107,6 +107,18 @@ impl Queue {
         // Staged uploads of its attempts, if any, go with the reaper's next sweep of staging.
         remove_directory(directory).await;
         remove_directory(self.logs.sweep_dir(sweep.id)).await;
+        // Their checkpoints' rows went with the jobs (a trigger); their files go now.
+        let checkpoints: Vec<PathBuf> = removal.job_ids.iter().map(|job| self.checkpoint_dir(*job)).collect();
+        let _ = tokio::task::spawn_blocking(move || {
+            for directory in checkpoints {
+                if let Err(error) = std::fs::remove_dir_all(&directory) {
+                    if error.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!(%error, directory = %directory.display(), "removing a removed job's checkpoints");
+                    }
+                }
+            }
+        })
+        .await;
         Ok(SweepRemoved {
             id: sweep.id,
             name: sweep.name,

@@ -166,3 +166,20 @@ async fn checkpoints_are_fenced_by_attempt_the_newest_is_kept_and_the_next_attem
     let none = app.client.download_checkpoint(fresh.id, fresh.attempt, worker, &dir.path().join("none")).await.unwrap();
     assert_eq!(none, None);
 }
+
+#[tokio::test]
+async fn a_removed_sweep_takes_its_jobs_checkpoint_files_with_it() {
+    let app = TestApp::spawn().await;
+    let (worker, job) = app.start_one("kept-weights").await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weights");
+    std::fs::write(&path, b"epoch 3").unwrap();
+    app.client.upload_checkpoint(job.id, job.attempt, worker, open(&path).await).await.unwrap();
+    let files = app.data_path().join(format!("checkpoints/{}", job.id));
+    assert!(files.is_dir());
+    let report = ReportRequest { worker_id: worker, attempt: job.attempt, outcome: Outcome::Exited { code: 0 } };
+    app.client.report(job.id, &report).await.unwrap();
+    app.client.delete_sweep("kept-weights").await.unwrap();
+    assert!(!files.exists(), "no checkpoint file outlives its job");
+    assert_eq!(app.client.checkpoint_info(job.id).await.unwrap_err().status(), Some(404));
+}
