@@ -385,6 +385,17 @@ pub async fn mark_running(
     Ok(rows)
 }
 
+/// The guarded finish of an attempt: ?1 status, ?2 retries left, ?3 exit code, ?4 reason, ?5
+/// terminal, ?6 now; the guard ?7 id, ?8 attempt, ?9 worker, ?10 retries left, ?11 cancel flag.
+pub(super) const FINISH_SQL: &str =
+    "UPDATE jobs SET status = ?1, retries_left = ?2, exit_code = ?3, reason = ?4, lease_expires_at = NULL,
+            finished_at = CASE WHEN ?5 THEN ?6 ELSE NULL END,
+            worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
+            gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
+            started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
+     WHERE id = ?7 AND status = 'running' AND attempt = ?8 AND worker_id = ?9
+       AND retries_left = ?10 AND cancel_requested = ?11";
+
 /// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`.
 /// The decision was made on `seen` (its retries and cancel flag are part of the guard: a
 /// cancel that lands between the read and this write makes it change nothing).
@@ -395,28 +406,20 @@ pub async fn finish(
     decision: &Finish,
     now: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE jobs SET status = ?1, retries_left = ?2, exit_code = ?3, reason = ?4, lease_expires_at = NULL,
-                finished_at = CASE WHEN ?5 THEN ?6 ELSE NULL END,
-                worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
-                gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
-                started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
-         WHERE id = ?7 AND status = 'running' AND attempt = ?8 AND worker_id = ?9
-           AND retries_left = ?10 AND cancel_requested = ?11",
-    )
-    .bind(decision.status.as_str())
-    .bind(decision.retries_left)
-    .bind(decision.exit_code)
-    .bind(decision.reason.as_deref())
-    .bind(decision.status.is_terminal())
-    .bind(now)
-    .bind(seen.id.get())
-    .bind(seen.attempt)
-    .bind(worker_id.get())
-    .bind(seen.retries_left)
-    .bind(seen.cancel_requested)
-    .execute(&mut *conn)
-    .await?;
+    let done = sqlx::query(FINISH_SQL)
+        .bind(decision.status.as_str())
+        .bind(decision.retries_left)
+        .bind(decision.exit_code)
+        .bind(decision.reason.as_deref())
+        .bind(decision.status.is_terminal())
+        .bind(now)
+        .bind(seen.id.get())
+        .bind(seen.attempt)
+        .bind(worker_id.get())
+        .bind(seen.retries_left)
+        .bind(seen.cancel_requested)
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 

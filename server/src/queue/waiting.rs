@@ -52,7 +52,7 @@ impl Queue {
     /// Why the queued jobs of a sweep cannot run on any connected worker, when they cannot.
     pub async fn sweep_unplaceable(&self, sweep: SweepId) -> ApiResult<Option<String>> {
         let Some(resources) = db::jobs::queued_resources_of_sweep(self.reader(), sweep).await? else { return Ok(None) };
-        Ok(self.unplaceable(&resources).await?)
+        self.unplaceable(&resources).await
     }
 
     /// Why a job asking for `resources` cannot run on any connected worker, if it cannot.
