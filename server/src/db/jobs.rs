@@ -93,20 +93,26 @@ pub struct ResultSource {
     pub sweep: String,
     pub index: u64,
     pub params: serde_json::Value,
+    /// Whether `attempt` had metric summaries when this was read: a finish that sends no
+    /// metrics of its own then needs no second read for the version's summaries.
+    pub has_metrics: bool,
 }
 
-/// A job's state with what its result version records, in one read (the finish of an
-/// attempt needs both).
+/// A job's state with what its result version of `attempt` records, in one read (the finish
+/// of an attempt needs both).
 pub async fn state_for_result(
     conn: &mut SqliteConnection,
     id: JobId,
+    attempt: u32,
 ) -> anyhow::Result<Option<(JobState, ResultSource)>> {
     let columns = STATE_COLUMNS.split(", ").map(|column| format!("j.{column}")).collect::<Vec<_>>().join(", ");
     let row = sqlx::query(&format!(
-        "SELECT {columns}, s.name AS sweep_name, j.idx, j.params
-         FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?"
+        "SELECT {columns}, s.name AS sweep_name, j.idx, j.params,
+                EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = j.id AND m.attempt = ?2) AS has_metrics
+         FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?1"
     ))
     .bind(id.get())
+    .bind(attempt)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(row) = row else { return Ok(None) };
@@ -115,6 +121,7 @@ pub async fn state_for_result(
         sweep: row.try_get("sweep_name")?,
         index: row.try_get::<i64, _>("idx")? as u64,
         params: serde_json::from_str(&params)?,
+        has_metrics: row.try_get("has_metrics")?,
     };
     Ok(Some((state_from_row(&row)?, source)))
 }

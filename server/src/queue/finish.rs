@@ -140,8 +140,8 @@ async fn prepare(
     layout: &Layout,
     staging: PathBuf,
 ) -> ApiResult<(db::jobs::JobState, Finish)> {
-    let (current, source) =
-        db::jobs::state_for_result(tx.conn(), at.job).await?.ok_or_else(|| super::no_job(at.job))?;
+    let (current, mut source) =
+        db::jobs::state_for_result(tx.conn(), at.job, at.attempt).await?.ok_or_else(|| super::no_job(at.job))?;
     super::fence::check(&current, at.attempt, at.worker, "finish")?;
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
     let decision = super::reports::decide(&current, attempt, at.worker, &request.outcome)?;
@@ -150,6 +150,8 @@ async fn prepare(
     }
     if let Some(metrics) = &request.metrics {
         super::metrics::record(tx, at.job, at.attempt, at.worker, metrics.offset, &metrics.points).await?;
+        // The version's summaries are read again after these points.
+        source.has_metrics = true;
     }
     for note in &request.notes {
         db::jobs::add_note(tx.conn(), at.job, at.attempt, note).await?;
@@ -178,7 +180,7 @@ async fn seal(
     if (streamed || !result.files.is_empty()) && db::results::exists(tx.conn(), id, attempt).await? {
         return Ok(());
     }
-    let db::jobs::ResultSource { sweep, index, params } = source;
+    let db::jobs::ResultSource { sweep, index, params, has_metrics } = source;
     let relative = Layout::version_path(&sweep, index, attempt);
     storage::check_relative_path(&relative).map_err(|why| anyhow::anyhow!("result path of job {id}: {why}"))?;
     let mut files: Vec<ManifestEntry> = result
@@ -216,7 +218,12 @@ async fn seal(
         files,
         record: result.record,
         params,
-        metrics: db::metrics::summaries_of_attempt(tx.conn(), id, attempt).await?,
+        // Read only when there are some: `has_metrics` is false only when the attempt had
+        // none before this finish and the finish sent none (a short job's usual case).
+        metrics: match has_metrics {
+            true => db::metrics::summaries_of_attempt(tx.conn(), id, attempt).await?,
+            false => Default::default(),
+        },
         stored_at: now_ms(),
     };
     // A version without files is its record alone: no directory (three directory creations

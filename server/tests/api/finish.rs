@@ -151,3 +151,23 @@ async fn a_finish_hands_a_worker_without_gpus_the_best_jobs_it_can_run_in_dispat
     let gpu = app.client.jobs(&JobQuery { sweep: Some("gpu".into()), ..JobQuery::default() }).await.unwrap();
     assert_eq!(gpu.jobs[0].status, JobStatus::Queued);
 }
+
+#[tokio::test]
+async fn a_finish_without_metrics_records_those_sent_before_and_none_when_there_were_none() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("measured", 2)).await;
+    let worker = app.register("w", 2).await;
+    let jobs = app.claim(worker, 2).await;
+    let points = vec![MetricPoint { step: Some(3), name: "acc".into(), value: 0.75 }];
+    let batch = shared::api::MetricsBatch { worker_id: worker, attempt: jobs[0].attempt, offset: 10, points };
+    app.client.send_metrics(jobs[0].id, &batch).await.unwrap();
+    for job in &jobs {
+        let mut request = finish(job);
+        request.metrics = None;
+        app.client.finish(worker, &request).await.unwrap();
+    }
+    let sent_before = app.client.results(jobs[0].id).await.unwrap();
+    assert_eq!(sent_before[0].metrics["acc"].last, 0.75, "{:?}", sent_before[0].metrics);
+    let never = app.client.results(jobs[1].id).await.unwrap();
+    assert!(never[0].metrics.is_empty(), "{:?}", never[0].metrics);
+}
