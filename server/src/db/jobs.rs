@@ -93,20 +93,26 @@ pub struct ResultSource {
     pub sweep: String,
     pub index: u64,
     pub params: serde_json::Value,
+    /// Whether `attempt` had metric summaries when this was read: a finish that sends no
+    /// metrics of its own then needs no second read for the version's summaries.
+    pub has_metrics: bool,
 }
 
-/// A job's state with what its result version records, in one read (the finish of an
-/// attempt needs both).
+/// A job's state with what its result version of `attempt` records, in one read (the finish
+/// of an attempt needs both).
 pub async fn state_for_result(
     conn: &mut SqliteConnection,
     id: JobId,
+    attempt: u32,
 ) -> anyhow::Result<Option<(JobState, ResultSource)>> {
     let columns = STATE_COLUMNS.split(", ").map(|column| format!("j.{column}")).collect::<Vec<_>>().join(", ");
     let row = sqlx::query(&format!(
-        "SELECT {columns}, s.name AS sweep_name, j.idx, j.params
-         FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?"
+        "SELECT {columns}, s.name AS sweep_name, j.idx, j.params,
+                EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = j.id AND m.attempt = ?2) AS has_metrics
+         FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?1"
     ))
     .bind(id.get())
+    .bind(attempt)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(row) = row else { return Ok(None) };
@@ -115,6 +121,7 @@ pub async fn state_for_result(
         sweep: row.try_get("sweep_name")?,
         index: row.try_get::<i64, _>("idx")? as u64,
         params: serde_json::from_str(&params)?,
+        has_metrics: row.try_get("has_metrics")?,
     };
     Ok(Some((state_from_row(&row)?, source)))
 }
@@ -385,6 +392,17 @@ pub async fn mark_running(
     Ok(rows)
 }
 
+/// The guarded finish of an attempt: ?1 status, ?2 retries left, ?3 exit code, ?4 reason, ?5
+/// terminal, ?6 now; the guard ?7 id, ?8 attempt, ?9 worker, ?10 retries left, ?11 cancel flag.
+pub(super) const FINISH_SQL: &str =
+    "UPDATE jobs SET status = ?1, retries_left = ?2, exit_code = ?3, reason = ?4, lease_expires_at = NULL,
+            finished_at = CASE WHEN ?5 THEN ?6 ELSE NULL END,
+            worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
+            gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
+            started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
+     WHERE id = ?7 AND status = 'running' AND attempt = ?8 AND worker_id = ?9
+       AND retries_left = ?10 AND cancel_requested = ?11";
+
 /// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`.
 /// The decision was made on `seen` (its retries and cancel flag are part of the guard: a
 /// cancel that lands between the read and this write makes it change nothing).
@@ -395,28 +413,20 @@ pub async fn finish(
     decision: &Finish,
     now: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE jobs SET status = ?1, retries_left = ?2, exit_code = ?3, reason = ?4, lease_expires_at = NULL,
-                finished_at = CASE WHEN ?5 THEN ?6 ELSE NULL END,
-                worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
-                gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
-                started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
-         WHERE id = ?7 AND status = 'running' AND attempt = ?8 AND worker_id = ?9
-           AND retries_left = ?10 AND cancel_requested = ?11",
-    )
-    .bind(decision.status.as_str())
-    .bind(decision.retries_left)
-    .bind(decision.exit_code)
-    .bind(decision.reason.as_deref())
-    .bind(decision.status.is_terminal())
-    .bind(now)
-    .bind(seen.id.get())
-    .bind(seen.attempt)
-    .bind(worker_id.get())
-    .bind(seen.retries_left)
-    .bind(seen.cancel_requested)
-    .execute(&mut *conn)
-    .await?;
+    let done = sqlx::query(FINISH_SQL)
+        .bind(decision.status.as_str())
+        .bind(decision.retries_left)
+        .bind(decision.exit_code)
+        .bind(decision.reason.as_deref())
+        .bind(decision.status.is_terminal())
+        .bind(now)
+        .bind(seen.id.get())
+        .bind(seen.attempt)
+        .bind(worker_id.get())
+        .bind(seen.retries_left)
+        .bind(seen.cancel_requested)
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 

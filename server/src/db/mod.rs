@@ -15,6 +15,7 @@ pub mod jobs;
 pub mod logs;
 pub mod maintenance;
 pub mod metrics;
+pub mod plain_claims;
 pub mod results;
 pub mod scrape;
 pub mod search;

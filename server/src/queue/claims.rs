@@ -212,6 +212,10 @@ pub(super) async fn claim_batch(
     if slots == 0 {
         return Ok(per_ticket);
     }
+    if let Some(claim) = plain_claim(requests, lease_expires_at, now) {
+        let rows = db::plain_claims::claim(tx.conn(), claim).await?;
+        return Ok(vec![claimed_plain(tx, rows, names, workspaces).await?]);
+    }
     // The look and the update run in one write unit: no other writer runs in between, and all
     // chosen jobs change in one statement.
     let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
@@ -248,6 +252,43 @@ pub(super) async fn claim_batch(
         jobs.sort_by_key(|job| order.iter().position(|(id, _)| *id == job.id));
     }
     Ok(per_ticket)
+}
+
+/// The claim of one worker that reports no GPU, made in one statement (`db::plain_claims`):
+/// `place` would accept every job the SQL filter lets through, with no GPUs.
+pub(super) fn plain_claim(
+    requests: &[(WorkerId, Capacity)],
+    lease_until: i64,
+    now: i64,
+) -> Option<db::plain_claims::PlainClaim> {
+    let [(worker_id, capacity)] = requests else { return None };
+    if !capacity.gpus.is_empty() || capacity.job_slots == 0 {
+        return None;
+    }
+    let trainer = capacity.capabilities.trainer;
+    Some(db::plain_claims::PlainClaim { worker_id: *worker_id, slots: capacity.job_slots, trainer, lease_until, now })
+}
+
+/// The jobs of a plain claim's rows, in dispatch order (priority first, then age).
+pub(super) async fn claimed_plain(
+    tx: &mut Tx,
+    rows: Vec<sqlx::sqlite::SqliteRow>,
+    names: &SweepNames,
+    workspaces: &super::code::Workspaces,
+) -> ApiResult<Vec<ClaimedJob>> {
+    let mut keyed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let key = (std::cmp::Reverse(row.try_get::<i64, _>("priority")?), row.try_get::<i64, _>("id")?);
+        keyed.push((key, row));
+    }
+    keyed.sort_by_key(|(key, _)| *key);
+    let mut jobs = Vec::with_capacity(keyed.len());
+    for ((_, id), row) in keyed {
+        jobs.push(claimed_job(tx, &row, Placement { gpus: Vec::new() }, names, workspaces).await?);
+        // Log followers waiting for a queued job's first attempt learn it started.
+        tx.note(Change::Job(JobId::new(id)));
+    }
+    Ok(jobs)
 }
 
 async fn claimed_job(

@@ -12,6 +12,8 @@ use sha2::{Digest, Sha256};
 use shared::api::{
     FinishRequest, FinishResponse, InlineResult, JobAttempt, ManifestEntry, ResultVersion, MAX_INLINE_BYTES,
 };
+use shared::job::Finish;
+use shared::placement::Capacity;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -87,16 +89,38 @@ impl Queue {
         let (status, mut jobs) = self
             .write(move |tx| {
                 Box::pin(async move {
-                    let status = apply(tx, &search, at, request, (&logs, cap), &layout, staging).await?;
-                    let jobs = match capacity {
-                        Some(capacity) => {
-                            let requests = [(worker, capacity)];
+                    let (current, decision) = prepare(tx, at, request, (&logs, cap), &layout, staging).await?;
+                    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+                    let requests: Vec<(WorkerId, Capacity)> =
+                        capacity.map(|capacity| (worker, capacity)).into_iter().collect();
+                    let now = now_ms();
+                    // A worker without GPUs, and no adaptive sweep to make runs for it first:
+                    // the finish and the claim go to SQLite together (`db::plain_claims`).
+                    let plain = match search.may_be_open() {
+                        true => None,
+                        false => super::claims::plain_claim(&requests, now + lease.as_millis() as i64, now),
+                    };
+                    if let Some(claim) = plain {
+                        let (applied, rows) =
+                            db::plain_claims::finish_and_claim(tx.conn(), &current, worker, &decision, claim).await?;
+                        super::reports::settle(tx, attempt, &decision, applied)?;
+                        // Jobs claimed with the finish that reached a target run, as runs
+                        // already started do; the rest of the sweep's queue is cancelled.
+                        super::reports::after_settled(tx, &search, &current, attempt, &decision).await?;
+                        let jobs = super::claims::claimed_plain(tx, rows, &names, &workspaces).await?;
+                        return Ok((decision.status, jobs));
+                    }
+                    let applied = db::jobs::finish(tx.conn(), &current, worker, &decision, now).await?;
+                    super::reports::settle(tx, attempt, &decision, applied)?;
+                    super::reports::after_settled(tx, &search, &current, attempt, &decision).await?;
+                    let jobs = match requests.is_empty() {
+                        true => Vec::new(),
+                        false => {
                             search.top_up(tx, &requests).await?;
                             super::claims::claim_batch(tx, &requests, lease, &names, &workspaces).await?.remove(0)
                         }
-                        None => Vec::new(),
                     };
-                    Ok((status, jobs))
+                    Ok((decision.status, jobs))
                 })
             })
             .await?;
@@ -110,23 +134,28 @@ impl Queue {
 
 use shared::api::WorkerId;
 
-async fn apply(
+/// Everything of the finish but the outcome's guarded UPDATE: the fence, the log tail, the
+/// metrics, the notes and the result version; returns the state read and the decision.
+async fn prepare(
     tx: &mut Tx,
-    search: &super::search::Controller,
     at: WorkerAttempt,
     request: FinishRequest,
     logs: (&super::LogStore, u64),
     layout: &Layout,
     staging: PathBuf,
-) -> ApiResult<shared::job::JobStatus> {
-    let (current, source) =
-        db::jobs::state_for_result(tx.conn(), at.job).await?.ok_or_else(|| super::no_job(at.job))?;
+) -> ApiResult<(db::jobs::JobState, Finish)> {
+    let (current, mut source) =
+        db::jobs::state_for_result(tx.conn(), at.job, at.attempt).await?.ok_or_else(|| super::no_job(at.job))?;
     super::fence::check(&current, at.attempt, at.worker, "finish")?;
+    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+    let decision = super::reports::decide(&current, attempt, at.worker, &request.outcome)?;
     if let Some(log) = &request.log {
         super::logs::append(tx, logs, at, log.offset, &log.data).await?;
     }
     if let Some(metrics) = &request.metrics {
         super::metrics::record(tx, at.job, at.attempt, at.worker, metrics.offset, &metrics.points).await?;
+        // The version's summaries are read again after these points.
+        source.has_metrics = true;
     }
     for note in &request.notes {
         db::jobs::add_note(tx.conn(), at.job, at.attempt, note).await?;
@@ -135,8 +164,7 @@ async fn apply(
     if let Some(result) = request.result {
         seal(tx, at, result, source, layout, &staging).await?;
     }
-    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
-    super::reports::apply_to(tx, search, current, attempt, at.worker, &request.outcome).await
+    Ok((current, decision))
 }
 
 /// Seals the staged files (inline and streamed) as the attempt's result version, inside the
@@ -156,7 +184,7 @@ async fn seal(
     if (streamed || !result.files.is_empty()) && db::results::exists(tx.conn(), id, attempt).await? {
         return Ok(());
     }
-    let db::jobs::ResultSource { sweep, index, params } = source;
+    let db::jobs::ResultSource { sweep, index, params, has_metrics } = source;
     let relative = Layout::version_path(&sweep, index, attempt);
     storage::check_relative_path(&relative).map_err(|why| anyhow::anyhow!("result path of job {id}: {why}"))?;
     let mut files: Vec<ManifestEntry> = result
@@ -194,7 +222,12 @@ async fn seal(
         files,
         record: result.record,
         params,
-        metrics: db::metrics::summaries_of_attempt(tx.conn(), id, attempt).await?,
+        // Read only when there are some: `has_metrics` is false only when the attempt had
+        // none before this finish and the finish sent none (a short job's usual case).
+        metrics: match has_metrics {
+            true => db::metrics::summaries_of_attempt(tx.conn(), id, attempt).await?,
+            false => Default::default(),
+        },
         stored_at: now_ms(),
     };
     // A version without files is its record alone: no directory (three directory creations

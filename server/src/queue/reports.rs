@@ -6,7 +6,7 @@ use super::{Change, Queue, Tx};
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use shared::api::{JobAttempt, JobId, WorkerId};
-use shared::job::{self, JobStatus, Outcome};
+use shared::job::{self, Finish, JobStatus, Outcome};
 
 /// Applies `outcome` to the attempt if `worker` still holds it; returns the job's new status.
 pub(super) async fn apply_outcome(
@@ -29,17 +29,50 @@ pub(super) async fn apply_to(
     worker: WorkerId,
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
-    let id = attempt.job_id;
+    let decision = decide(&current, attempt, worker, outcome)?;
+    let applied = db::jobs::finish(tx.conn(), &current, worker, &decision, now_ms()).await?;
+    settle(tx, attempt, &decision, applied)?;
+    after_settled(tx, search, &current, attempt, &decision).await?;
+    Ok(decision.status)
+}
+
+/// What follows a settled decision in the same unit: a success may have reached its sweep's
+/// `metric.target` (see `search::Controller::after_success`).
+pub(super) async fn after_settled(
+    tx: &mut Tx,
+    search: &super::search::Controller,
+    current: &crate::db::jobs::JobState,
+    attempt: JobAttempt,
+    decision: &Finish,
+) -> ApiResult<()> {
+    if decision.status == JobStatus::Succeeded {
+        search.after_success(tx, attempt.job_id, attempt.attempt, current.sweep_id).await?;
+    }
+    Ok(())
+}
+
+/// What `outcome` does to the job, if `worker` still holds the attempt in `current`.
+pub(super) fn decide(
+    current: &crate::db::jobs::JobState,
+    attempt: JobAttempt,
+    worker: WorkerId,
+    outcome: &Outcome,
+) -> ApiResult<Finish> {
     let holds =
         current.status == JobStatus::Running && current.attempt == attempt.attempt && current.worker_id == Some(worker);
     if !holds {
         return Err(ApiError::Conflict(format!(
-            "stale report for job {id} attempt {}: the job is {} at attempt {}",
-            attempt.attempt, current.status, current.attempt
+            "stale report for job {} attempt {}: the job is {} at attempt {}",
+            attempt.job_id, attempt.attempt, current.status, current.attempt
         )));
     }
-    let decision = job::finish(outcome, current.retries_left, current.cancel_requested);
-    if !db::jobs::finish(tx.conn(), &current, worker, &decision, now_ms()).await? {
+    Ok(job::finish(outcome, current.retries_left, current.cancel_requested))
+}
+
+/// Notes a decision its guarded UPDATE `applied`, or refuses the unit when it did not.
+pub(super) fn settle(tx: &mut Tx, attempt: JobAttempt, decision: &Finish, applied: bool) -> ApiResult<()> {
+    let id = attempt.job_id;
+    if !applied {
         return Err(ApiError::Conflict(format!("job {id} changed while its report was applied; report again")));
     }
     tx.note(Change::Job(id));
@@ -47,10 +80,7 @@ pub(super) async fn apply_to(
         tx.note(Change::Claimable);
     }
     tracing::debug!(job = %id, attempt = attempt.attempt, status = %decision.status, "attempt finished");
-    if decision.status == JobStatus::Succeeded {
-        search.after_success(tx, id, attempt.attempt, current.sweep_id).await?;
-    }
-    Ok(decision.status)
+    Ok(())
 }
 
 impl Queue {

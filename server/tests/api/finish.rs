@@ -4,8 +4,8 @@
 use crate::helpers::{cpu, sweep_of, TestApp};
 use sha2::{Digest, Sha256};
 use shared::api::{
-    AttemptRecord, ClaimRequest, FinishRequest, InlineFile, InlineResult, LogQuery, LogTail, MetricPoint, MetricsTail,
-    MAX_INLINE_BYTES,
+    AttemptRecord, ClaimRequest, FinishRequest, InlineFile, InlineResult, JobQuery, LogQuery, LogTail, MetricPoint,
+    MetricsTail, MAX_INLINE_BYTES,
 };
 use shared::job::{JobStatus, Outcome};
 
@@ -131,4 +131,43 @@ async fn a_finish_with_notes_keeps_them_on_the_job_and_in_its_log() {
     assert_eq!(stored.notes, request.notes);
     let log = app.client.log(job.id, &LogQuery::default()).await.unwrap().text;
     assert_eq!(log, "hello\n[app] worker disk full: log truncated after about 6 bytes\n");
+}
+
+#[tokio::test]
+async fn a_finish_hands_a_worker_without_gpus_the_best_jobs_it_can_run_in_dispatch_order() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("low", 2)).await;
+    app.submit("name: gpu\ncommand: \"true\"\npriority: 9\nresources: {gpus: 1}\n").await;
+    app.submit("name: high\ncommand: \"true\"\npriority: 5\ngrid:\n  i: [0, 1, 2]\n").await;
+    let worker = app.register("w", 3).await;
+    let job = app.claim(worker, 1).await.pop().unwrap();
+    assert_eq!((job.sweep.as_str(), job.index), ("high", 0));
+    let mut request = finish(&job);
+    request.claim = Some(ClaimRequest { capacity: cpu(3), wait_ms: 0 });
+    let jobs = app.client.finish(worker, &request).await.unwrap().jobs;
+    let got: Vec<(&str, u64)> = jobs.iter().map(|job| (job.sweep.as_str(), job.index)).collect();
+    assert_eq!(got, [("high", 1), ("high", 2), ("low", 0)], "priority first, then age; never the GPU job");
+    assert!(jobs.iter().all(|job| job.placement.gpus.is_empty() && job.attempt == 1));
+    let gpu = app.client.jobs(&JobQuery { sweep: Some("gpu".into()), ..JobQuery::default() }).await.unwrap();
+    assert_eq!(gpu.jobs[0].status, JobStatus::Queued);
+}
+
+#[tokio::test]
+async fn a_finish_without_metrics_records_those_sent_before_and_none_when_there_were_none() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("measured", 2)).await;
+    let worker = app.register("w", 2).await;
+    let jobs = app.claim(worker, 2).await;
+    let points = vec![MetricPoint { step: Some(3), name: "acc".into(), value: 0.75 }];
+    let batch = shared::api::MetricsBatch { worker_id: worker, attempt: jobs[0].attempt, offset: 10, points };
+    app.client.send_metrics(jobs[0].id, &batch).await.unwrap();
+    for job in &jobs {
+        let mut request = finish(job);
+        request.metrics = None;
+        app.client.finish(worker, &request).await.unwrap();
+    }
+    let sent_before = app.client.results(jobs[0].id).await.unwrap();
+    assert_eq!(sent_before[0].metrics["acc"].last, 0.75, "{:?}", sent_before[0].metrics);
+    let never = app.client.results(jobs[1].id).await.unwrap();
+    assert!(never[0].metrics.is_empty(), "{:?}", never[0].metrics);
 }

@@ -51,6 +51,11 @@ fn reparse_options() -> ExpandOptions {
 }
 
 impl Controller {
+    /// Whether an adaptive sweep may still want runs made for a claim (`top_up` would look).
+    pub(in crate::queue) fn may_be_open(&self) -> bool {
+        self.maybe_open.load(Ordering::SeqCst)
+    }
+
     /// Called in the submission's write unit: sets up the controller of a sweep that needs one.
     /// The hint is set here, in the writer's order, so a claim batch woken by this commit (or
     /// run after it) looks, whatever a batch before it concluded.
