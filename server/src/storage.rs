@@ -313,23 +313,43 @@ pub fn disk_error(error: io::Error, what: String) -> crate::error::ApiError {
     }
 }
 
+/// Bytes of declared uploads being received now, reserved against the free space.
+static RECEIVING: AtomicU64 = AtomicU64::new(0);
+
+/// Space reserved for an upload while it is received; given back when dropped.
+#[must_use = "the space is reserved only while this is held"]
+pub struct Reservation(u64);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        RECEIVING.fetch_sub(self.0, Ordering::SeqCst);
+    }
+}
+
 /// Refuses (507) a body of `declared` bytes that cannot fit in the free space of the
 /// filesystem holding `dir`, before a byte of it is written: streamed into the last free
 /// space, it would leave none for every other job's small writes (results, logs, the queue's
-/// own) for as long as its worker keeps retrying it.
+/// own) for as long as its worker keeps retrying it. What concurrent uploads reserved counts
+/// as used, and a headroom (1% of the filesystem, at most 64 MiB) stays free. Hold the
+/// returned reservation while the body is received.
 pub fn ensure_room(
     dir: &Path,
     declared: Option<u64>,
     what: impl FnOnce() -> String,
-) -> Result<(), crate::error::ApiError> {
-    let Some(length) = declared else { return Ok(()) };
-    let Ok(stat) = nix::sys::statvfs::statvfs(dir) else { return Ok(()) };
+) -> Result<Reservation, crate::error::ApiError> {
+    let Some(length) = declared else { return Ok(Reservation(0)) };
+    let Ok(stat) = nix::sys::statvfs::statvfs(dir) else { return Ok(Reservation(0)) };
     let free = stat.blocks_available().saturating_mul(stat.fragment_size());
-    if length <= free {
-        return Ok(());
+    let headroom = (stat.blocks().saturating_mul(stat.fragment_size()) / 100).min(64 << 20);
+    let reserved = RECEIVING.fetch_add(length, Ordering::SeqCst);
+    let reservation = Reservation(length);
+    if length.saturating_add(reserved).saturating_add(headroom) <= free {
+        return Ok(reservation);
     }
+    drop(reservation);
     Err(crate::error::ApiError::InsufficientStorage(format!(
-        "the server's disk is full: no space for {} ({length} bytes, {free} bytes free); free space and retry",
+        "the server's disk is full: no space for {} ({length} bytes; {free} bytes free, {reserved} reserved by \
+         uploads in progress); free space and retry",
         what()
     )))
 }

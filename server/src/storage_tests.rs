@@ -130,3 +130,18 @@ fn walk(dir: &Path) -> Vec<String> {
     }
     found
 }
+
+#[test]
+fn room_reserved_by_an_upload_in_progress_counts_as_used_until_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let stat = nix::sys::statvfs::statvfs(dir.path()).unwrap();
+    let free = stat.blocks_available() * stat.fragment_size();
+    let half = free / 2 + 1;
+    let first = ensure_room(dir.path(), Some(half), || "the first".into()).expect("half the free space fits");
+    let refused = ensure_room(dir.path(), Some(half), || "the second".into()).err().expect("two halves do not");
+    assert!(refused.to_string().contains("no space for the second"), "{refused}");
+    assert!(ensure_room(dir.path(), Some(free), || "all of it".into()).is_err(), "the headroom stays free");
+    drop(first);
+    let _second = ensure_room(dir.path(), Some(half), || "the second".into()).expect("fits once the first ended");
+    assert!(ensure_room(dir.path(), None, || "unknown".into()).is_ok(), "an undeclared length is not refused here");
+}

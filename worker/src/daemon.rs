@@ -155,7 +155,7 @@ pub async fn run(
             tracing::warn!(jobs = daemon.running.len(), "exiting before every abandoned job was reported");
             return Ok(());
         }
-        let piggyback_until = daemon.finishing.values().max().map(|ended| *ended + PIGGYBACK_WAIT);
+        let piggyback_until = daemon.finishing.values().min().map(|ended| *ended + PIGGYBACK_WAIT);
         let no_finish_due = piggyback_until.is_none_or(|until| Instant::now() >= until);
         if !daemon.draining && claims.is_empty() && no_finish_due && Instant::now() >= claim_not_before {
             daemon.start_claim(&mut claims);

@@ -50,7 +50,7 @@ impl Queue {
         if declared.is_some_and(|length| length > limit) {
             return Err(too_large());
         }
-        storage::ensure_room(&self.layout.incoming(), declared, || format!("a checkpoint of job {job}"))?;
+        let _room = storage::ensure_room(&self.layout.incoming(), declared, || format!("a checkpoint of job {job}"))?;
         let received = storage::receive(&self.layout.incoming(), body, limit).await.map_err(|error| match error {
             ReceiveError::TooLarge(_) => too_large(),
             ReceiveError::Body(reason) => ApiError::BadRequest(format!("the checkpoint upload broke off: {reason}")),

@@ -73,7 +73,7 @@ impl Queue {
         if declared.is_some_and(|length| length > limit) {
             return Err(too_large());
         }
-        storage::ensure_room(&self.layout.incoming(), declared, || "a code snapshot".into())?;
+        let _room = storage::ensure_room(&self.layout.incoming(), declared, || "a code snapshot".into())?;
         // Beside the results' uploads, whose leftovers from a crash are removed at start-up.
         let received = storage::receive(&self.layout.incoming(), body, limit).await.map_err(|error| match error {
             ReceiveError::TooLarge(_) => too_large(),

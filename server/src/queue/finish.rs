@@ -96,7 +96,10 @@ impl Queue {
                     let now = now_ms();
                     // A worker without GPUs, and no adaptive sweep to make runs for it first:
                     // the finish and the claim go to SQLite together (`db::plain_claims`).
-                    let plain = match search.may_be_open() {
+                    // A sweep with a `metric.target` takes the general path too: this finish may
+                    // reach it, and its queue must be cancelled before anything is claimed.
+                    let general = search.may_be_open() || search.has_target(tx.conn(), current.sweep_id).await?;
+                    let plain = match general {
                         true => None,
                         false => super::claims::plain_claim(&requests, now + lease.as_millis() as i64, now),
                     };

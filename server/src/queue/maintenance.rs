@@ -6,7 +6,7 @@
 //! between the two leaves files without records, never records without files.
 
 use super::{Change, Queue};
-use crate::db;
+use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use shared::api::{JobId, RetryResponse, SweepRemoved};
 use shared::job::{self, JobStatus};
@@ -96,29 +96,40 @@ impl Queue {
             names.remove(&sweep.id);
         }
         tracing::info!(sweep = %sweep.name, jobs = removal.job_ids.len(), "sweep removed");
-        // Out of the way first (one rename), so a new sweep given the same name meanwhile never
-        // shares a directory with files on their way out. Names never start with `.`.
+        // Out of the way first (one rename each, right after the commit), so a new sweep given
+        // the same name, or the same sweep and job ids (SQLite reuses the highest ones), never
+        // shares a directory with files on their way out; then removed. Names never start
+        // with `.`, ids are numbers.
         let directory = self.layout.absolute(&format!("results/{}", sweep.name));
         let doomed = self.layout.absolute(&format!("results/.removed-{}-{}", sweep.id, sweep.name));
-        let directory = match tokio::fs::rename(&directory, &doomed).await {
-            Ok(()) => doomed,
-            Err(_) => directory,
-        };
-        // Staged uploads of its attempts, if any, go with the reaper's next sweep of staging.
-        remove_directory(directory).await;
-        remove_directory(self.logs.sweep_dir(sweep.id)).await;
-        // Their checkpoints' rows went with the jobs (a trigger); their files go now.
+        let logs = self.logs.sweep_dir(sweep.id);
         let checkpoints: Vec<PathBuf> = removal.job_ids.iter().map(|job| self.checkpoint_dir(*job)).collect();
-        let _ = tokio::task::spawn_blocking(move || {
-            for directory in checkpoints {
-                if let Err(error) = std::fs::remove_dir_all(&directory) {
-                    if error.kind() != std::io::ErrorKind::NotFound {
-                        tracing::warn!(%error, directory = %directory.display(), "removing a removed job's checkpoints");
-                    }
+        let stamp = now_ms();
+        let moved = tokio::task::spawn_blocking(move || {
+            let aside = |path: PathBuf| {
+                let name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+                let away = path.with_file_name(format!(".removed-{stamp}-{name}"));
+                match std::fs::rename(&path, &away) {
+                    Ok(()) => Some(away),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(_) => Some(path),
                 }
-            }
+            };
+            let results = match std::fs::rename(&directory, &doomed) {
+                Ok(()) => doomed,
+                Err(_) => directory,
+            };
+            let mut doomed: Vec<PathBuf> = vec![results];
+            doomed.extend(aside(logs));
+            doomed.extend(checkpoints.into_iter().filter_map(aside));
+            doomed
         })
-        .await;
+        .await
+        .unwrap_or_default();
+        // Staged uploads of its attempts, if any, go with the reaper's next sweep of staging.
+        for directory in moved {
+            remove_directory(directory).await;
+        }
         Ok(SweepRemoved {
             id: sweep.id,
             name: sweep.name,

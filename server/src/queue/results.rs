@@ -69,7 +69,9 @@ impl Queue {
         if declared.is_some_and(|length| length > limit) {
             return Err(too_large());
         }
-        storage::ensure_room(&self.layout.incoming(), declared, || format!("`{path}` of job {id} attempt {attempt}"))?;
+        let _room = storage::ensure_room(&self.layout.incoming(), declared, || {
+            format!("`{path}` of job {id} attempt {attempt}")
+        })?;
         // No database connection is held while the body streams in.
         let received = storage::receive(&self.layout.incoming(), body, limit).await.map_err(|error| match error {
             ReceiveError::TooLarge(_) => too_large(),

@@ -335,9 +335,11 @@ async fn a_run_at_the_metric_target_ends_a_grid_sweep_queued_runs_cancelled_runn
 
     // One at it: the queued runs are cancelled saying why; the running one goes on.
     let last = app.claim(worker, 1).await.remove(0);
+    // Its finish asks for the next job, as a worker's does: none is handed out.
     let response =
-        app.client.finish(worker, &finished(&running[1], vec![point(1, 0.3), point(2, 0.05)], None)).await.unwrap();
+        app.client.finish(worker, &finished(&running[1], vec![point(1, 0.3), point(2, 0.05)], Some(1))).await.unwrap();
     assert_eq!(response.status, JobStatus::Succeeded);
+    assert!(response.jobs.is_empty(), "the finish that reached the target claims nothing: {:?}", response.jobs);
     let jobs = jobs_of(&app, "targeted").await;
     let cancelled: Vec<_> = jobs.iter().filter(|job| job.status == JobStatus::Cancelled).collect();
     assert_eq!(cancelled.len(), 2, "{jobs:#?}");

@@ -138,6 +138,11 @@ impl Controller {
         Ok(())
     }
 
+    /// Whether the sweep has a `metric.target` (a cached lookup).
+    pub(super) async fn has_target(&self, conn: &mut SqliteConnection, sweep_id: SweepId) -> ApiResult<bool> {
+        Ok(self.sweep(conn, sweep_id).await?.is_some_and(|sweep| sweep.metric_target.is_some()))
+    }
+
     /// The parsed sweep if it has a controller, from the cache or its stored source.
     async fn sweep(&self, conn: &mut SqliteConnection, sweep_id: SweepId) -> ApiResult<Option<Arc<Sweep>>> {
         if let Some(known) = self.sweeps.lock().ok().and_then(|sweeps| sweeps.get(&sweep_id).cloned()) {
