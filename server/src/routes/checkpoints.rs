@@ -9,11 +9,10 @@ use crate::queue::WorkerAttempt;
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use axum::routing::{get, put};
 use axum::{Json, Router};
-use futures_util::StreamExt;
 use shared::api::{CheckpointInfo, CheckpointQuery, JobId, CHECKPOINT_ATTEMPT_HEADER, CHECKPOINT_SHA256_HEADER};
 
 pub fn router() -> Router<AppState> {
@@ -39,7 +38,7 @@ async fn upload(
     let stored = match (session, key, query) {
         (Ok(session), Ok(ApiPath((job, attempt))), Ok(ApiQuery(query))) => match session.check(query.worker_id) {
             Ok(worker) => {
-                let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse().ok());
+                let declared = super::uploads::declared_length(&headers);
                 let at = WorkerAttempt { job, attempt, worker };
                 state.queue.store_checkpoint(at, declared, &mut stream).await
             }
@@ -48,14 +47,7 @@ async fn upload(
         (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => Err(error),
     };
     if stored.is_err() {
-        let limit = state.config.max_upload_bytes;
-        let mut drained = 0u64;
-        while let Some(Ok(chunk)) = stream.next().await {
-            drained += chunk.len() as u64;
-            if drained > limit {
-                break;
-            }
-        }
+        super::uploads::drain_refused(&state, &mut stream).await;
     }
     Ok(Json(stored?))
 }

@@ -13,7 +13,6 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::StreamExt;
 use shared::api::{CodeInfo, WorkerId, Workspace};
 
 pub fn router() -> Router<AppState> {
@@ -31,19 +30,11 @@ async fn info(State(state): State<AppState>, ApiPath(digest): ApiPath<String>) -
 }
 
 async fn upload(State(state): State<AppState>, headers: HeaderMap, body: Body) -> ApiResult<Json<CodeInfo>> {
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse().ok());
+    let declared = super::uploads::declared_length(&headers);
     let mut stream = body.into_data_stream();
     let stored = state.queue.store_code(declared, &mut stream).await;
     if stored.is_err() {
-        // Read the rest, so the client sees the refusal rather than a broken connection.
-        let limit = state.config.max_upload_bytes;
-        let mut drained = 0u64;
-        while let Some(Ok(chunk)) = stream.next().await {
-            drained += chunk.len() as u64;
-            if drained > limit {
-                break;
-            }
-        }
+        super::uploads::drain_refused(&state, &mut stream).await;
     }
     Ok(Json(stored?))
 }

@@ -18,6 +18,7 @@ mod session_worker;
 mod summary;
 mod sweeps;
 mod telemetry;
+mod uploads;
 mod workers;
 
 use crate::state::AppState;

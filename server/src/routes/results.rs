@@ -8,13 +8,12 @@ use crate::db;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::state::AppState;
 use crate::storage;
-use axum::body::{Body, BodyDataStream};
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use futures_util::StreamExt;
 use shared::api::{FileUploadQuery, JobId, ManifestEntry, ResultUpload, ResultVersion};
 use std::io;
 
@@ -28,9 +27,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/jobs/{id}/results/{attempt}/files/{*path}", get(download))
 }
 
-/// A refused upload is answered only after the rest of its body is read and dropped: a server
-/// that answers mid-upload and closes the connection makes the client see a broken connection
-/// instead of the 409 or 413, and retry the same refused upload for ever.
+/// Streams one output file of an attempt (a refused one is drained first: `uploads`).
 async fn upload(
     State(state): State<AppState>,
     session: Result<SessionWorker, ApiError>,
@@ -43,7 +40,7 @@ async fn upload(
     let stored = match (session, key, query) {
         (Ok(session), Ok(ApiPath(key)), Ok(ApiQuery(query))) => match session.check(query.worker_id) {
             Ok(worker) => {
-                let declared = headers.get(header::CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse().ok());
+                let declared = super::uploads::declared_length(&headers);
                 state.queue.store_file(key, worker, declared, &mut stream).await.map(Json)
             }
             Err(error) => Err(error),
@@ -51,25 +48,9 @@ async fn upload(
         (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => Err(error),
     };
     if stored.is_err() {
-        let limit = state.config.max_upload_bytes;
-        let mut shutting_down = state.shutting_down.clone();
-        tokio::select! {
-            _ = drain(&mut stream, limit) => {}
-            _ = shutting_down.wait_for(|stop| *stop) => {}
-        }
+        super::uploads::drain_refused(&state, &mut stream).await;
     }
     stored
-}
-
-/// Reads and drops what is left of a body, up to `limit` bytes.
-async fn drain(stream: &mut BodyDataStream, limit: u64) {
-    let mut drained = 0u64;
-    while let Some(Ok(chunk)) = stream.next().await {
-        drained += chunk.len() as u64;
-        if drained > limit {
-            return;
-        }
-    }
 }
 
 async fn seal(

@@ -92,20 +92,7 @@ fn unknown_placeholder(name: &str, names: &[&str]) -> SweepError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sweep::load::Loader;
-    use crate::sweep::render::Rendered;
-
-    fn values(texts: &[&str]) -> Vec<Rendered> {
-        let loader = Loader::for_text("");
-        texts.iter().map(|text| Rendered::new(&loader.load(text).unwrap()).unwrap()).collect()
-    }
-
-    fn render(template: &Template, values: &[Rendered], index: u64) -> String {
-        let refs: Vec<&Rendered> = values.iter().collect();
-        let mut out = String::new();
-        template.render(&refs, index, &mut out);
-        out
-    }
+    use crate::sweep::render::template::tests::{render, values};
 
     const NAMES: [&str; 3] = ["lr", "hidden", "config"];
 

@@ -192,16 +192,18 @@ impl JsonShape {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sweep::load::Loader;
 
-    fn values(texts: &[&str]) -> Vec<Rendered> {
+    /// Each YAML text loaded and rendered as a parameter value.
+    pub(crate) fn values(texts: &[&str]) -> Vec<Rendered> {
         let loader = Loader::for_text("");
         texts.iter().map(|text| Rendered::new(&loader.load(text).unwrap()).unwrap()).collect()
     }
 
-    fn render(template: &Template, values: &[Rendered], index: u64) -> String {
+    /// The template rendered with `values` for job `index`.
+    pub(crate) fn render(template: &Template, values: &[Rendered], index: u64) -> String {
         let refs: Vec<&Rendered> = values.iter().collect();
         let mut out = String::new();
         template.render(&refs, index, &mut out);
