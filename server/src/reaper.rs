@@ -84,7 +84,9 @@ pub async fn prune_telemetry(queue: &Queue) -> ApiResult<u64> {
     let mut pruned = 0;
     loop {
         let deleted = queue
-            .write(move |tx| Box::pin(async move { Ok(db::telemetry::prune(tx.conn(), before, PRUNE_BATCH).await?) }))
+            .write(move |tx| {
+                Box::pin(async move { Ok(db::telemetry::prune(tx.conn().await?, before, PRUNE_BATCH).await?) })
+            })
             .await?;
         pruned += deleted;
         if deleted < u64::from(PRUNE_BATCH) {
@@ -113,9 +115,9 @@ pub async fn remove_abandoned_staging(queue: &Queue) -> ApiResult<usize> {
         }
         queue
             .write(move |tx| {
-                Box::pin(
-                    async move { Ok(db::results::unstage_attempt(tx.conn(), attempt.job_id, attempt.attempt).await?) },
-                )
+                Box::pin(async move {
+                    Ok(db::results::unstage_attempt(tx.conn().await?, attempt.job_id, attempt.attempt).await?)
+                })
             })
             .await?;
         tracing::info!(

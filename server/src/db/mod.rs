@@ -74,8 +74,11 @@ impl Db {
             .run(&writer)
             .await
             .with_context(|| format!("migrating database {}", path.display()))?;
+        // No ping before each use (sqlx's default): a local file's connection does not drop
+        // away, and the ping was a second round trip to the connection's thread on every read.
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.clone().read_only(true))
             .await

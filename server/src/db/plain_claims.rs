@@ -9,7 +9,7 @@
 //! statement, and the jobs handed out are the same as by the two-step claim.
 
 use super::jobs::JobState;
-use shared::api::WorkerId;
+use shared::api::{ResultVersion, WorkerId};
 use shared::job::Finish;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection};
@@ -62,53 +62,112 @@ pub async fn claim(conn: &mut SqliteConnection, claim: PlainClaim) -> sqlx::Resu
         .await
 }
 
-/// The finish's guarded UPDATE (`jobs::finish`, the same guard) and then, only if it applied,
-/// [`claim`], in one query string: sqlx's SQLite driver runs every statement of a query in
-/// one command of its thread, so this is one round trip instead of two. Returns whether the
-/// finish applied and the claimed rows.
+/// What [`finish_and_claim`] sends to SQLite in one query string.
+pub struct FinishStep<'a> {
+    /// Statements owed before anything else (`queue::Tx::take_pending`).
+    pub pending: Option<&'static str>,
+    /// The state the decision was made on; the UPDATE is guarded by it.
+    pub seen: &'a JobState,
+    pub worker_id: WorkerId,
+    pub decision: &'a Finish,
+    pub now: i64,
+    /// A result version without files, recorded before the finish.
+    pub version: Option<&'a ResultVersion>,
+    /// The worker's next claim, made only if the finish applied.
+    pub claim: Option<PlainClaim>,
+}
+
+/// What [`finish_and_claim`] did.
+pub struct Finished {
+    /// Whether the guarded UPDATE applied (the job was still as `seen`).
+    pub applied: bool,
+    /// Whether the version was recorded (false if the attempt had one already).
+    pub stored: bool,
+    /// The claimed rows, in no particular order.
+    pub claimed: Vec<SqliteRow>,
+}
+
+/// More than the parameters the statements of a step skip in all (16 and 11).
+const SPARE_ARGUMENTS: usize = 32;
+
+/// The statements after the owed ones, for a step with or without a version and a claim.
+fn step_sql(version: bool, claim: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 4] = [const { std::sync::OnceLock::new() }; 4];
+    SQL[usize::from(version) | usize::from(claim) << 1].get_or_init(|| {
+        let mut statements = Vec::new();
+        // Parameters: the finish's ?1-?11, then the claim's, then the version's.
+        let version_first = if claim { 17 } else { 12 };
+        if version {
+            statements.push(super::results::insert_sql(version_first));
+        }
+        statements.push(format!("{} RETURNING id AS finished", super::jobs::FINISH_SQL));
+        if claim {
+            statements.push(claim_sql(12, "changes() = 1 AND "));
+        }
+        statements.join(";\n")
+    })
+}
+
+/// The finish's guarded UPDATE (`jobs::finish`, the same guard), with the statements owed
+/// before it, the version without files before it, and then, only if it applied, [`claim`]:
+/// one query string, so one round trip to sqlx's SQLite thread, which runs every statement
+/// of a query in one command.
 ///
 /// The claim is fenced by `changes() = 1`, SQLite's count of the rows the statement before
 /// changed (the finish itself, not its triggers), so a refused finish claims nothing even
-/// before its unit is rolled back. The finish returns its row's id, which tells the two
-/// statements' rows apart (the claim's have `priority`). sqlx has marked queries of several
-/// statements for removal (launchbadge/sqlx#3108); should a release refuse them, this becomes
-/// `jobs::finish` followed by [`claim`], with the same effect.
-pub async fn finish_and_claim(
-    conn: &mut SqliteConnection,
-    seen: &JobState,
-    worker_id: WorkerId,
-    decision: &Finish,
-    claim: PlainClaim,
-) -> sqlx::Result<(bool, Vec<SqliteRow>)> {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let sql = SQL.get_or_init(|| {
-        let claim = claim_sql(12, "changes() = 1 AND ");
-        format!("{} RETURNING id AS finished;\n{claim}", super::jobs::FINISH_SQL)
-    });
-    let mut rows = sqlx::query(sql)
+/// before its unit is rolled back; the version is recorded either way, and a refused finish's
+/// unit is rolled back or goes on to record it anyway. Rows tell the statements apart by their
+/// columns: `stored` (the version's), `finished` (the finish's), `priority` (the claim's).
+/// sqlx has marked queries of several statements for removal (launchbadge/sqlx#3108); should a
+/// release refuse them, this becomes one call per statement, with the same effect.
+pub async fn finish_and_claim(conn: &mut SqliteConnection, step: FinishStep<'_>) -> anyhow::Result<Finished> {
+    let rest = step_sql(step.version.is_some(), step.claim.is_some());
+    let sql = match step.pending {
+        Some(pending) => std::borrow::Cow::Owned(format!("{pending};\n{rest}")),
+        None => std::borrow::Cow::Borrowed(rest),
+    };
+    let (seen, decision) = (step.seen, step.decision);
+    let mut query = sqlx::query(&sql)
         .bind(decision.status.as_str())
         .bind(decision.retries_left)
         .bind(decision.exit_code)
         .bind(decision.reason.as_deref())
         .bind(decision.status.is_terminal())
-        .bind(claim.now)
+        .bind(step.now)
         .bind(seen.id.get())
         .bind(seen.attempt)
-        .bind(worker_id.get())
+        .bind(step.worker_id.get())
         .bind(seen.retries_left)
-        .bind(seen.cancel_requested)
-        .bind(claim.worker_id.get())
-        .bind(claim.lease_until)
-        .bind(claim.now)
-        .bind(claim.trainer)
-        .bind(claim.slots)
-        .fetch_all(&mut *conn)
-        .await?;
-    let finished = rows.first().is_some_and(|row| row.try_get::<i64, _>("finished").is_ok());
-    if finished {
-        rows.remove(0);
+        .bind(seen.cancel_requested);
+    if let Some(claim) = step.claim {
+        query = query
+            .bind(claim.worker_id.get())
+            .bind(claim.lease_until)
+            .bind(claim.now)
+            .bind(claim.trainer)
+            .bind(claim.slots);
     }
-    Ok((finished, rows))
+    if let Some(version) = step.version {
+        query = super::results::bind_version(query, version)?;
+    }
+    // sqlx binds each statement's parameters it does not use (`?1`-`?16` of the version's
+    // INSERT) to the next arguments in turn, and stops binding that statement at the first
+    // one past the end, leaving its own `?17`... NULL. Spare arguments keep it going.
+    for _ in 0..SPARE_ARGUMENTS {
+        query = query.bind(None::<i64>);
+    }
+    let rows = query.fetch_all(&mut *conn).await?;
+    let mut finished = Finished { applied: false, stored: false, claimed: Vec::new() };
+    for row in rows {
+        if row.try_get::<i64, _>("finished").is_ok() {
+            finished.applied = true;
+        } else if row.try_get::<i64, _>("stored").is_ok() {
+            finished.stored = true;
+        } else {
+            finished.claimed.push(row);
+        }
+    }
+    Ok(finished)
 }
 
 #[cfg(test)]
@@ -155,6 +214,30 @@ mod tests {
         PlainClaim { worker_id: WorkerId::new(1), slots, trainer: false, lease_until: 100, now: 10 }
     }
 
+    /// The finish of job 1 attempt `attempt` by worker 1, claiming `claim`.
+    fn step<'a>(seen: &'a JobState, decision: &'a Finish, claim: Option<PlainClaim>) -> FinishStep<'a> {
+        FinishStep { pending: None, seen, worker_id: WorkerId::new(1), decision, now: 10, version: None, claim }
+    }
+
+    fn bare_version() -> ResultVersion {
+        ResultVersion {
+            job_id: JobId::new(1),
+            attempt: 1,
+            path: "results/s/0/v1".into(),
+            files: Vec::new(),
+            record: Default::default(),
+            params: serde_json::json!({"lr": 0.1}),
+            metrics: Default::default(),
+            stored_at: 10,
+        }
+    }
+
+    fn ids(rows: &[SqliteRow]) -> Vec<i64> {
+        let mut ids: Vec<i64> = rows.iter().map(|row| row.try_get("id").unwrap()).collect();
+        ids.sort();
+        ids
+    }
+
     async fn statuses(db: &super::super::Db) -> Vec<(i64, String)> {
         sqlx::query_as("SELECT id, status FROM jobs ORDER BY id").fetch_all(&db.reader).await.unwrap()
     }
@@ -163,12 +246,10 @@ mod tests {
     async fn a_finish_claims_only_jobs_without_gpus_or_the_trainer_and_records_both_transitions() {
         let (_directory, db) = queue().await;
         let mut conn = db.writer.acquire().await.unwrap();
-        let (finished, rows) =
-            finish_and_claim(&mut conn, &seen(1), WorkerId::new(1), &succeeded(), asking(3)).await.unwrap();
-        assert!(finished);
-        let mut claimed: Vec<i64> = rows.iter().map(|row| row.try_get("id").unwrap()).collect();
-        claimed.sort();
-        assert_eq!(claimed, [2, 5, 6], "not the GPU job 3, not the trainer job 4");
+        let (seen, decision) = (seen(1), succeeded());
+        let done = finish_and_claim(&mut conn, step(&seen, &decision, Some(asking(3)))).await.unwrap();
+        assert!(done.applied && !done.stored);
+        assert_eq!(ids(&done.claimed), [2, 5, 6], "not the GPU job 3, not the trainer job 4");
         drop(conn);
         let expected = [(1, "succeeded"), (2, "running"), (3, "queued"), (4, "queued"), (5, "running"), (6, "running")];
         let expected: Vec<(i64, String)> = expected.iter().map(|(id, status)| (*id, status.to_string())).collect();
@@ -186,13 +267,44 @@ mod tests {
     async fn a_refused_finish_claims_nothing() {
         let (_directory, db) = queue().await;
         let mut conn = db.writer.acquire().await.unwrap();
-        let stale = seen(2);
-        let (finished, rows) =
-            finish_and_claim(&mut conn, &stale, WorkerId::new(1), &succeeded(), asking(3)).await.unwrap();
-        assert!(!finished && rows.is_empty());
+        let (stale, decision) = (seen(2), succeeded());
+        let done = finish_and_claim(&mut conn, step(&stale, &decision, Some(asking(3)))).await.unwrap();
+        assert!(!done.applied && done.claimed.is_empty());
         drop(conn);
         let queued = statuses(&db).await.into_iter().filter(|(_, status)| status == "queued").count();
         assert_eq!(queued, 5, "every queued job is still queued");
+    }
+
+    #[tokio::test]
+    async fn owed_statements_the_version_the_finish_and_the_claim_go_as_one_step() {
+        let (_directory, db) = queue().await;
+        let mut conn = db.writer.acquire().await.unwrap();
+        let (seen, decision, version) = (seen(1), succeeded(), bare_version());
+        let step = FinishStep {
+            pending: Some("BEGIN IMMEDIATE"),
+            version: Some(&version),
+            ..step(&seen, &decision, Some(asking(1)))
+        };
+        let done = finish_and_claim(&mut conn, step).await.unwrap();
+        assert!(done.applied && done.stored);
+        assert_eq!(ids(&done.claimed), [5], "the oldest job of the highest priority a plain worker may run");
+        let record = FinishStep { version: Some(&version), ..self::step(&seen, &decision, None) };
+        let again = finish_and_claim(&mut conn, record).await.unwrap();
+        assert!(!again.applied && !again.stored, "the attempt is finished and keeps its first version");
+        let stored: (String, String) =
+            sqlx::query_as("SELECT path, params FROM results WHERE job_id = 1 AND attempt = 1")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+        assert_eq!(stored, ("results/s/0/v1".to_string(), r#"{"lr":0.1}"#.to_string()));
+        // The owed BEGIN went first: rolling back undoes the whole step.
+        sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
+        drop(conn);
+        let running: Vec<i64> =
+            statuses(&db).await.into_iter().filter(|(_, status)| status == "running").map(|(id, _)| id).collect();
+        assert_eq!(running, [1]);
+        let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(&db.reader).await.unwrap();
+        assert_eq!(versions, 0);
     }
 
     #[tokio::test]

@@ -1,8 +1,9 @@
 //! `staged_files` (uploads waiting for their seal) and `results` (sealed result versions).
 
 use shared::api::{JobAttempt, JobId, ManifestEntry, ResultVersion};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqliteConnection, SqlitePool};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use std::collections::HashMap;
 
 /// Forgets an uploaded path (before its file is replaced, so a crash in between leaves the
@@ -79,23 +80,38 @@ pub async fn unstage_attempt(conn: &mut SqliteConnection, job: JobId, attempt: u
     Ok(())
 }
 
+/// The INSERT of a sealed version with its parameters numbered from `?first`; it returns a
+/// `stored` column only if it inserted (an attempt keeps its first version).
+pub(crate) fn insert_sql(first: usize) -> String {
+    let values: Vec<String> = (first..first + 8).map(|n| format!("?{n}")).collect();
+    format!(
+        "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
+         VALUES ({}) ON CONFLICT (job_id, attempt) DO NOTHING RETURNING 1 AS stored",
+        values.join(", ")
+    )
+}
+
+/// Binds `version` to the parameters of [`insert_sql`], in their order.
+pub(crate) fn bind_version<'q>(
+    query: Query<'q, Sqlite, SqliteArguments<'q>>,
+    version: &'q ResultVersion,
+) -> anyhow::Result<Query<'q, Sqlite, SqliteArguments<'q>>> {
+    Ok(query
+        .bind(version.job_id.get())
+        .bind(version.attempt)
+        .bind(version.path.as_str())
+        .bind(serde_json::to_string(&version.files)?)
+        .bind(serde_json::to_string(&version.record)?)
+        .bind(serde_json::to_string(&version.params)?)
+        .bind(serde_json::to_string(&version.metrics)?)
+        .bind(version.stored_at))
+}
+
 /// Records a sealed version; false if the attempt already has one.
 pub async fn insert(conn: &mut SqliteConnection, version: &ResultVersion) -> anyhow::Result<bool> {
-    let done = sqlx::query(
-        "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt) DO NOTHING",
-    )
-    .bind(version.job_id.get())
-    .bind(version.attempt)
-    .bind(version.path.as_str())
-    .bind(serde_json::to_string(&version.files)?)
-    .bind(serde_json::to_string(&version.record)?)
-    .bind(serde_json::to_string(&version.params)?)
-    .bind(serde_json::to_string(&version.metrics)?)
-    .bind(version.stored_at)
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let query = bind_version(sqlx::query(SQL.get_or_init(|| insert_sql(1))), version)?;
+    Ok(query.fetch_optional(&mut *conn).await?.is_some())
 }
 
 fn version_of(row: &SqliteRow) -> anyhow::Result<ResultVersion> {

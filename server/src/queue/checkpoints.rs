@@ -88,8 +88,8 @@ impl Queue {
         self.write(move |tx| {
             Box::pin(async move {
                 // The attempt may have ended while the bytes streamed in.
-                super::fence::holder(tx.conn(), at.job, at.attempt, at.worker, "checkpoint upload").await?;
-                db::checkpoints::replace(tx.conn(), &info).await?;
+                super::fence::holder(tx.conn().await?, at.job, at.attempt, at.worker, "checkpoint upload").await?;
+                db::checkpoints::replace(tx.conn().await?, &info).await?;
                 tx.note(Change::Page);
                 Ok(())
             })

@@ -129,7 +129,7 @@ impl Queue {
             .write(move |tx| {
                 Box::pin(async move {
                     for attempt in attempts {
-                        let Some(current) = db::jobs::state(tx.conn(), attempt.job_id).await? else { continue };
+                        let Some(current) = db::jobs::state(tx.conn().await?, attempt.job_id).await? else { continue };
                         let still_ours = current.status == JobStatus::Running
                             && current.attempt == attempt.attempt
                             && current.worker_id == Some(worker_id);
@@ -137,7 +137,7 @@ impl Queue {
                             continue;
                         }
                         let decision = job::finish(&Outcome::Abandoned, current.retries_left, current.cancel_requested);
-                        if db::jobs::finish(tx.conn(), &current, worker_id, &decision, now_ms()).await? {
+                        if db::jobs::finish(tx.conn().await?, &current, worker_id, &decision, now_ms()).await? {
                             tracing::info!(job = %attempt.job_id, "claimed for a worker that hung up; back in the queue");
                             tx.note(Change::Job(attempt.job_id));
                             tx.note(Change::Claimable);
@@ -213,14 +213,15 @@ pub(super) async fn claim_batch(
         return Ok(per_ticket);
     }
     if let Some(claim) = plain_claim(requests, lease_expires_at, now) {
-        let rows = db::plain_claims::claim(tx.conn(), claim).await?;
+        let rows = db::plain_claims::claim(tx.conn().await?, claim).await?;
         return Ok(vec![claimed_plain(tx, rows, names, workspaces).await?]);
     }
     // The look and the update run in one write unit: no other writer runs in between, and all
     // chosen jobs change in one statement.
     let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
     let (mut chosen, order) = loop {
-        let candidates = db::jobs::queued_candidates(tx.conn(), max_gpus, max_free_memory, trainer, limit).await?;
+        let candidates =
+            db::jobs::queued_candidates(tx.conn().await?, max_gpus, max_free_memory, trainer, limit).await?;
         let (chosen, order, unfilled) = assign(requests, &candidates);
         // Jobs that fit nobody (exclusive ones while the GPUs are shared, say) may fill the
         // head of the queue: look further while a claim still has room and the queue has more.
@@ -237,7 +238,7 @@ pub(super) async fn claim_batch(
     let rows = {
         let assignments: Vec<(JobId, WorkerId, &[u32])> =
             order.iter().map(|(id, worker)| (*id, *worker, chosen[id].1.gpus.as_slice())).collect();
-        db::jobs::mark_running(tx.conn(), &assignments, lease_expires_at, now).await?
+        db::jobs::mark_running(tx.conn().await?, &assignments, lease_expires_at, now).await?
     };
     for row in &rows {
         let id = JobId::new(row.try_get("id")?);
@@ -325,7 +326,7 @@ async fn sweep_name(tx: &mut Tx, sweep_id: SweepId, names: &SweepNames) -> ApiRe
     if let Some(known) = cached {
         return Ok(known);
     }
-    let known = db::sweeps::name_and_form_of(tx.conn(), sweep_id).await?;
+    let known = db::sweeps::name_and_form_of(tx.conn().await?, sweep_id).await?;
     if let Ok(mut names) = names.write() {
         names.insert(sweep_id, known.clone());
     }

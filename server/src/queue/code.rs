@@ -163,7 +163,7 @@ impl Queue {
 
 /// Records a new sweep's workspace (in the write unit that inserts the sweep).
 pub(super) async fn set_workspace(tx: &mut Tx, sweep_id: SweepId, workspace: &Workspace) -> ApiResult<()> {
-    db::code::set_workspace(tx.conn(), sweep_id, workspace).await?;
+    db::code::set_workspace(tx.conn().await?, sweep_id, workspace).await?;
     Ok(())
 }
 
@@ -173,7 +173,7 @@ pub(super) async fn workspace_of(tx: &mut Tx, sweep_id: SweepId, cache: &Workspa
     if let Some(known) = cached {
         return Ok((*known).clone());
     }
-    let known = Arc::new(db::code::workspace_of(tx.conn(), sweep_id).await?);
+    let known = Arc::new(db::code::workspace_of(tx.conn().await?, sweep_id).await?);
     if let Ok(mut cache) = cache.write() {
         cache.insert(sweep_id, known.clone());
     }

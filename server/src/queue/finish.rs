@@ -9,10 +9,11 @@ use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use crate::storage::{self, disk_error, Layout, SealError};
 use sha2::{Digest, Sha256};
+use shared::api::{ClaimedJob, WorkerId};
 use shared::api::{
     FinishRequest, FinishResponse, InlineResult, JobAttempt, ManifestEntry, ResultVersion, MAX_INLINE_BYTES,
 };
-use shared::job::Finish;
+use shared::job::{Finish, JobStatus};
 use shared::placement::Capacity;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -80,50 +81,36 @@ impl Queue {
                 })?;
         }
         let claim = request.claim.clone().filter(|_| !self.is_draining(worker));
-        let (logs, cap, layout) = (self.logs.clone(), self.config.max_log_bytes_per_job, self.layout.clone());
-        let (lease, names) = (self.config.lease, self.sweep_names.clone());
-        let (workspaces, search) = (self.workspaces.clone(), self.search.clone());
+        // A finish that brings nothing but its outcome (and a result record) is decided on the
+        // state a reader sees, off the writer's path, and applied in one round trip to SQLite
+        // (`quick`); the guarded UPDATE checks that state, and the full path below takes over
+        // if it changed in between.
+        let snapshot = match is_bare(&request) {
+            true => db::jobs::state_for_result(&mut *self.reader().acquire().await?, at.job, at.attempt).await?,
+            false => None,
+        };
+        let context = Context {
+            logs: (self.logs.clone(), self.config.max_log_bytes_per_job),
+            layout: self.layout.clone(),
+            lease: self.config.lease,
+            names: self.sweep_names.clone(),
+            workspaces: self.workspaces.clone(),
+            search: self.search.clone(),
+        };
         let capacity = claim.as_ref().map(|claim| claim.capacity.clone());
         // The next jobs are claimed in the same write unit: the pages the finish changed (the
         // jobs table, its indexes, the counts) are then written to the log once, not twice.
         let (status, mut jobs) = self
             .write(move |tx| {
                 Box::pin(async move {
-                    let (current, decision) = prepare(tx, at, request, (&logs, cap), &layout, staging).await?;
-                    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
                     let requests: Vec<(WorkerId, Capacity)> =
                         capacity.map(|capacity| (worker, capacity)).into_iter().collect();
-                    let now = now_ms();
-                    // A worker without GPUs, and no adaptive sweep to make runs for it first:
-                    // the finish and the claim go to SQLite together (`db::plain_claims`).
-                    // A sweep with a `metric.target` takes the general path too: this finish may
-                    // reach it, and its queue must be cancelled before anything is claimed.
-                    let general = search.may_be_open() || search.has_target(tx.conn(), current.sweep_id).await?;
-                    let plain = match general {
-                        true => None,
-                        false => super::claims::plain_claim(&requests, now + lease.as_millis() as i64, now),
-                    };
-                    if let Some(claim) = plain {
-                        let (applied, rows) =
-                            db::plain_claims::finish_and_claim(tx.conn(), &current, worker, &decision, claim).await?;
-                        super::reports::settle(tx, attempt, &decision, applied)?;
-                        // Jobs claimed with the finish that reached a target run, as runs
-                        // already started do; the rest of the sweep's queue is cancelled.
-                        super::reports::after_settled(tx, &search, &current, attempt, &decision).await?;
-                        let jobs = super::claims::claimed_plain(tx, rows, &names, &workspaces).await?;
-                        return Ok((decision.status, jobs));
-                    }
-                    let applied = db::jobs::finish(tx.conn(), &current, worker, &decision, now).await?;
-                    super::reports::settle(tx, attempt, &decision, applied)?;
-                    super::reports::after_settled(tx, &search, &current, attempt, &decision).await?;
-                    let jobs = match requests.is_empty() {
-                        true => Vec::new(),
-                        false => {
-                            search.top_up(tx, &requests).await?;
-                            super::claims::claim_batch(tx, &requests, lease, &names, &workspaces).await?.remove(0)
+                    if let Some(snapshot) = snapshot {
+                        if let Some(done) = quick(tx, &context, at, &request, snapshot, &requests).await? {
+                            return Ok(done);
                         }
-                    };
-                    Ok((decision.status, jobs))
+                    }
+                    full(tx, &context, at, request, staging, &requests).await
                 })
             })
             .await?;
@@ -135,7 +122,160 @@ impl Queue {
     }
 }
 
-use shared::api::WorkerId;
+/// What a finish's write unit works with, besides the request.
+struct Context {
+    logs: (super::LogStore, u64),
+    layout: Layout,
+    lease: Duration,
+    names: super::claims::SweepNames,
+    workspaces: super::code::Workspaces,
+    search: std::sync::Arc<super::search::Controller>,
+}
+
+/// A finish with no log, metrics, notes or files: its outcome and at most a result record.
+fn is_bare(request: &FinishRequest) -> bool {
+    request.log.is_none()
+        && request.metrics.is_none()
+        && request.notes.is_empty()
+        && request.result.as_ref().is_none_or(|result| result.files.is_empty() && result.streamed.is_empty())
+}
+
+/// A bare finish decided on `snapshot` (a reader's view) and applied in one round trip with
+/// the worker's next plain claim. `None` when it does not apply as it is: the attempt is not
+/// (or no longer) held as the snapshot says, a sweep may need its controller, the worker has
+/// GPUs, or the version needs metric summaries; [`full`] then does it all on the writer's
+/// own reading, in the same unit.
+async fn quick(
+    tx: &mut Tx,
+    context: &Context,
+    at: WorkerAttempt,
+    request: &FinishRequest,
+    (seen, source): (db::jobs::JobState, db::jobs::ResultSource),
+    requests: &[(WorkerId, Capacity)],
+) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>)>> {
+    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+    if super::fence::check(&seen, at.attempt, at.worker, "finish").is_err() {
+        return Ok(None);
+    }
+    let Ok(decision) = super::reports::decide(&seen, attempt, at.worker, &request.outcome) else { return Ok(None) };
+    if request.result.is_some() && source.has_metrics {
+        return Ok(None);
+    }
+    let search = &context.search;
+    if search.may_be_open() || search.has_target(tx, seen.sweep_id).await? {
+        return Ok(None);
+    }
+    let now = now_ms();
+    let claim = match requests.is_empty() {
+        true => None,
+        false => match super::claims::plain_claim(requests, now + context.lease.as_millis() as i64, now) {
+            Some(claim) => Some(claim),
+            None => return Ok(None),
+        },
+    };
+    let version = match &request.result {
+        Some(result) => Some(version(at, source, Vec::new(), result.record.clone(), Default::default())?),
+        None => None,
+    };
+    let step = db::plain_claims::FinishStep {
+        pending: tx.take_pending(),
+        seen: &seen,
+        worker_id: at.worker,
+        decision: &decision,
+        now,
+        version: version.as_ref(),
+        claim,
+    };
+    let done = db::plain_claims::finish_and_claim(tx.raw(), step).await?;
+    if done.stored {
+        tx.note(Change::Page);
+    }
+    if !done.applied {
+        return Ok(None);
+    }
+    super::reports::settle(tx, attempt, &decision, true)?;
+    super::reports::after_settled(tx, search, &seen, attempt, &decision).await?;
+    let jobs = super::claims::claimed_plain(tx, done.claimed, &context.names, &context.workspaces).await?;
+    Ok(Some((decision.status, jobs)))
+}
+
+/// The finish on the writer's own reading: fence, log tail, metrics, notes, result, outcome,
+/// then the worker's next claim.
+async fn full(
+    tx: &mut Tx,
+    context: &Context,
+    at: WorkerAttempt,
+    request: FinishRequest,
+    staging: PathBuf,
+    requests: &[(WorkerId, Capacity)],
+) -> ApiResult<(JobStatus, Vec<ClaimedJob>)> {
+    let logs = (&context.logs.0, context.logs.1);
+    let (current, decision) = prepare(tx, at, request, logs, &context.layout, staging).await?;
+    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+    let now = now_ms();
+    let search = &context.search;
+    // A worker without GPUs, and no adaptive sweep to make runs for it first: the finish and
+    // the claim go to SQLite together (`db::plain_claims`). A sweep with a `metric.target`
+    // takes the general path too: this finish may reach it, and its queue must be cancelled
+    // before anything is claimed.
+    let general = search.may_be_open() || search.has_target(tx, current.sweep_id).await?;
+    let plain = match general {
+        true => None,
+        false => super::claims::plain_claim(requests, now + context.lease.as_millis() as i64, now),
+    };
+    if let Some(claim) = plain {
+        let step = db::plain_claims::FinishStep {
+            pending: tx.take_pending(),
+            seen: &current,
+            worker_id: at.worker,
+            decision: &decision,
+            now,
+            version: None,
+            claim: Some(claim),
+        };
+        let done = db::plain_claims::finish_and_claim(tx.raw(), step).await?;
+        super::reports::settle(tx, attempt, &decision, done.applied)?;
+        // Jobs claimed with the finish that reached a target run, as runs already started
+        // do; the rest of the sweep's queue is cancelled.
+        super::reports::after_settled(tx, search, &current, attempt, &decision).await?;
+        let jobs = super::claims::claimed_plain(tx, done.claimed, &context.names, &context.workspaces).await?;
+        return Ok((decision.status, jobs));
+    }
+    let applied = db::jobs::finish(tx.conn().await?, &current, at.worker, &decision, now).await?;
+    super::reports::settle(tx, attempt, &decision, applied)?;
+    super::reports::after_settled(tx, search, &current, attempt, &decision).await?;
+    let jobs = match requests.is_empty() {
+        true => Vec::new(),
+        false => {
+            search.top_up(tx, requests).await?;
+            let (lease, names, workspaces) = (context.lease, &context.names, &context.workspaces);
+            super::claims::claim_batch(tx, requests, lease, names, workspaces).await?.remove(0)
+        }
+    };
+    Ok((decision.status, jobs))
+}
+
+/// The version `at` records, checked to stay inside the results directory.
+fn version(
+    at: WorkerAttempt,
+    source: db::jobs::ResultSource,
+    files: Vec<ManifestEntry>,
+    record: shared::api::AttemptRecord,
+    metrics: std::collections::BTreeMap<String, shared::api::MetricSummary>,
+) -> ApiResult<ResultVersion> {
+    let relative = Layout::version_path(&source.sweep, source.index, at.attempt);
+    storage::check_relative_path(&relative).map_err(|why| anyhow::anyhow!("result path of job {}: {why}", at.job))?;
+    Ok(ResultVersion {
+        job_id: at.job,
+        attempt: at.attempt,
+        path: relative,
+        files,
+        record,
+        params: source.params,
+        metrics,
+        stored_at: now_ms(),
+    })
+}
 
 /// Everything of the finish but the outcome's guarded UPDATE: the fence, the log tail, the
 /// metrics, the notes and the result version; returns the state read and the decision.
@@ -148,7 +288,7 @@ async fn prepare(
     staging: PathBuf,
 ) -> ApiResult<(db::jobs::JobState, Finish)> {
     let (current, mut source) =
-        db::jobs::state_for_result(tx.conn(), at.job, at.attempt).await?.ok_or_else(|| super::no_job(at.job))?;
+        db::jobs::state_for_result(tx.conn().await?, at.job, at.attempt).await?.ok_or_else(|| super::no_job(at.job))?;
     super::fence::check(&current, at.attempt, at.worker, "finish")?;
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
     let decision = super::reports::decide(&current, attempt, at.worker, &request.outcome)?;
@@ -161,7 +301,7 @@ async fn prepare(
         source.has_metrics = true;
     }
     for note in &request.notes {
-        db::jobs::add_note(tx.conn(), at.job, at.attempt, note).await?;
+        db::jobs::add_note(tx.conn().await?, at.job, at.attempt, note).await?;
         super::logs::append_server_line(tx, logs.0, at, &format!("[app] {note}\n")).await?;
     }
     if let Some(result) = request.result {
@@ -184,12 +324,10 @@ async fn seal(
     let streamed = !result.streamed.is_empty();
     // Looked up first only when files would be written; a bare record is an insert that
     // changes nothing when the version exists.
-    if (streamed || !result.files.is_empty()) && db::results::exists(tx.conn(), id, attempt).await? {
+    if (streamed || !result.files.is_empty()) && db::results::exists(tx.conn().await?, id, attempt).await? {
         return Ok(());
     }
-    let db::jobs::ResultSource { sweep, index, params, has_metrics } = source;
-    let relative = Layout::version_path(&sweep, index, attempt);
-    storage::check_relative_path(&relative).map_err(|why| anyhow::anyhow!("result path of job {id}: {why}"))?;
+    let has_metrics = source.has_metrics;
     let mut files: Vec<ManifestEntry> = result
         .files
         .iter()
@@ -200,7 +338,7 @@ async fn seal(
         })
         .collect();
     if !result.streamed.is_empty() {
-        let staged = db::results::staged(tx.conn(), id, attempt).await?;
+        let staged = db::results::staged(tx.conn().await?, id, attempt).await?;
         for entry in &result.streamed {
             match staged.get(&entry.path) {
                 Some(uploaded)
@@ -218,32 +356,24 @@ async fn seal(
         }
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
-    let version = ResultVersion {
-        job_id: id,
-        attempt,
-        path: relative,
-        files,
-        record: result.record,
-        params,
-        // Read only when there are some: `has_metrics` is false only when the attempt had
-        // none before this finish and the finish sent none (a short job's usual case).
-        metrics: match has_metrics {
-            true => db::metrics::summaries_of_attempt(tx.conn(), id, attempt).await?,
-            false => Default::default(),
-        },
-        stored_at: now_ms(),
+    // Read only when there are some: `has_metrics` is false only when the attempt had none
+    // before this finish and the finish sent none (a short job's usual case).
+    let metrics = match has_metrics {
+        true => db::metrics::summaries_of_attempt(tx.conn().await?, id, attempt).await?,
+        false => Default::default(),
     };
+    let version = version(at, source, files, result.record, metrics)?;
     // A version without files is its record alone: no directory (three directory creations
     // were most of what the server spent on a short job).
     if !version.files.is_empty() {
         write_version(layout, staging, &version).await?;
     }
-    if !db::results::insert(tx.conn(), &version).await? {
+    if !db::results::insert(tx.conn().await?, &version).await? {
         // A retried finish whose first try was stored: nothing more to do.
         return Ok(());
     }
     if streamed {
-        db::results::unstage_attempt(tx.conn(), id, attempt).await?;
+        db::results::unstage_attempt(tx.conn().await?, id, attempt).await?;
     }
     tx.note(Change::Page);
     Ok(())
@@ -264,3 +394,7 @@ async fn write_version(layout: &Layout, staging: &std::path::Path, version: &Res
         SealError::Disk(error) => disk_error(error, what.clone()),
     })
 }
+
+#[cfg(test)]
+#[path = "finish_tests.rs"]
+mod tests;

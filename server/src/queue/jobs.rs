@@ -15,7 +15,7 @@ pub fn no_job(id: JobId) -> ApiError {
 }
 
 pub(super) async fn state_of(tx: &mut Tx, id: JobId) -> ApiResult<JobState> {
-    db::jobs::state(tx.conn(), id).await?.ok_or_else(|| no_job(id))
+    db::jobs::state(tx.conn().await?, id).await?.ok_or_else(|| no_job(id))
 }
 
 fn raced(id: JobId) -> ApiError {
@@ -31,7 +31,7 @@ impl Queue {
                 let mut response = CancelResponse::default();
                 match job::cancel(current.status) {
                     CancelEffect::Now => {
-                        db::jobs::cancel_queued(tx.conn(), id, now_ms())
+                        db::jobs::cancel_queued(tx.conn().await?, id, now_ms())
                             .await?
                             .then_some(())
                             .ok_or_else(|| raced(id))?;
@@ -39,7 +39,10 @@ impl Queue {
                     }
                     CancelEffect::Requested => {
                         let attempt = JobAttempt { job_id: id, attempt: current.attempt };
-                        db::jobs::request_cancel(tx.conn(), attempt).await?.then_some(()).ok_or_else(|| raced(id))?;
+                        db::jobs::request_cancel(tx.conn().await?, attempt)
+                            .await?
+                            .then_some(())
+                            .ok_or_else(|| raced(id))?;
                         response.cancel_requested = 1;
                     }
                     CancelEffect::Refused => {
@@ -66,7 +69,7 @@ impl Queue {
         }
         self.write(move |tx| {
             Box::pin(async move {
-                let (cancelled, requested) = db::jobs::cancel_many(tx.conn(), &ids, now_ms()).await?;
+                let (cancelled, requested) = db::jobs::cancel_many(tx.conn().await?, &ids, now_ms()).await?;
                 for id in cancelled.iter().chain(&requested) {
                     tx.note(Change::Job(*id));
                 }
@@ -95,7 +98,7 @@ impl Queue {
                         current.status
                     )));
                 }
-                db::jobs::retry(tx.conn(), id, current.status).await?.then_some(()).ok_or_else(|| raced(id))?;
+                db::jobs::retry(tx.conn().await?, id, current.status).await?.then_some(()).ok_or_else(|| raced(id))?;
                 tx.note(Change::Job(id));
                 tx.note(Change::Claimable);
                 Ok(())
@@ -115,7 +118,7 @@ impl Queue {
                         current.status
                     )));
                 }
-                db::jobs::set_priority(tx.conn(), id, current.status, priority)
+                db::jobs::set_priority(tx.conn().await?, id, current.status, priority)
                     .await?
                     .then_some(())
                     .ok_or_else(|| raced(id))?;

@@ -23,7 +23,7 @@ pub(super) async fn lose(tx: &mut Tx, lost: &[JobState], max_crashes: u32, now: 
     for held in lost {
         let decision = job::lease_expired(held.crash_count, max_crashes, held.cancel_requested);
         let attempt = JobAttempt { job_id: held.id, attempt: held.attempt };
-        if db::jobs::expire(tx.conn(), attempt, &decision, now).await? {
+        if db::jobs::expire(tx.conn().await?, attempt, &decision, now).await? {
             tracing::warn!(job = %held.id, attempt = held.attempt, to = %decision.status, reason = decision.reason, "attempt lost");
             tx.note(Change::Job(held.id));
             if decision.status == JobStatus::Queued {
@@ -44,7 +44,7 @@ impl Queue {
         self.write(move |tx| {
             Box::pin(async move {
                 let now = now_ms();
-                let expired = db::jobs::expired(tx.conn(), now).await?;
+                let expired = db::jobs::expired(tx.conn().await?, now).await?;
                 lose(tx, &expired, max_crashes, now).await
             })
         })
@@ -56,7 +56,9 @@ impl Queue {
     /// process, workers get a lease's time to reach it before their jobs count as lost.
     pub async fn extend_all_leases(&self) -> ApiResult<u64> {
         let until = now_ms() + self.config.lease.as_millis() as i64;
-        self.write(move |tx| Box::pin(async move { Ok(db::jobs::extend_running_leases(tx.conn(), until).await?) }))
-            .await
+        self.write(move |tx| {
+            Box::pin(async move { Ok(db::jobs::extend_running_leases(tx.conn().await?, until).await?) })
+        })
+        .await
     }
 }

@@ -129,8 +129,8 @@ pub(super) async fn append(
     offset: u64,
     body: &[u8],
 ) -> ApiResult<u64> {
-    let state = super::fence::holder(tx.conn(), job, attempt, worker, "log append").await?;
-    let current = db::logs::length(tx.conn(), job, attempt).await?;
+    let state = super::fence::holder(tx.conn().await?, job, attempt, worker, "log append").await?;
+    let current = db::logs::length(tx.conn().await?, job, attempt).await?;
     let plan = plan_append(current, offset, body, cap)
         .map_err(|gap| ApiError::Conflict(format!("job {job} attempt {attempt}: {gap}")))?;
     if plan.after == current {
@@ -140,14 +140,14 @@ pub(super) async fn append(
     if let Some(marker) = &plan.marker {
         stored.extend_from_slice(marker.as_bytes());
         tracing::warn!(job = %job, attempt, "log truncated at the per-attempt cap");
-        db::jobs::add_note(tx.conn(), job, attempt, &truncation_note(cap)).await?;
+        db::jobs::add_note(tx.conn().await?, job, attempt, &truncation_note(cap)).await?;
     }
     if !stored.is_empty() {
         logs.write_at(state.sweep_id, job, attempt, current.stored, &stored).map_err(|error| {
             crate::storage::disk_error(error, format!("storing the log of job {job} attempt {attempt}"))
         })?;
     }
-    db::logs::set_length(tx.conn(), job, attempt, plan.after).await?;
+    db::logs::set_length(tx.conn().await?, job, attempt, plan.after).await?;
     if plan.after.stored > current.stored {
         tx.note(Change::Log(job));
     }
@@ -162,13 +162,13 @@ pub(super) async fn append_server_line(
     WorkerAttempt { job, attempt, .. }: WorkerAttempt,
     line: &str,
 ) -> ApiResult<()> {
-    let state = db::jobs::state(tx.conn(), job).await?.ok_or_else(|| super::no_job(job))?;
-    let mut length = db::logs::length(tx.conn(), job, attempt).await?;
+    let state = db::jobs::state(tx.conn().await?, job).await?.ok_or_else(|| super::no_job(job))?;
+    let mut length = db::logs::length(tx.conn().await?, job, attempt).await?;
     logs.write_at(state.sweep_id, job, attempt, length.stored, line.as_bytes()).map_err(|error| {
         crate::storage::disk_error(error, format!("storing the log of job {job} attempt {attempt}"))
     })?;
     length.stored += line.len() as u64;
-    db::logs::set_length(tx.conn(), job, attempt, length).await?;
+    db::logs::set_length(tx.conn().await?, job, attempt, length).await?;
     tx.note(Change::Log(job));
     Ok(())
 }

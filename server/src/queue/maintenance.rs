@@ -33,7 +33,7 @@ impl Queue {
         let retried = self
             .write(move |tx| {
                 Box::pin(async move {
-                    let retried = db::maintenance::retry_jobs(tx.conn(), &ids, &retryable()).await?;
+                    let retried = db::maintenance::retry_jobs(tx.conn().await?, &ids, &retryable()).await?;
                     note_retried(tx, &retried);
                     Ok(retried)
                 })
@@ -53,7 +53,7 @@ impl Queue {
         let retried = self
             .write(move |tx| {
                 Box::pin(async move {
-                    let retried = db::maintenance::retry_sweep(tx.conn(), id, &[JobStatus::Failed]).await?;
+                    let retried = db::maintenance::retry_sweep(tx.conn().await?, id, &[JobStatus::Failed]).await?;
                     note_retried(tx, &retried);
                     Ok(retried)
                 })
@@ -78,13 +78,13 @@ impl Queue {
             .write(move |tx| {
                 Box::pin(async move {
                     // The count only words the refusal early; the guard that counts is in the deletes.
-                    if db::maintenance::unfinished_jobs(tx.conn(), id).await? > 0 {
+                    if db::maintenance::unfinished_jobs(tx.conn().await?, id).await? > 0 {
                         return Err(busy());
                     }
-                    let Some(removal) = db::maintenance::delete_sweep(tx.conn(), id).await? else {
+                    let Some(removal) = db::maintenance::delete_sweep(tx.conn().await?, id).await? else {
                         // Gone meanwhile (another removal), or a job was queued again: the
                         // unit fails, so the deletes made before the guard are undone.
-                        let still_there = db::sweeps::name_of(tx.conn(), id).await.is_ok();
+                        let still_there = db::sweeps::name_of(tx.conn().await?, id).await.is_ok();
                         return Err(if still_there { busy() } else { ApiError::NotFound(format!("no sweep `{key}`")) });
                     };
                     tx.note(Change::Page);

@@ -48,14 +48,14 @@ pub(super) async fn record(
     offset: u64,
     points: &[MetricPoint],
 ) -> ApiResult<Stored> {
-    let sweep_id = super::fence::holder(tx.conn(), job, attempt, worker, "metrics batch").await?.sweep_id;
-    let (stored_offset, stored_points) = db::metrics::progress(tx.conn(), job, attempt).await?;
+    let sweep_id = super::fence::holder(tx.conn().await?, job, attempt, worker, "metrics batch").await?.sweep_id;
+    let (stored_offset, stored_points) = db::metrics::progress(tx.conn().await?, job, attempt).await?;
     if offset <= stored_offset {
         return Ok(Stored { offset: stored_offset, sweep_id, fresh: false });
     }
-    db::metrics::append(tx.conn(), job, attempt, stored_points, points).await?;
-    db::metrics::merge_summaries(tx.conn(), job, attempt, &summarize(points)).await?;
-    db::metrics::set_progress(tx.conn(), job, attempt, offset, stored_points + points.len() as u64).await?;
+    db::metrics::append(tx.conn().await?, job, attempt, stored_points, points).await?;
+    db::metrics::merge_summaries(tx.conn().await?, job, attempt, &summarize(points)).await?;
+    db::metrics::set_progress(tx.conn().await?, job, attempt, offset, stored_points + points.len() as u64).await?;
     if !points.is_empty() {
         tx.note(Change::Page);
     }

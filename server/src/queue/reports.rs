@@ -30,7 +30,7 @@ pub(super) async fn apply_to(
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
     let decision = decide(&current, attempt, worker, outcome)?;
-    let applied = db::jobs::finish(tx.conn(), &current, worker, &decision, now_ms()).await?;
+    let applied = db::jobs::finish(tx.conn().await?, &current, worker, &decision, now_ms()).await?;
     settle(tx, attempt, &decision, applied)?;
     after_settled(tx, search, &current, attempt, &decision).await?;
     Ok(decision.status)

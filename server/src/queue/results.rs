@@ -101,8 +101,8 @@ impl Queue {
         self.write(move |tx| {
             Box::pin(async move {
                 // The attempt may have ended while the bytes streamed in.
-                super::fence::holder(tx.conn(), id, attempt, worker, "file upload").await?;
-                db::results::unstage(tx.conn(), id, attempt, &entry.path).await?;
+                super::fence::holder(tx.conn().await?, id, attempt, worker, "file upload").await?;
+                db::results::unstage(tx.conn().await?, id, attempt, &entry.path).await?;
                 storage::place(&received, &staging, &entry.path).await.map_err(|error| match error {
                     PlaceError::Clash(why) => {
                         ApiError::Conflict(format!("cannot store job {id} attempt {attempt} file: {why}"))
@@ -111,7 +111,7 @@ impl Queue {
                         disk_error(error, format!("placing `{}` of job {id} attempt {attempt}", entry.path))
                     }
                 })?;
-                db::results::stage(tx.conn(), id, attempt, &entry).await?;
+                db::results::stage(tx.conn().await?, id, attempt, &entry).await?;
                 Ok(())
             })
         })
@@ -251,11 +251,11 @@ async fn seal_on_disk(staging: &Path, target: &Path, version: &ResultVersion) ->
 
 async fn record(tx: &mut Tx, version: &ResultVersion, worker: WorkerId) -> ApiResult<()> {
     let (id, attempt) = (version.job_id, version.attempt);
-    super::fence::holder(tx.conn(), id, attempt, worker, "result seal").await?;
-    if !db::results::insert(tx.conn(), version).await? {
+    super::fence::holder(tx.conn().await?, id, attempt, worker, "result seal").await?;
+    if !db::results::insert(tx.conn().await?, version).await? {
         return Err(already_stored(id, attempt));
     }
-    db::results::unstage_attempt(tx.conn(), id, attempt).await?;
+    db::results::unstage_attempt(tx.conn().await?, id, attempt).await?;
     tx.note(Change::Page);
     Ok(())
 }

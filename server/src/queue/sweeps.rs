@@ -43,9 +43,9 @@ impl Queue {
             .write(move |tx| {
                 Box::pin(async move {
                     let now = now_ms();
-                    let name = db::sweeps::unique_name(tx.conn(), &base_name).await?;
-                    let sweep_id = db::sweeps::insert(tx.conn(), &name, &sweep, &source, now).await?;
-                    let count = db::sweeps::insert_jobs(tx.conn(), sweep_id, &sweep, now).await?;
+                    let name = db::sweeps::unique_name(tx.conn().await?, &base_name).await?;
+                    let sweep_id = db::sweeps::insert(tx.conn().await?, &name, &sweep, &source, now).await?;
+                    let count = db::sweeps::insert_jobs(tx.conn().await?, sweep_id, &sweep, now).await?;
                     super::code::set_workspace(tx, sweep_id, &stored_workspace).await?;
                     search.on_submit(tx, sweep_id, &sweep).await?;
                     tx.note(Change::Claimable);
@@ -78,7 +78,7 @@ impl Queue {
         let response = self
             .write(move |tx| {
                 Box::pin(async move {
-                    let (cancelled, cancel_requested) = db::jobs::cancel_sweep(tx.conn(), id, now_ms()).await?;
+                    let (cancelled, cancel_requested) = db::jobs::cancel_sweep(tx.conn().await?, id, now_ms()).await?;
                     super::search::Controller::on_cancel(tx, id).await?;
                     tx.note(Change::Page);
                     // Followers of a job's log that wait for it to start learn it never will.

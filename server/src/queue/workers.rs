@@ -44,28 +44,30 @@ impl Queue {
                     let key_hash = request.key.as_deref().map(|key| hex::encode(super::sessions::digest(key)));
                     let hashes = (key_hash.as_deref(), session_hash.as_str());
                     let live = |seen: i64| now.saturating_sub(seen) <= lease.as_millis() as i64;
-                    let (worker_id, name) = match db::workers::by_name(tx.conn(), &request.name).await? {
+                    let (worker_id, name) = match db::workers::by_name(tx.conn().await?, &request.name).await? {
                         None => {
                             let id =
-                                db::workers::insert(tx.conn(), &request.name, &request.capacity, hashes, now).await?;
+                                db::workers::insert(tx.conn().await?, &request.name, &request.capacity, hashes, now)
+                                    .await?;
                             (id, request.name.clone())
                         }
                         Some(known)
                             if known.key_hash.is_some() && known.key_hash != key_hash && live(known.last_seen_at) =>
                         {
-                            let name = db::workers::unique_name(tx.conn(), &request.name).await?;
-                            let id = db::workers::insert(tx.conn(), &name, &request.capacity, hashes, now).await?;
+                            let name = db::workers::unique_name(tx.conn().await?, &request.name).await?;
+                            let id =
+                                db::workers::insert(tx.conn().await?, &name, &request.capacity, hashes, now).await?;
                             (id, name)
                         }
                         Some(known) => {
                             let id = WorkerId::new(known.id);
-                            db::workers::renew(tx.conn(), id, &request.capacity, hashes, now).await?;
+                            db::workers::renew(tx.conn().await?, id, &request.capacity, hashes, now).await?;
                             (id, request.name.clone())
                         }
                     };
                     let holding: HashSet<JobAttempt> = request.holding.iter().copied().collect();
                     let (mut held, mut lost) = (Vec::new(), Vec::new());
-                    for job in db::jobs::running_on(tx.conn(), worker_id).await? {
+                    for job in db::jobs::running_on(tx.conn().await?, worker_id).await? {
                         let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
                         if holding.contains(&attempt) {
                             held.push(attempt);
@@ -75,7 +77,7 @@ impl Queue {
                     }
                     lose(tx, &lost, max_crashes, now).await?;
                     let until = now + lease.as_millis() as i64;
-                    db::jobs::extend_leases(tx.conn(), worker_id, &held, until).await?;
+                    db::jobs::extend_leases(tx.conn().await?, worker_id, &held, until).await?;
                     tx.note(Change::Page);
                     let requeued: Vec<JobId> = lost.iter().map(|job| job.id).collect();
                     Ok((worker_id, name, requeued))
@@ -133,12 +135,13 @@ impl Queue {
             Box::pin(async move {
                 let now = now_ms();
                 let lease_expires_at = now + lease.as_millis() as i64;
-                if !db::workers::touch(tx.conn(), worker, now).await? {
+                if !db::workers::touch(tx.conn().await?, worker, now).await? {
                     return Err(unknown_worker(worker));
                 }
-                let held = db::jobs::extend_leases(tx.conn(), worker, &request.running, lease_expires_at).await?;
+                let held =
+                    db::jobs::extend_leases(tx.conn().await?, worker, &request.running, lease_expires_at).await?;
                 if !request.gpus.is_empty() {
-                    db::telemetry::insert(tx.conn(), worker, now, &request.gpus).await?;
+                    db::telemetry::insert(tx.conn().await?, worker, now, &request.gpus).await?;
                     tx.note(Change::Page);
                 }
                 let known: HashSet<JobAttempt> = held.iter().map(|(attempt, _)| *attempt).collect();

@@ -37,29 +37,40 @@ const MAX_GROUP: usize = 256;
 pub struct Tx {
     conn: PoolConnection<Sqlite>,
     changes: Vec<Change>,
+    /// Statements owed before the unit's first one (the savepoint that fences it from the unit
+    /// before), sent together with that statement: one round trip to sqlx's SQLite thread fewer
+    /// per unit.
+    pending: Option<&'static str>,
+    /// Whether the group's `BEGIN` was sent (it is owed until a unit reaches the database).
+    begun: bool,
 }
 
 impl Tx {
-    pub fn conn(&mut self) -> &mut SqliteConnection {
+    /// The connection, inside the group's transaction and the unit's savepoint.
+    pub async fn conn(&mut self) -> ApiResult<&mut SqliteConnection> {
+        if let Some(statements) = self.pending.take() {
+            self.begun = true;
+            sqlx::query(statements).execute(&mut *self.conn).await?;
+        }
+        Ok(&mut self.conn)
+    }
+
+    /// Hands the statements owed before the unit's first one to a caller that sends them
+    /// ahead of its own statement, in the same query string; [`Tx::raw`] is then the
+    /// connection to send it on. Nothing may run on the connection in between.
+    pub fn take_pending(&mut self) -> Option<&'static str> {
+        self.begun |= self.pending.is_some();
+        self.pending.take()
+    }
+
+    /// The connection without the owed statements: only right after [`Tx::take_pending`].
+    pub fn raw(&mut self) -> &mut SqliteConnection {
         &mut self.conn
     }
 
     /// Records that the unit changed something; announced once (and only if) it is committed.
     pub fn note(&mut self, change: Change) {
         self.changes.push(change);
-    }
-}
-
-impl std::ops::Deref for Tx {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &SqliteConnection {
-        &self.conn
-    }
-}
-
-impl std::ops::DerefMut for Tx {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        &mut self.conn
     }
 }
 
@@ -134,6 +145,16 @@ impl Writer {
         });
         self.sender.send(Work::Unit(run)).await.map_err(|_| ApiError::ShuttingDown)?;
         answer.await.map_err(|_| self.unanswered())?
+    }
+
+    /// Waits until `count` units wait in the channel (the writer busy with a group meanwhile).
+    #[cfg(test)]
+    pub async fn wait_for_queued(&self, count: usize) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.sender.max_capacity() - self.sender.capacity() < count {
+            assert!(tokio::time::Instant::now() < deadline, "{count} units never queued");
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Runs `task` between groups, while no write transaction is open.
@@ -232,21 +253,15 @@ async fn run_group(
     group: &mut std::collections::VecDeque<RunUnit>,
     events: &Events,
 ) -> (Option<PoolConnection<Sqlite>>, std::collections::VecDeque<RunUnit>) {
-    let mut tx = Tx { conn, changes: Vec::new() };
-    // Every statement is a round trip to sqlx's SQLite thread, so the savepoint that fences
-    // each unit of a group is opened with the statement before it: `BEGIN` for the first,
-    // `RELEASE` of the previous one for the others. A refused unit's `ROLLBACK TO` keeps its
-    // savepoint open for the next unit, and `COMMIT` releases the last one.
+    // Every statement is a round trip to sqlx's SQLite thread, so the statements that open
+    // the transaction and fence each unit of a group are owed (`Tx::pending`) and go with the
+    // unit's first statement: `BEGIN` (and the first savepoint) with the first unit's; for the
+    // others, `RELEASE` of the previous savepoint and a new one. A unit that never reached the
+    // database leaves them owed to the next. A refused unit's `ROLLBACK TO` keeps its savepoint
+    // open for the next unit, and `COMMIT` releases the last one.
     let savepoints = group.len() > 1;
     let begin = if savepoints { "BEGIN IMMEDIATE; SAVEPOINT unit" } else { "BEGIN IMMEDIATE" };
-    if let Err(error) = execute(&mut tx, begin).await {
-        let error = ApiError::from(error);
-        tracing::error!(error = ?error, "starting a write transaction");
-        let rest = std::mem::take(group);
-        // The units wait for a sound connection; closing this one makes the next try fresh.
-        close(tx.conn);
-        return (None, rest);
-    }
+    let mut tx = Tx { conn, changes: Vec::new(), pending: Some(begin), begun: false };
     let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
     while let Some(unit) = group.pop_front() {
         let outcome = match AssertUnwindSafe(unit(&mut tx)).catch_unwind().await {
@@ -260,15 +275,17 @@ async fn run_group(
         let changes = std::mem::take(&mut tx.changes);
         match outcome.failed().map(is_database_failure) {
             None => {
-                let next = savepoints && !group.is_empty();
                 ran.push((outcome, changes));
-                if next && execute(&mut tx, "RELEASE unit; SAVEPOINT unit").await.is_err() {
-                    return abandon(tx, ran, group, "a savepoint could not be set");
+                if savepoints && !group.is_empty() && tx.pending.is_none() {
+                    tx.pending = Some("RELEASE unit; SAVEPOINT unit");
                 }
             }
             Some(false) => {
-                // The unit refused (409, 400, ...): undo what it wrote, keep the others.
-                let undone = !savepoints || execute(&mut tx, "ROLLBACK TO unit").await.is_ok();
+                // The unit refused (409, 400, ...): undo what it wrote, keep the others. One
+                // that never reached the database wrote nothing, and the savepoint it was owed
+                // is still owed (rolling back to the open one would undo the unit before).
+                let touched = tx.pending.is_none();
+                let undone = !savepoints || !touched || execute(&mut tx, "ROLLBACK TO unit").await.is_ok();
                 ran.push((outcome, Vec::new()));
                 if !undone {
                     return abandon(tx, ran, group, "a refused unit could not be undone");
@@ -283,7 +300,12 @@ async fn run_group(
     }
     let all_refused = ran.iter().all(|(outcome, _)| outcome.failed().is_some());
     let statement = if all_refused && !savepoints { "ROLLBACK" } else { "COMMIT" };
-    match execute(&mut tx, statement).await {
+    // No unit reached the database: there is no transaction to end.
+    let ended = match tx.begun {
+        true => execute(&mut tx, statement).await,
+        false => Ok(()),
+    };
+    match ended {
         Ok(()) => {
             let mut changes = Vec::new();
             for (outcome, noted) in ran {

@@ -79,7 +79,7 @@ impl Controller {
             run_cap: sweep.search.run_cap(),
             early_stop: sweep.early_stop.is_some(),
         };
-        db::search::insert(tx.conn(), sweep_id, &search).await?;
+        db::search::insert(tx.conn().await?, sweep_id, &search).await?;
         Ok(())
     }
 
@@ -94,8 +94,8 @@ impl Controller {
 
     /// Called in the cancel's write unit: no more runs are made.
     pub(super) async fn on_cancel(tx: &mut Tx, sweep_id: SweepId) -> ApiResult<()> {
-        if db::search::close(tx.conn(), sweep_id).await? {
-            db::search::add_note(tx.conn(), sweep_id, "the sweep was cancelled: no more runs are made").await?;
+        if db::search::close(tx.conn().await?, sweep_id).await? {
+            db::search::add_note(tx.conn().await?, sweep_id, "the sweep was cancelled: no more runs are made").await?;
             tx.note(Change::Page);
         }
         Ok(())
@@ -112,10 +112,10 @@ impl Controller {
         attempt: u32,
         sweep_id: SweepId,
     ) -> ApiResult<()> {
-        let Some(sweep) = self.sweep(tx.conn(), sweep_id).await? else { return Ok(()) };
+        let Some(sweep) = self.sweep_in(tx, sweep_id).await? else { return Ok(()) };
         let (Some(target), Some(metric)) = (sweep.metric_target, sweep.metric.as_ref()) else { return Ok(()) };
         let minimize = metric.goal == Goal::Minimize;
-        let Some(value) = db::search::best_of(tx.conn(), job, attempt, &metric.name, minimize).await? else {
+        let Some(value) = db::search::best_of(tx.conn().await?, job, attempt, &metric.name, minimize).await? else {
             return Ok(());
         };
         if !(if minimize { value <= target } else { value >= target }) {
@@ -125,11 +125,11 @@ impl Controller {
             "job {job} reached metric.target {target} ({} = {value}): the sweep starts no more runs",
             metric.name
         );
-        let cancelled = db::jobs::cancel_queued_of_sweep(tx.conn(), sweep_id, &reason, now_ms()).await?;
-        let closed = db::search::close(tx.conn(), sweep_id).await?;
+        let cancelled = db::jobs::cancel_queued_of_sweep(tx.conn().await?, sweep_id, &reason, now_ms()).await?;
+        let closed = db::search::close(tx.conn().await?, sweep_id).await?;
         if closed || !cancelled.is_empty() {
             let note = format!("{reason}; {} queued jobs cancelled, running ones finish", cancelled.len());
-            db::search::add_note(tx.conn(), sweep_id, &note).await?;
+            db::search::add_note(tx.conn().await?, sweep_id, &note).await?;
             tx.note(Change::Page);
         }
         for job in cancelled {
@@ -139,13 +139,26 @@ impl Controller {
     }
 
     /// Whether the sweep has a `metric.target` (a cached lookup).
-    pub(super) async fn has_target(&self, conn: &mut SqliteConnection, sweep_id: SweepId) -> ApiResult<bool> {
-        Ok(self.sweep(conn, sweep_id).await?.is_some_and(|sweep| sweep.metric_target.is_some()))
+    pub(super) async fn has_target(&self, tx: &mut Tx, sweep_id: SweepId) -> ApiResult<bool> {
+        Ok(self.sweep_in(tx, sweep_id).await?.is_some_and(|sweep| sweep.metric_target.is_some()))
+    }
+
+    /// [`Controller::sweep`] inside a write unit, reaching the database only if not cached
+    /// (so a unit's owed statements are not sent on their own for a cached lookup).
+    async fn sweep_in(&self, tx: &mut Tx, sweep_id: SweepId) -> ApiResult<Option<Arc<Sweep>>> {
+        match self.cached(sweep_id) {
+            Some(known) => Ok(known),
+            None => self.sweep(tx.conn().await?, sweep_id).await,
+        }
+    }
+
+    fn cached(&self, sweep_id: SweepId) -> Option<Option<Arc<Sweep>>> {
+        self.sweeps.lock().ok().and_then(|sweeps| sweeps.get(&sweep_id).cloned())
     }
 
     /// The parsed sweep if it has a controller, from the cache or its stored source.
     async fn sweep(&self, conn: &mut SqliteConnection, sweep_id: SweepId) -> ApiResult<Option<Arc<Sweep>>> {
-        if let Some(known) = self.sweeps.lock().ok().and_then(|sweeps| sweeps.get(&sweep_id).cloned()) {
+        if let Some(known) = self.cached(sweep_id) {
             return Ok(known);
         }
         let parsed = match db::search::source_of(conn, sweep_id).await? {

@@ -24,17 +24,17 @@ impl Controller {
         if !self.maybe_open.load(Ordering::SeqCst) || requests.iter().all(|(_, capacity)| capacity.job_slots == 0) {
             return Ok(());
         }
-        let open = db::search::open_searches(tx.conn()).await?;
+        let open = db::search::open_searches(tx.conn().await?).await?;
         if open.is_empty() {
             // A submission after this unit commits sets the hint again.
             self.maybe_open.store(false, Ordering::SeqCst);
             return Ok(());
         }
         for search in open {
-            let Some(sweep) = self.sweep(tx.conn(), search.sweep_id).await? else {
-                db::search::close(tx.conn(), search.sweep_id).await?;
+            let Some(sweep) = self.sweep_in(tx, search.sweep_id).await? else {
+                db::search::close(tx.conn().await?, search.sweep_id).await?;
                 let note = "the stored sweep file no longer parses on this server: no more runs are made";
-                db::search::add_note(tx.conn(), search.sweep_id, note).await?;
+                db::search::add_note(tx.conn().await?, search.sweep_id, note).await?;
                 continue;
             };
             let room = fitting_slots(&sweep.resources, requests);
@@ -140,14 +140,14 @@ async fn make_runs(tx: &mut Tx, sweep: &Sweep, search: &db::search::OpenSearch, 
     let metric = sweep.metric.as_ref();
     let mut trials = Trials { finished: Vec::new(), pending: Vec::new() };
     if let (true, Some(metric)) = (bayes || sweep.metric_target.is_some(), metric) {
-        let rows = db::search::trials(tx.conn(), id, &metric.name).await?;
+        let rows = db::search::trials(tx.conn().await?, id, &metric.name).await?;
         trials = trials_of(sweep, &rows, metric.goal);
     }
     if let Some(value) = target_reached(sweep, &trials) {
-        db::search::close(tx.conn(), id).await?;
+        db::search::close(tx.conn().await?, id).await?;
         let target = sweep.metric_target.unwrap_or(value);
         let note = format!("a finished run reached metric.target {target} ({value}): no more runs are made");
-        db::search::add_note(tx.conn(), id, &note).await?;
+        db::search::add_note(tx.conn().await?, id, &note).await?;
         tx.note(Change::Page);
         return Ok(());
     }
@@ -165,9 +165,9 @@ async fn make_runs(tx: &mut Tx, sweep: &Sweep, search: &db::search::OpenSearch, 
     if made == 0 {
         return Ok(());
     }
-    db::search::insert_jobs(tx.conn(), id, sweep, &jobs, now_ms()).await?;
+    db::search::insert_jobs(tx.conn().await?, id, sweep, &jobs, now_ms()).await?;
     let after = search.proposed + made;
-    if !db::search::advance(tx.conn(), id, search.proposed, after, fallback).await? {
+    if !db::search::advance(tx.conn().await?, id, search.proposed, after, fallback).await? {
         // Another pass moved it first (it cannot inside the single writer, but the guard is
         // what keeps an index from being made twice): undo this one.
         return Err(anyhow::anyhow!("the controller of sweep {id} moved while it proposed; claim again").into());
@@ -180,13 +180,13 @@ async fn make_runs(tx: &mut Tx, sweep: &Sweep, search: &db::search::OpenSearch, 
             trials.finished.len()
         );
         tracing::warn!(sweep = %id, "{note}");
-        db::search::add_note(tx.conn(), id, &note).await?;
+        db::search::add_note(tx.conn().await?, id, &note).await?;
     } else if !fallback && search.fallback {
         let note = format!("run {}: `{metric_name}` arrived; proposals come from the model again", search.proposed);
-        db::search::add_note(tx.conn(), id, &note).await?;
+        db::search::add_note(tx.conn().await?, id, &note).await?;
     }
     if let Some(cap) = search.run_cap.filter(|cap| after >= *cap) {
-        db::search::add_note(tx.conn(), id, &format!("all {cap} runs of run_cap are made")).await?;
+        db::search::add_note(tx.conn().await?, id, &format!("all {cap} runs of run_cap are made")).await?;
     }
     tracing::debug!(sweep = %id, from = search.proposed, runs = made, "runs proposed");
     tx.note(Change::Page);

@@ -97,16 +97,16 @@ async fn stop_run(queue: &Queue, job: JobId, attempt: u32, stop: StoppedEarly) -
     let stopped = queue
         .write(move |tx| {
             Box::pin(async move {
-                let Some(current) = db::jobs::state(tx.conn(), job).await? else { return Ok(false) };
+                let Some(current) = db::jobs::state(tx.conn().await?, job).await? else { return Ok(false) };
                 if current.status != JobStatus::Running || current.attempt != attempt || current.cancel_requested {
                     return Ok(false);
                 }
                 let attempt_of = shared::api::JobAttempt { job_id: job, attempt };
-                if !db::jobs::request_cancel(tx.conn(), attempt_of).await? {
+                if !db::jobs::request_cancel(tx.conn().await?, attempt_of).await? {
                     return Ok(false);
                 }
-                db::search::record_stop(tx.conn(), job, attempt, &stop).await?;
-                db::jobs::add_note(tx.conn(), job, attempt, &stop.reason).await?;
+                db::search::record_stop(tx.conn().await?, job, attempt, &stop).await?;
+                db::jobs::add_note(tx.conn().await?, job, attempt, &stop.reason).await?;
                 tx.note(Change::Job(job));
                 Ok(true)
             })

@@ -1,0 +1,112 @@
+//! The bare finish decided on a reader's view: when the job changes between that view and the
+//! write unit, the finish is decided again on the writer's own reading.
+
+use super::*;
+use crate::config::ServerConfig;
+use shared::api::{AttemptRecord, JobId};
+use shared::job::Outcome;
+use std::sync::Arc;
+
+/// A queue over a fresh data directory with one job running as attempt 1 on worker 1, in a
+/// sweep of two (the other job queued).
+async fn queue_with_a_running_job() -> (tempfile::TempDir, Arc<Queue>, super::super::Tasks) {
+    let directory = tempfile::tempdir().unwrap();
+    let db = db::Db::open(directory.path()).await.unwrap();
+    let setup =
+        "INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 's', 'native', '', 2, 0);
+         INSERT INTO workers (id, name, capacity, registered_at, last_seen_at) VALUES (1, 'w', '{}', 0, 0);
+         INSERT INTO jobs (id, sweep_id, idx, params, command, priority, created_at) VALUES
+             (1, 1, 0, '{}', 'true', 0, 0), (2, 1, 1, '{}', 'true', 0, 0);
+         UPDATE jobs SET status = 'running', attempt = 1, worker_id = 1 WHERE id = 1;";
+    sqlx::raw_sql(setup).execute(&db.writer).await.unwrap();
+    let config = Arc::new(ServerConfig { data_dir: directory.path().to_path_buf(), ..ServerConfig::default() });
+    let (_stop, shutting_down) = tokio::sync::watch::channel(false);
+    let (queue, tasks) = Queue::start(db, config, "test".into(), shutting_down);
+    // As after a server's first claim: no adaptive sweep is open, so finishes may go quick.
+    let (search, asking) =
+        (queue.search.clone(), [(WorkerId::new(1), Capacity { job_slots: 1, ..Capacity::default() })]);
+    queue.write(move |tx| Box::pin(async move { search.top_up(tx, &asking).await })).await.unwrap();
+    assert!(!queue.search.may_be_open());
+    (directory, queue, tasks)
+}
+
+fn bare_finish(claim: bool) -> FinishRequest {
+    FinishRequest {
+        job_id: JobId::new(1),
+        attempt: 1,
+        outcome: Outcome::Exited { code: 0 },
+        log: None,
+        metrics: None,
+        result: Some(InlineResult { files: Vec::new(), streamed: Vec::new(), record: AttemptRecord::default() }),
+        notes: Vec::new(),
+        claim: claim.then(|| shared::api::ClaimRequest {
+            capacity: Capacity { job_slots: 1, ..Capacity::default() },
+            wait_ms: 0,
+        }),
+    }
+}
+
+async fn status_of(queue: &Queue, id: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM jobs WHERE id = ?").bind(id).fetch_one(queue.reader()).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_cancel_between_the_readers_view_and_the_write_decides_the_finish() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    // Hold the writer, queue a cancel request behind it, and send the finish meanwhile: its
+    // view (no cancel) is read before the cancel commits, and its unit runs after it.
+    let (started, running) = tokio::sync::oneshot::channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let holder = queue.clone();
+    let held = tokio::spawn(async move {
+        holder
+            .write(move |_tx| {
+                Box::pin(async move {
+                    let _ = started.send(());
+                    let _ = released.await;
+                    Ok(())
+                })
+            })
+            .await
+    });
+    running.await.unwrap();
+    let canceller = queue.clone();
+    let cancel = tokio::spawn(async move {
+        canceller
+            .write(|tx| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = 1").execute(tx.conn().await?).await?;
+                    Ok(())
+                })
+            })
+            .await
+    });
+    queue.writer.wait_for_queued(1).await;
+    let finisher = queue.clone();
+    let finish = tokio::spawn(async move { finisher.finish(WorkerId::new(1), bare_finish(true)).await });
+    queue.writer.wait_for_queued(2).await;
+    release.send(()).unwrap();
+    held.await.unwrap().unwrap();
+    cancel.await.unwrap().unwrap();
+    let response = finish.await.unwrap().unwrap();
+    assert_eq!(response.status, JobStatus::Cancelled, "decided on the cancel that landed first");
+    assert_eq!(status_of(&queue, 1).await, "cancelled");
+    assert_eq!(response.jobs.len(), 1, "the finish still claims the worker's next job");
+    assert_eq!(status_of(&queue, 2).await, "running");
+    let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader()).await.unwrap();
+    assert_eq!(versions, 1, "the record is stored once");
+}
+
+#[tokio::test]
+async fn a_bare_finish_of_an_attempt_the_worker_no_longer_holds_is_refused_whole() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    let stale = FinishRequest { attempt: 2, ..bare_finish(true) };
+    let refused = queue.finish(WorkerId::new(1), stale).await.unwrap_err();
+    assert!(matches!(refused, ApiError::Conflict(_)), "{refused:?}");
+    assert_eq!(status_of(&queue, 1).await, "running");
+    assert_eq!(status_of(&queue, 2).await, "queued", "nothing claimed");
+    let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader()).await.unwrap();
+    assert_eq!(versions, 0);
+    let done = queue.finish(WorkerId::new(1), bare_finish(false)).await.unwrap();
+    assert_eq!((done.status, done.jobs.len()), (JobStatus::Succeeded, 0));
+}
