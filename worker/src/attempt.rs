@@ -372,6 +372,10 @@ async fn finish(
 /// The attempt's output files; what cannot be uploaded is said in its log.
 async fn collect_outputs(dirs: &AttemptDirs) -> Vec<OutputFile> {
     let output = dirs.output.clone();
+    // An empty output directory (most short jobs) needs no trip to a blocking thread.
+    if std::fs::read_dir(&output).is_ok_and(|mut entries| entries.next().is_none()) {
+        return Vec::new();
+    }
     let collected = tokio::task::spawn_blocking(move || results::collect(&output)).await;
     let (files, skipped) = match collected {
         Ok(Ok(found)) => found,

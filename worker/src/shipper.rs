@@ -155,6 +155,13 @@ impl Shipper {
     pub async fn tail(&mut self, max: u64) -> Option<(Option<LogTail>, Option<MetricsTail>)> {
         let (log_path, metrics_path) = (self.log_path.clone(), self.metrics_path.clone());
         let (log_offset, metrics_offset, lines) = (self.log_offset, self.metrics_offset, self.metrics_lines);
+        // A job that printed nothing since the last shipment (the usual short job) needs no
+        // trip to a blocking thread: two `stat`s say so.
+        let grown =
+            |path: &PathBuf, offset: u64| std::fs::metadata(path).map(|meta| meta.len() > offset).unwrap_or(false);
+        if !grown(&log_path, log_offset) && !grown(&metrics_path, metrics_offset) {
+            return Some((None, None));
+        }
         let read = move || tail_of((&log_path, log_offset), (&metrics_path, metrics_offset), lines, max);
         let (log, metrics, lines) = tokio::task::spawn_blocking(read).await.ok()??;
         self.metrics_lines = lines;
