@@ -9,7 +9,15 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(&args);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // The worker daemon alone waits on its jobs, the server and a few files: one thread does
+    // that, and a short job's cost on a worker was mostly hand-offs between the runtime's
+    // threads (2,000 `true` jobs: CPU per job 0.94 -> 0.72 ms). Its blocking work (hashing,
+    // packing, unpacking) runs on the blocking pool either way.
+    let mut builder = match args.command.is_none() && args.serve.client_only {
+        true => tokio::runtime::Builder::new_current_thread(),
+        false => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: starting the async runtime: {error}");
