@@ -99,13 +99,28 @@ class App:
         counts = http(f"{self.url}/api/sweeps/{name}")["counts"]
         return counts["queued"] == 0 and counts["running"] == 0
 
+    def wait_for_last(self, name):
+        """Long-polls the log of the sweep's last job until its attempt ends, as `tsp -w` waits
+        for the last job and HyperQueue's `wait_for_jobs` for its jobs: polling the sweep every
+        20 ms instead cost the server 0.2 ms of CPU per `sleep 0.01` job, a quarter of its
+        share, and took that CPU from the run being measured."""
+        last = http(f"{self.url}/api/jobs?sweep={name}&order=desc&limit=1")["jobs"][0]["id"]
+        offset = 0
+        while True:
+            log = http(f"{self.url}/api/jobs/{last}/log?offset={offset}&wait_ms=10000")
+            if log["finished"]:
+                return
+            offset = log["next_offset"]
+
     def run(self, words, count):
         command = " ".join(words)
         cpu = (cpu_seconds(self.server.pid), cpu_seconds(self.worker.pid))
         started = time.perf_counter()
         name = self.submit(command, count)
+        self.wait_for_last(name)
+        # Dispatch is in id order, so only the jobs beside the last one may still be running.
         while not self.done(name):
-            time.sleep(0.02)
+            time.sleep(0.002)
         elapsed = time.perf_counter() - started
         used = (cpu_seconds(self.server.pid) - cpu[0], cpu_seconds(self.worker.pid) - cpu[1])
         return elapsed, used

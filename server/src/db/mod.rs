@@ -70,10 +70,9 @@ impl Db {
             .connect_with(options.clone().pragma("wal_autocheckpoint", "0"))
             .await
             .with_context(|| format!("opening database {}", path.display()))?;
-        sqlx::migrate!("../migrations")
-            .run(&writer)
-            .await
-            .with_context(|| format!("migrating database {}", path.display()))?;
+        let migrator = sqlx::migrate!("../migrations");
+        refuse_newer_schema(&writer, &migrator, &path).await?;
+        migrator.run(&writer).await.with_context(|| format!("migrating database {}", path.display()))?;
         // No ping before each use (sqlx's default): a local file's connection does not drop
         // away, and the ping was a second round trip to the connection's thread on every read.
         let reader = SqlitePoolOptions::new()
@@ -134,10 +133,72 @@ impl Db {
     }
 }
 
+/// A database written by a newer build has migrations this build does not know: refused with
+/// both versions (sqlx's own words name only the first unknown migration), before anything is
+/// changed.
+async fn refuse_newer_schema(
+    writer: &SqlitePool,
+    migrator: &sqlx::migrate::Migrator,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let known = migrator.iter().map(|migration| migration.version).max().unwrap_or(0);
+    let table: Option<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+            .fetch_optional(writer)
+            .await
+            .with_context(|| format!("reading the schema version of {}", path.display()))?;
+    if table.is_none() {
+        return Ok(());
+    }
+    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+        .fetch_one(writer)
+        .await
+        .with_context(|| format!("reading the schema version of {}", path.display()))?;
+    match applied {
+        Some(applied) if applied > known => anyhow::bail!(
+            "the database {} has schema version {applied}, newer than this build's {known}: a newer version of \
+             app wrote it; run that version (or a newer one) on this data directory, or point this one at another",
+            path.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Wall-clock now in Unix milliseconds, the unit of every time column.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| elapsed.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_database_from_a_newer_build_is_refused_with_both_versions_and_left_as_it_was() {
+        let directory = tempfile::tempdir().unwrap();
+        let db = Db::open(directory.path()).await.unwrap();
+        let known = sqlx::migrate!("../migrations").iter().map(|migration| migration.version).max().unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, installed_on, success, checksum, execution_time)
+             VALUES (?, 'from a newer build', '2030-01-01', 1, x'00', 1)",
+        )
+        .bind(known + 5)
+        .execute(&db.writer)
+        .await
+        .unwrap();
+        db.close().await;
+        let refused = Db::open(directory.path()).await.unwrap_err().to_string();
+        assert!(refused.contains(&format!("schema version {}", known + 5)), "{refused}");
+        assert!(refused.contains(&format!("newer than this build's {known}")), "{refused}");
+        // Opened again once the newer migration is gone: nothing was changed meanwhile.
+        let file = directory.path().join("queue.db");
+        let options = SqliteConnectOptions::new().filename(&file);
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+        sqlx::query("DELETE FROM _sqlx_migrations WHERE version > ?").bind(known).execute(&pool).await.unwrap();
+        pool.close().await;
+        Db::open(directory.path()).await.unwrap().close().await;
+    }
 }
