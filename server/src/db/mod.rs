@@ -193,10 +193,17 @@ mod tests {
         let refused = Db::open(directory.path()).await.unwrap_err().to_string();
         assert!(refused.contains(&format!("schema version {}", known + 5)), "{refused}");
         assert!(refused.contains(&format!("newer than this build's {known}")), "{refused}");
-        // Opened again once the newer migration is gone: nothing was changed meanwhile.
+        // The refusal changed nothing: the migrations recorded are the same; with the newer
+        // one gone, this build opens the database again.
         let file = directory.path().join("queue.db");
         let options = SqliteConnectOptions::new().filename(&file);
         let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+        let recorded: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version").fetch_all(&pool).await.unwrap();
+        let mut expected: Vec<i64> =
+            sqlx::migrate!("../migrations").iter().map(|migration| migration.version).collect();
+        expected.push(known + 5);
+        assert_eq!(recorded, expected);
         sqlx::query("DELETE FROM _sqlx_migrations WHERE version > ?").bind(known).execute(&pool).await.unwrap();
         pool.close().await;
         Db::open(directory.path()).await.unwrap().close().await;

@@ -87,20 +87,28 @@ pub struct Finished {
     pub claimed: Vec<SqliteRow>,
 }
 
-/// More than the parameters the statements of a step skip in all (16 and 11).
+/// More than the parameters the statements of a step skip in all (11 before the claim's own,
+/// 16 before the version's).
 const SPARE_ARGUMENTS: usize = 32;
 
 /// The statements after the owed ones, for a step with or without a version and a claim.
+/// A version is made without metric summaries (the caller saw none), so with one, the INSERT
+/// and the finish both require that the attempt still has none: else neither applies, and the
+/// caller's full path makes the version with them.
 fn step_sql(version: bool, claim: bool) -> &'static str {
     static SQL: [std::sync::OnceLock<String>; 4] = [const { std::sync::OnceLock::new() }; 4];
     SQL[usize::from(version) | usize::from(claim) << 1].get_or_init(|| {
         let mut statements = Vec::new();
         // Parameters: the finish's ?1-?11, then the claim's, then the version's.
         let version_first = if claim { 17 } else { 12 };
+        let mut finish = super::jobs::FINISH_SQL.to_string();
         if version {
-            statements.push(super::results::insert_sql(version_first));
+            statements.push(super::results::insert_sql(version_first, true));
+            finish.push_str(
+                " AND NOT EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = ?7 AND m.attempt = ?8)",
+            );
         }
-        statements.push(format!("{} RETURNING id AS finished", super::jobs::FINISH_SQL));
+        statements.push(format!("{finish} RETURNING id AS finished"));
         if claim {
             statements.push(claim_sql(12, "changes() = 1 AND "));
         }
@@ -150,9 +158,10 @@ pub async fn finish_and_claim(conn: &mut SqliteConnection, step: FinishStep<'_>)
     if let Some(version) = step.version {
         query = super::results::bind_version(query, version)?;
     }
-    // sqlx binds each statement's parameters it does not use (`?1`-`?16` of the version's
-    // INSERT) to the next arguments in turn, and stops binding that statement at the first
-    // one past the end, leaving its own `?17`... NULL. Spare arguments keep it going.
+    // sqlx binds a statement's parameters that it does not use itself (the claim's `?1`-`?11`,
+    // the version's `?1`-`?16`) to the next arguments in turn, and stops binding that
+    // statement at the first one past the end, leaving its own `?12`... NULL. Spare arguments
+    // keep it going (the step test fails without them).
     for _ in 0..SPARE_ARGUMENTS {
         query = query.bind(None::<i64>);
     }
@@ -303,6 +312,27 @@ mod tests {
         let running: Vec<i64> =
             statuses(&db).await.into_iter().filter(|(_, status)| status == "running").map(|(id, _)| id).collect();
         assert_eq!(running, [1]);
+        let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(&db.reader).await.unwrap();
+        assert_eq!(versions, 0);
+    }
+
+    #[tokio::test]
+    async fn a_version_made_without_metrics_is_neither_stored_nor_finished_once_the_attempt_has_some() {
+        let (_directory, db) = queue().await;
+        sqlx::query(
+            "INSERT INTO job_metric_summaries (job_id, name, attempt, last_value, min_value, max_value, point_count)
+             VALUES (1, 'loss', 1, 0.5, 0.5, 0.5, 1)",
+        )
+        .execute(&db.writer)
+        .await
+        .unwrap();
+        let mut conn = db.writer.acquire().await.unwrap();
+        let (seen, decision, version) = (seen(1), succeeded(), bare_version());
+        let step = FinishStep { version: Some(&version), ..step(&seen, &decision, Some(asking(1))) };
+        let done = finish_and_claim(&mut conn, step).await.unwrap();
+        assert!(!done.applied && !done.stored && done.claimed.is_empty());
+        drop(conn);
+        assert_eq!(statuses(&db).await[0], (1, "running".to_string()));
         let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(&db.reader).await.unwrap();
         assert_eq!(versions, 0);
     }

@@ -81,13 +81,22 @@ pub async fn unstage_attempt(conn: &mut SqliteConnection, job: JobId, attempt: u
 }
 
 /// The INSERT of a sealed version with its parameters numbered from `?first`; it returns a
-/// `stored` column only if it inserted (an attempt keeps its first version).
-pub(crate) fn insert_sql(first: usize) -> String {
+/// `stored` column only if it inserted (an attempt keeps its first version). With
+/// `unless_metrics` it inserts nothing if the attempt has metric summaries (a version made
+/// without them would miss them).
+pub(crate) fn insert_sql(first: usize, unless_metrics: bool) -> String {
     let values: Vec<String> = (first..first + 8).map(|n| format!("?{n}")).collect();
+    let source = match unless_metrics {
+        false => format!("VALUES ({})", values.join(", ")),
+        true => format!(
+            "SELECT {} WHERE NOT EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = ?{first} AND m.attempt = ?{})",
+            values.join(", "),
+            first + 1
+        ),
+    };
     format!(
         "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
-         VALUES ({}) ON CONFLICT (job_id, attempt) DO NOTHING RETURNING 1 AS stored",
-        values.join(", ")
+         {source} ON CONFLICT (job_id, attempt) DO NOTHING RETURNING 1 AS stored"
     )
 }
 
@@ -110,7 +119,7 @@ pub(crate) fn bind_version<'q>(
 /// Records a sealed version; false if the attempt already has one.
 pub async fn insert(conn: &mut SqliteConnection, version: &ResultVersion) -> anyhow::Result<bool> {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let query = bind_version(sqlx::query(SQL.get_or_init(|| insert_sql(1))), version)?;
+    let query = bind_version(sqlx::query(SQL.get_or_init(|| insert_sql(1, false))), version)?;
     Ok(query.fetch_optional(&mut *conn).await?.is_some())
 }
 

@@ -85,8 +85,15 @@ impl Queue {
         // state a reader sees, off the writer's path, and applied in one round trip to SQLite
         // (`quick`); the guarded UPDATE checks that state, and the full path below takes over
         // if it changed in between.
-        let snapshot = match is_bare(&request) {
-            true => db::jobs::state_for_result(&mut *self.reader().acquire().await?, at.job, at.attempt).await?,
+        let may_be_quick = is_bare(&request)
+            && !self.search.may_be_open()
+            && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
+        let snapshot = match may_be_quick {
+            // A reader that fails leaves it to the full path.
+            true => match self.reader().acquire().await {
+                Ok(mut conn) => db::jobs::state_for_result(&mut conn, at.job, at.attempt).await.ok().flatten(),
+                Err(_) => None,
+            },
             false => None,
         };
         let context = Context {

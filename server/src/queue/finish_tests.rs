@@ -50,11 +50,12 @@ async fn status_of(queue: &Queue, id: i64) -> String {
     sqlx::query_scalar("SELECT status FROM jobs WHERE id = ?").bind(id).fetch_one(queue.reader()).await.unwrap()
 }
 
-#[tokio::test]
-async fn a_cancel_between_the_readers_view_and_the_write_decides_the_finish() {
-    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
-    // Hold the writer, queue a cancel request behind it, and send the finish meanwhile: its
-    // view (no cancel) is read before the cancel commits, and its unit runs after it.
+/// Sends a bare finish (claiming one job) whose view is read while `between`, a write queued
+/// behind a held writer, has not committed yet, and whose unit runs right after it.
+async fn finish_after<F>(queue: &Arc<Queue>, between: F) -> ApiResult<shared::api::FinishResponse>
+where
+    F: std::future::Future<Output = ApiResult<()>> + Send + 'static,
+{
     let (started, running) = tokio::sync::oneshot::channel();
     let (release, released) = tokio::sync::oneshot::channel::<()>();
     let holder = queue.clone();
@@ -70,31 +71,77 @@ async fn a_cancel_between_the_readers_view_and_the_write_decides_the_finish() {
             .await
     });
     running.await.unwrap();
-    let canceller = queue.clone();
-    let cancel = tokio::spawn(async move {
-        canceller
-            .write(|tx| {
-                Box::pin(async move {
-                    sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = 1").execute(tx.conn().await?).await?;
-                    Ok(())
-                })
-            })
-            .await
-    });
+    let between = tokio::spawn(between);
     queue.writer.wait_for_queued(1).await;
     let finisher = queue.clone();
     let finish = tokio::spawn(async move { finisher.finish(WorkerId::new(1), bare_finish(true)).await });
     queue.writer.wait_for_queued(2).await;
     release.send(()).unwrap();
     held.await.unwrap().unwrap();
-    cancel.await.unwrap().unwrap();
-    let response = finish.await.unwrap().unwrap();
+    between.await.unwrap().unwrap();
+    finish.await.unwrap()
+}
+
+/// A write unit running `sql`.
+fn statement(
+    queue: &Arc<Queue>,
+    sql: &'static str,
+) -> impl std::future::Future<Output = ApiResult<()>> + Send + 'static {
+    let queue = queue.clone();
+    async move {
+        queue
+            .write(move |tx| {
+                Box::pin(async move {
+                    sqlx::query(sql).execute(tx.conn().await?).await?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+}
+
+async fn versions(queue: &Queue) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader()).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_cancel_between_the_readers_view_and_the_write_decides_the_finish() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    let cancel = statement(&queue, "UPDATE jobs SET cancel_requested = 1 WHERE id = 1");
+    let response = finish_after(&queue, cancel).await.unwrap();
     assert_eq!(response.status, JobStatus::Cancelled, "decided on the cancel that landed first");
     assert_eq!(status_of(&queue, 1).await, "cancelled");
     assert_eq!(response.jobs.len(), 1, "the finish still claims the worker's next job");
     assert_eq!(status_of(&queue, 2).await, "running");
-    let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader()).await.unwrap();
-    assert_eq!(versions, 1, "the record is stored once");
+    assert_eq!(versions(&queue).await, 1, "the record is stored once");
+}
+
+#[tokio::test]
+async fn metrics_that_land_between_the_view_and_the_write_are_in_the_version() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    let recorder = queue.clone();
+    let point = shared::api::MetricPoint { step: Some(1), name: "loss".into(), value: 0.25 };
+    let metrics =
+        async move { recorder.record_metrics(JobId::new(1), 1, WorkerId::new(1), 10, vec![point]).await.map(|_| ()) };
+    let response = finish_after(&queue, metrics).await.unwrap();
+    assert_eq!(response.status, JobStatus::Succeeded);
+    let stored: String = sqlx::query_scalar("SELECT metrics FROM results WHERE job_id = 1 AND attempt = 1")
+        .fetch_one(queue.reader())
+        .await
+        .unwrap();
+    assert!(stored.contains("loss"), "the version has the summaries recorded before it: {stored}");
+}
+
+#[tokio::test]
+async fn a_job_lost_between_the_view_and_the_write_keeps_nothing_of_the_finish() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    // As the reaper does with an attempt whose lease ran out: back to the queue.
+    let requeue = statement(&queue, "UPDATE jobs SET status = 'queued', worker_id = NULL WHERE id = 1");
+    let refused = finish_after(&queue, requeue).await.unwrap_err();
+    assert!(matches!(refused, ApiError::Conflict(_)), "{refused:?}");
+    assert_eq!(versions(&queue).await, 0, "the version the quick step wrote was rolled back with its unit");
+    assert_eq!(status_of(&queue, 1).await, "queued");
+    assert_eq!(status_of(&queue, 2).await, "queued", "nothing claimed");
 }
 
 #[tokio::test]
@@ -105,8 +152,7 @@ async fn a_bare_finish_of_an_attempt_the_worker_no_longer_holds_is_refused_whole
     assert!(matches!(refused, ApiError::Conflict(_)), "{refused:?}");
     assert_eq!(status_of(&queue, 1).await, "running");
     assert_eq!(status_of(&queue, 2).await, "queued", "nothing claimed");
-    let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader()).await.unwrap();
-    assert_eq!(versions, 0);
+    assert_eq!(versions(&queue).await, 0);
     let done = queue.finish(WorkerId::new(1), bare_finish(false)).await.unwrap();
     assert_eq!((done.status, done.jobs.len()), (JobStatus::Succeeded, 0));
 }
