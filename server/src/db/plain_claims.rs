@@ -64,7 +64,7 @@ pub async fn claim(conn: &mut SqliteConnection, claim: PlainClaim) -> sqlx::Resu
 
 /// What [`finish_and_claim`] sends to SQLite in one query string.
 pub struct FinishStep<'a> {
-    /// Statements owed before anything else (`queue::Tx::take_pending`).
+    /// Statements owed before anything else (`queue::Tx::owed`).
     pub pending: Option<&'static str>,
     /// The state the decision was made on; the UPDATE is guarded by it.
     pub seen: &'a JobState,

@@ -184,8 +184,9 @@ async fn quick(
         Some(result) => Some(version(at, source, Vec::new(), result.record.clone(), Default::default())?),
         None => None,
     };
+    let (pending, conn) = tx.owed();
     let step = db::plain_claims::FinishStep {
-        pending: tx.take_pending(),
+        pending,
         seen: &seen,
         worker_id: at.worker,
         decision: &decision,
@@ -193,17 +194,30 @@ async fn quick(
         version: version.as_ref(),
         claim,
     };
-    let done = db::plain_claims::finish_and_claim(tx.raw(), step).await?;
+    let done = db::plain_claims::finish_and_claim(conn, step).await?;
     if done.stored {
         tx.note(Change::Page);
     }
     if !done.applied {
         return Ok(None);
     }
-    super::reports::settle(tx, attempt, &decision, true)?;
-    super::reports::after_settled(tx, search, &seen, attempt, &decision).await?;
+    conclude(tx, context, &seen, attempt, &decision, done).await.map(Some)
+}
+
+/// After a finish sent with its plain claim: the transition settled (a refused one is a 409
+/// for the whole unit), a sweep's target looked at, the claimed jobs in dispatch order.
+async fn conclude(
+    tx: &mut Tx,
+    context: &Context,
+    seen: &db::jobs::JobState,
+    attempt: JobAttempt,
+    decision: &Finish,
+    done: db::plain_claims::Finished,
+) -> ApiResult<(JobStatus, Vec<ClaimedJob>)> {
+    super::reports::settle(tx, attempt, decision, done.applied)?;
+    super::reports::after_settled(tx, &context.search, seen, attempt, decision).await?;
     let jobs = super::claims::claimed_plain(tx, done.claimed, &context.names, &context.workspaces).await?;
-    Ok(Some((decision.status, jobs)))
+    Ok((decision.status, jobs))
 }
 
 /// The finish on the writer's own reading: fence, log tail, metrics, notes, result, outcome,
@@ -231,8 +245,9 @@ async fn full(
         false => super::claims::plain_claim(requests, now + context.lease.as_millis() as i64, now),
     };
     if let Some(claim) = plain {
+        let (pending, conn) = tx.owed();
         let step = db::plain_claims::FinishStep {
-            pending: tx.take_pending(),
+            pending,
             seen: &current,
             worker_id: at.worker,
             decision: &decision,
@@ -240,13 +255,8 @@ async fn full(
             version: None,
             claim: Some(claim),
         };
-        let done = db::plain_claims::finish_and_claim(tx.raw(), step).await?;
-        super::reports::settle(tx, attempt, &decision, done.applied)?;
-        // Jobs claimed with the finish that reached a target run, as runs already started
-        // do; the rest of the sweep's queue is cancelled.
-        super::reports::after_settled(tx, search, &current, attempt, &decision).await?;
-        let jobs = super::claims::claimed_plain(tx, done.claimed, &context.names, &context.workspaces).await?;
-        return Ok((decision.status, jobs));
+        let done = db::plain_claims::finish_and_claim(conn, step).await?;
+        return conclude(tx, context, &current, attempt, &decision, done).await;
     }
     let applied = db::jobs::finish(tx.conn().await?, &current, at.worker, &decision, now).await?;
     super::reports::settle(tx, attempt, &decision, applied)?;

@@ -55,17 +55,11 @@ impl Tx {
         Ok(&mut self.conn)
     }
 
-    /// Hands the statements owed before the unit's first one to a caller that sends them
-    /// ahead of its own statement, in the same query string; [`Tx::raw`] is then the
-    /// connection to send it on. Nothing may run on the connection in between.
-    pub fn take_pending(&mut self) -> Option<&'static str> {
+    /// The statements owed before the unit's first one, for a caller that sends them ahead of
+    /// its own statement in the same query string, with the connection to send it on.
+    pub fn owed(&mut self) -> (Option<&'static str>, &mut SqliteConnection) {
         self.begun |= self.pending.is_some();
-        self.pending.take()
-    }
-
-    /// The connection without the owed statements: only right after [`Tx::take_pending`].
-    pub fn raw(&mut self) -> &mut SqliteConnection {
-        &mut self.conn
+        (self.pending.take(), &mut self.conn)
     }
 
     /// Records that the unit changed something; announced once (and only if) it is committed.

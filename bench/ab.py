@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Two builds of app side by side on short jobs: each round starts `app --server-only` and one
+`app --client-only --max-jobs 2` of each build in turn (alternating which goes first), runs a
+warm-up and then COUNT jobs of COMMAND, and prints jobs/s and the server's and the worker's CPU
+per job; then the medians. This is how the same-sitting A/Bs in docs/benchmarks.md were taken.
+
+    python3 bench/ab.py OLD_BINARY NEW_BINARY [--rounds 6] [--count 2000] [--command true]
+"""
+
+import argparse
+import shlex
+import statistics
+
+import peers
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("binaries", nargs=2)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--command", default="true")
+    args = parser.parse_args()
+    words = shlex.split(args.command)
+    figures = {binary: [] for binary in args.binaries}
+    for round_number in range(1, args.rounds + 1):
+        order = args.binaries if round_number % 2 else list(reversed(args.binaries))
+        for binary in order:
+            app = peers.App(binary)
+            try:
+                app.run(words, 200)
+                elapsed, (server, worker) = app.run(words, args.count)
+            finally:
+                app.stop()
+            figure = (args.count / elapsed, server / args.count * 1e3, worker / args.count * 1e3)
+            figures[binary].append(figure)
+            print(f"round {round_number} {binary}: {figure[0]:.0f} jobs/s, "
+                  f"server {figure[1]:.3f} ms/job, worker {figure[2]:.3f} ms/job", flush=True)
+    for binary, rows in figures.items():
+        rate, server, worker = (statistics.median(row[i] for row in rows) for i in range(3))
+        print(f"{binary}: median {rate:.0f} jobs/s, server CPU {server:.3f} ms/job, worker {worker:.3f} ms/job")
+
+
+if __name__ == "__main__":
+    main()
