@@ -470,3 +470,38 @@ async fn a_w_and_b_job_finds_its_parameters_where_wandb_init_reads_them() {
     let log = server.client().log(job.id, &shared::api::LogQuery::default()).await.unwrap().text;
     assert_eq!(log, "[]\n");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_jobs_start_from_a_reserve_that_a_long_job_hands_back_to_idle_workers() {
+    let server = ServerProcess::start();
+    let _a = WorkerProcess::start(&server.url, "box-a", &["--max-jobs", "1"]);
+    // Short jobs, but the fourth (index 3) runs long.
+    let yaml = "name: reserve\ncommand: 'test {i} -ne 3 || sleep 8; echo {i} > \"$APP_OUTPUT_DIR/i\"'\n\
+                grid:\n  i: [0, 1, 2, 3, 4, 5, 6]\n";
+    server.submit(yaml).await;
+    let long = wait_until("the long job runs", LONG, || async {
+        server.jobs_of("reserve").await.into_iter().find(|job| job.index == 3 && job.status == JobStatus::Running)
+    })
+    .await;
+    // box-a (one slot) claimed the next job with the long one's predecessor's finish; with its
+    // slot taken for 8 s, that job goes back to the queue after a second, for box-b.
+    let _b = WorkerProcess::start(&server.url, "box-b", &["--max-jobs", "1"]);
+    let jobs = finished(&server, "reserve").await;
+    let by_index: HashMap<u64, &Job> = jobs.iter().map(|job| (job.index, job)).collect();
+    for job in &jobs {
+        assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
+        assert_eq!(job.crash_count, 0, "{job:#?}");
+        let versions = server.client().results(job.id).await.unwrap();
+        assert_eq!(versions.len(), 1, "job {} recorded once", job.index);
+        assert_eq!(result_file(&server, job.id, "i").await.trim(), job.index.to_string());
+    }
+    for index in 1..=3 {
+        let job = by_index[&index];
+        assert_eq!((job.attempt, job.worker.as_deref()), (1, Some("box-a")), "started from box-a's reserve: {job:#?}");
+    }
+    let handed_back = by_index[&4];
+    assert_eq!((handed_back.attempt, handed_back.worker.as_deref()), (2, Some("box-b")), "{handed_back:#?}");
+    let long_end = by_index[&3].finished_at.unwrap();
+    assert!(handed_back.finished_at.unwrap() < long_end, "the reserved job did not wait for the long one");
+    assert!(long_end - long.started_at.unwrap() >= 8_000);
+}

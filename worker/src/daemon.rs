@@ -1,6 +1,7 @@
 //! The worker's main loop: register, then claim what fits, start attempts, heartbeat (with
 //! telemetry, bringing back cancels), finish attempts (claiming the next jobs in the same
-//! request), and drain on the first stop request, abort on the second. While jobs hold GPUs it
+//! request; after a short CPU job also a reserve that starts as slots free), and drain on the
+//! first stop request, abort on the second. While jobs hold GPUs it
 //! also reads the GPUs for their accounting (`accounting`) and hands each attempt its account
 //! when its process ends.
 
@@ -19,7 +20,7 @@ use shared::api::{
 };
 use shared::job::Outcome;
 use shared::placement::keep_or_place;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -30,6 +31,16 @@ use tokio::time::Instant;
 /// A short job's finish follows its end within milliseconds; one that streams large outputs
 /// first, or whose server refuses them (a full disk), can take minutes.
 const PIGGYBACK_WAIT: Duration = Duration::from_millis(500);
+
+/// A job whose process ran shorter than this lets a CPU box's finish claim a reserve: jobs
+/// held, leased, until a slot frees, so the next job starts the moment a process ends instead
+/// of one round trip later. Longer jobs gain nothing from it worth a job held from other workers.
+const RESERVE_SHORT: Duration = Duration::from_millis(250);
+/// How long a reserved job waits for a slot before it is handed back to the queue (a short
+/// job followed by a long one must not keep the reserve from idle workers).
+const RESERVE_HOLD: Duration = Duration::from_secs(1);
+/// Reserved jobs at most, whatever `--max-jobs` is.
+const RESERVE_MAX: u32 = 16;
 
 /// What a request that can hand out jobs brought back.
 enum Claimed {
@@ -54,7 +65,10 @@ struct Daemon {
     /// The attempts this worker runs (or is still reporting), each with the channel that stops
     /// it. Keyed by attempt: after a lease expiry the same job can come back to this worker
     /// while its earlier attempt is still being torn down.
-    running: HashMap<JobAttempt, mpsc::Sender<Stop>>,
+    running: HashMap<JobAttempt, Held>,
+    /// Jobs claimed ahead on a CPU box running short jobs, oldest first, with when each came:
+    /// started as slots free (see `RESERVE_SHORT`), handed back after `RESERVE_HOLD`.
+    reserve: VecDeque<(ClaimedJob, Instant)>,
     events: mpsc::Sender<AttemptEvent>,
     hostname: String,
     in_git_tree: bool,
@@ -67,8 +81,9 @@ struct Daemon {
     /// their process ended: the finish will claim the next jobs, so no claim of its own is
     /// started meanwhile (that would cost a second request and a second transaction per job),
     /// for `PIGGYBACK_WAIT` at most: a finish that takes longer (large outputs streaming, a
-    /// server refusing them) must not keep the box's other slots idle.
-    finishing: std::collections::HashMap<JobAttempt, Instant>,
+    /// server refusing them) must not keep the box's other slots idle. With each, whether its
+    /// process was short (its finish may claim a reserve).
+    finishing: HashMap<JobAttempt, (Instant, bool)>,
     /// Job slots asked for by claims not answered yet.
     slots_in_flight: u32,
     /// What the attempts holding GPUs have used of them so far.
@@ -76,6 +91,12 @@ struct Daemon {
     /// `OMP_NUM_THREADS` for CPU jobs: the share of the cores each of `max_jobs` jobs gets
     /// (`None` when jobs do not share the box or the worker's own environment sets it).
     cpu_threads: Option<u32>,
+}
+
+/// An attempt this worker runs: how to stop it, and when it started.
+struct Held {
+    stop: mpsc::Sender<Stop>,
+    started: Instant,
 }
 
 /// Runs the worker until `stop` has been signalled and its jobs are done (first signal:
@@ -114,6 +135,7 @@ pub async fn run(
         heartbeat: Duration::from_secs(5),
         reservations,
         running: HashMap::new(),
+        reserve: VecDeque::new(),
         events,
         hostname: crate::config::default_name(),
         in_git_tree: false,
@@ -147,7 +169,7 @@ pub async fn run(
     let mut account_tick = tokio::time::interval(daemon.config.telemetry_interval.max(Duration::from_millis(100)));
     account_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        if daemon.draining && daemon.running.is_empty() && claims.is_empty() {
+        if daemon.draining && daemon.running.is_empty() && claims.is_empty() && daemon.reserve.is_empty() {
             tracing::info!("drained: every job finished and reported");
             return Ok(());
         }
@@ -155,7 +177,9 @@ pub async fn run(
             tracing::warn!(jobs = daemon.running.len(), "exiting before every abandoned job was reported");
             return Ok(());
         }
-        let piggyback_until = daemon.finishing.values().min().map(|ended| *ended + PIGGYBACK_WAIT);
+        let piggyback_until =
+            daemon.finishing.values().map(|(ended, _)| *ended).min().map(|ended| ended + PIGGYBACK_WAIT);
+        let reserve_until = daemon.reserve.front().map(|(_, since)| *since + RESERVE_HOLD);
         let no_finish_due = piggyback_until.is_none_or(|until| Instant::now() >= until);
         if !daemon.draining && claims.is_empty() && no_finish_due && Instant::now() >= claim_not_before {
             daemon.start_claim(&mut claims);
@@ -205,15 +229,19 @@ pub async fn run(
             Some(event) = received.recv() => match event {
                 AttemptEvent::ProcessEnded(attempt, account) => {
                     daemon.reservations.release(attempt);
-                    daemon.finishing.insert(attempt, Instant::now());
+                    let now = Instant::now();
+                    let short = daemon.running.get(&attempt).is_some_and(|held| now - held.started < RESERVE_SHORT);
+                    daemon.finishing.insert(attempt, (now, short));
                     let _ = account.send(daemon.accounting.end(attempt, now_ms()));
+                    daemon.start_reserved();
                 }
                 AttemptEvent::Finishing { request, reply } => {
-                    daemon.finishing.remove(&JobAttempt { job_id: request.job_id, attempt: request.attempt });
+                    let ended = daemon.finishing.remove(&JobAttempt { job_id: request.job_id, attempt: request.attempt });
                     // The finish asks for the next jobs itself when it may (see `claims`).
                     let may_claim = claims.is_empty() || daemon.inventory.sample().is_empty();
                     if may_claim && !daemon.draining && Instant::now() >= claim_not_before {
-                        daemon.finish_and_claim(*request, reply, &mut claims);
+                        let short = ended.is_some_and(|(_, short)| short);
+                        daemon.finish_and_claim(*request, reply, short, &mut claims);
                     } else {
                         let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
                         tokio::spawn(async move { let _ = reply.send(client.finish(worker_id, &request).await); });
@@ -228,7 +256,7 @@ pub async fn run(
             _ = beat_tick.tick(), if beat.is_none() => {
                 let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
                 let gpus = if telemetry_due { last_telemetry = Some(Instant::now()); daemon.inventory.sample() } else { Vec::new() };
-                let request = HeartbeatRequest { running: daemon.running.keys().copied().collect(), gpus };
+                let request = HeartbeatRequest { running: daemon.held(), gpus };
                 let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
                 beat = Some(tokio::spawn(async move { client.heartbeat(worker_id, &request).await }));
             }
@@ -255,15 +283,17 @@ pub async fn run(
             signal = stop.recv() => {
                 if signal.is_none() || daemon.draining {
                     tracing::warn!(jobs = daemon.running.len(), "second stop: killing jobs and handing them back");
-                    for stop in daemon.running.values() {
-                        let _ = stop.try_send(Stop::Abandon);
+                    for held in daemon.running.values() {
+                        let _ = held.stop.try_send(Stop::Abandon);
                     }
+                    daemon.give_back_reserve();
                     claims.abort_all();
                     abort_deadline = Some(Instant::now() + daemon.config.kill_grace + Duration::from_secs(10));
                     daemon.draining = true;
                 } else {
                     tracing::info!(jobs = daemon.running.len(), "draining: no new jobs; running jobs finish (stop again to kill them)");
                     daemon.draining = true;
+                    daemon.give_back_reserve();
                     // The server ends this worker's parked claim at once and hands it nothing
                     // more; a claim answered meanwhile is handed back (see the claim branch).
                     let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
@@ -279,6 +309,10 @@ pub async fn run(
             // A finish that did not come in time: the other slots claim on their own.
             _ = tokio::time::sleep_until(piggyback_until.unwrap_or_else(Instant::now)), if claims.is_empty() && !daemon.draining && !no_finish_due => {}
             _ = tokio::time::sleep(Duration::from_millis(500)), if abort_deadline.is_some() => {}
+            // The oldest reserved job waited for a slot long enough: back to the queue.
+            _ = tokio::time::sleep_until(reserve_until.unwrap_or_else(Instant::now)), if reserve_until.is_some() => {
+                daemon.expire_reserve();
+            }
         }
     }
 }
@@ -358,22 +392,61 @@ impl Daemon {
     /// the old one, so it is stopped (and reports nothing), and the worker registers afresh.
     async fn register_again(&mut self, error: &ClientError) -> anyhow::Result<()> {
         tracing::warn!(%error, jobs = self.running.len(), "the server no longer knows this worker's session; stopping its jobs and registering again");
-        for stop in self.running.values() {
-            let _ = stop.try_send(Stop::Lost);
+        for held in self.running.values() {
+            let _ = held.stop.try_send(Stop::Lost);
         }
         self.running.clear();
+        // Claimed under the old registration: the server that handed them out requeues them.
+        self.reserve.clear();
         self.register().await
     }
 
-    /// What this worker can take now, less the slots claims in flight asked for already.
-    fn free_capacity(&self) -> shared::placement::Capacity {
-        let mut capacity = self.reservations.capacity(&self.inventory.sample());
-        capacity.job_slots = capacity.job_slots.saturating_sub(self.slots_in_flight);
+    /// What this worker can take now (with a reserve: also what it may hold until a slot
+    /// frees), less the slots claims in flight asked for and the jobs already reserved.
+    fn free_capacity(&self, reserve: bool) -> shared::placement::Capacity {
+        let gpus = self.inventory.sample();
+        let mut capacity = self.reservations.capacity(&gpus);
+        let extra = if reserve && gpus.is_empty() && !self.draining { self.max_jobs.min(RESERVE_MAX) } else { 0 };
+        capacity.job_slots =
+            (capacity.job_slots + extra).saturating_sub(self.slots_in_flight + self.reserve.len() as u32);
         capacity
     }
 
+    /// The attempts the server should keep leased to this worker: running and reserved.
+    fn held(&self) -> Vec<JobAttempt> {
+        let reserved = self.reserve.iter().map(|(job, _)| JobAttempt { job_id: job.id, attempt: job.attempt });
+        self.running.keys().copied().chain(reserved).collect()
+    }
+
+    /// Starts reserved jobs while slots are free.
+    fn start_reserved(&mut self) {
+        while !self.reserve.is_empty() && self.reservations.capacity(&self.inventory.sample()).job_slots > 0 {
+            if let Some((job, _)) = self.reserve.pop_front() {
+                self.start(job);
+            }
+        }
+    }
+
+    /// Hands back the reserved jobs that waited `RESERVE_HOLD` for a slot.
+    fn expire_reserve(&mut self) {
+        let now = Instant::now();
+        while self.reserve.front().is_some_and(|(_, since)| now >= *since + RESERVE_HOLD) {
+            if let Some((job, _)) = self.reserve.pop_front() {
+                tracing::debug!(job = %job.id, "a reserved job found no free slot in time; handing it back");
+                self.give_back(job);
+            }
+        }
+    }
+
+    /// Hands back every reserved job (draining, stopping).
+    fn give_back_reserve(&mut self) {
+        for (job, _) in std::mem::take(&mut self.reserve) {
+            self.give_back(job);
+        }
+    }
+
     fn start_claim(&mut self, claims: &mut JoinSet<(Claimed, u32)>) {
-        let capacity = self.free_capacity();
+        let capacity = self.free_capacity(false);
         if capacity.job_slots == 0 {
             return;
         }
@@ -386,14 +459,16 @@ impl Daemon {
         claims.spawn(async move { (Claimed::Claim(client.claim(worker_id, &request).await), asked) });
     }
 
-    /// Sends an attempt's finish with a claim of what fits now (without waiting for new work).
+    /// Sends an attempt's finish with a claim of what fits now (without waiting for new work),
+    /// and a reserve when the attempt's process was `short`.
     fn finish_and_claim(
         &mut self,
         mut request: FinishRequest,
         reply: oneshot::Sender<ClientResult<FinishResponse>>,
+        short: bool,
         claims: &mut JoinSet<(Claimed, u32)>,
     ) {
-        let capacity = self.free_capacity();
+        let capacity = self.free_capacity(short);
         let asked = capacity.job_slots;
         if asked > 0 {
             request.claim = Some(ClaimRequest { capacity, wait_ms: 0 });
@@ -406,7 +481,13 @@ impl Daemon {
     /// Places a claimed job on this worker's GPUs and starts it.
     fn start(&mut self, job: ClaimedJob) {
         let gpus = self.inventory.sample();
-        let Some(placement) = keep_or_place(&job.resources, &job.placement, &self.reservations.capacity(&gpus)) else {
+        let capacity = self.reservations.capacity(&gpus);
+        let Some(placement) = keep_or_place(&job.resources, &job.placement, &capacity) else {
+            // A reserve asked for (a CPU box, every slot taken): it starts when one frees.
+            if gpus.is_empty() && capacity.job_slots == 0 && !self.draining {
+                self.reserve.push_back((job, Instant::now()));
+                return;
+            }
             tracing::warn!(job = %job.id, "claimed a job that no longer fits; handing it back");
             return self.give_back(job);
         };
@@ -422,7 +503,7 @@ impl Daemon {
         self.accounting.begin(attempt, &placement.gpus, now_ms());
         self.reservations.hold(attempt, job.resources.clone(), placement);
         let (stop, stopped) = mpsc::channel(4);
-        self.running.insert(attempt, stop.clone());
+        self.running.insert(attempt, Held { stop: stop.clone(), started: Instant::now() });
         tracing::debug!(job = %job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
         let context = AttemptContext {
             client: self.client.clone(),
@@ -459,12 +540,22 @@ impl Daemon {
     }
 
     /// Acts on a heartbeat's answer: kill cancelled attempts and attempts no longer ours.
-    fn apply(&self, response: &HeartbeatResponse) {
+    /// A cancelled reserved job is handed back (the server records it cancelled); one no
+    /// longer ours is dropped.
+    fn apply(&mut self, response: &HeartbeatResponse) {
         for (attempts, reason) in [(&response.cancel, Stop::Cancel), (&response.unknown, Stop::Lost)] {
             for attempt in attempts {
-                if let Some(stop) = self.running.get(attempt) {
+                if let Some(held) = self.running.get(attempt) {
                     tracing::info!(job = %attempt.job_id, ?reason, "stopping an attempt at the server's word");
-                    let _ = stop.try_send(reason);
+                    let _ = held.stop.try_send(reason);
+                }
+                let reserved =
+                    self.reserve.iter().position(|(job, _)| job.id == attempt.job_id && job.attempt == attempt.attempt);
+                if let Some((job, _)) = reserved.and_then(|at| self.reserve.remove(at)) {
+                    tracing::info!(job = %attempt.job_id, ?reason, "dropping a reserved job at the server's word");
+                    if reason == Stop::Cancel {
+                        self.give_back(job);
+                    }
                 }
             }
         }
