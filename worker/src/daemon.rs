@@ -37,7 +37,8 @@ const PIGGYBACK_WAIT: Duration = Duration::from_millis(500);
 /// of one round trip later. Longer jobs gain nothing from it worth a job held from other workers.
 const RESERVE_SHORT: Duration = Duration::from_millis(250);
 /// How long a reserved job waits for a slot before it is handed back to the queue (a short
-/// job followed by a long one must not keep the reserve from idle workers).
+/// job followed by a long one must not keep the reserve from idle workers); shorter when the
+/// server's heartbeat interval is, so that a reserved job starts well within its lease.
 const RESERVE_HOLD: Duration = Duration::from_secs(1);
 /// Reserved jobs at most, whatever `--max-jobs` is.
 const RESERVE_MAX: u32 = 16;
@@ -179,7 +180,7 @@ pub async fn run(
         }
         let piggyback_until =
             daemon.finishing.values().map(|(ended, _)| *ended).min().map(|ended| ended + PIGGYBACK_WAIT);
-        let reserve_until = daemon.reserve.front().map(|(_, since)| *since + RESERVE_HOLD);
+        let reserve_until = daemon.reserve.front().map(|(_, since)| *since + daemon.reserve_hold());
         let no_finish_due = piggyback_until.is_none_or(|until| Instant::now() >= until);
         if !daemon.draining && claims.is_empty() && no_finish_due && Instant::now() >= claim_not_before {
             daemon.start_claim(&mut claims);
@@ -427,10 +428,14 @@ impl Daemon {
         }
     }
 
-    /// Hands back the reserved jobs that waited `RESERVE_HOLD` for a slot.
+    fn reserve_hold(&self) -> Duration {
+        RESERVE_HOLD.min(self.heartbeat)
+    }
+
+    /// Hands back the reserved jobs that waited their hold for a slot.
     fn expire_reserve(&mut self) {
-        let now = Instant::now();
-        while self.reserve.front().is_some_and(|(_, since)| now >= *since + RESERVE_HOLD) {
+        let (now, hold) = (Instant::now(), self.reserve_hold());
+        while self.reserve.front().is_some_and(|(_, since)| now >= *since + hold) {
             if let Some((job, _)) = self.reserve.pop_front() {
                 tracing::debug!(job = %job.id, "a reserved job found no free slot in time; handing it back");
                 self.give_back(job);
