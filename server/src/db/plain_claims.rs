@@ -30,7 +30,7 @@ fn claim_sql(first: usize, fence: &str) -> String {
                AND (needs_trainer = 0 OR {trainer})
              ORDER BY priority DESC, id LIMIT {slots})
          RETURNING id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                   needs_trainer, timeout_secs, lease_expires_at, priority",
+                   needs_trainer, timeout_secs, lease_expires_at, priority, worker_id, retries_left, crash_count",
         w = at(1),
         lease = at(2),
         now = at(3),

@@ -60,13 +60,13 @@ pub(super) async fn dispatch(queue: Weak<Queue>, mut tickets: mpsc::Receiver<Cla
         let requests: Vec<(WorkerId, Capacity)> =
             batch.iter().map(|ticket| (ticket.worker_id, ticket.capacity.clone())).collect();
         let (lease, names) = (queue.config.lease, queue.sweep_names.clone());
-        let (workspaces, search) = (queue.workspaces.clone(), queue.search.clone());
+        let (workspaces, search, views) = (queue.workspaces.clone(), queue.search.clone(), queue.views.clone());
         let served = queue
             .write(move |tx| {
                 Box::pin(async move {
                     // Adaptive sweeps get their runs for these claims first (queue/search).
                     search.top_up(tx, &requests).await?;
-                    claim_batch(tx, &requests, lease, &names, &workspaces).await
+                    claim_batch(tx, &requests, lease, (&names, &workspaces, &views)).await
                 })
             })
             .await;
@@ -193,8 +193,7 @@ pub(super) async fn claim_batch(
     tx: &mut Tx,
     requests: &[(WorkerId, Capacity)],
     lease: Duration,
-    names: &SweepNames,
-    workspaces: &super::code::Workspaces,
+    (names, workspaces, views): (&SweepNames, &super::code::Workspaces, &super::views::Views),
 ) -> ApiResult<Vec<Vec<ClaimedJob>>> {
     let now = now_ms();
     let lease_expires_at = now + lease.as_millis() as i64;
@@ -214,7 +213,7 @@ pub(super) async fn claim_batch(
     }
     if let Some(claim) = plain_claim(requests, lease_expires_at, now) {
         let rows = db::plain_claims::claim(tx.conn().await?, claim).await?;
-        return Ok(vec![claimed_plain(tx, rows, names, workspaces).await?]);
+        return Ok(vec![claimed_plain(tx, rows, (names, workspaces, views)).await?]);
     }
     // The look and the update run in one write unit: no other writer runs in between, and all
     // chosen jobs change in one statement.
@@ -274,8 +273,7 @@ pub(super) fn plain_claim(
 pub(super) async fn claimed_plain(
     tx: &mut Tx,
     rows: Vec<sqlx::sqlite::SqliteRow>,
-    names: &SweepNames,
-    workspaces: &super::code::Workspaces,
+    (names, workspaces, views): (&SweepNames, &super::code::Workspaces, &super::views::Views),
 ) -> ApiResult<Vec<ClaimedJob>> {
     let mut keyed = Vec::with_capacity(rows.len());
     for row in rows {
@@ -285,11 +283,35 @@ pub(super) async fn claimed_plain(
     keyed.sort_by_key(|(key, _)| *key);
     let mut jobs = Vec::with_capacity(keyed.len());
     for ((_, id), row) in keyed {
-        jobs.push(claimed_job(tx, &row, Placement { gpus: Vec::new() }, names, workspaces).await?);
+        let job = claimed_job(tx, &row, Placement { gpus: Vec::new() }, names, workspaces).await?;
+        views.keep(
+            claimed_state(&row, &job)?,
+            db::jobs::ResultSource {
+                sweep: job.sweep.clone(),
+                index: job.index,
+                params: job.params.clone(),
+                has_metrics: false,
+            },
+        );
+        jobs.push(job);
         // Log followers waiting for a queued job's first attempt learn it started.
         tx.note(Change::Job(JobId::new(id)));
     }
     Ok(jobs)
+}
+
+/// A plainly claimed job's state as the claim left it (see `views`).
+fn claimed_state(row: &sqlx::sqlite::SqliteRow, job: &ClaimedJob) -> ApiResult<db::jobs::JobState> {
+    Ok(db::jobs::JobState {
+        id: job.id,
+        sweep_id: job.sweep_id,
+        status: JobStatus::Running,
+        attempt: job.attempt,
+        worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
+        retries_left: row.try_get("retries_left")?,
+        crash_count: row.try_get("crash_count")?,
+        cancel_requested: false,
+    })
 }
 
 async fn claimed_job(

@@ -81,6 +81,8 @@ impl Queue {
                 })?;
         }
         let claim = request.claim.clone().filter(|_| !self.is_draining(worker));
+        // Taken whichever path the finish goes: the attempt ends here.
+        let viewed = self.views.take(at.job, at.attempt);
         // A finish that brings nothing but its outcome (and a result record) is decided on the
         // state a reader sees, off the writer's path, and applied in one round trip to SQLite
         // (`quick`); the guarded UPDATE checks that state, and the full path below takes over
@@ -89,6 +91,7 @@ impl Queue {
             && !self.search.may_be_open()
             && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
         let snapshot = match may_be_quick {
+            true if viewed.is_some() => viewed,
             // A reader that fails leaves it to the full path.
             true => match self.reader().acquire().await {
                 Ok(mut conn) => db::jobs::state_for_result(&mut conn, at.job, at.attempt).await.ok().flatten(),
@@ -102,6 +105,7 @@ impl Queue {
             lease: self.config.lease,
             names: self.sweep_names.clone(),
             workspaces: self.workspaces.clone(),
+            views: self.views.clone(),
             search: self.search.clone(),
         };
         let capacity = claim.as_ref().map(|claim| claim.capacity.clone());
@@ -136,6 +140,7 @@ struct Context {
     lease: Duration,
     names: super::claims::SweepNames,
     workspaces: super::code::Workspaces,
+    views: std::sync::Arc<super::views::Views>,
     search: std::sync::Arc<super::search::Controller>,
 }
 
@@ -216,7 +221,8 @@ async fn conclude(
 ) -> ApiResult<(JobStatus, Vec<ClaimedJob>)> {
     super::reports::settle(tx, attempt, decision, done.applied)?;
     super::reports::after_settled(tx, &context.search, seen, attempt, decision).await?;
-    let jobs = super::claims::claimed_plain(tx, done.claimed, &context.names, &context.workspaces).await?;
+    let caches = (&context.names, &context.workspaces, &*context.views);
+    let jobs = super::claims::claimed_plain(tx, done.claimed, caches).await?;
     Ok((decision.status, jobs))
 }
 
@@ -265,8 +271,8 @@ async fn full(
         true => Vec::new(),
         false => {
             search.top_up(tx, requests).await?;
-            let (lease, names, workspaces) = (context.lease, &context.names, &context.workspaces);
-            super::claims::claim_batch(tx, requests, lease, names, workspaces).await?.remove(0)
+            let caches = (&context.names, &context.workspaces, &*context.views);
+            super::claims::claim_batch(tx, requests, context.lease, caches).await?.remove(0)
         }
     };
     Ok((decision.status, jobs))

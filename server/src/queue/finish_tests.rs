@@ -156,3 +156,47 @@ async fn a_bare_finish_of_an_attempt_the_worker_no_longer_holds_is_refused_whole
     let done = queue.finish(WorkerId::new(1), bare_finish(false)).await.unwrap();
     assert_eq!((done.status, done.jobs.len()), (JobStatus::Succeeded, 0));
 }
+
+/// Finishes job 1 claiming job 2 plainly, so that job 2's view is kept; returns job 2's attempt.
+async fn claim_job_2(queue: &Arc<Queue>) -> u32 {
+    let response = queue.finish(WorkerId::new(1), bare_finish(true)).await.unwrap();
+    assert_eq!(response.jobs.iter().map(|job| job.id).collect::<Vec<_>>(), [JobId::new(2)]);
+    let attempt = response.jobs[0].attempt;
+    let (state, source) = queue.views.take(JobId::new(2), attempt).expect("the claim kept its view");
+    assert_eq!(
+        (state.status, state.worker_id, state.cancel_requested),
+        (JobStatus::Running, Some(WorkerId::new(1)), false)
+    );
+    queue.views.keep(state, source);
+    attempt
+}
+
+fn bare_finish_of_job_2(attempt: u32) -> FinishRequest {
+    FinishRequest { job_id: JobId::new(2), attempt, ..bare_finish(false) }
+}
+
+#[tokio::test]
+async fn a_cancel_after_the_claims_view_still_decides_the_finish() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    let attempt = claim_job_2(&queue).await;
+    statement(&queue, "UPDATE jobs SET cancel_requested = 1 WHERE id = 2").await.unwrap();
+    let response = queue.finish(WorkerId::new(1), bare_finish_of_job_2(attempt)).await.unwrap();
+    assert_eq!(response.status, JobStatus::Cancelled, "the view said nothing of the cancel");
+    assert_eq!(status_of(&queue, 2).await, "cancelled");
+    assert_eq!(versions(&queue).await, 2, "each job's record stored once");
+    assert!(queue.views.take(JobId::new(2), attempt).is_none(), "the finish took the view");
+}
+
+#[tokio::test]
+async fn a_view_of_an_attempt_requeued_since_finishes_nothing() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    let attempt = claim_job_2(&queue).await;
+    // Its lease expired: back in the queue, as the reaper leaves it.
+    statement(&queue, "UPDATE jobs SET status = 'queued', worker_id = NULL, lease_expires_at = NULL WHERE id = 2")
+        .await
+        .unwrap();
+    let refused = queue.finish(WorkerId::new(1), bare_finish_of_job_2(attempt)).await;
+    assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
+    assert_eq!(status_of(&queue, 2).await, "queued");
+    assert_eq!(versions(&queue).await, 1, "no record of the refused attempt");
+}

@@ -25,6 +25,7 @@ mod search;
 mod sessions;
 mod signals;
 mod sweeps;
+mod views;
 mod waiting;
 mod workers;
 mod writer;
@@ -71,6 +72,8 @@ pub struct Queue {
     sweep_names: claims::SweepNames,
     /// So do their workspaces (code, workdir, env, setup).
     workspaces: code::Workspaces,
+    /// The jobs handed to workers without GPUs, as claimed (for their bare finish).
+    views: Arc<views::Views>,
     /// Checkpoints are placed one at a time (see `checkpoints`).
     checkpoint_lock: tokio::sync::Mutex<()>,
     /// Turns true when the server shuts down, so long polls end instead of holding it open.
@@ -122,6 +125,7 @@ impl Queue {
             layout,
             sweep_names: Arc::default(),
             workspaces: Arc::default(),
+            views: Arc::default(),
             checkpoint_lock: tokio::sync::Mutex::default(),
             shutting_down,
             instance,
