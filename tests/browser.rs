@@ -157,7 +157,7 @@ async fn accountant_finishes_a_measured_job(server: &ServerProcess) -> shared::a
     };
     let worker = client.register(&register).await.unwrap().worker_id;
     let job = client
-        .claim(worker, &ClaimRequest { capacity, wait_ms: 0 })
+        .claim(worker, &ClaimRequest { capacity, wait_ms: 0, reserve: 0 })
         .await
         .unwrap()
         .jobs
@@ -222,7 +222,7 @@ async fn ghost_claims_and_vanishes(server: &ServerProcess) -> shared::api::JobId
         holding: vec![],
     };
     let ghost = client.register(&register).await.unwrap().worker_id;
-    let claimed = client.claim(ghost, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
+    let claimed = client.claim(ghost, &ClaimRequest { capacity, wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
     let job = claimed.first().expect("the ghost claims the requeue job");
     assert_eq!(job.sweep, "web-requeue");
     let held = vec![JobAttempt { job_id: job.id, attempt: job.attempt }];

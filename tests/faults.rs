@@ -271,7 +271,7 @@ async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_
         holding: Vec::new(),
     };
     let worker_id = client.register(&register).await.unwrap().worker_id;
-    let job = client.claim(worker_id, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs.remove(0);
+    let job = client.claim(worker_id, &ClaimRequest { capacity, wait_ms: 0, reserve: 0 }).await.unwrap().jobs.remove(0);
     // What a server killed between renaming a staged version into place and recording it
     // leaves behind: a complete version directory that the database does not know.
     let leftover = server.data_dir().join("results/leftover/0/v1");
@@ -318,7 +318,7 @@ async fn bad_bodies_from_workers_get_a_4xx_and_the_queue_keeps_working() {
         .await
         .unwrap()
         .worker_id;
-    let refused = client.claim(worker_id, &ClaimRequest { capacity: twice, wait_ms: 0 }).await.unwrap_err();
+    let refused = client.claim(worker_id, &ClaimRequest { capacity: twice, wait_ms: 0, reserve: 0 }).await.unwrap_err();
     assert_eq!(refused.status(), Some(400), "{refused}");
     // Garbage where JSON is expected: refused, never a server error.
     let http = reqwest::Client::new();

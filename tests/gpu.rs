@@ -197,6 +197,7 @@ async fn train_jobs_go_only_to_workers_that_have_the_trainer() {
     let claim = |slots| ClaimRequest {
         capacity: Capacity { job_slots: slots, gpus: Vec::new(), capabilities: Capabilities::default() },
         wait_ms: 0,
+        reserve: 0,
     };
     let claimed = plain_client.claim(plain.worker_id, &claim(2)).await.unwrap().jobs;
     assert_eq!(claimed.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["scripted"]);

@@ -85,7 +85,7 @@ async fn a_read_only_data_directory_answers_503_saying_so_and_recovers_when_writ
     let client = server.client();
     server.submit("name: logged\ncommand: 'true'\n").await;
     let worker = client.register(&common::cpu_worker("reader")).await.unwrap();
-    let claim = shared::api::ClaimRequest { capacity: common::cpu_capacity(1), wait_ms: 0 };
+    let claim = shared::api::ClaimRequest { capacity: common::cpu_capacity(1), wait_ms: 0, reserve: 0 };
     let job = client.claim(worker.worker_id, &claim).await.unwrap().jobs.remove(0);
     let append = |offset| shared::api::LogAppend { worker_id: worker.worker_id, attempt: job.attempt, offset };
     client.append_log(job.id, &append(0), b"first\n".to_vec()).await.unwrap();

@@ -16,7 +16,7 @@ use anyhow::Context;
 use client::{Client, ClientError, ClientResult};
 use shared::api::{
     ClaimRequest, ClaimResponse, ClaimedJob, FinishRequest, FinishResponse, HeartbeatRequest, HeartbeatResponse,
-    JobAttempt, RegisterRequest, ReportRequest, WorkerId,
+    JobAttempt, RegisterRequest, ReportRequest, WorkerId, MAX_RESERVE,
 };
 use shared::job::Outcome;
 use shared::placement::keep_or_place;
@@ -40,8 +40,6 @@ const RESERVE_SHORT: Duration = Duration::from_millis(250);
 /// job followed by a long one must not keep the reserve from idle workers); shorter when the
 /// server's heartbeat interval is, so that a reserved job starts well within its lease.
 const RESERVE_HOLD: Duration = Duration::from_secs(1);
-/// Reserved jobs at most, whatever `--max-jobs` is.
-const RESERVE_MAX: u32 = 16;
 
 /// What a request that can hand out jobs brought back.
 enum Claimed {
@@ -59,6 +57,8 @@ struct Daemon {
     inventory: Arc<dyn GpuInventory>,
     max_jobs: u32,
     worker_id: WorkerId,
+    /// The server instance of the current registration.
+    instance: String,
     name: String,
     key: String,
     heartbeat: Duration,
@@ -133,6 +133,7 @@ pub async fn run(
         inventory,
         max_jobs,
         worker_id: WorkerId::new(0),
+        instance: String::new(),
         heartbeat: Duration::from_secs(5),
         reservations,
         running: HashMap::new(),
@@ -354,12 +355,13 @@ impl Daemon {
                 key: Some(self.key.clone()),
                 capacity: Reservations::new(self.max_jobs, self.config.capabilities.clone())
                     .capacity(&self.inventory.sample()),
-                holding: self.running.keys().copied().collect(),
+                holding: self.held(),
             };
             match self.base.register(&request).await {
                 Ok(response) => {
                     self.client = self.base.with_session(&response).context("registering with the server")?;
                     self.worker_id = response.worker_id;
+                    self.instance = response.instance.clone();
                     self.name = response.name.clone();
                     self.heartbeat = Duration::from_millis(response.heartbeat_ms.max(100));
                     if response.name != self.config.name {
@@ -397,20 +399,30 @@ impl Daemon {
             let _ = held.stop.try_send(Stop::Lost);
         }
         self.running.clear();
-        // Claimed under the old registration: the server that handed them out requeues them.
-        self.reserve.clear();
-        self.register().await
+        // The reserved jobs never ran: the new registration names them as held (the same
+        // server instance keeps them, without counting a crash), and they go back to the queue.
+        // Another instance (a new database) never handed them out: they are dropped.
+        let instance = self.instance.clone();
+        self.register().await?;
+        if self.instance == instance {
+            self.give_back_reserve();
+        } else {
+            self.reserve.clear();
+        }
+        Ok(())
     }
 
-    /// What this worker can take now (with a reserve: also what it may hold until a slot
-    /// frees), less the slots claims in flight asked for and the jobs already reserved.
-    fn free_capacity(&self, reserve: bool) -> shared::placement::Capacity {
+    /// What this worker can take now, less the slots claims in flight asked for and the jobs
+    /// already reserved; with `reserve`, also how many more it may hold until a slot frees.
+    fn free_capacity(&self, reserve: bool) -> (shared::placement::Capacity, u32) {
         let gpus = self.inventory.sample();
         let mut capacity = self.reservations.capacity(&gpus);
-        let extra = if reserve && gpus.is_empty() && !self.draining { self.max_jobs.min(RESERVE_MAX) } else { 0 };
-        capacity.job_slots =
-            (capacity.job_slots + extra).saturating_sub(self.slots_in_flight + self.reserve.len() as u32);
-        capacity
+        let extra = if reserve && gpus.is_empty() && !self.draining { self.max_jobs.min(MAX_RESERVE) } else { 0 };
+        let taken = self.slots_in_flight + self.reserve.len() as u32;
+        let total = (capacity.job_slots + extra).saturating_sub(taken);
+        capacity.job_slots = capacity.job_slots.saturating_sub(taken);
+        let reserve = total - capacity.job_slots;
+        (capacity, reserve)
     }
 
     /// The attempts the server should keep leased to this worker: running and reserved.
@@ -451,7 +463,7 @@ impl Daemon {
     }
 
     fn start_claim(&mut self, claims: &mut JoinSet<(Claimed, u32)>) {
-        let capacity = self.free_capacity(false);
+        let (capacity, _) = self.free_capacity(false);
         if capacity.job_slots == 0 {
             return;
         }
@@ -459,7 +471,7 @@ impl Daemon {
         let wait = if self.reservations.is_empty() { self.config.claim_wait } else { Duration::from_secs(1) };
         let asked = capacity.job_slots;
         self.slots_in_flight += asked;
-        let request = ClaimRequest { capacity, wait_ms: wait.as_millis() as u64 };
+        let request = ClaimRequest { capacity, wait_ms: wait.as_millis() as u64, reserve: 0 };
         let (client, worker_id) = (self.client.clone(), self.worker_id);
         claims.spawn(async move { (Claimed::Claim(client.claim(worker_id, &request).await), asked) });
     }
@@ -473,10 +485,10 @@ impl Daemon {
         short: bool,
         claims: &mut JoinSet<(Claimed, u32)>,
     ) {
-        let capacity = self.free_capacity(short);
-        let asked = capacity.job_slots;
+        let (capacity, reserve) = self.free_capacity(short);
+        let asked = capacity.job_slots + reserve;
         if asked > 0 {
-            request.claim = Some(ClaimRequest { capacity, wait_ms: 0 });
+            request.claim = Some(ClaimRequest { capacity, wait_ms: 0, reserve });
         }
         self.slots_in_flight += asked;
         let (client, worker_id) = (self.client.clone(), self.worker_id);
@@ -534,12 +546,22 @@ impl Daemon {
     }
 
     /// Returns a job this worker will not run; the server requeues it without counting a crash.
+    /// Tried a few times while the server is unreachable (a few seconds, well within a lease).
     fn give_back(&self, job: ClaimedJob) {
         let report = ReportRequest { worker_id: self.worker_id, attempt: job.attempt, outcome: Outcome::Abandoned };
         let client = self.client.clone();
         tokio::spawn(async move {
-            if let Err(error) = client.report(job.id, &report).await {
-                tracing::warn!(job = %job.id, %error, "handing a job back failed; it returns to the queue when its lease ends");
+            let mut delay = Duration::from_millis(250);
+            for tries_left in (0..4).rev() {
+                match client.report(job.id, &report).await {
+                    Ok(_) => return,
+                    Err(error) if error.is_retryable() && tries_left > 0 => tokio::time::sleep(delay).await,
+                    Err(error) => {
+                        tracing::warn!(job = %job.id, %error, "handing a job back failed; it returns to the queue when its lease ends");
+                        return;
+                    }
+                }
+                delay *= 2;
             }
         });
     }

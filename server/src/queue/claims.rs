@@ -241,6 +241,9 @@ pub(super) async fn claim_batch(
     };
     for row in &rows {
         let id = JobId::new(row.try_get("id")?);
+        // A new attempt: a view of an earlier one (or of a deleted job whose id this one
+        // reuses) must not decide its finish.
+        views.forget(id);
         if let Some((position, placement)) = chosen.remove(&id) {
             per_ticket[position].push(claimed_job(tx, row, placement, names, workspaces).await?);
             // Log followers waiting for a queued job's first attempt learn it started.

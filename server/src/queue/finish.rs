@@ -108,7 +108,7 @@ impl Queue {
             views: self.views.clone(),
             search: self.search.clone(),
         };
-        let capacity = claim.as_ref().map(|claim| claim.capacity.clone());
+        let capacity = claim.as_ref().map(|claim| self.granted(claim));
         // The next jobs are claimed in the same write unit: the pages the finish changed (the
         // jobs table, its indexes, the counts) are then written to the log once, not twice.
         let (status, mut jobs) = self
@@ -130,6 +130,20 @@ impl Queue {
             jobs = self.claim(worker, claim.capacity, Duration::from_millis(claim.wait_ms)).await?;
         }
         Ok(FinishResponse { status, jobs })
+    }
+}
+
+impl Queue {
+    /// The capacity a finish's claim is served for: its free slots, and its reserve when the
+    /// worker has no GPUs and no adaptive sweep is open (whose runs are proposed one per slot
+    /// that runs them, each with what the finished ones taught).
+    fn granted(&self, claim: &shared::api::ClaimRequest) -> Capacity {
+        let mut capacity = claim.capacity.clone();
+        if capacity.gpus.is_empty() && !self.search.may_be_open() {
+            let reserve = claim.reserve.min(shared::api::MAX_RESERVE);
+            capacity.job_slots = capacity.job_slots.saturating_add(reserve);
+        }
+        capacity
     }
 }
 

@@ -42,6 +42,7 @@ fn bare_finish(claim: bool) -> FinishRequest {
         claim: claim.then(|| shared::api::ClaimRequest {
             capacity: Capacity { job_slots: 1, ..Capacity::default() },
             wait_ms: 0,
+            reserve: 0,
         }),
     }
 }
@@ -199,4 +200,35 @@ async fn a_view_of_an_attempt_requeued_since_finishes_nothing() {
     assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
     assert_eq!(status_of(&queue, 2).await, "queued");
     assert_eq!(versions(&queue).await, 1, "no record of the refused attempt");
+}
+
+#[tokio::test]
+async fn a_claim_that_keeps_no_view_drops_an_older_one() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    // A view left of an earlier job with job 2's id (ids are reused after a sweep is removed).
+    let state = db::jobs::JobState {
+        id: JobId::new(2),
+        sweep_id: shared::api::SweepId::new(9),
+        status: JobStatus::Running,
+        attempt: 1,
+        worker_id: Some(WorkerId::new(1)),
+        retries_left: 0,
+        crash_count: 0,
+        cancel_requested: false,
+    };
+    let source =
+        db::jobs::ResultSource { sweep: "gone".into(), index: 7, params: serde_json::json!({}), has_metrics: false };
+    queue.views.keep(state, source);
+    // A box with a GPU is served by the general claim, which keeps no view.
+    let gpu = shared::placement::GpuSlot {
+        index: 0,
+        memory_total: 24 << 30,
+        memory_free: 24 << 30,
+        exclusive_held: false,
+        shared_jobs: 0,
+    };
+    let capacity = Capacity { job_slots: 1, gpus: vec![gpu], ..Capacity::default() };
+    let jobs = queue.claim(WorkerId::new(1), capacity, std::time::Duration::ZERO).await.unwrap();
+    assert_eq!(jobs.iter().map(|job| (job.id, job.attempt)).collect::<Vec<_>>(), [(JobId::new(2), 1)]);
+    assert!(queue.views.take(JobId::new(2), 1).is_none(), "the new attempt's finish reads the job");
 }

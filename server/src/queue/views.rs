@@ -30,6 +30,13 @@ impl Views {
         by_job.insert(state.id, (state, source));
     }
 
+    /// Drops any view of `job` (it was handed out by a claim that keeps none).
+    pub fn forget(&self, job: JobId) {
+        if let Ok(mut by_job) = self.by_job.lock() {
+            by_job.remove(&job);
+        }
+    }
+
     /// The view of `job` as claimed for `attempt`, if kept; any view of the job is dropped.
     pub fn take(&self, job: JobId, attempt: u32) -> Option<(JobState, ResultSource)> {
         let mut by_job = self.by_job.lock().ok()?;

@@ -117,7 +117,7 @@ async fn the_best_so_far_follows_finishing_order_and_the_eta_needs_a_finished_an
     let app = TestApp::spawn().await;
     app.submit("name: pace\ncommand: echo {i}\nmetric: {name: acc, goal: maximize}\ngrid:\n  i: [1, 2, 3, 4]\n").await;
     let worker = app.register("pace-w", 4).await;
-    let request = ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0 };
+    let request = ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0, reserve: 0 };
     let mut jobs = app.client.claim(worker, &request).await.unwrap().jobs;
     jobs.sort_by_key(|job| job.index);
     let before = app.client.sweep_analysis("pace", &AnalysisQuery::default()).await.unwrap();
@@ -183,7 +183,7 @@ async fn a_jobs_gpu_view_has_the_readings_of_its_gpus_within_its_attempt_and_who
     };
     app.client.heartbeat(worker, &beat(vec![], 5)).await.unwrap();
     clock_past(now_ms()).await;
-    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
+    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
     assert_eq!(jobs.iter().map(|job| job.placement.gpus.clone()).collect::<Vec<_>>(), [vec![0], vec![0]]);
     let held: Vec<JobAttempt> = jobs.iter().map(|job| JobAttempt { job_id: job.id, attempt: job.attempt }).collect();
     clock_past(now_ms()).await;

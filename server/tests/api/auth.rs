@@ -57,8 +57,11 @@ async fn a_missing_or_unknown_token_is_401_and_a_wrong_role_is_403() {
 
     // The worker registers and claims; the user may not.
     let id = worker.register(&register("w")).await.unwrap().worker_id;
-    let claim =
-        ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() }, wait_ms: 0 };
+    let claim = ClaimRequest {
+        capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
+        wait_ms: 0,
+        reserve: 0,
+    };
     assert_eq!(app.client.register(&register("u")).await.unwrap_err().status(), Some(403));
     assert_eq!(app.client.claim(id, &claim).await.unwrap_err().status(), Some(403));
     assert_eq!(worker.claim(id, &claim).await.unwrap().jobs.len(), 1);

@@ -157,7 +157,7 @@ async fn hostile_yaml_is_refused_quickly_and_the_server_keeps_serving() {
 async fn claims_and_heartbeats_of_an_unregistered_worker_are_401_and_change_nothing() {
     let app = TestApp::spawn().await;
     app.submit(&sweep_of("waiting", 2)).await;
-    let claim = shared::api::ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0 };
+    let claim = shared::api::ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0, reserve: 0 };
     let error = app.client.claim(424_242.into(), &claim).await.unwrap_err();
     assert_eq!(error.status(), Some(401), "{error}");
     assert!(error.to_string().contains("register"), "{error}");

@@ -74,7 +74,7 @@ async fn a_parked_claim_returns_as_soon_as_a_job_is_submitted() {
     let claimer = {
         let app = app.clone();
         tokio::spawn(async move {
-            let request = ClaimRequest { capacity: cpu(1), wait_ms: 20_000 };
+            let request = ClaimRequest { capacity: cpu(1), wait_ms: 20_000, reserve: 0 };
             let response = app.client.claim(worker, &request).await.unwrap();
             (Instant::now(), response.jobs)
         })
@@ -94,7 +94,8 @@ async fn an_empty_long_poll_returns_empty_after_its_wait() {
     let app = TestApp::spawn().await;
     let worker = app.register("idle", 1).await;
     let started = Instant::now();
-    let response = app.client.claim(worker, &ClaimRequest { capacity: cpu(1), wait_ms: 300 }).await.unwrap();
+    let response =
+        app.client.claim(worker, &ClaimRequest { capacity: cpu(1), wait_ms: 300, reserve: 0 }).await.unwrap();
     assert!(response.jobs.is_empty());
     assert!(started.elapsed() >= Duration::from_millis(300));
 }
@@ -107,7 +108,8 @@ async fn claims_hand_out_only_what_the_worker_can_place() {
         .await;
     let worker = app.register("gpu-box", 8).await;
     let one_gpu = one_gpu(8, 24, 0);
-    let jobs = app.client.claim(worker, &ClaimRequest { capacity: one_gpu, wait_ms: 0 }).await.unwrap().jobs;
+    let jobs =
+        app.client.claim(worker, &ClaimRequest { capacity: one_gpu, wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
     assert_eq!(jobs.len(), 3, "three 8 GiB jobs fit on one 24 GiB GPU; the 2-GPU job does not fit at all");
     assert!(jobs.iter().all(|job| job.sweep == "packed" && job.placement.gpus == [0]));
     let queued = app.client.jobs(&JobQuery { status: Some(JobStatus::Queued), ..JobQuery::default() }).await.unwrap();
@@ -122,7 +124,7 @@ async fn an_explicitly_exclusive_job_never_shares_its_gpu() {
     app.submit(yaml).await;
     let worker = app.register("one-gpu", 4).await;
     let capacity = one_gpu(4, 24, 0);
-    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
+    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
     assert_eq!(jobs.len(), 1, "two exclusive jobs were handed out for one GPU");
     assert_eq!(jobs[0].resources.exclusive, Some(true));
 }
@@ -136,7 +138,7 @@ async fn jobs_that_fit_are_found_behind_a_long_run_of_jobs_that_do_not() {
     let worker = app.register("busy-gpu", 4).await;
     // The only GPU already runs a shared job: no exclusive job fits, CPU jobs do.
     let capacity = one_gpu(4, 20, 1);
-    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0 }).await.unwrap().jobs;
+    let jobs = app.client.claim(worker, &ClaimRequest { capacity, wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
     let sweeps: Vec<&str> = jobs.iter().map(|job| job.sweep.as_str()).collect();
     assert_eq!(sweeps, ["cpu", "cpu"]);
 }

@@ -55,7 +55,7 @@ async fn a_finish_stores_log_metrics_result_and_outcome_and_claims_the_next_job(
     let worker = app.register("w", 1).await;
     let job = app.claim(worker, 1).await.pop().unwrap();
     let mut request = finish(&job);
-    request.claim = Some(ClaimRequest { capacity: cpu(1), wait_ms: 0 });
+    request.claim = Some(ClaimRequest { capacity: cpu(1), wait_ms: 0, reserve: 0 });
     let response = app.client.finish(worker, &request).await.unwrap();
     assert_eq!(response.status, JobStatus::Succeeded);
     assert_eq!(response.jobs.len(), 1, "the next job came with the answer");
@@ -83,7 +83,7 @@ async fn a_stale_finish_is_refused_whole_and_applies_nothing() {
     })
     .await;
     let mut request = finish(&job);
-    request.claim = Some(ClaimRequest { capacity: cpu(1), wait_ms: 0 });
+    request.claim = Some(ClaimRequest { capacity: cpu(1), wait_ms: 0, reserve: 0 });
     let refused = app.client.finish(worker, &request).await.unwrap_err();
     assert_eq!(refused.status(), Some(409), "{refused}");
     let after = app.client.job(job.id).await.unwrap();
@@ -111,7 +111,7 @@ async fn inline_files_over_the_cap_are_413_and_a_draining_worker_claims_nothing(
     assert_eq!(app.client.job(job.id).await.unwrap().status, JobStatus::Running, "refusals applied nothing");
     app.client.drain(worker).await.unwrap();
     let mut request = finish(&job);
-    request.claim = Some(ClaimRequest { capacity: cpu(1), wait_ms: 0 });
+    request.claim = Some(ClaimRequest { capacity: cpu(1), wait_ms: 0, reserve: 0 });
     let response = app.client.finish(worker, &request).await.unwrap();
     assert_eq!(response.status, JobStatus::Succeeded);
     assert!(response.jobs.is_empty(), "a draining worker gets no new job");
@@ -143,7 +143,7 @@ async fn a_finish_hands_a_worker_without_gpus_the_best_jobs_it_can_run_in_dispat
     let job = app.claim(worker, 1).await.pop().unwrap();
     assert_eq!((job.sweep.as_str(), job.index), ("high", 0));
     let mut request = finish(&job);
-    request.claim = Some(ClaimRequest { capacity: cpu(3), wait_ms: 0 });
+    request.claim = Some(ClaimRequest { capacity: cpu(3), wait_ms: 0, reserve: 0 });
     let jobs = app.client.finish(worker, &request).await.unwrap().jobs;
     let got: Vec<(&str, u64)> = jobs.iter().map(|job| (job.sweep.as_str(), job.index)).collect();
     assert_eq!(got, [("high", 1), ("high", 2), ("low", 0)], "priority first, then age; never the GPU job");
@@ -170,4 +170,33 @@ async fn a_finish_without_metrics_records_those_sent_before_and_none_when_there_
     assert_eq!(sent_before[0].metrics["acc"].last, 0.75, "{:?}", sent_before[0].metrics);
     let never = app.client.results(jobs[1].id).await.unwrap();
     assert!(never[0].metrics.is_empty(), "{:?}", never[0].metrics);
+}
+
+#[tokio::test]
+async fn a_finish_s_reserve_is_granted_beyond_the_free_slots_up_to_its_cap_and_never_with_gpus() {
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("many", 40)).await;
+    let worker = app.register("w", 1).await;
+    let job = app.claim(worker, 1).await.pop().unwrap();
+    let mut request = finish(&job);
+    request.claim = Some(ClaimRequest { capacity: cpu(1), wait_ms: 0, reserve: 2 });
+    let jobs = app.client.finish(worker, &request).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 3, "the free slot and a reserve of two");
+    let mut request = finish(&jobs[0]);
+    request.claim = Some(ClaimRequest { capacity: cpu(0), wait_ms: 0, reserve: u32::MAX });
+    let jobs = app.client.finish(worker, &request).await.unwrap().jobs;
+    assert_eq!(jobs.len(), shared::api::MAX_RESERVE as usize, "a reserve is capped");
+    // A box with GPUs places each job on the GPUs as they are when it starts: no reserve.
+    let gpu = |index| shared::placement::GpuSlot {
+        index,
+        memory_total: 24 << 30,
+        memory_free: 24 << 30,
+        exclusive_held: false,
+        shared_jobs: 0,
+    };
+    let gpus = shared::placement::Capacity { job_slots: 1, gpus: (0..8).map(gpu).collect(), ..Default::default() };
+    let mut request = finish(&jobs[0]);
+    request.claim = Some(ClaimRequest { capacity: gpus, wait_ms: 0, reserve: 4 });
+    let jobs = app.client.finish(worker, &request).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
 }

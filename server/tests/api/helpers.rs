@@ -137,7 +137,7 @@ impl TestApp {
 
     /// Claims without waiting.
     pub async fn claim(&self, worker: WorkerId, job_slots: u32) -> Vec<ClaimedJob> {
-        let request = ClaimRequest { capacity: cpu(job_slots), wait_ms: 0 };
+        let request = ClaimRequest { capacity: cpu(job_slots), wait_ms: 0, reserve: 0 };
         self.client.claim(worker, &request).await.expect("claim").jobs
     }
 }

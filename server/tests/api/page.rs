@@ -119,7 +119,7 @@ async fn attempts_record_the_worker_gpus_end_and_exit_code_of_each_run() {
         holding: Vec::new(),
     };
     let worker = app.client.register(&register).await.unwrap().worker_id;
-    let claim = |capacity| ClaimRequest { capacity, wait_ms: 0 };
+    let claim = |capacity| ClaimRequest { capacity, wait_ms: 0, reserve: 0 };
     let first = app.client.claim(worker, &claim(two_gpus(2))).await.unwrap().jobs.pop().unwrap();
     let report = |attempt| ReportRequest { worker_id: worker, attempt, outcome: Outcome::Exited { code: 3 } };
     app.client.report(first.id, &report(first.attempt)).await.unwrap();

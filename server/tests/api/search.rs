@@ -47,7 +47,7 @@ fn finished(job: &ClaimedJob, points: Vec<MetricPoint>, claim: Option<u32>) -> F
         metrics: Some(MetricsTail { offset: 1_000_000, points }),
         result: None,
         notes: Vec::new(),
-        claim: claim.map(|slots| ClaimRequest { capacity: cpu(slots), wait_ms: 0 }),
+        claim: claim.map(|slots| ClaimRequest { capacity: cpu(slots), wait_ms: 0, reserve: 0 }),
     }
 }
 
@@ -351,4 +351,16 @@ async fn a_run_at_the_metric_target_ends_a_grid_sweep_queued_runs_cancelled_runn
     let response = app.client.finish(worker, &finished(&last, vec![point(1, 0.9)], None)).await.unwrap();
     assert_eq!(response.status, JobStatus::Succeeded, "a running run finishes as it would");
     assert!(app.claim(worker, 2).await.is_empty(), "and nothing more starts");
+}
+
+#[tokio::test]
+async fn no_reserve_is_granted_while_an_adaptive_sweep_is_open() {
+    let app = TestApp::spawn().await;
+    app.submit(&bayes("open", Some(20), 1)).await;
+    let worker = app.register("w", 1).await;
+    let job = app.claim(worker, 1).await.pop().unwrap();
+    let mut request = finished(&job, vec![point(1, objective(&job))], Some(1));
+    request.claim.as_mut().unwrap().reserve = 4;
+    let jobs = app.client.finish(worker, &request).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 1, "one run proposed for the one free slot, none to hold: {jobs:?}");
 }

@@ -367,7 +367,15 @@ pub struct ClaimRequest {
     /// Wait up to this long for a job when none fits now (long-poll); the server caps it.
     #[serde(default)]
     pub wait_ms: u64,
+    /// Jobs to hand out beyond `capacity`'s free slots, held by the worker until a slot frees
+    /// (its reserve for short CPU jobs). The server grants them only to a worker without GPUs
+    /// while no adaptive sweep is open (whose runs are proposed for the slots that run them).
+    #[serde(default)]
+    pub reserve: u32,
 }
+
+/// The most a [`ClaimRequest::reserve`] is granted.
+pub const MAX_RESERVE: u32 = 16;
 
 /// A job handed to a worker, with everything needed to run it.
 #[derive(Debug, Clone, Serialize, Deserialize)]

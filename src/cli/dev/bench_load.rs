@@ -186,8 +186,11 @@ async fn claims(
     running: Arc<Mutex<Vec<JobAttempt>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let request =
-        ClaimRequest { capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() }, wait_ms: 25_000 };
+    let request = ClaimRequest {
+        capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
+        wait_ms: 25_000,
+        reserve: 0,
+    };
     let mut runs = 0u64;
     while !*stop.borrow() {
         let claimed = tokio::select! {

@@ -61,6 +61,7 @@ async fn fill(client: &Client, args: &BenchPageArgs) -> anyhow::Result<()> {
         let claim = ClaimRequest {
             capacity: Capacity { job_slots: want, gpus: Vec::new(), ..Capacity::default() },
             wait_ms: 0,
+            reserve: 0,
         };
         let jobs = client.claim(worker, &claim).await?.jobs;
         anyhow::ensure!(!jobs.is_empty(), "the queue ran dry after {done} jobs");

@@ -179,6 +179,7 @@ async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> 
             let request = ClaimRequest {
                 capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
                 wait_ms: 1_000,
+                reserve: 0,
             };
             // As a worker does: one claim to start, then each finish claims the next job.
             let mut jobs = client.claim(worker.worker_id, &request).await?.jobs;
@@ -221,6 +222,7 @@ async fn dispatch_latency(client: &Client, samples: u32) -> anyhow::Result<Vec<f
         let request = ClaimRequest {
             capacity: Capacity { job_slots: 1, gpus: Vec::new(), ..Capacity::default() },
             wait_ms: 10_000,
+            reserve: 0,
         };
         let claim = tokio::spawn(async move {
             let response = claimer.claim(worker.worker_id, &request).await;
