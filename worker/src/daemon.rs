@@ -1,9 +1,8 @@
 //! The worker's main loop: register, then claim what fits, start attempts, heartbeat (with
 //! telemetry, bringing back cancels), finish attempts (claiming the next jobs in the same
 //! request; after a short CPU job also a reserve that starts as slots free), and drain on the
-//! first stop request, abort on the second. While jobs hold GPUs it
-//! also reads the GPUs for their accounting (`accounting`) and hands each attempt its account
-//! when its process ends.
+//! first stop request, abort on the second. While jobs hold GPUs it also reads the GPUs for
+//! their accounting (`accounting`) and hands each attempt its account when its process ends.
 
 use crate::accounting::Accounting;
 use crate::attempt::{self, AttemptContext, AttemptEvent};

@@ -368,8 +368,9 @@ pub struct ClaimRequest {
     #[serde(default)]
     pub wait_ms: u64,
     /// Jobs to hand out beyond `capacity`'s free slots, held by the worker until a slot frees
-    /// (its reserve for short CPU jobs). The server grants them only to a worker without GPUs
-    /// while no adaptive sweep is open (whose runs are proposed for the slots that run them).
+    /// (its reserve for short CPU jobs). Honoured on a finish's claim; the server grants them
+    /// only to a worker without GPUs while no adaptive sweep is open (whose runs are proposed
+    /// for the slots that run them), [`MAX_RESERVE`] at most.
     #[serde(default)]
     pub reserve: u32,
 }
