@@ -95,8 +95,9 @@ impl AttemptDirs {
 
     /// Makes the directories fresh (empty; whatever a crashed worker or an earlier attempt left
     /// is removed, the directories themselves are kept), writes the config file and opens the
-    /// log. One trip to a blocking thread for all of it: each `tokio::fs` call would be a trip
-    /// of its own, and a short job's cost is mostly trips.
+    /// log. Done in place when the slot's directories are empty (as its last attempt left
+    /// them), else in one trip to a blocking thread for all of it: each `tokio::fs` call would
+    /// be a trip of its own, and a short job's cost is mostly trips.
     pub async fn prepare(&self, job: &ClaimedJob) -> std::io::Result<std::fs::File> {
         // YAML is a superset of JSON, so the params object is a valid config file as is.
         let config = job.config.clone().unwrap_or_else(|| format!("{}\n", job.params));
@@ -107,7 +108,7 @@ impl AttemptDirs {
             _ => None,
         };
         let dirs = self.clone();
-        tokio::task::spawn_blocking(move || {
+        let work = move || {
             for dir in [&dirs.cwd, &dirs.output, &dirs.checkpoint] {
                 crate::slots::empty(dir)?;
                 std::fs::create_dir_all(dir)?;
@@ -120,9 +121,14 @@ impl AttemptDirs {
             std::fs::write(&dirs.metrics, b"")?;
             std::fs::write(&dirs.log, b"")?;
             std::fs::OpenOptions::new().append(true).open(&dirs.log)
-        })
-        .await
-        .map_err(std::io::Error::other)?
+        };
+        // A slot emptied by its last attempt (the usual case) needs a handful of small calls:
+        // done in place, without waking a blocking thread and waiting for it.
+        let empty = |dir: &Path| std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none());
+        if [&self.cwd, &self.output, &self.checkpoint].into_iter().all(|dir| empty(dir)) {
+            return work();
+        }
+        tokio::task::spawn_blocking(work).await.map_err(std::io::Error::other)?
     }
 }
 
@@ -508,6 +514,34 @@ async fn write_log(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_slot_is_made_fresh_for_each_attempt_whatever_the_last_one_left() {
+        let job: ClaimedJob = serde_json::from_value(serde_json::json!({
+            "id": 1, "attempt": 1, "sweep_id": 1, "sweep": "s", "form": "native", "index": 0,
+            "params": {"lr": 0.1}, "command": "true", "config": null, "resources": {},
+            "timeout_secs": null, "placement": {"gpus": []}, "lease_expires_at": 0
+        }))
+        .unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let dirs = AttemptDirs::for_slot(work.path(), 0);
+        // A new slot (nothing there yet: prepared on a blocking thread), one an earlier attempt
+        // left files in (the same), and one left empty (prepared in place).
+        for leftovers in [false, true, false] {
+            if leftovers {
+                std::fs::write(dirs.output.join("old.bin"), b"old").unwrap();
+                std::fs::create_dir_all(dirs.cwd.join("deep/er")).unwrap();
+                std::fs::write(&dirs.log, b"old log").unwrap();
+            }
+            let mut log = dirs.prepare(&job).await.unwrap();
+            std::io::Write::write_all(&mut log, b"new\n").unwrap();
+            for dir in [&dirs.cwd, &dirs.output, &dirs.checkpoint] {
+                assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "{} is empty", dir.display());
+            }
+            assert_eq!(std::fs::read_to_string(&dirs.config).unwrap(), "{\"lr\":0.1}\n");
+            assert_eq!(std::fs::read_to_string(&dirs.log).unwrap(), "new\n", "the log starts empty");
+        }
+    }
 
     #[tokio::test]
     async fn the_leader_is_seen_to_exit_but_left_unreaped_so_its_group_id_stays_its_own() {
