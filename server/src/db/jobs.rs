@@ -219,6 +219,23 @@ pub struct JobState {
     pub cancel_requested: bool,
 }
 
+#[cfg(test)]
+impl JobState {
+    /// Attempt `attempt` of job `id` (sweep `sweep`) running on worker 1, no retries, no cancel.
+    pub fn running_on_worker_1(id: i64, sweep: i64, attempt: u32) -> JobState {
+        JobState {
+            id: JobId::new(id),
+            sweep_id: SweepId::new(sweep),
+            status: JobStatus::Running,
+            attempt,
+            worker_id: Some(WorkerId::new(1)),
+            retries_left: 0,
+            crash_count: 0,
+            cancel_requested: false,
+        }
+    }
+}
+
 fn state_from_row(row: &SqliteRow) -> anyhow::Result<JobState> {
     Ok(JobState {
         id: JobId::new(row.try_get("id")?),

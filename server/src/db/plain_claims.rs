@@ -203,16 +203,7 @@ mod tests {
     }
 
     fn seen(attempt: u32) -> JobState {
-        JobState {
-            id: JobId::new(1),
-            sweep_id: SweepId::new(1),
-            status: JobStatus::Running,
-            attempt,
-            worker_id: Some(WorkerId::new(1)),
-            retries_left: 0,
-            crash_count: 0,
-            cancel_requested: false,
-        }
+        JobState::running_on_worker_1(1, 1, attempt)
     }
 
     fn succeeded() -> Finish {

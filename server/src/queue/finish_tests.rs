@@ -206,16 +206,7 @@ async fn a_view_of_an_attempt_requeued_since_finishes_nothing() {
 async fn a_claim_that_keeps_no_view_drops_an_older_one() {
     let (_directory, queue, _tasks) = queue_with_a_running_job().await;
     // A view left of an earlier job with job 2's id (ids are reused after a sweep is removed).
-    let state = db::jobs::JobState {
-        id: JobId::new(2),
-        sweep_id: shared::api::SweepId::new(9),
-        status: JobStatus::Running,
-        attempt: 1,
-        worker_id: Some(WorkerId::new(1)),
-        retries_left: 0,
-        crash_count: 0,
-        cancel_requested: false,
-    };
+    let state = db::jobs::JobState::running_on_worker_1(2, 9, 1);
     let source =
         db::jobs::ResultSource { sweep: "gone".into(), index: 7, params: serde_json::json!({}), has_metrics: false };
     queue.views.keep(state, source);

@@ -51,16 +51,7 @@ mod tests {
     use shared::job::JobStatus;
 
     fn view(id: i64, attempt: u32) -> (JobState, ResultSource) {
-        let state = JobState {
-            id: JobId::new(id),
-            sweep_id: SweepId::new(1),
-            status: JobStatus::Running,
-            attempt,
-            worker_id: Some(WorkerId::new(1)),
-            retries_left: 0,
-            crash_count: 0,
-            cancel_requested: false,
-        };
+        let state = JobState::running_on_worker_1(id, 1, attempt);
         let source = ResultSource { sweep: "s".into(), index: 0, params: serde_json::json!({}), has_metrics: false };
         (state, source)
     }
