@@ -182,7 +182,7 @@ pub async fn finish_and_claim(conn: &mut SqliteConnection, step: FinishStep<'_>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::api::{JobId, SweepId};
+    use shared::api::JobId;
     use shared::job::JobStatus;
 
     /// A database with one sweep: jobs 1-2 at priority 0, 3 needing a GPU, 4 the trainer, 5-6

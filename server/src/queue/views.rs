@@ -47,8 +47,6 @@ impl Views {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::api::{SweepId, WorkerId};
-    use shared::job::JobStatus;
 
     fn view(id: i64, attempt: u32) -> (JobState, ResultSource) {
         let state = JobState::running_on_worker_1(id, 1, attempt);
