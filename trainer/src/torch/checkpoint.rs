@@ -24,33 +24,63 @@ pub struct CheckpointInfo {
     pub loss_scale: Option<f64>,
 }
 
-/// The model's state dict, in module order, on the CPU.
-pub fn state_dict(engine: &Engine) -> Vec<(String, Tensor)> {
-    let variables = engine.vs.variables();
-    engine
-        .model
-        .state_names
-        .iter()
-        .filter_map(|name| {
-            let tensor = if name.ends_with(".num_batches_tracked") {
-                Tensor::scalar_tensor(engine.forward_passes as f64, (Kind::Int64, Device::Cpu))
-            } else {
-                variables.get(name)?.detach().to_device(Device::Cpu).contiguous()
-            };
-            Some((name.clone(), tensor))
-        })
-        .collect()
+/// The model's state dict, in module order, as tensors of its own that later training steps
+/// do not change: copies on the model's device (on a GPU a copy takes well under a
+/// millisecond, where a host copy of a large model stalls training), or on the host when the
+/// device has no room for one. The writer moves them to the host (`on_host`).
+pub fn snapshot(engine: &Engine) -> Vec<(String, Tensor)> {
+    let on_device = state(engine, |variable| {
+        let mut copy = variable.f_empty_like().ok()?;
+        copy.f_copy_(variable).ok()?;
+        Some(copy)
+    });
+    match on_device {
+        Some(state) => state,
+        None => state(engine, |variable| Some(host_copy(variable))).unwrap_or_default(),
+    }
 }
 
-/// Writes the weights (`path`'s extension says the format) and the sidecar beside them.
-pub fn save(engine: &Engine, path: &Path, info: &CheckpointInfo) -> Result<(), TrainError> {
-    let state = state_dict(engine);
+/// The model's state dict as host tensors of its own (copied even when the model is on the
+/// CPU, so the snapshot does not move with it).
+pub fn state_dict(engine: &Engine) -> Vec<(String, Tensor)> {
+    state(engine, |variable| Some(host_copy(variable))).unwrap_or_default()
+}
+
+/// A state dict's tensors on the host, contiguous (a no-op for host tensors).
+pub fn on_host(state: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    state.into_iter().map(|(name, tensor)| (name, tensor.to_device(Device::Cpu).contiguous())).collect()
+}
+
+fn host_copy(variable: &Tensor) -> Tensor {
+    variable.to_device_(Device::Cpu, variable.kind(), false, true).contiguous()
+}
+
+/// The state dict with each variable taken by `take` (None if any `take` fails).
+fn state(engine: &Engine, take: impl Fn(&Tensor) -> Option<Tensor>) -> Option<Vec<(String, Tensor)>> {
+    let variables = engine.vs.variables();
+    let mut state = Vec::with_capacity(engine.model.state_names.len());
+    for name in &engine.model.state_names {
+        let tensor = if name.ends_with(".num_batches_tracked") {
+            Tensor::scalar_tensor(engine.forward_passes as f64, (Kind::Int64, Device::Cpu))
+        } else {
+            match variables.get(name) {
+                Some(variable) => take(&variable.detach())?,
+                None => continue,
+            }
+        };
+        state.push((name.clone(), tensor));
+    }
+    Some(state)
+}
+
+/// Writes a state dict (`path`'s extension says the format) and the sidecar beside them.
+pub fn write(state: &[(String, Tensor)], path: &Path, info: &CheckpointInfo) -> Result<(), TrainError> {
     let failed = |error: String| TrainError::Torch(format!("writing {}: {error}", path.display()));
     if path.extension().is_some_and(|extension| extension == CheckpointFormat::Safetensors.extension()) {
         let named: Vec<(&str, &Tensor)> = state.iter().map(|(name, tensor)| (name.as_str(), tensor)).collect();
         Tensor::write_safetensors(&named, path).map_err(|error| failed(super::first_line(&error.to_string())))?;
     } else {
-        ffi::checkpoint::save_state_dict(path, &state).map_err(failed)?;
+        ffi::checkpoint::save_state_dict(path, state).map_err(failed)?;
     }
     let text = serde_json::to_string_pretty(info).unwrap_or_default() + "\n";
     let sidecar = path.with_extension("json");

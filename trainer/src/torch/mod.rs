@@ -9,6 +9,7 @@ mod ffi;
 pub mod launch;
 pub mod loader;
 pub mod model;
+pub mod saver;
 pub mod step;
 pub mod train;
 

@@ -13,10 +13,11 @@ use super::data::{self, Data};
 use super::device::{self, Placement};
 use super::ffi::ddp::ProcessGroup;
 use super::loader::{Loader, LoaderOptions};
+use super::saver::{Saver, Target};
 use super::step::{Ddp, Engine, Evaluation};
 use super::{io_error, TrainError};
 use crate::batches::{check_step_rows, min_rows_per_step};
-use crate::config::{CheckpointFormat, Task, TrainConfig};
+use crate::config::{Task, TrainConfig};
 use crate::early::{EarlyStopping, Verdict};
 use crate::ranks::RankInfo;
 use crate::schedule::{learning_rate, Progress};
@@ -138,6 +139,7 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
         crate::batches::epoch_batches(data.train.len(), config.batch_size, options.min_step_rows)?.len();
     let total_steps = steps_per_epoch * config.epochs;
     let mut best_epoch = None;
+    let mut saver = Saver::default();
     let mut stopped_early = false;
     let mut last_epoch = first_epoch.saturating_sub(1);
     for epoch in first_epoch..=config.epochs {
@@ -199,17 +201,19 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
             loss_scale: engine.scaler.as_ref().map(crate::scaler::LossScaler::scale),
         };
         let extension = config.checkpoint_format.extension();
+        let mut targets = Vec::new();
         if verdict == Verdict::Improved {
-            if main {
-                checkpoint::save(&engine, &outputs.dir.join(format!("model_best.{extension}")), &info)?;
-            }
+            targets.push(Target::File(outputs.dir.join(format!("model_best.{extension}"))));
             best_epoch = Some(epoch);
         }
-        if main && config.checkpoint_every > 0 && epoch % config.checkpoint_every == 0 {
-            checkpoint::save(&engine, &outputs.dir.join(format!("model_epoch_{epoch:03}.{extension}")), &info)?;
+        if config.checkpoint_every > 0 && epoch % config.checkpoint_every == 0 {
+            targets.push(Target::File(outputs.dir.join(format!("model_epoch_{epoch:03}.{extension}"))));
         }
-        if let Some(dir) = checkpoint_dir.as_deref().filter(|_| main) {
-            save_latest(&engine, dir, config.checkpoint_format, &info)?;
+        if let Some(dir) = &checkpoint_dir {
+            targets.push(Target::Latest { dir: dir.clone(), format: config.checkpoint_format });
+        }
+        if main {
+            saver.save(&engine, targets, info)?;
         }
         if verdict == Verdict::Stop {
             log.line(&format!("early stop: no improvement of {metric} for {} epochs", config.early_stopping.patience))?;
@@ -217,6 +221,7 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
             break;
         }
     }
+    saver.finish()?;
     if let Some(value) = stopping.best() {
         log.line(&format!(
             "best {metric} {value:.6} at epoch {}",
@@ -237,21 +242,6 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
         devices,
         stopped_early,
     })
-}
-
-/// Keeps the latest state in the worker's checkpoint directory: written aside, then renamed
-/// over the previous one (weights first: a crash between the two renames repeats an epoch
-/// rather than skipping one), so the directory never holds half a checkpoint.
-fn save_latest(engine: &Engine, dir: &Path, format: CheckpointFormat, info: &CheckpointInfo) -> Result<(), TrainError> {
-    let latest = crate::resume::latest_path(dir, format);
-    let partial = dir.join(format!("partial.{}", format.extension()));
-    checkpoint::save(engine, &partial, info)?;
-    for (from, to) in
-        [(partial.clone(), latest.clone()), (partial.with_extension("json"), latest.with_extension("json"))]
-    {
-        std::fs::rename(&from, &to).map_err(io_error(format!("renaming {} to {}", from.display(), to.display())))?;
-    }
-    Ok(())
 }
 
 /// Moves the dataset to the GPU when asked, or (auto) when it takes under a quarter of the

@@ -2,10 +2,13 @@
 //! the same outputs; we resume from ours and from PyTorch's; another model shape is refused
 //! naming the tensor.
 
-use super::{config, outputs, repo, separable};
+use super::{config, outputs, repo, separable, small_engine};
 use std::path::Path;
 use std::process::Command;
 use tch::{Device, Kind, Tensor};
+use trainer::config::CheckpointFormat;
+use trainer::torch::checkpoint::CheckpointInfo;
+use trainer::torch::saver::{Saver, Target};
 use trainer::torch::step::Engine;
 use trainer::torch::train::train;
 use trainer::torch::{checkpoint, data};
@@ -119,4 +122,84 @@ fn a_checkpoint_of_another_model_shape_is_refused_naming_the_tensor() {
         assert!(error.starts_with("at resume: ") && error.contains(expected), "{error}");
         assert!(error.contains("another model shape"), "{error}");
     }
+}
+
+#[test]
+fn a_snapshot_keeps_its_moments_weights_while_training_goes_on() {
+    // The saver writes a snapshot on another thread while the next epoch trains: the snapshot
+    // must own its memory, also for a model on the CPU, where moving to the host is a no-op.
+    let (mut engine, batch) =
+        small_engine("data: {samples: 256, features: 8}\nmodel: {hidden_dims: [8]}\ndevice: cpu\n");
+    let before = engine.vs.variables()["fc0.weight"].copy();
+    let taken =
+        |state: Vec<(String, Tensor)>| -> std::collections::HashMap<String, Tensor> { state.into_iter().collect() };
+    let (on_device, on_host) = (taken(checkpoint::snapshot(&engine)), taken(checkpoint::state_dict(&engine)));
+    assert!(engine.step(&batch).unwrap().applied);
+    assert!(!engine.vs.variables()["fc0.weight"].equal(&before), "the step changed the weights");
+    assert!(on_device["fc0.weight"].equal(&before), "the snapshot moved with the model");
+    assert!(on_host["fc0.weight"].equal(&before), "the host state dict moved with the model");
+}
+
+#[test]
+fn the_saver_writes_every_epochs_own_file_and_the_last_best_and_reports_a_failed_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "data: {samples: 256, features: 8}\nmodel: {hidden_dims: [8]}\ndevice: cpu\n";
+    let (mut engine, batch) = small_engine(yaml);
+    let info = |epoch: usize| CheckpointInfo {
+        epoch,
+        step: epoch * 10,
+        metric: "val_loss".into(),
+        value: Some(1.0 / epoch as f64),
+        best_value: Some(1.0 / epoch as f64),
+        loss_scale: None,
+    };
+    let weights = |engine: &trainer::torch::step::Engine| engine.vs.variables()["fc0.weight"].copy();
+    let saved = |path: &Path| checkpoint::read(path).unwrap()["fc0.weight"].copy();
+    let epoch_of = |path: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(path.with_extension("json")).unwrap()).unwrap()
+    };
+    let best = dir.path().join("model_best.pt");
+    let latest = Target::Latest { dir: dir.path().to_path_buf(), format: CheckpointFormat::Pt };
+    // Saves faster than a disk may take them: a newer best may replace a waiting one, but
+    // every epoch's own file holds that epoch's weights, and at the end the best and the
+    // latest hold the last epoch's.
+    let mut saver = Saver::default();
+    let mut each_epoch = Vec::new();
+    for epoch in 1..=6 {
+        assert!(engine.step(&batch).unwrap().applied);
+        let own = dir.path().join(format!("model_epoch_{epoch:03}.pt"));
+        let mut targets = vec![Target::File(best.clone()), latest.clone()];
+        if epoch % 2 == 0 {
+            targets.push(Target::File(own.clone()));
+            each_epoch.push((own, weights(&engine)));
+        }
+        saver.save(&engine, targets, info(epoch)).unwrap();
+    }
+    saver.finish().unwrap();
+    for (path, expected) in &each_epoch {
+        assert!(saved(path).equal(expected), "{path:?} holds its epoch's weights");
+    }
+    for path in [&best, &dir.path().join("last.pt")] {
+        assert!(saved(path).equal(&weights(&engine)), "{path:?} holds the last epoch's weights");
+        assert_eq!(epoch_of(path)["epoch"], 6, "{path:?}");
+    }
+    assert!(!dir.path().join("partial.pt").exists(), "the latest checkpoint is renamed into place");
+
+    // A write into a directory that is not there fails, at the next save or at the end, and
+    // nothing handed over after it is written.
+    let missing = dir.path().join("gone/model_best.pt");
+    let next = dir.path().join("next.pt");
+    saver.save(&engine, vec![Target::File(missing.clone())], info(7)).unwrap();
+    let error = match saver.save(&engine, vec![Target::File(next.clone())], info(8)) {
+        Err(error) => error,
+        Ok(()) => saver.finish().unwrap_err(),
+    }
+    .to_string();
+    assert!(error.contains(&missing.display().to_string()), "{error}");
+    assert!(saver.finish().is_ok(), "a failure is reported once");
+    assert!(!next.exists(), "nothing is written after a failed write");
+    // The saver starts afresh after a reported failure.
+    saver.save(&engine, vec![Target::File(next.clone())], info(9)).unwrap();
+    saver.finish().unwrap();
+    assert_eq!(epoch_of(&next)["epoch"], 9);
 }
