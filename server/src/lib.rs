@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod config;
+mod data_owner;
 pub mod db;
 mod error;
 mod leaderboard;

@@ -23,6 +23,18 @@ pub async fn run(
     // Certificate problems are start-up errors, before anything else is touched.
     let tls = config.tls.as_ref().map(crate::tls::server_config).transpose()?;
     let db = Db::open(&config.data_dir).await?;
+    let instance = crate::db::workers::instance(&db.reader).await.context("reading the server's instance id")?;
+    let database = config.data_dir.join("queue.db").display().to_string();
+    if let Err(error) = crate::data_owner::check(&config.data_dir, &database, &instance, db.created) {
+        // A database this start made is removed again, so the refusal leaves the directory as
+        // it was (and the next start is refused the same way, not taken for an old one).
+        if db.created {
+            db.discard().await;
+        } else {
+            db.close().await;
+        }
+        return Err(error);
+    }
     crate::storage::Layout::new(&config.data_dir)
         .prepare()
         .await
@@ -36,7 +48,6 @@ pub async fn run(
     }
     let (stop, shutting_down) = watch::channel(false);
     let config = Arc::new(config);
-    let instance = crate::db::workers::instance(&db.reader).await.context("reading the server's instance id")?;
     let (queue, tasks) = Queue::start(db.clone(), config.clone(), instance, shutting_down.clone());
     // While the server was down no worker could heartbeat; give them a lease to reconnect
     // before their jobs count as lost.

@@ -38,6 +38,8 @@ pub struct Db {
     /// Copies the write-ahead log into the database file, off the writer's path.
     checkpointer: SqlitePool,
     wal_path: std::path::PathBuf,
+    /// Whether this start made the database (no migration had been applied to it before).
+    pub created: bool,
 }
 
 impl Db {
@@ -71,7 +73,7 @@ impl Db {
             .await
             .with_context(|| format!("opening database {}", path.display()))?;
         let migrator = sqlx::migrate!("../migrations");
-        refuse_newer_schema(&writer, &migrator, &path).await?;
+        let created = schema_before(&writer, &migrator, &path).await?.is_none();
         migrator.run(&writer).await.with_context(|| format!("migrating database {}", path.display()))?;
         // No ping before each use (sqlx's default): a local file's connection does not drop
         // away, and the ping was a second round trip to the connection's thread on every read.
@@ -87,7 +89,23 @@ impl Db {
             .connect_with(options.clone())
             .await
             .with_context(|| format!("opening database {} for checkpoints", path.display()))?;
-        Ok(Db { writer, reader, checkpointer, wal_path: data_dir.join("queue.db-wal") })
+        Ok(Db { writer, reader, checkpointer, wal_path: data_dir.join("queue.db-wal"), created })
+    }
+
+    /// Closes a database this start made and removes its files (only for `created`).
+    pub async fn discard(self) {
+        let path = self.wal_path.with_file_name("queue.db");
+        self.writer.close().await;
+        self.reader.close().await;
+        self.checkpointer.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let file = format!("{}{suffix}", path.display());
+            if let Err(error) = std::fs::remove_file(&file) {
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(%error, file, "could not remove the database this start made");
+                }
+            }
+        }
     }
 
     /// Moves what it can of the WAL into the database without blocking readers or the writer;
@@ -133,14 +151,15 @@ impl Db {
     }
 }
 
-/// A database written by a newer build has migrations this build does not know: refused with
-/// both versions (sqlx's own words name only the first unknown migration), before anything is
-/// changed.
-async fn refuse_newer_schema(
+/// The schema version the database had before this start (None: no migration was ever
+/// applied, a new database). A database written by a newer build has migrations this build
+/// does not know: refused with both versions (sqlx's own words name only the first unknown
+/// migration), before anything is changed.
+async fn schema_before(
     writer: &SqlitePool,
     migrator: &sqlx::migrate::Migrator,
     path: &Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<i64>> {
     let known = migrator.iter().map(|migration| migration.version).max().unwrap_or(0);
     let table: Option<String> =
         sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
@@ -148,7 +167,7 @@ async fn refuse_newer_schema(
             .await
             .with_context(|| format!("reading the schema version of {}", path.display()))?;
     if table.is_none() {
-        return Ok(());
+        return Ok(None);
     }
     let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
         .fetch_one(writer)
@@ -160,7 +179,7 @@ async fn refuse_newer_schema(
              app wrote it; run that version (or a newer one) on this data directory, or point this one at another",
             path.display()
         ),
-        _ => Ok(()),
+        applied => Ok(applied),
     }
 }
 

@@ -28,7 +28,7 @@ fn inline(path: &str, data: &[u8]) -> InlineFile {
     InlineFile { path: path.into(), sha256: hex::encode(Sha256::digest(data)), data: data.to_vec() }
 }
 
-fn finish(job: &shared::api::ClaimedJob) -> FinishRequest {
+pub fn finish(job: &shared::api::ClaimedJob) -> FinishRequest {
     FinishRequest {
         job_id: job.id,
         attempt: job.attempt,

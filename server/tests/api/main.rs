@@ -6,6 +6,7 @@ mod auth;
 mod bad_input;
 mod claims;
 mod code;
+mod data_dir;
 mod finish;
 mod helpers;
 mod lifecycle;
