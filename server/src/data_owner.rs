@@ -31,20 +31,21 @@ pub enum Verdict {
     Refuse { marked: Option<String> },
 }
 
-/// The decision, from the marker's content (if any), this database's instance id, whether this
-/// start made the database, and whether the id-named directories hold anything.
-pub fn decide(marked: Option<&str>, instance: &str, database_created: bool, has_files: bool) -> Verdict {
+/// The decision, from the marker's content (if any), this database's instance id, whether the
+/// database is new (made by this start, or holding no sweep), and whether the id-named
+/// directories hold anything.
+pub fn decide(marked: Option<&str>, instance: &str, database_new: bool, has_files: bool) -> Verdict {
     match marked {
         Some(marked) if marked == instance => Verdict::Matches,
         Some(marked) => Verdict::Refuse { marked: Some(marked.to_string()) },
-        None if has_files && database_created => Verdict::Refuse { marked: None },
+        None if has_files && database_new => Verdict::Refuse { marked: None },
         None => Verdict::Mark,
     }
 }
 
 /// Checks the data directory against the database (`database` names it in messages) and marks
 /// it if it is unmarked; an error says why the server must not start and what to do.
-pub fn check(data_dir: &Path, database: &str, instance: &str, database_created: bool) -> anyhow::Result<()> {
+pub fn check(data_dir: &Path, database: &str, instance: &str, database_new: bool) -> anyhow::Result<()> {
     let marker = data_dir.join(MARKER);
     let marked = match std::fs::read_to_string(&marker) {
         Ok(text) => Some(text.trim().to_string()),
@@ -52,16 +53,17 @@ pub fn check(data_dir: &Path, database: &str, instance: &str, database_created: 
         Err(error) => return Err(error).with_context(|| format!("reading {}", marker.display())),
     };
     let has_files = has_files(data_dir).with_context(|| format!("reading {}", data_dir.display()))?;
-    match decide(marked.as_deref(), instance, database_created, has_files) {
+    match decide(marked.as_deref(), instance, database_new, has_files) {
         Verdict::Matches => Ok(()),
         Verdict::Mark => write_marker(&marker, instance).with_context(|| format!("writing {}", marker.display())),
         Verdict::Refuse { marked } => {
             let dir = data_dir.display();
-            let owner = match &marked {
-                Some(marked) => format!("the files (results, logs, checkpoints) of database instance {marked}"),
-                None => "results, logs or checkpoints of an earlier database".to_string(),
+            let owner = match (&marked, has_files) {
+                (Some(marked), true) => format!("the files (results, logs, checkpoints) of database instance {marked}"),
+                (Some(marked), false) => format!("the marker {MARKER} of database instance {marked}"),
+                (None, _) => "results, logs or checkpoints of an earlier database".to_string(),
             };
-            let this = match database_created {
+            let this = match database_new {
                 true => format!("is new (instance {instance}; was it removed or replaced?)"),
                 false => format!("is instance {instance}"),
             };
@@ -98,7 +100,12 @@ fn write_marker(marker: &Path, instance: &str) -> io::Result<()> {
     let file = std::fs::File::create(&partial)?;
     io::Write::write_all(&mut &file, format!("{instance}\n").as_bytes())?;
     file.sync_all()?;
-    std::fs::rename(&partial, marker)
+    std::fs::rename(&partial, marker)?;
+    // The rename itself made durable: a power cut must not bring back an unmarked directory.
+    match marker.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -23,18 +23,18 @@ pub async fn run(
     // Certificate problems are start-up errors, before anything else is touched.
     let tls = config.tls.as_ref().map(crate::tls::server_config).transpose()?;
     let db = Db::open(&config.data_dir).await?;
-    let instance = crate::db::workers::instance(&db.reader).await.context("reading the server's instance id")?;
-    let database = config.data_dir.join("queue.db").display().to_string();
-    if let Err(error) = crate::data_owner::check(&config.data_dir, &database, &instance, db.created) {
-        // A database this start made is removed again, so the refusal leaves the directory as
-        // it was (and the next start is refused the same way, not taken for an old one).
-        if db.created {
-            db.discard().await;
-        } else {
-            db.close().await;
+    let instance = match own_data_dir(&db, &config.data_dir).await {
+        Ok(instance) => instance,
+        Err(error) => {
+            // A database this start made is removed again, so the refusal leaves the directory
+            // as it was (and the next start is refused the same way).
+            match db.created {
+                true => db.discard().await,
+                false => db.close().await,
+            }
+            return Err(error);
         }
-        return Err(error);
-    }
+    };
     crate::storage::Layout::new(&config.data_dir)
         .prepare()
         .await
@@ -86,4 +86,15 @@ pub async fn run(
     tasks.finish().await;
     db.close().await;
     Ok(())
+}
+
+/// Checks that the data directory's files belong to this database (marking it if unmarked);
+/// returns the database's instance id.
+async fn own_data_dir(db: &Db, data_dir: &std::path::Path) -> anyhow::Result<String> {
+    let instance = crate::db::workers::instance(&db.reader).await.context("reading the server's instance id")?;
+    // A first start that failed after migrating leaves an empty database: as new as none.
+    let new = db.created || !db.holds_sweeps().await.context("reading the database")?;
+    let database = data_dir.join("queue.db").display().to_string();
+    crate::data_owner::check(data_dir, &database, &instance, new)?;
+    Ok(instance)
 }

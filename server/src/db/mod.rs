@@ -92,6 +92,12 @@ impl Db {
         Ok(Db { writer, reader, checkpointer, wal_path: data_dir.join("queue.db-wal"), created })
     }
 
+    /// Whether any sweep was ever kept (or is still): a database without one has never run a
+    /// job that left files.
+    pub async fn holds_sweeps(&self) -> sqlx::Result<bool> {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(&self.reader).await
+    }
+
     /// Closes a database this start made and removes its files (only for `created`).
     pub async fn discard(self) {
         let path = self.wal_path.with_file_name("queue.db");

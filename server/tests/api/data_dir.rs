@@ -93,6 +93,7 @@ async fn a_database_of_another_instance_is_refused_naming_both() {
     let data = app.data_path();
     let ours = marker(data);
     let mut other = TestApp::spawn().await;
+    other.submit(&super::helpers::sweep_of("theirs", 1)).await;
     other.stop().await;
     let theirs = marker(other.data_path());
     assert_ne!(ours, theirs, "each database is its own instance");
@@ -130,5 +131,10 @@ async fn an_unmarked_directory_whose_database_was_removed_is_refused() {
     assert!(refused.contains("holds results, logs or checkpoints of an earlier database"), "{refused}");
     assert!(refused.contains("queue.db is new"), "{refused}");
     assert_eq!(files(data), before, "no database and no marker were left behind");
+    // A first start that failed after migrating leaves an empty database: as new as none.
+    server::db::Db::open(data).await.unwrap().close().await;
+    let refused = refusal(data).await;
+    assert!(refused.contains("queue.db is new"), "{refused}");
+    assert!(!data.join(".app-instance").exists(), "the old files were not adopted");
     assert_eq!(std::fs::read(&result).unwrap(), b"result");
 }

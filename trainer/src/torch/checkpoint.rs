@@ -26,18 +26,35 @@ pub struct CheckpointInfo {
 
 /// The model's state dict, in module order, as tensors of its own that later training steps
 /// do not change: copies on the model's device (on a GPU a copy takes well under a
-/// millisecond, where a host copy of a large model stalls training), or on the host when the
-/// device has no room for one. The writer moves them to the host (`on_host`).
+/// millisecond, where a host copy of a large model stalls training) when the device has room
+/// for it beside what training needs, else on the host. The writer moves them to the host
+/// (`on_host`).
 pub fn snapshot(engine: &Engine) -> Vec<(String, Tensor)> {
-    let on_device = state(engine, |variable| {
-        let mut copy = variable.f_empty_like().ok()?;
-        copy.f_copy_(variable).ok()?;
-        Some(copy)
-    });
-    match on_device {
-        Some(state) => state,
-        None => state(engine, |variable| Some(host_copy(variable))).unwrap_or_default(),
-    }
+    let on_device = room_for_a_copy(engine)
+        .then(|| {
+            state(engine, |variable| {
+                let mut copy = variable.f_empty_like().ok()?;
+                copy.f_copy_(variable).ok()?;
+                Some(copy)
+            })
+        })
+        .flatten();
+    on_device.unwrap_or_else(|| state_dict(engine))
+}
+
+/// Free memory a GPU must keep beyond a snapshot's own size for the snapshot to stay there.
+const SNAPSHOT_HEADROOM: u64 = 256 << 20;
+
+/// Whether a copy of the weights can stay on their device while the next epoch trains: on a
+/// GPU, when the driver has twice their size free and some (memory the caching allocator
+/// holds is not counted, so this errs towards the host). Only rank 0 snapshots, so a copy that
+/// crowded out the next step would fail that rank alone.
+fn room_for_a_copy(engine: &Engine) -> bool {
+    let variables = engine.vs.variables();
+    let Some(Device::Cuda(index)) = variables.values().next().map(Tensor::device) else { return true };
+    let bytes: u64 =
+        variables.values().map(|variable| variable.numel() as u64 * variable.kind().elt_size_in_bytes() as u64).sum();
+    super::ffi::cuda_memory_info(index).is_some_and(|(free, _)| free >= 2 * bytes + SNAPSHOT_HEADROOM)
 }
 
 /// The model's state dict as host tensors of its own (copied even when the model is on the
@@ -47,8 +64,8 @@ pub fn state_dict(engine: &Engine) -> Vec<(String, Tensor)> {
 }
 
 /// A state dict's tensors on the host, contiguous (a no-op for host tensors).
-pub fn on_host(state: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
-    state.into_iter().map(|(name, tensor)| (name, tensor.to_device(Device::Cpu).contiguous())).collect()
+pub fn on_host(state: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, TrainError> {
+    state.into_iter().map(|(name, tensor)| Ok((name, tensor.f_to_device(Device::Cpu)?.f_contiguous()?))).collect()
 }
 
 fn host_copy(variable: &Tensor) -> Tensor {

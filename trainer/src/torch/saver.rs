@@ -10,7 +10,10 @@
 //! its own (`model_epoch_XXX`) is never dropped: the next save waits for room instead.
 //!
 //! The run waits for the writer before it reports, so a finished run has every file; a failed
-//! write stops the writer and fails the run at its next save or at the end.
+//! write (or a panic in libtorch) stops the writer and fails the run at its next save or at
+//! the end. Files are written aside and renamed into place, so a run killed mid-write leaves
+//! whole files, one write older at worst. A copy on the GPU is made only when the device has
+//! room for it beside training (`checkpoint::snapshot`); one waiting set at most is held there.
 
 use super::checkpoint::{self, CheckpointInfo};
 use super::step::Engine;
@@ -24,11 +27,10 @@ use tch::Tensor;
 /// Where one epoch's snapshot goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
-    /// Written in place: `model_best.pt`, `model_epoch_XXX.pt` (and their sidecars).
+    /// `model_best.pt`, `model_epoch_XXX.pt` (and their sidecars).
     File(PathBuf),
-    /// The worker's resume checkpoint in `dir`: written aside, then renamed over the previous
-    /// one (weights first: a crash between the two renames repeats an epoch rather than
-    /// skipping one), so the directory never holds half a checkpoint.
+    /// The worker's resume checkpoint in `dir` (a crash between the renames of the weights
+    /// and the sidecar repeats an epoch rather than skipping one).
     Latest { dir: PathBuf, format: CheckpointFormat },
 }
 
@@ -95,7 +97,12 @@ impl Saver {
             }
             match &mailbox.waiting {
                 Some(waiting) if !replaces(&targets, &waiting.targets) => mailbox = self.shared.wait(mailbox),
-                _ => break,
+                // Dropped before the new snapshot is taken, so two are never held waiting.
+                Some(_) => {
+                    mailbox.waiting = None;
+                    break;
+                }
+                None => break,
             }
         }
         drop(mailbox);
@@ -150,7 +157,10 @@ fn write_until_closed(shared: &Shared) {
         };
         shared.changed.notify_all();
         drop(mailbox);
-        let written = write_set(set);
+        // A panic (a failed allocation in libtorch) is a failed write like any other: the
+        // saver waiting for room must hear of it, not wait for a writer that is gone.
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write_set(set)))
+            .unwrap_or_else(|_| Err(TrainError::Torch("the checkpoint writer panicked".into())));
         mailbox = shared.lock();
         if let Err(error) = written {
             mailbox.error = Some(error);
@@ -162,29 +172,28 @@ fn write_until_closed(shared: &Shared) {
 }
 
 fn write_set(set: WriteSet) -> Result<(), TrainError> {
-    let state = checkpoint::on_host(set.state);
+    let state = checkpoint::on_host(set.state)?;
     set.targets.iter().try_for_each(|target| write(&state, target, &set.info))
 }
 
+/// Every file is written aside and renamed into place, weights first: a run killed mid-write
+/// (a cancel, a timeout) leaves the previous checkpoint whole, never half of a new one.
 fn write(state: &[(String, Tensor)], target: &Target, info: &CheckpointInfo) -> Result<(), TrainError> {
-    match target {
-        Target::File(path) => checkpoint::write(state, path, info),
-        Target::Latest { dir, format } => {
-            let latest = crate::resume::latest_path(dir, *format);
-            let partial = dir.join(format!("partial.{}", format.extension()));
-            checkpoint::write(state, &partial, info)?;
-            for (from, to) in
-                [(partial.clone(), latest.clone()), (partial.with_extension("json"), latest.with_extension("json"))]
-            {
-                std::fs::rename(&from, &to).map_err(io_error(format!(
-                    "renaming {} to {}",
-                    from.display(),
-                    to.display()
-                )))?;
-            }
-            Ok(())
+    let (path, partial) = match target {
+        Target::File(path) => {
+            let name = path.file_name().map(|name| name.to_string_lossy()).unwrap_or_default();
+            (path.clone(), path.with_file_name(format!(".partial.{name}")))
         }
+        Target::Latest { dir, format } => {
+            (crate::resume::latest_path(dir, *format), dir.join(format!("partial.{}", format.extension())))
+        }
+    };
+    checkpoint::write(state, &partial, info)
+        .map_err(|error| TrainError::Torch(format!("checkpoint {}: {error}", path.display())))?;
+    for (from, to) in [(partial.clone(), path.clone()), (partial.with_extension("json"), path.with_extension("json"))] {
+        std::fs::rename(&from, &to).map_err(io_error(format!("renaming {} to {}", from.display(), to.display())))?;
     }
+    Ok(())
 }
 
 #[cfg(test)]
