@@ -257,7 +257,7 @@ async fn a_server_restart_during_a_long_poll_claim_leaves_the_worker_claiming_fr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_seal() {
+async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_seal_and_is_kept_aside() {
     // The worker here is this test, through the typed client: a long lease, no heartbeats.
     let server = ServerProcess::start_with("lease_secs = 300\n");
     let client = server.client();
@@ -294,6 +294,15 @@ async fn a_version_directory_left_unrecorded_by_a_crash_does_not_block_the_next_
     let destination = tempfile::NamedTempFile::new().unwrap();
     client.download_file(job.id, version.attempt, "out.txt", destination.path()).await.unwrap();
     assert_eq!(std::fs::read_to_string(destination.path()).unwrap(), "sent again");
+    // The unrecorded directory was set aside, not deleted: it may be another run's results that
+    // a database restored from an older backup does not know.
+    let aside: Vec<_> = std::fs::read_dir(server.data_dir().join("results/.unrecorded"))
+        .expect("set aside under results/.unrecorded")
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(aside[0].file_name().unwrap().to_string_lossy().ends_with("-leftover_0_v1"), "{aside:?}");
+    assert_eq!(std::fs::read_to_string(aside[0].join("out.txt")).unwrap(), "sent before the crash");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,6 +84,12 @@ impl Layout {
         format!("results/{sweep}/{index}/v{attempt}")
     }
 
+    /// Where version directories the database has no record of are set aside (see
+    /// `queue::results::set_aside_unrecorded`).
+    pub fn unrecorded_root(&self) -> PathBuf {
+        self.data_dir.join("results").join(".unrecorded")
+    }
+
     /// A path relative to the data dir (`version_path`, or a file under it), made absolute.
     pub fn absolute(&self, relative: &str) -> PathBuf {
         relative.split('/').fold(self.data_dir.clone(), |path, segment| path.join(segment))

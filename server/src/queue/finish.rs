@@ -3,7 +3,7 @@
 //! in one write unit, fenced once, so a stale attempt changes nothing at all; then, if asked,
 //! the worker's next jobs are claimed.
 
-use super::results::{check_upload_path, remove_unrecorded};
+use super::results::{check_upload_path, set_aside_unrecorded};
 use super::{Change, Queue, Tx, WorkerAttempt};
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
@@ -421,7 +421,7 @@ async fn write_version(layout: &Layout, staging: &std::path::Path, version: &Res
     let (id, attempt) = (version.job_id, version.attempt);
     let target = layout.absolute(&version.path);
     let what = format!("sealing result v{attempt} of job {id}");
-    remove_unrecorded(&target).await.map_err(|error| disk_error(error, what.clone()))?;
+    set_aside_unrecorded(layout, &target).await.map_err(|error| disk_error(error, what.clone()))?;
     let manifest_json = serde_json::to_vec_pretty(&version.files).map_err(anyhow::Error::from)?;
     let result_json = serde_json::to_vec_pretty(&version).map_err(anyhow::Error::from)?;
     std::fs::create_dir_all(staging).map_err(|error| disk_error(error, what.clone()))?;

@@ -158,7 +158,7 @@ impl Queue {
         if db::results::exists(self.reader(), id, attempt).await? {
             return Err(already_stored(id, attempt));
         }
-        remove_unrecorded(&target).await.map_err(|error| disk_error(error, what.clone()))?;
+        set_aside_unrecorded(&self.layout, &target).await.map_err(|error| disk_error(error, what.clone()))?;
         seal_on_disk(&staging, &target, &version).await.map_err(|error| match error {
             SealError::Mismatch(why) => ApiError::BadRequest(format!("{what}: {why}")),
             SealError::AlreadyStored => already_stored(id, attempt),
@@ -224,13 +224,24 @@ impl Drop for SealLock {
     }
 }
 
-/// Removes a version directory that has no record: what a server killed between the rename
-/// and the record leaves behind. Left in place, it would make every later seal of the attempt
-/// a 409 "already stored", and the job would succeed with no result.
-pub(super) async fn remove_unrecorded(target: &Path) -> io::Result<()> {
-    match tokio::fs::remove_dir_all(target).await {
+/// Moves a version directory that has no record out of the way of the version about to be
+/// sealed there, into `results/.unrecorded/`. Left in place, it would make every later seal of
+/// the attempt a 409 "already stored", and the job would succeed with no result. It is what a
+/// server killed between the rename and the record leaves behind (the same attempt's files,
+/// sent again), but also what a database restored from an older backup does not know: another
+/// run's results, which are kept there rather than deleted.
+pub(super) async fn set_aside_unrecorded(layout: &Layout, target: &Path) -> io::Result<()> {
+    if tokio::fs::symlink_metadata(target).await.is_err() {
+        return Ok(());
+    }
+    let root = layout.unrecorded_root();
+    tokio::fs::create_dir_all(&root).await?;
+    let relative = target.strip_prefix(layout.absolute("results")).unwrap_or(target);
+    let name = relative.to_string_lossy().replace(['/', '\\'], "_");
+    let aside = root.join(format!("{}-{name}", now_ms()));
+    match tokio::fs::rename(target, &aside).await {
         Ok(()) => {
-            tracing::warn!(path = %target.display(), "removed a result version left unrecorded by a crash");
+            tracing::warn!(path = %target.display(), kept = %aside.display(), "set aside a result version the database has no record of");
             Ok(())
         }
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
