@@ -73,6 +73,31 @@ async fn a_finish_stores_log_metrics_result_and_outcome_and_claims_the_next_job(
 }
 
 #[tokio::test]
+async fn a_finish_with_inline_files_sets_an_unrecorded_version_aside_and_stores_its_own() {
+    // Another run's results where this attempt's version goes, which the database does not
+    // know (a database restored from an older backup): kept aside, not deleted.
+    let app = TestApp::spawn().await;
+    app.submit(&sweep_of("restored", 1)).await;
+    let worker = app.register("w", 1).await;
+    let job = app.claim(worker, 1).await.pop().unwrap();
+    let unknown = app.data_path().join("results/restored/0/v1");
+    std::fs::create_dir_all(&unknown).unwrap();
+    std::fs::write(unknown.join("model.bin"), b"another run's weights").unwrap();
+    let response = app.client.finish(worker, &finish(&job)).await.unwrap();
+    assert_eq!(response.status, JobStatus::Succeeded);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    app.client.download_file(job.id, 1, "out/a.txt", file.path()).await.unwrap();
+    assert_eq!(std::fs::read(file.path()).unwrap(), b"result");
+    assert!(!unknown.join("model.bin").exists(), "the version directory is this attempt's now");
+    let aside: Vec<_> = std::fs::read_dir(app.data_path().join("results/.unrecorded"))
+        .expect("set aside under results/.unrecorded")
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(aside[0].join("model.bin")).unwrap(), b"another run's weights");
+}
+
+#[tokio::test]
 async fn a_stale_finish_is_refused_whole_and_applies_nothing() {
     let app = TestApp::spawn_with(|config| config.lease = std::time::Duration::from_millis(300)).await;
     app.submit(&sweep_of("stale", 1)).await;
