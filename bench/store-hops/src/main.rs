@@ -2,6 +2,12 @@
 //! async round trip per unit + BEGIN/COMMIT, as the server's writer) and (b) a rusqlite
 //! connection owned by its own thread (one hand-off per group). Same schema (the real
 //! migrations), same SQL, group commit of whatever is waiting, 64 client tasks.
+//!
+//! The statements are copies of the server's (`FINISH_SQL` in server/src/db/jobs.rs, with the
+//! `RETURNING` the bare finish adds, and `claim_sql` in server/src/db/plain_claims.rs): this
+//! crate stands outside the workspace so that the main build gains no rusqlite, and so cannot
+//! use them. Keep them in step when those change. The two writers' group loops are alike on
+//! purpose: they differ only in how a statement reaches SQLite.
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Row};
