@@ -27,7 +27,7 @@ pub enum Verdict {
     /// database that has always been there.
     Mark,
     /// The files belong to another database: the one the marker names (`None`: an unmarked
-    /// directory's files, beside a database this start made).
+    /// directory's files, beside a new database).
     Refuse { marked: Option<String> },
 }
 
@@ -116,7 +116,7 @@ mod tests {
     fn a_start_is_refused_when_the_files_belong_to_another_or_an_earlier_database() {
         use Verdict::*;
         let other = || Refuse { marked: Some("b".into()) };
-        // (marker, database made by this start, files there) -> verdict, for instance "a".
+        // (marker, database new, files there) -> verdict, for instance "a".
         assert_eq!(decide(Some("a"), "a", false, true), Matches);
         assert_eq!(decide(Some("a"), "a", true, false), Matches, "a marked, emptied directory");
         assert_eq!(decide(Some("b"), "a", false, true), other(), "another instance's database put in place");

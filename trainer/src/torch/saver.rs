@@ -179,15 +179,12 @@ fn write_set(set: WriteSet) -> Result<(), TrainError> {
 /// Every file is written aside and renamed into place, weights first: a run killed mid-write
 /// (a cancel, a timeout) leaves the previous checkpoint whole, never half of a new one.
 fn write(state: &[(String, Tensor)], target: &Target, info: &CheckpointInfo) -> Result<(), TrainError> {
-    let (path, partial) = match target {
-        Target::File(path) => {
-            let name = path.file_name().map(|name| name.to_string_lossy()).unwrap_or_default();
-            (path.clone(), path.with_file_name(format!(".partial.{name}")))
-        }
-        Target::Latest { dir, format } => {
-            (crate::resume::latest_path(dir, *format), dir.join(format!("partial.{}", format.extension())))
-        }
+    let path = match target {
+        Target::File(path) => path.clone(),
+        Target::Latest { dir, format } => crate::resume::latest_path(dir, *format),
     };
+    let name = path.file_name().map(|name| name.to_string_lossy()).unwrap_or_default();
+    let partial = path.with_file_name(format!(".partial.{name}"));
     checkpoint::write(state, &partial, info)
         .map_err(|error| TrainError::Torch(format!("checkpoint {}: {error}", path.display())))?;
     for (from, to) in [(partial.clone(), path.clone()), (partial.with_extension("json"), path.with_extension("json"))] {
