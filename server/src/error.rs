@@ -57,26 +57,46 @@ impl From<sqlx::Error> for ApiError {
             sqlx::Error::Database(database) => database.code().and_then(|code| code.parse::<i32>().ok()),
             _ => None,
         };
-        // Extended codes keep the primary code in their low byte (SQLITE_IOERR_WRITE = 778).
-        match code.map(|code| code & 0xff) {
-            Some(SQLITE_FULL) => ApiError::InsufficientStorage(format!(
-                "the server's disk is full (the queue database could not grow): {error}; free space and retry"
-            )),
-            Some(SQLITE_READONLY) => ApiError::Unavailable(format!(
-                "the queue database is read-only (check the data directory's permissions and mount): {error}"
-            )),
-            Some(SQLITE_IOERR | SQLITE_CANTOPEN) => ApiError::Unavailable(format!(
-                "the queue database cannot be written (I/O error on the data directory): {error}; retry"
-            )),
-            _ => ApiError::Sqlx(error),
-        }
+        disk_failure(code, &error).unwrap_or(ApiError::Sqlx(error))
+    }
+}
+
+impl From<rusqlite::Error> for ApiError {
+    /// The writer's own connection's errors (`db::fast`), read as sqlx's are.
+    fn from(error: rusqlite::Error) -> ApiError {
+        let code = match &error {
+            rusqlite::Error::SqliteFailure(failure, _) => Some(failure.extended_code),
+            _ => None,
+        };
+        disk_failure(code, &error).unwrap_or_else(|| ApiError::Internal(anyhow::Error::from(error)))
+    }
+}
+
+/// The error for SQLite's result `code` when it says the disk, not the request, is the problem.
+fn disk_failure(code: Option<i32>, error: &dyn std::fmt::Display) -> Option<ApiError> {
+    // Extended codes keep the primary code in their low byte (SQLITE_IOERR_WRITE = 778).
+    match code.map(|code| code & 0xff) {
+        Some(SQLITE_FULL) => Some(ApiError::InsufficientStorage(format!(
+            "the server's disk is full (the queue database could not grow): {error}; free space and retry"
+        ))),
+        Some(SQLITE_READONLY) => Some(ApiError::Unavailable(format!(
+            "the queue database is read-only (check the data directory's permissions and mount): {error}"
+        ))),
+        Some(SQLITE_IOERR | SQLITE_CANTOPEN) => Some(ApiError::Unavailable(format!(
+            "the queue database cannot be written (I/O error on the data directory): {error}; retry"
+        ))),
+        _ => None,
     }
 }
 
 impl From<anyhow::Error> for ApiError {
     /// A database error carried in an `anyhow` keeps its meaning (a full disk stays a 507).
     fn from(error: anyhow::Error) -> ApiError {
-        match error.downcast::<sqlx::Error>() {
+        let error = match error.downcast::<sqlx::Error>() {
+            Ok(database) => return ApiError::from(database),
+            Err(error) => error,
+        };
+        match error.downcast::<rusqlite::Error>() {
             Ok(database) => ApiError::from(database),
             Err(error) => ApiError::Internal(error),
         }

@@ -389,24 +389,24 @@ pub async fn mark_running(
     pairs: &[(JobId, WorkerId, &[u32])],
     lease_until: i64,
     now: i64,
-) -> anyhow::Result<Vec<SqliteRow>> {
+) -> anyhow::Result<Vec<super::plain_claims::ClaimedRow>> {
     let pairs = serde_json::to_string(pairs)?;
-    let rows = sqlx::query(
+    let rows = sqlx::query(&format!(
         "UPDATE jobs SET status = 'running', attempt = attempt + 1,
                 worker_id = (SELECT value ->> 1 FROM json_each(?1) WHERE value ->> 0 = jobs.id),
                 gpu_ids = (SELECT value ->> 2 FROM json_each(?1) WHERE value ->> 0 = jobs.id),
                 lease_expires_at = ?2, started_at = ?3, finished_at = NULL, exit_code = NULL, reason = NULL,
                 cancel_requested = 0
          WHERE status = 'queued' AND id IN (SELECT value ->> 0 FROM json_each(?1))
-         RETURNING id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                   needs_trainer, timeout_secs, lease_expires_at",
-    )
+         RETURNING {}",
+        super::plain_claims::CLAIMED_COLUMNS
+    ))
     .bind(pairs)
     .bind(lease_until)
     .bind(now)
     .fetch_all(&mut *conn)
     .await?;
-    Ok(rows)
+    Ok(rows.iter().map(super::plain_claims::ClaimedRow::from_row).collect::<sqlx::Result<_>>()?)
 }
 
 /// The guarded finish of an attempt: ?1 status, ?2 retries left, ?3 exit code, ?4 reason, ?5

@@ -10,6 +10,7 @@ pub mod analysis;
 pub mod checkpoints;
 pub mod code;
 pub mod events;
+pub mod fast;
 pub mod gpu;
 pub mod jobs;
 pub mod logs;
@@ -100,7 +101,7 @@ impl Db {
 
     /// Closes a database this start made and removes its files (only for `created`).
     pub async fn discard(self) {
-        let path = self.wal_path.with_file_name("queue.db");
+        let path = self.path();
         self.writer.close().await;
         self.reader.close().await;
         self.checkpointer.close().await;
@@ -139,6 +140,11 @@ impl Db {
     /// largest size otherwise). The caller holds writes off meanwhile.
     pub async fn truncate_wal(&self) -> sqlx::Result<()> {
         sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.checkpointer).await.map(|_| ())
+    }
+
+    /// The database file.
+    pub fn path(&self) -> std::path::PathBuf {
+        self.wal_path.with_file_name("queue.db")
     }
 
     /// The size of the write-ahead log file on disk.

@@ -9,15 +9,61 @@
 //! statement, and the jobs handed out are the same as by the two-step claim.
 
 use super::jobs::JobState;
-use shared::api::{ResultVersion, WorkerId};
+use shared::api::{JobId, ResultVersion, SweepId, WorkerId};
 use shared::job::Finish;
+use shared::sweep::Resources;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection};
 
+/// A job as a claim left it: the columns every claim returns (`jobs::mark_running`, the
+/// plain claim below and its twin on the writer's own connection, `db::fast`).
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
+    pub id: JobId,
+    pub attempt: u32,
+    pub sweep_id: SweepId,
+    pub index: u64,
+    /// The parameters, as stored (a JSON object).
+    pub params: String,
+    pub command: String,
+    pub config: Option<String>,
+    pub resources: Resources,
+    pub timeout_secs: Option<i64>,
+    pub lease_expires_at: i64,
+    pub priority: i64,
+    pub worker_id: Option<WorkerId>,
+    pub retries_left: u32,
+    pub crash_count: u32,
+}
+
+impl ClaimedRow {
+    pub fn from_row(row: &SqliteRow) -> sqlx::Result<ClaimedRow> {
+        Ok(ClaimedRow {
+            id: JobId::new(row.try_get("id")?),
+            attempt: row.try_get("attempt")?,
+            sweep_id: SweepId::new(row.try_get("sweep_id")?),
+            index: row.try_get::<i64, _>("idx")? as u64,
+            params: row.try_get("params")?,
+            command: row.try_get("command")?,
+            config: row.try_get("config")?,
+            resources: super::jobs::resources_of(row)?,
+            timeout_secs: row.try_get("timeout_secs")?,
+            lease_expires_at: row.try_get("lease_expires_at")?,
+            priority: row.try_get("priority")?,
+            worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
+            retries_left: row.try_get("retries_left")?,
+            crash_count: row.try_get("crash_count")?,
+        })
+    }
+}
+
+/// The columns a claim returns, in [`ClaimedRow`]'s order.
+pub const CLAIMED_COLUMNS: &str = "id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive, \
+     needs_trainer, timeout_secs, lease_expires_at, priority, worker_id, retries_left, crash_count";
+
 /// `queued -> running` for the first `?5` queued jobs in dispatch order that need no GPU and
-/// the trainer only if `?4`, for worker `?1`; the same columns as `jobs::mark_running`, plus
-/// `priority` for the dispatch order (RETURNING has none of its own). Parameters start at `?1`
-/// here; [`finish_and_claim`] shifts them and adds its `fence`.
+/// the trainer only if `?4`, for worker `?1`, returning [`CLAIMED_COLUMNS`] (`priority` gives
+/// the dispatch order: RETURNING has none of its own). Parameters start at `?1` here; [`finish_and_claim`] shifts them and adds its `fence`.
 fn claim_sql(first: usize, fence: &str) -> String {
     let at = |n: usize| format!("?{}", first + n - 1);
     format!(
@@ -29,8 +75,7 @@ fn claim_sql(first: usize, fence: &str) -> String {
              WHERE status = 'queued' AND (gpus IS NULL OR gpus <= 0) AND (gpu_memory IS NULL OR gpu_memory <= 0)
                AND (needs_trainer = 0 OR {trainer})
              ORDER BY priority DESC, id LIMIT {slots})
-         RETURNING id, attempt, sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                   needs_trainer, timeout_secs, lease_expires_at, priority, worker_id, retries_left, crash_count",
+         RETURNING {CLAIMED_COLUMNS}",
         w = at(1),
         lease = at(2),
         now = at(3),
@@ -49,17 +94,23 @@ pub struct PlainClaim {
     pub now: i64,
 }
 
-/// Claims up to `claim.slots` jobs in one statement; returns the claimed rows (any order).
-pub async fn claim(conn: &mut SqliteConnection, claim: PlainClaim) -> sqlx::Result<Vec<SqliteRow>> {
+/// The plain claim's statement on its own, parameters `?1`-`?5` (also `db::fast`'s).
+pub fn plain_claim_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    sqlx::query(SQL.get_or_init(|| claim_sql(1, "")))
+    SQL.get_or_init(|| claim_sql(1, ""))
+}
+
+/// Claims up to `claim.slots` jobs in one statement; returns the claimed rows (any order).
+pub async fn claim(conn: &mut SqliteConnection, claim: PlainClaim) -> sqlx::Result<Vec<ClaimedRow>> {
+    let rows = sqlx::query(plain_claim_sql())
         .bind(claim.worker_id.get())
         .bind(claim.lease_until)
         .bind(claim.now)
         .bind(claim.trainer)
         .bind(claim.slots)
         .fetch_all(&mut *conn)
-        .await
+        .await?;
+    rows.iter().map(ClaimedRow::from_row).collect()
 }
 
 /// What [`finish_and_claim`] sends to SQLite in one query string.
@@ -84,7 +135,7 @@ pub struct Finished {
     /// Whether the version was recorded (false if the attempt had one already).
     pub stored: bool,
     /// The claimed rows, in no particular order.
-    pub claimed: Vec<SqliteRow>,
+    pub claimed: Vec<ClaimedRow>,
 }
 
 /// More than the parameters the statements of a step skip in all (11 before the claim's own,
@@ -101,18 +152,30 @@ fn step_sql(version: bool, claim: bool) -> &'static str {
         let mut statements = Vec::new();
         // Parameters: the finish's ?1-?11, then the claim's, then the version's.
         let version_first = if claim { 17 } else { 12 };
-        let mut finish = super::jobs::FINISH_SQL.to_string();
-        if version {
-            statements.push(super::results::insert_sql(version_first, true));
-            finish.push_str(
-                " AND NOT EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = ?7 AND m.attempt = ?8)",
-            );
-        }
+        let finish = match version {
+            true => {
+                statements.push(super::results::insert_sql(version_first, true));
+                finish_unless_metrics_sql()
+            }
+            false => super::jobs::FINISH_SQL,
+        };
         statements.push(format!("{finish} RETURNING id AS finished"));
         if claim {
             statements.push(claim_sql(12, "changes() = 1 AND "));
         }
         statements.join(";\n")
+    })
+}
+
+/// `jobs::FINISH_SQL` that also requires the attempt to have no metric summaries (for a finish
+/// that records a version made without them).
+pub fn finish_unless_metrics_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "{} AND NOT EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = ?7 AND m.attempt = ?8)",
+            super::jobs::FINISH_SQL
+        )
     })
 }
 
@@ -173,7 +236,7 @@ pub async fn finish_and_claim(conn: &mut SqliteConnection, step: FinishStep<'_>)
         } else if row.try_get::<i64, _>("stored").is_ok() {
             finished.stored = true;
         } else {
-            finished.claimed.push(row);
+            finished.claimed.push(ClaimedRow::from_row(&row)?);
         }
     }
     Ok(finished)
@@ -232,8 +295,8 @@ mod tests {
         }
     }
 
-    fn ids(rows: &[SqliteRow]) -> Vec<i64> {
-        let mut ids: Vec<i64> = rows.iter().map(|row| row.try_get("id").unwrap()).collect();
+    fn ids(rows: &[ClaimedRow]) -> Vec<i64> {
+        let mut ids: Vec<i64> = rows.iter().map(|row| row.id.get()).collect();
         ids.sort();
         ids
     }
@@ -333,12 +396,82 @@ mod tests {
         let (_directory, db) = queue().await;
         let mut conn = db.writer.acquire().await.unwrap();
         let rows = claim(&mut conn, PlainClaim { trainer: true, ..asking(2) }).await.unwrap();
-        let mut claimed: Vec<i64> = rows.iter().map(|row| row.try_get("id").unwrap()).collect();
+        let mut claimed: Vec<i64> = rows.iter().map(|row| row.id.get()).collect();
         claimed.sort();
         assert_eq!(
             claimed,
             [4, 5],
             "the trainer job (priority 9) for a worker that has it, then the oldest of priority 5"
         );
+    }
+
+    /// Every table a finish and a claim touch, as text (the events' wall-clock times left out).
+    fn dump(path: &std::path::Path) -> Vec<String> {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        let mut dump = Vec::new();
+        for table in ["jobs", "results", "job_events", "sweep_counts"] {
+            let mut statement = conn.prepare(&format!("SELECT * FROM {table} ORDER BY 1, 2")).unwrap();
+            let names: Vec<String> = statement.column_names().iter().map(|name| name.to_string()).collect();
+            let mut rows = statement.query([]).unwrap();
+            while let Some(row) = rows.next().unwrap() {
+                let values: Vec<String> = (0..names.len())
+                    .filter(|&column| names[column] != "at")
+                    .map(|column| {
+                        format!("{}={:?}", names[column], row.get::<_, rusqlite::types::Value>(column).unwrap())
+                    })
+                    .collect();
+                dump.push(format!("{table}: {}", values.join(" ")));
+            }
+        }
+        dump
+    }
+
+    /// The writer's own connection (`db::fast`) runs the same statements as the sqlx step: in
+    /// every case the same answer, the same claimed rows and the same tables afterwards.
+    #[tokio::test]
+    async fn the_writers_own_connection_does_exactly_what_the_sqlx_step_does() {
+        let summary =
+            "INSERT INTO job_metric_summaries (job_id, name, attempt, last_value, min_value, max_value, point_count)
+                       VALUES (1, 'loss', 1, 0.5, 0.5, 0.5, 1)";
+        let version = bare_version();
+        // (attempt seen, claim, version, a metric summary first)
+        let cases: [(u32, Option<PlainClaim>, bool, bool); 6] = [
+            (1, Some(asking(3)), false, false),
+            (1, Some(PlainClaim { trainer: true, ..asking(2) }), false, false),
+            (2, Some(asking(3)), false, false),
+            (1, Some(asking(1)), true, false),
+            (1, None, true, false),
+            (1, Some(asking(1)), true, true),
+        ];
+        for (number, (attempt, claim, with_version, summarised)) in cases.into_iter().enumerate() {
+            let (seen, decision) = (seen(attempt), succeeded());
+            let version = with_version.then_some(&version);
+            let step = || FinishStep { version, ..step(&seen, &decision, claim) };
+            let (sqlx_dir, sqlx_db) = queue().await;
+            let (fast_dir, fast_db) = queue().await;
+            if summarised {
+                sqlx::query(summary).execute(&sqlx_db.writer).await.unwrap();
+                sqlx::query(summary).execute(&fast_db.writer).await.unwrap();
+            }
+            let mut conn = sqlx_db.writer.acquire().await.unwrap();
+            let by_sqlx = finish_and_claim(&mut conn, step()).await.unwrap();
+            drop(conn);
+            let by_fast =
+                super::super::fast::finish_and_claim(&super::super::fast::open(&fast_db.path()).unwrap(), &step())
+                    .unwrap();
+            assert_eq!((by_fast.applied, by_fast.stored), (by_sqlx.applied, by_sqlx.stored), "case {number}");
+            let rows = |rows: &[ClaimedRow]| {
+                let mut rows: Vec<String> = rows.iter().map(|row| format!("{row:?}")).collect();
+                rows.sort();
+                rows
+            };
+            assert_eq!(rows(&by_fast.claimed), rows(&by_sqlx.claimed), "case {number}");
+            let (sqlx_tables, fast_tables) = (dump(&sqlx_db.path()), dump(&fast_db.path()));
+            assert!(sqlx_tables.len() >= 8, "case {number}: {sqlx_tables:?}");
+            assert_eq!(fast_tables, sqlx_tables, "case {number}");
+            sqlx_db.close().await;
+            fast_db.close().await;
+            drop((sqlx_dir, fast_dir));
+        }
     }
 }

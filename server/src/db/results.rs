@@ -100,19 +100,39 @@ pub(crate) fn insert_sql(first: usize, unless_metrics: bool) -> String {
     )
 }
 
+/// A version's JSON columns, as stored.
+pub(crate) struct VersionColumns {
+    pub manifest: String,
+    pub record: String,
+    pub params: String,
+    pub metrics: String,
+}
+
+impl VersionColumns {
+    pub fn of(version: &ResultVersion) -> serde_json::Result<VersionColumns> {
+        Ok(VersionColumns {
+            manifest: serde_json::to_string(&version.files)?,
+            record: serde_json::to_string(&version.record)?,
+            params: serde_json::to_string(&version.params)?,
+            metrics: serde_json::to_string(&version.metrics)?,
+        })
+    }
+}
+
 /// Binds `version` to the parameters of [`insert_sql`], in their order.
 pub(crate) fn bind_version<'q>(
     query: Query<'q, Sqlite, SqliteArguments<'q>>,
     version: &'q ResultVersion,
 ) -> anyhow::Result<Query<'q, Sqlite, SqliteArguments<'q>>> {
+    let columns = VersionColumns::of(version)?;
     Ok(query
         .bind(version.job_id.get())
         .bind(version.attempt)
         .bind(version.path.as_str())
-        .bind(serde_json::to_string(&version.files)?)
-        .bind(serde_json::to_string(&version.record)?)
-        .bind(serde_json::to_string(&version.params)?)
-        .bind(serde_json::to_string(&version.metrics)?)
+        .bind(columns.manifest)
+        .bind(columns.record)
+        .bind(columns.params)
+        .bind(columns.metrics)
         .bind(version.stored_at))
 }
 

@@ -14,7 +14,6 @@ use shared::api::{ClaimedJob, JobAttempt, JobId, SweepId, WorkerId};
 use shared::job::{self, JobStatus, Outcome};
 use shared::placement::{place, Capacity, Placement};
 use shared::sweep::SweepForm;
-use sqlx::Row;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
@@ -240,7 +239,7 @@ pub(super) async fn claim_batch(
         db::jobs::mark_running(tx.conn().await?, &assignments, lease_expires_at, now).await?
     };
     for row in &rows {
-        let id = JobId::new(row.try_get("id")?);
+        let id = row.id;
         // A new attempt: a view of an earlier one (or of a deleted job whose id this one
         // reuses) must not decide its finish.
         views.forget(id);
@@ -275,73 +274,113 @@ pub(super) fn plain_claim(
 /// The jobs of a plain claim's rows, in dispatch order (priority first, then age).
 pub(super) async fn claimed_plain(
     tx: &mut Tx,
-    rows: Vec<sqlx::sqlite::SqliteRow>,
+    mut rows: Vec<db::plain_claims::ClaimedRow>,
     (names, workspaces, views): (&SweepNames, &super::code::Workspaces, &super::views::Views),
 ) -> ApiResult<Vec<ClaimedJob>> {
-    let mut keyed = Vec::with_capacity(rows.len());
+    in_dispatch_order(&mut rows);
+    let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
-        let key = (std::cmp::Reverse(row.try_get::<i64, _>("priority")?), row.try_get::<i64, _>("id")?);
-        keyed.push((key, row));
-    }
-    keyed.sort_by_key(|(key, _)| *key);
-    let mut jobs = Vec::with_capacity(keyed.len());
-    for ((_, id), row) in keyed {
         let job = claimed_job(tx, &row, Placement { gpus: Vec::new() }, names, workspaces).await?;
-        views.keep(
-            claimed_state(&row, &job)?,
-            db::jobs::ResultSource {
-                sweep: job.sweep.clone(),
-                index: job.index,
-                params: job.params.clone(),
-                has_metrics: false,
-            },
-        );
-        jobs.push(job);
-        // Log followers waiting for a queued job's first attempt learn it started.
-        tx.note(Change::Job(JobId::new(id)));
+        jobs.push(keep_claimed(tx, views, &row, job));
     }
     Ok(jobs)
 }
 
-/// A plainly claimed job's state as the claim left it (see `views`).
-fn claimed_state(row: &sqlx::sqlite::SqliteRow, job: &ClaimedJob) -> ApiResult<db::jobs::JobState> {
-    Ok(db::jobs::JobState {
-        id: job.id,
-        sweep_id: job.sweep_id,
-        status: JobStatus::Running,
-        attempt: job.attempt,
-        worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
-        retries_left: row.try_get("retries_left")?,
-        crash_count: row.try_get("crash_count")?,
-        cancel_requested: false,
-    })
+/// [`claimed_plain`] for a unit on the writer's own connection (`FastTx`), from the caches
+/// alone: `None` when a sweep's name or workspace is not cached yet (the caller then undoes
+/// its unit and takes the general path, which looks them up).
+pub(super) fn claimed_plain_cached(
+    tx: &mut super::FastTx,
+    mut rows: Vec<db::plain_claims::ClaimedRow>,
+    (names, workspaces, views): (&SweepNames, &super::code::Workspaces, &super::views::Views),
+) -> ApiResult<Option<Vec<ClaimedJob>>> {
+    in_dispatch_order(&mut rows);
+    let mut known = Vec::with_capacity(rows.len());
+    for row in rows {
+        let name = names.read().ok().and_then(|names| names.get(&row.sweep_id).cloned());
+        let workspace = super::code::cached_workspace(row.sweep_id, workspaces);
+        let (Some(name), Some(workspace)) = (name, workspace) else { return Ok(None) };
+        known.push((job_of(&row, Placement { gpus: Vec::new() }, name, workspace)?, row));
+    }
+    Ok(Some(known.into_iter().map(|(job, row)| keep_claimed(tx, views, &row, job)).collect()))
+}
+
+fn in_dispatch_order(rows: &mut [db::plain_claims::ClaimedRow]) {
+    rows.sort_by_key(|row| (std::cmp::Reverse(row.priority), row.id.get()));
+}
+
+/// Keeps the view of a plainly claimed job (its finish is decided on it) and notes its start.
+fn keep_claimed(
+    tx: &mut impl super::Note,
+    views: &super::views::Views,
+    row: &db::plain_claims::ClaimedRow,
+    job: ClaimedJob,
+) -> ClaimedJob {
+    views.keep(
+        db::jobs::JobState {
+            id: job.id,
+            sweep_id: job.sweep_id,
+            status: JobStatus::Running,
+            attempt: job.attempt,
+            worker_id: row.worker_id,
+            retries_left: row.retries_left,
+            crash_count: row.crash_count,
+            cancel_requested: false,
+        },
+        db::jobs::ResultSource {
+            sweep: job.sweep.clone(),
+            index: job.index,
+            params: job.params.clone(),
+            has_metrics: false,
+        },
+    );
+    // Log followers waiting for a queued job's first attempt learn it started.
+    tx.note(Change::Job(job.id));
+    job
 }
 
 async fn claimed_job(
     tx: &mut Tx,
-    row: &sqlx::sqlite::SqliteRow,
+    row: &db::plain_claims::ClaimedRow,
     placement: Placement,
     names: &SweepNames,
     workspaces: &super::code::Workspaces,
 ) -> ApiResult<ClaimedJob> {
-    let sweep_id = SweepId::new(row.try_get("sweep_id")?);
-    let params: String = row.try_get("params")?;
-    let (name, form) = sweep_name(tx, sweep_id, names).await?;
-    let workspace = super::code::workspace_of(tx, sweep_id, workspaces).await?;
+    let (name, workspace) = sweep_of(tx, row.sweep_id, (names, workspaces)).await?;
+    job_of(row, placement, name, workspace)
+}
+
+/// What a claimed job carries of its sweep (name and form, workspace), from the caches or the
+/// database (which fills them).
+pub(super) async fn sweep_of(
+    tx: &mut Tx,
+    sweep_id: SweepId,
+    (names, workspaces): (&SweepNames, &super::code::Workspaces),
+) -> ApiResult<((String, SweepForm), shared::api::Workspace)> {
+    let name = sweep_name(tx, sweep_id, names).await?;
+    Ok((name, super::code::workspace_of(tx, sweep_id, workspaces).await?))
+}
+
+fn job_of(
+    row: &db::plain_claims::ClaimedRow,
+    placement: Placement,
+    (sweep, form): (String, SweepForm),
+    workspace: shared::api::Workspace,
+) -> ApiResult<ClaimedJob> {
     Ok(ClaimedJob {
-        id: JobId::new(row.try_get("id")?),
-        attempt: row.try_get("attempt")?,
-        sweep_id,
-        sweep: name,
+        id: row.id,
+        attempt: row.attempt,
+        sweep_id: row.sweep_id,
+        sweep,
         form,
-        index: row.try_get::<i64, _>("idx")? as u64,
-        params: serde_json::from_str(&params).map_err(anyhow::Error::from)?,
-        command: row.try_get("command")?,
-        config: row.try_get("config")?,
-        resources: db::jobs::resources_of(row)?,
-        timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
+        index: row.index,
+        params: serde_json::from_str(&row.params).map_err(anyhow::Error::from)?,
+        command: row.command.clone(),
+        config: row.config.clone(),
+        resources: row.resources.clone(),
+        timeout_secs: row.timeout_secs.map(|secs| secs as u64),
         placement,
-        lease_expires_at: row.try_get("lease_expires_at")?,
+        lease_expires_at: row.lease_expires_at,
         workspace,
     })
 }

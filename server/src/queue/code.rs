@@ -167,11 +167,15 @@ pub(super) async fn set_workspace(tx: &mut Tx, sweep_id: SweepId, workspace: &Wo
     Ok(())
 }
 
+/// The workspace of a sweep's jobs if it is cached.
+pub(super) fn cached_workspace(sweep_id: SweepId, cache: &Workspaces) -> Option<Workspace> {
+    cache.read().ok().and_then(|cache| cache.get(&sweep_id).map(|known| (**known).clone()))
+}
+
 /// The workspace of a sweep's jobs, from the cache or its row.
 pub(super) async fn workspace_of(tx: &mut Tx, sweep_id: SweepId, cache: &Workspaces) -> ApiResult<Workspace> {
-    let cached = cache.read().ok().and_then(|cache| cache.get(&sweep_id).cloned());
-    if let Some(known) = cached {
-        return Ok((*known).clone());
+    if let Some(known) = cached_workspace(sweep_id, cache) {
+        return Ok(known);
     }
     let known = Arc::new(db::code::workspace_of(tx.conn().await?, sweep_id).await?);
     if let Ok(mut cache) = cache.write() {

@@ -3,6 +3,7 @@
 //! in one write unit, fenced once, so a stale attempt changes nothing at all; then, if asked,
 //! the worker's next jobs are claimed.
 
+use super::meters::FinishPath;
 use super::results::{check_upload_path, set_aside_unrecorded};
 use super::{Change, Queue, Tx, WorkerAttempt};
 use crate::db::{self, now_ms};
@@ -99,33 +100,50 @@ impl Queue {
             },
             false => None,
         };
-        let context = Context {
-            logs: (self.logs.clone(), self.config.max_log_bytes_per_job),
-            layout: self.layout.clone(),
-            lease: self.config.lease,
-            names: self.sweep_names.clone(),
-            workspaces: self.workspaces.clone(),
-            views: self.views.clone(),
-            search: self.search.clone(),
-        };
         let capacity = claim.as_ref().map(|claim| self.granted(claim));
-        // The next jobs are claimed in the same write unit: the pages the finish changed (the
-        // jobs table, its indexes, the counts) are then written to the log once, not twice.
-        let (status, mut jobs) = self
-            .write(move |tx| {
-                Box::pin(async move {
-                    let requests: Vec<(WorkerId, Capacity)> =
-                        capacity.map(|capacity| (worker, capacity)).into_iter().collect();
-                    if let Some(snapshot) = snapshot {
-                        if let Some(done) = quick(tx, &context, at, &request, snapshot, &requests).await? {
-                            return Ok(done);
-                        }
-                    }
-                    full(tx, &context, at, request, staging, &requests).await
-                })
-            })
-            .await?;
-        self.meters.finished(status, jobs.len());
+        let requests: Vec<(WorkerId, Capacity)> = capacity.map(|capacity| (worker, capacity)).into_iter().collect();
+        // A sweep whose controller is cached as having no `metric.target` (the first finish of
+        // a sweep looks it up on the general path).
+        let snapshot = snapshot.filter(|(seen, _)| self.search.cached_target(seen.sweep_id) == Some(false));
+        let tried = snapshot.is_some();
+        let fast = match snapshot {
+            Some(snapshot) => {
+                let lane = Lane {
+                    lease: self.config.lease,
+                    names: self.sweep_names.clone(),
+                    workspaces: self.workspaces.clone(),
+                    views: self.views.clone(),
+                    search: self.search.clone(),
+                };
+                let outcome = request.outcome.clone();
+                let record = request.result.as_ref().map(|result| result.record.clone());
+                let requests = requests.clone();
+                self.writer.fast(move |tx| fast(tx, &lane, at, (&outcome, record), snapshot, &requests)).await?
+            }
+            None => None,
+        };
+        let path = match (&fast, tried) {
+            (Some(_), _) => FinishPath::Fast,
+            (None, true) => FinishPath::Fallback,
+            (None, false) => FinishPath::General,
+        };
+        let (status, mut jobs) = match fast {
+            Some(done) => done,
+            None => {
+                let context = Context {
+                    logs: (self.logs.clone(), self.config.max_log_bytes_per_job),
+                    layout: self.layout.clone(),
+                    lease: self.config.lease,
+                    names: self.sweep_names.clone(),
+                    workspaces: self.workspaces.clone(),
+                    views: self.views.clone(),
+                    search: self.search.clone(),
+                };
+                self.write(move |tx| Box::pin(async move { full(tx, &context, at, request, staging, &requests).await }))
+                    .await?
+            }
+        };
+        self.meters.finished(status, jobs.len(), path);
         if let Some(claim) = claim.filter(|claim| jobs.is_empty() && claim.wait_ms > 0) {
             jobs = self.claim(worker, claim.capacity, Duration::from_millis(claim.wait_ms)).await?;
         }
@@ -166,16 +184,26 @@ fn is_bare(request: &FinishRequest) -> bool {
         && request.result.as_ref().is_none_or(|result| result.files.is_empty() && result.streamed.is_empty())
 }
 
-/// A bare finish decided on `snapshot` (a reader's view) and applied in one round trip with
-/// the worker's next plain claim. `None` when it does not apply as it is: the attempt is not
-/// (or no longer) held as the snapshot says, a sweep may need its controller, the worker has
-/// GPUs, or the version needs metric summaries; [`full`] then does it all on the writer's
-/// own reading, in the same unit.
-async fn quick(
-    tx: &mut Tx,
-    context: &Context,
+/// What a finish's fast unit works with.
+struct Lane {
+    lease: Duration,
+    names: super::claims::SweepNames,
+    workspaces: super::code::Workspaces,
+    views: std::sync::Arc<super::views::Views>,
+    search: std::sync::Arc<super::search::Controller>,
+}
+
+/// A bare finish decided on `snapshot` (a reader's view) and applied with the worker's next
+/// plain claim on the writer's own connection (`db::fast`), with no hand-off per statement.
+/// `None` (and nothing written) when it does not apply as it is: the attempt is not (or no
+/// longer) held as the snapshot says, an adaptive sweep may be open, the worker has GPUs, the
+/// version needs metric summaries, or a claimed job's sweep is not cached yet; the caller then
+/// takes the general path ([`full`]), on the writer's own reading.
+fn fast(
+    tx: &mut super::FastTx<'_>,
+    lane: &Lane,
     at: WorkerAttempt,
-    request: &FinishRequest,
+    (outcome, record): (&shared::job::Outcome, Option<shared::api::AttemptRecord>),
     (seen, source): (db::jobs::JobState, db::jobs::ResultSource),
     requests: &[(WorkerId, Capacity)],
 ) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>)>> {
@@ -183,29 +211,24 @@ async fn quick(
     if super::fence::check(&seen, at.attempt, at.worker, "finish").is_err() {
         return Ok(None);
     }
-    let Ok(decision) = super::reports::decide(&seen, attempt, at.worker, &request.outcome) else { return Ok(None) };
-    if request.result.is_some() && source.has_metrics {
-        return Ok(None);
-    }
-    let search = &context.search;
-    if search.may_be_open() || search.has_target(tx, seen.sweep_id).await? {
+    let Ok(decision) = super::reports::decide(&seen, attempt, at.worker, outcome) else { return Ok(None) };
+    if (record.is_some() && source.has_metrics) || lane.search.may_be_open() {
         return Ok(None);
     }
     let now = now_ms();
     let claim = match requests.is_empty() {
         true => None,
-        false => match super::claims::plain_claim(requests, now + context.lease.as_millis() as i64, now) {
+        false => match super::claims::plain_claim(requests, now + lane.lease.as_millis() as i64, now) {
             Some(claim) => Some(claim),
             None => return Ok(None),
         },
     };
-    let version = match &request.result {
-        Some(result) => Some(version(at, source, Vec::new(), result.record.clone(), Default::default())?),
+    let version = match record {
+        Some(record) => Some(version(at, source, Vec::new(), record, Default::default())?),
         None => None,
     };
-    let (pending, conn) = tx.owed();
     let step = db::plain_claims::FinishStep {
-        pending,
+        pending: None,
         seen: &seen,
         worker_id: at.worker,
         decision: &decision,
@@ -213,14 +236,22 @@ async fn quick(
         version: version.as_ref(),
         claim,
     };
-    let done = db::plain_claims::finish_and_claim(conn, step).await?;
-    if done.stored {
-        tx.note(Change::Page);
-    }
+    let done = db::fast::finish_and_claim(tx.conn(), &step)?;
     if !done.applied {
+        tx.undo();
         return Ok(None);
     }
-    conclude(tx, context, &seen, attempt, &decision, done).await.map(Some)
+    let caches = (&lane.names, &lane.workspaces, &*lane.views);
+    let Some(jobs) = super::claims::claimed_plain_cached(tx, done.claimed, caches)? else {
+        tx.undo();
+        return Ok(None);
+    };
+    if done.stored {
+        super::Note::note(tx, Change::Page);
+    }
+    // The sweep has no `metric.target` (the caller checked), so nothing follows the success.
+    super::reports::settle(tx, attempt, &decision, true)?;
+    Ok(Some((decision.status, jobs)))
 }
 
 /// After a finish sent with its plain claim: the transition settled (a refused one is a 409

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::ServerConfig;
-use shared::api::{AttemptRecord, JobId};
+use shared::api::{AttemptRecord, JobId, SweepId};
 use shared::job::Outcome;
 use std::sync::Arc;
 
@@ -22,12 +22,33 @@ async fn queue_with_a_running_job() -> (tempfile::TempDir, Arc<Queue>, super::su
     let config = Arc::new(ServerConfig { data_dir: directory.path().to_path_buf(), ..ServerConfig::default() });
     let (_stop, shutting_down) = tokio::sync::watch::channel(false);
     let (queue, tasks) = Queue::start(db, config, "test".into(), shutting_down);
-    // As after a server's first claim: no adaptive sweep is open, so finishes may go quick.
+    // As after a server's first claim and finish: no adaptive sweep is open and the sweep is
+    // cached, so finishes may take the fast lane.
     let (search, asking) =
         (queue.search.clone(), [(WorkerId::new(1), Capacity { job_slots: 1, ..Capacity::default() })]);
-    queue.write(move |tx| Box::pin(async move { search.top_up(tx, &asking).await })).await.unwrap();
+    let caches = (queue.sweep_names.clone(), queue.workspaces.clone());
+    queue
+        .write(move |tx| {
+            Box::pin(async move {
+                search.top_up(tx, &asking).await?;
+                search.has_target(tx, SweepId::new(1)).await?;
+                super::super::claims::sweep_of(tx, SweepId::new(1), (&caches.0, &caches.1)).await.map(|_| ())
+            })
+        })
+        .await
+        .unwrap();
     assert!(!queue.search.may_be_open());
     (directory, queue, tasks)
+}
+
+/// Finishes applied on each path so far: (fast, fallback, general).
+fn paths(queue: &Queue) -> (u64, u64, u64) {
+    let meters = queue.meters();
+    (
+        meters.finishes_on(FinishPath::Fast),
+        meters.finishes_on(FinishPath::Fallback),
+        meters.finishes_on(FinishPath::General),
+    )
 }
 
 fn bare_finish(claim: bool) -> FinishRequest {
@@ -115,6 +136,7 @@ async fn a_cancel_between_the_readers_view_and_the_write_decides_the_finish() {
     assert_eq!(response.jobs.len(), 1, "the finish still claims the worker's next job");
     assert_eq!(status_of(&queue, 2).await, "running");
     assert_eq!(versions(&queue).await, 1, "the record is stored once");
+    assert_eq!(paths(&queue), (0, 1, 0), "the fast lane saw the guard fail and handed over");
 }
 
 #[tokio::test]
@@ -131,6 +153,7 @@ async fn metrics_that_land_between_the_view_and_the_write_are_in_the_version() {
         .await
         .unwrap();
     assert!(stored.contains("loss"), "the version has the summaries recorded before it: {stored}");
+    assert_eq!(paths(&queue), (0, 1, 0));
 }
 
 #[tokio::test]
@@ -156,6 +179,47 @@ async fn a_bare_finish_of_an_attempt_the_worker_no_longer_holds_is_refused_whole
     assert_eq!(versions(&queue).await, 0);
     let done = queue.finish(WorkerId::new(1), bare_finish(false)).await.unwrap();
     assert_eq!((done.status, done.jobs.len()), (JobStatus::Succeeded, 0));
+    assert_eq!(paths(&queue), (1, 0, 0), "the refused finish counted nothing; the next one went fast");
+}
+
+#[tokio::test]
+async fn a_fast_claim_that_reaches_a_sweep_not_cached_is_undone_whole_and_made_on_the_general_path() {
+    let (_directory, queue, _tasks) = queue_with_a_running_job().await;
+    // A second sweep, never looked at, whose job comes first in the queue.
+    statement(
+        &queue,
+        "INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (2, 'other', 'native', '', 1, 0)",
+    )
+    .await
+    .unwrap();
+    statement(&queue, "INSERT INTO jobs (id, sweep_id, idx, params, command, priority, created_at) VALUES (3, 2, 0, '{}', 'true', 5, 0)")
+        .await
+        .unwrap();
+    let response = queue.finish(WorkerId::new(1), bare_finish(true)).await.unwrap();
+    assert_eq!(response.status, JobStatus::Succeeded);
+    assert_eq!(
+        response.jobs.iter().map(|job| (job.id, job.sweep.as_str())).collect::<Vec<_>>(),
+        [(JobId::new(3), "other")]
+    );
+    assert_eq!(paths(&queue), (0, 1, 0));
+    // Undone whole: one version, one claim, one transition of each job.
+    assert_eq!(versions(&queue).await, 1);
+    assert_eq!(
+        (status_of(&queue, 1).await, status_of(&queue, 2).await, status_of(&queue, 3).await),
+        ("succeeded".into(), "queued".into(), "running".into())
+    );
+    let attempts: i64 =
+        sqlx::query_scalar("SELECT attempt FROM jobs WHERE id = 3").fetch_one(queue.reader()).await.unwrap();
+    assert_eq!(attempts, 1);
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM job_events WHERE job_id IN (1, 3)")
+        .fetch_one(queue.reader())
+        .await
+        .unwrap();
+    assert_eq!(events, 3, "job 1's setup claim and its finish, job 3's claim");
+    // The first finish of sweep 2 looks up whether it has a `metric.target` (general path).
+    let finish = FinishRequest { job_id: JobId::new(3), ..bare_finish(false) };
+    assert_eq!(queue.finish(WorkerId::new(1), finish).await.unwrap().status, JobStatus::Succeeded);
+    assert_eq!(paths(&queue), (0, 1, 1));
 }
 
 /// Finishes job 1 claiming job 2 plainly, so that job 2's view is kept; returns job 2's attempt.
@@ -163,6 +227,7 @@ async fn claim_job_2(queue: &Arc<Queue>) -> u32 {
     let response = queue.finish(WorkerId::new(1), bare_finish(true)).await.unwrap();
     assert_eq!(response.jobs.iter().map(|job| job.id).collect::<Vec<_>>(), [JobId::new(2)]);
     let attempt = response.jobs[0].attempt;
+    assert_eq!(paths(queue).0, 1, "on the fast lane");
     let (state, source) = queue.views.take(JobId::new(2), attempt).expect("the claim kept its view");
     assert_eq!(
         (state.status, state.worker_id, state.cancel_requested),
@@ -186,6 +251,7 @@ async fn a_cancel_after_the_claims_view_still_decides_the_finish() {
     assert_eq!(status_of(&queue, 2).await, "cancelled");
     assert_eq!(versions(&queue).await, 2, "each job's record stored once");
     assert!(queue.views.take(JobId::new(2), attempt).is_none(), "the finish took the view");
+    assert_eq!(paths(&queue), (1, 1, 0));
 }
 
 #[tokio::test]

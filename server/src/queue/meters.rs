@@ -27,6 +27,33 @@ struct StatusLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabel {
+    path: &'static str,
+}
+
+/// How the writer applied a finish (`queue::finish`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishPath {
+    /// On the writer's own connection, decided on a reader's view, in one step.
+    Fast,
+    /// On the general path, after the fast lane declined (the job changed since the view, a
+    /// claimed job's sweep was not cached yet).
+    Fallback,
+    /// On the general path only (logs, metrics, files, GPUs, an adaptive sweep).
+    General,
+}
+
+impl FinishPath {
+    fn label(self) -> &'static str {
+        match self {
+            FinishPath::Fast => "fast",
+            FinishPath::Fallback => "fallback",
+            FinishPath::General => "general",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabel {
     cause: String,
 }
@@ -50,6 +77,7 @@ fn request_histogram() -> Histogram {
 pub struct Meters {
     claimed: Counter,
     reports: Family<StatusLabel, Counter>,
+    finishes: Family<PathLabel, Counter>,
     sweeps_submitted: Counter,
     jobs_submitted: Counter,
     lease_expiries: Counter,
@@ -62,6 +90,7 @@ impl Default for Meters {
         Meters {
             claimed: Counter::default(),
             reports: Family::default(),
+            finishes: Family::default(),
             sweeps_submitted: Counter::default(),
             jobs_submitted: Counter::default(),
             lease_expiries: Counter::default(),
@@ -83,10 +112,16 @@ impl Meters {
         self.reports.get_or_create(&StatusLabel { status: status.to_string() }).inc();
     }
 
-    /// A finish: the attempt's report, and the jobs its piggy-backed claim got.
-    pub fn finished(&self, status: JobStatus, claimed: usize) {
+    /// A finish: the attempt's report, the jobs its piggy-backed claim got, the writer's path.
+    pub fn finished(&self, status: JobStatus, claimed: usize, path: FinishPath) {
         self.reported(status);
         self.claimed(claimed);
+        self.finishes.get_or_create(&PathLabel { path: path.label() }).inc();
+    }
+
+    /// Finishes applied on `path` so far.
+    pub fn finishes_on(&self, path: FinishPath) -> u64 {
+        self.finishes.get_or_create(&PathLabel { path: path.label() }).get()
     }
 
     /// A sweep of `jobs` jobs was stored.
@@ -120,6 +155,12 @@ impl Meters {
             "app_attempt_reports",
             "Attempts whose end was applied, by the job's status after it (queued: retried)",
             self.reports.clone(),
+        );
+        registry.register(
+            "app_finishes",
+            "Finishes applied, by the writer's path: fast (one step on its own connection), fallback (the fast \
+             lane declined), general",
+            self.finishes.clone(),
         );
         registry.register("app_sweeps_submitted", "Sweeps submitted", self.sweeps_submitted.clone());
         registry.register(
@@ -162,7 +203,8 @@ mod tests {
         let meters = Meters::default();
         meters.submitted(6);
         meters.claimed(2);
-        meters.finished(JobStatus::Succeeded, 1);
+        meters.finished(JobStatus::Succeeded, 1, FinishPath::Fast);
+        meters.finished(JobStatus::Succeeded, 0, FinishPath::Fallback);
         meters.reported(JobStatus::Queued);
         meters.leases_expired(&LeaseExpiry { requeued: 2, failed: 1 });
         meters.lost_on_restart(1);
@@ -173,7 +215,9 @@ mod tests {
             "app_sweeps_submitted_total 1",
             "app_jobs_submitted_total 6",
             "app_jobs_claimed_total 3",
-            "app_attempt_reports_total{status=\"succeeded\"} 1",
+            "app_attempt_reports_total{status=\"succeeded\"} 2",
+            "app_finishes_total{path=\"fast\"} 1",
+            "app_finishes_total{path=\"fallback\"} 1",
             "app_attempt_reports_total{status=\"queued\"} 1",
             "app_lease_expiries_total 3",
             "app_job_crashes_total{cause=\"lease_expired\"} 3",

@@ -37,7 +37,7 @@ pub use leases::LeaseExpiry;
 pub use logs::LogStore;
 pub use search::preview as search_preview;
 pub use sessions::same_worker;
-pub use writer::Tx;
+pub use writer::{FastTx, Note, Tx};
 
 use crate::config::ServerConfig;
 use crate::db::Db;
@@ -91,7 +91,8 @@ pub struct Queue {
 
 /// The service's background tasks, awaited at shutdown.
 pub struct Tasks {
-    writer: tokio::task::JoinHandle<()>,
+    /// Told when the writer thread ended.
+    writer: tokio::sync::oneshot::Receiver<()>,
     dispatcher: tokio::task::JoinHandle<()>,
 }
 
@@ -112,7 +113,7 @@ impl Queue {
         shutting_down: watch::Receiver<bool>,
     ) -> (Arc<Queue>, Tasks) {
         let events = Events::default();
-        let (writer, writer_task) = writer::start(db.writer.clone(), events.clone());
+        let (writer, writer_task) = writer::start(db.writer.clone(), db.path(), events.clone());
         let (claims, tickets) = tokio::sync::mpsc::channel(1024);
         let layout = Layout::new(&config.data_dir);
         let queue = Arc::new(Queue {

@@ -70,7 +70,12 @@ pub(super) fn decide(
 }
 
 /// Notes a decision its guarded UPDATE `applied`, or refuses the unit when it did not.
-pub(super) fn settle(tx: &mut Tx, attempt: JobAttempt, decision: &Finish, applied: bool) -> ApiResult<()> {
+pub(super) fn settle(
+    tx: &mut impl super::Note,
+    attempt: JobAttempt,
+    decision: &Finish,
+    applied: bool,
+) -> ApiResult<()> {
     let id = attempt.job_id;
     if !applied {
         return Err(ApiError::Conflict(format!("job {id} changed while its report was applied; report again")));

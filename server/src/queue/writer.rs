@@ -1,6 +1,13 @@
-//! The one writer: a task that owns the database's single writer connection and runs every
-//! change as a *write unit*, committing the units waiting together in one transaction (group
-//! commit).
+//! The one writer: a thread that owns the database's writer connections and runs every change
+//! as a *write unit*, committing the units waiting together in one transaction (group commit).
+//!
+//! Units come in two kinds. Most are async closures over a [`Tx`], a sqlx connection; the
+//! thread drives them with the runtime's handle. The hot ones (a short job's bare finish and
+//! its next claim) are plain closures over a [`FastTx`], the writer's own synchronous
+//! connection (`db::fast`), run on this thread with no hand-off per statement: through sqlx
+//! every statement is a trip to its SQLite thread and back, and on short jobs those trips were
+//! the largest part of the server's work. Consecutive units of one kind form a group; the two
+//! connections never hold a transaction at the same time, since one thread runs both.
 //!
 //! A unit is a closure over a [`Tx`]; it reads what it decides on and writes through the same
 //! connection, so decide-then-apply needs no retry loop, and notes the [`Change`]s it made.
@@ -23,8 +30,11 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 /// Units waiting to be written, at most (senders wait beyond that: back pressure).
@@ -68,6 +78,47 @@ impl Tx {
     }
 }
 
+/// What a unit of either kind changed, announced once (and only if) it is committed.
+pub trait Note {
+    fn note(&mut self, change: Change);
+}
+
+impl Note for Tx {
+    fn note(&mut self, change: Change) {
+        Tx::note(self, change);
+    }
+}
+
+/// The write side of a fast unit: the writer's own connection, inside the group's transaction
+/// and the unit's savepoint.
+pub struct FastTx<'c> {
+    conn: &'c rusqlite::Connection,
+    changes: Vec<Change>,
+    undo: bool,
+}
+
+impl FastTx<'_> {
+    pub fn conn(&self) -> &rusqlite::Connection {
+        self.conn
+    }
+
+    /// Rolls back what the unit wrote when it ends, though it answers `Ok` (a unit that finds
+    /// it cannot do its work this way, and tells its caller to take another).
+    pub fn undo(&mut self) {
+        self.undo = true;
+        self.changes.clear();
+    }
+}
+
+impl Note for FastTx<'_> {
+    fn note(&mut self, change: Change) {
+        // An undone unit changed nothing.
+        if !self.undo {
+            self.changes.push(change);
+        }
+    }
+}
+
 /// A unit's outcome, waiting for its group's commit.
 trait Settle: Send {
     /// Whether the unit itself failed (its savepoint was rolled back).
@@ -97,10 +148,13 @@ impl<T: Send> Settle for Pending<T> {
 }
 
 type RunUnit = Box<dyn for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, Box<dyn Settle>> + Send>;
+type FastUnit = Box<dyn for<'a, 'c> FnOnce(&'a mut FastTx<'c>) -> Box<dyn Settle> + Send>;
 
 enum Work {
     /// Runs inside the group's transaction.
     Unit(RunUnit),
+    /// Runs inside the group's transaction on the writer's own connection.
+    Fast(FastUnit),
     /// Runs alone, with no transaction open on the writer (a WAL restart must see no open
     /// write transaction, else it waits for itself).
     Outside(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>),
@@ -141,6 +195,22 @@ impl Writer {
         answer.await.map_err(|_| self.unanswered())?
     }
 
+    /// Runs `unit` on the writer's own connection in the next group of fast units and answers
+    /// once the group committed (or the unit failed).
+    pub async fn fast<T, F>(&self, unit: F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: for<'a, 'c> FnOnce(&'a mut FastTx<'c>) -> ApiResult<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let run: FastUnit = Box::new(move |tx| {
+            let result = unit(tx);
+            Box::new(Pending { result, reply }) as Box<dyn Settle>
+        });
+        self.sender.send(Work::Fast(run)).await.map_err(|_| ApiError::ShuttingDown)?;
+        answer.await.map_err(|_| self.unanswered())?
+    }
+
     /// Waits until `count` units wait in the channel (the writer busy with a group meanwhile).
     #[cfg(test)]
     pub async fn wait_for_queued(&self, count: usize) {
@@ -168,75 +238,146 @@ impl Writer {
     }
 }
 
-/// Starts the writer task on `pool` (the single-connection writer pool); it ends when every
-/// [`Writer`] is dropped.
-pub fn start(pool: SqlitePool, events: Events) -> (Writer, tokio::task::JoinHandle<()>) {
+/// Starts the writer thread on `pool` (the single-connection writer pool) and, for fast units,
+/// its own connection to the database file `path`; it ends when every [`Writer`] is dropped,
+/// and the returned receiver is told then. Call from inside the runtime.
+pub fn start(pool: SqlitePool, path: PathBuf, events: Events) -> (Writer, oneshot::Receiver<()>) {
     let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
     let refused = Arc::new(Mutex::new(None));
-    let task = tokio::spawn(run(pool, events, receiver, refused.clone()));
-    (Writer { sender, refused }, task)
+    let (ended, ends) = oneshot::channel();
+    let state = Thread { handle: Handle::current(), pool, path, events, refused: refused.clone() };
+    std::thread::Builder::new()
+        .name("app-writer".into())
+        .spawn(move || {
+            // Inside the runtime's context, so that what the units drop (a pool connection)
+            // and spawn can reach it.
+            let _context = state.handle.enter();
+            state.run(receiver);
+            let _ = ended.send(());
+        })
+        .expect("starting the writer thread");
+    (Writer { sender, refused }, ends)
 }
 
-async fn run(
+/// What the writer thread works with.
+struct Thread {
+    handle: Handle,
     pool: SqlitePool,
+    path: PathBuf,
     events: Events,
-    mut receiver: mpsc::Receiver<Work>,
     refused: Arc<Mutex<Option<String>>>,
-) {
-    let mut connection: Option<PoolConnection<Sqlite>> = None;
-    let mut waiting: std::collections::VecDeque<Work> = Default::default();
-    loop {
-        if waiting.is_empty() {
-            match receiver.recv().await {
-                Some(work) => waiting.push_back(work),
-                None => return,
+}
+
+impl Thread {
+    fn run(&self, mut receiver: mpsc::Receiver<Work>) {
+        let mut connection: Option<PoolConnection<Sqlite>> = None;
+        let mut fast: Option<rusqlite::Connection> = None;
+        let mut waiting: VecDeque<Work> = VecDeque::new();
+        loop {
+            if waiting.is_empty() {
+                match receiver.blocking_recv() {
+                    Some(work) => waiting.push_back(work),
+                    None => return,
+                }
+            }
+            while waiting.len() < MAX_GROUP {
+                match receiver.try_recv() {
+                    Ok(work) => waiting.push_back(work),
+                    Err(_) => break,
+                }
+            }
+            // The units at the head of one kind form a group (the order units came in is kept);
+            // an outside task at the head runs alone.
+            match waiting.pop_front() {
+                Some(Work::Outside(task)) => self.handle.block_on(task()),
+                Some(Work::Unit(unit)) => {
+                    let mut group = VecDeque::from([unit]);
+                    while let Some(Work::Unit(_)) = waiting.front() {
+                        if let Some(Work::Unit(unit)) = waiting.pop_front() {
+                            group.push_back(unit);
+                        }
+                    }
+                    connection = self.handle.block_on(self.run_units(connection.take(), group));
+                }
+                Some(Work::Fast(unit)) => {
+                    let mut group = VecDeque::from([unit]);
+                    while let Some(Work::Fast(_)) = waiting.front() {
+                        if let Some(Work::Fast(unit)) = waiting.pop_front() {
+                            group.push_back(unit);
+                        }
+                    }
+                    fast = self.run_fast(fast.take(), group);
+                }
+                None => {}
             }
         }
-        while waiting.len() < MAX_GROUP {
-            match receiver.try_recv() {
-                Ok(work) => waiting.push_back(work),
-                Err(_) => break,
-            }
+    }
+
+    fn refuse(&self, why: Option<String>) {
+        if let Ok(mut refused) = self.refused.lock() {
+            *refused = why;
         }
-        // An outside task at the head runs alone; units before the next one form a group.
-        if let Some(Work::Outside(_)) = waiting.front() {
-            if let Some(Work::Outside(task)) = waiting.pop_front() {
-                task().await;
-            }
-            continue;
-        }
-        let end = waiting.iter().position(|work| matches!(work, Work::Outside(_))).unwrap_or(waiting.len());
-        let mut group: std::collections::VecDeque<RunUnit> = waiting
-            .drain(..end)
-            .filter_map(|work| match work {
-                Work::Unit(unit) => Some(unit),
-                Work::Outside(_) => None,
-            })
-            .collect();
+    }
+
+    /// Runs async units until all are done, opening the connection again as needed.
+    async fn run_units(
+        &self,
+        mut connection: Option<PoolConnection<Sqlite>>,
+        mut group: VecDeque<RunUnit>,
+    ) -> Option<PoolConnection<Sqlite>> {
         while !group.is_empty() {
             let conn = match connection.take() {
                 Some(conn) => conn,
-                None => match pool.acquire().await {
+                None => match self.pool.acquire().await {
                     Ok(conn) => conn,
                     Err(error) => {
                         let error = ApiError::from(error);
                         tracing::error!(error = ?error, "opening the database for writing");
-                        if let Ok(mut why) = refused.lock() {
-                            *why = Some(format!("the database cannot be opened for writing: {error}; retry"));
-                        }
+                        self.refuse(Some(format!("the database cannot be opened for writing: {error}; retry")));
                         // Dropped unrun: their senders read why above.
-                        group.clear();
-                        break;
+                        return None;
                     }
                 },
             };
-            if let Ok(mut why) = refused.lock() {
-                *why = None;
-            }
-            let (kept, rest) = run_group(conn, &mut group, &events).await;
+            self.refuse(None);
+            let (kept, rest) = run_group(conn, &mut group, &self.events).await;
             connection = kept;
             group = rest;
         }
+        connection
+    }
+
+    /// Runs fast units until all are done, opening the writer's own connection again as needed.
+    fn run_fast(
+        &self,
+        mut connection: Option<rusqlite::Connection>,
+        mut group: VecDeque<FastUnit>,
+    ) -> Option<rusqlite::Connection> {
+        while !group.is_empty() {
+            let conn = match connection.take() {
+                Some(conn) => conn,
+                None => match crate::db::fast::open(&self.path) {
+                    Ok(conn) => conn,
+                    Err(error) => {
+                        let error = ApiError::from(error);
+                        tracing::error!(error = ?error, "opening the database for writing");
+                        self.refuse(Some(format!("the database cannot be opened for writing: {error}; retry")));
+                        return None;
+                    }
+                },
+            };
+            self.refuse(None);
+            connection = match run_fast_group(conn, &mut group, &self.events) {
+                Ok(kept) => kept,
+                Err(error) => {
+                    tracing::error!(error = ?error, "beginning a write transaction");
+                    self.refuse(Some(format!("{error}; retry")));
+                    // Dropped unrun, as above.
+                    return None;
+                }
+            };
+        }
+        connection
     }
 }
 
@@ -244,9 +385,9 @@ async fn run(
 /// lost; returns the connection if it is still sound, and the units not run yet.
 async fn run_group(
     conn: PoolConnection<Sqlite>,
-    group: &mut std::collections::VecDeque<RunUnit>,
+    group: &mut VecDeque<RunUnit>,
     events: &Events,
-) -> (Option<PoolConnection<Sqlite>>, std::collections::VecDeque<RunUnit>) {
+) -> (Option<PoolConnection<Sqlite>>, VecDeque<RunUnit>) {
     // Every statement is a round trip to sqlx's SQLite thread, so the statements that open
     // the transaction and fence each unit of a group are owed (`Tx::pending`) and go with the
     // unit's first statement: `BEGIN` (and the first savepoint) with the first unit's; for the
@@ -326,10 +467,17 @@ async fn run_group(
 fn abandon(
     tx: Tx,
     ran: Vec<(Box<dyn Settle>, Vec<Change>)>,
-    group: &mut std::collections::VecDeque<RunUnit>,
+    group: &mut VecDeque<RunUnit>,
     why: &str,
-) -> (Option<PoolConnection<Sqlite>>, std::collections::VecDeque<RunUnit>) {
-    // The failing unit's own error says best what happened (a full disk); the others get it too.
+) -> (Option<PoolConnection<Sqlite>>, VecDeque<RunUnit>) {
+    answer_abandoned(ran, why);
+    close(tx.conn);
+    (None, std::mem::take(group))
+}
+
+/// Answers every unit of an abandoned transaction with a retryable error: the failing unit's
+/// own (a full disk says best what happened), else one saying `why`.
+fn answer_abandoned(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, why: &str) {
     let cause = ran
         .iter()
         .rev()
@@ -339,8 +487,82 @@ fn abandon(
     for (outcome, _) in ran {
         outcome.settle(Err(&cause));
     }
-    close(tx.conn);
-    (None, std::mem::take(group))
+}
+
+/// Runs fast units from `group` in one transaction on the writer's own connection, each in a
+/// savepoint (statements cost no hand-off here), until they are all done or the transaction is
+/// lost; returns the connection if it is still sound. The same rules as [`run_group`]: a unit
+/// that refuses (or undoes) is rolled back alone, a database failure abandons the transaction
+/// and closes the connection, nothing is answered before the COMMIT.
+fn run_fast_group(
+    conn: rusqlite::Connection,
+    group: &mut VecDeque<FastUnit>,
+    events: &Events,
+) -> Result<Option<rusqlite::Connection>, ApiError> {
+    if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
+        return Err(ApiError::from(error));
+    }
+    let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
+    while let Some(unit) = group.pop_front() {
+        if let Err(error) = conn.execute_batch("SAVEPOINT unit") {
+            tracing::error!(%error, "opening a unit's savepoint");
+            drop(unit);
+            answer_abandoned(ran, "the database failed during a write");
+            return Ok(None);
+        }
+        let mut tx = FastTx { conn: &conn, changes: Vec::new(), undo: false };
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| unit(&mut tx))) {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::error!("a write unit panicked; its group is rolled back");
+                answer_abandoned(ran, "a write failed inside the server");
+                return Ok(None);
+            }
+        };
+        let (changes, undo) = (std::mem::take(&mut tx.changes), tx.undo);
+        match outcome.failed().map(is_database_failure) {
+            None if !undo => match conn.execute_batch("RELEASE unit") {
+                Ok(()) => ran.push((outcome, changes)),
+                Err(_) => {
+                    ran.push((outcome, Vec::new()));
+                    answer_abandoned(ran, "the database failed during a write");
+                    return Ok(None);
+                }
+            },
+            None | Some(false) => {
+                ran.push((outcome, Vec::new()));
+                if conn.execute_batch("ROLLBACK TO unit; RELEASE unit").is_err() {
+                    answer_abandoned(ran, "a refused unit could not be undone");
+                    return Ok(None);
+                }
+            }
+            Some(true) => {
+                ran.push((outcome, Vec::new()));
+                answer_abandoned(ran, "the database failed during a write");
+                return Ok(None);
+            }
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => {
+            let mut changes = Vec::new();
+            for (outcome, noted) in ran {
+                outcome.settle(Ok(()));
+                changes.extend(noted);
+            }
+            events.emit(&changes);
+            Ok(Some(conn))
+        }
+        Err(error) => {
+            let error = ApiError::from(error);
+            tracing::error!(error = ?error, units = ran.len(), "committing a group of writes failed");
+            for (outcome, _) in ran {
+                outcome.settle(Err(&error));
+            }
+            // Closing it rolls back whatever is still open.
+            Ok(None)
+        }
+    }
 }
 
 /// Closes a connection for good: SQLite rolls back whatever transaction it still had open.

@@ -1,6 +1,6 @@
 //! The group commit against a real SQLite file: units that wait together share a transaction,
 //! a refused unit's writes are undone while its neighbours' are kept, and every unit is
-//! answered.
+//! answered; for units on sqlx's connection and on the writer's own (fast units) alike.
 
 use super::*;
 use sqlx::sqlite::SqlitePoolOptions;
@@ -14,7 +14,7 @@ async fn writer_on_file() -> (tempfile::TempDir, SqlitePool, Writer) {
     let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.unwrap();
     sqlx::query("CREATE TABLE rows (value INTEGER NOT NULL)").execute(&pool).await.unwrap();
     // The writer keeps its pool's one connection; the test reads through its own.
-    let (writer, _task) = start(pool, Events::default());
+    let (writer, _ended) = start(pool, directory.path().join("writer.db"), Events::default());
     let reader = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
     (directory, reader, writer)
 }
@@ -36,18 +36,56 @@ async fn stored(pool: &SqlitePool) -> Vec<i64> {
     sqlx::query_scalar("SELECT value FROM rows ORDER BY value").fetch_all(pool).await.unwrap()
 }
 
-// One thread: the units are all queued before the writer task first runs, so they form one
-// group (the case that uses savepoints).
+/// Holds the writer with a unit that waits; the units sent meanwhile form the next group once
+/// the returned sender is dropped (after they are queued: [`Writer::wait_for_queued`]).
+async fn hold(writer: &Writer) -> oneshot::Sender<()> {
+    let (started, running) = oneshot::channel();
+    let (release, released) = oneshot::channel::<()>();
+    let holder = writer.clone();
+    tokio::spawn(async move {
+        holder
+            .write(move |_tx| {
+                Box::pin(async move {
+                    let _ = started.send(());
+                    let _ = released.await;
+                    Ok(())
+                })
+            })
+            .await
+    });
+    running.await.unwrap();
+    release
+}
+
+/// Runs `units` as one group: queued behind a held writer, then released.
+async fn as_group<T>(writer: &Writer, count: usize, units: impl std::future::Future<Output = T>) -> T {
+    let release = hold(writer).await;
+    let units = std::pin::pin!(units);
+    let mut units = units;
+    let queued = async {
+        writer.wait_for_queued(count).await;
+        drop(release);
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        done = &mut units => done,
+        _ = queued => unreachable!(),
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn refused_units_in_a_group_leave_no_trace_and_the_others_commit() {
     let (_directory, pool, writer) = writer_on_file().await;
-    let (first, second, third, fourth, fifth) = tokio::join!(
-        insert(&writer, 1, true),
-        insert(&writer, 2, false),
-        insert(&writer, 3, true),
-        insert(&writer, 4, true),
-        insert(&writer, 5, false),
-    );
+    let (first, second, third, fourth, fifth) = as_group(&writer, 5, async {
+        tokio::join!(
+            insert(&writer, 1, true),
+            insert(&writer, 2, false),
+            insert(&writer, 3, true),
+            insert(&writer, 4, true),
+            insert(&writer, 5, false),
+        )
+    })
+    .await;
     assert!(matches!(first, Err(ApiError::Conflict(_))), "{first:?}");
     assert_eq!(second.unwrap(), 2);
     assert!(matches!(third, Err(ApiError::Conflict(_))), "{third:?}");
@@ -59,7 +97,8 @@ async fn refused_units_in_a_group_leave_no_trace_and_the_others_commit() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_group_of_successes_commits_every_unit_and_a_lone_refusal_rolls_back() {
     let (_directory, pool, writer) = writer_on_file().await;
-    let results = futures_util::future::join_all((10..20).map(|value| insert(&writer, value, false))).await;
+    let units = futures_util::future::join_all((10..20).map(|value| insert(&writer, value, false)));
+    let results = as_group(&writer, 10, units).await;
     assert_eq!(results.into_iter().map(Result::unwrap).collect::<Vec<_>>(), (10..20).collect::<Vec<_>>());
     let alone = insert(&writer, 99, true).await;
     assert!(matches!(alone, Err(ApiError::Conflict(_))), "{alone:?}");
@@ -87,14 +126,17 @@ fn untouched(writer: &Writer, refuse: bool) -> impl std::future::Future<Output =
 #[tokio::test(flavor = "current_thread")]
 async fn units_that_never_reach_the_database_change_nothing_around_them() {
     let (_directory, pool, writer) = writer_on_file().await;
-    let (first, second, third, fourth, fifth, sixth) = tokio::join!(
-        untouched(&writer, false),
-        insert(&writer, 1, false),
-        untouched(&writer, true),
-        insert(&writer, 2, true),
-        untouched(&writer, true),
-        insert(&writer, 3, false),
-    );
+    let (first, second, third, fourth, fifth, sixth) = as_group(&writer, 6, async {
+        tokio::join!(
+            untouched(&writer, false),
+            insert(&writer, 1, false),
+            untouched(&writer, true),
+            insert(&writer, 2, true),
+            untouched(&writer, true),
+            insert(&writer, 3, false),
+        )
+    })
+    .await;
     assert_eq!(first.unwrap(), 0);
     assert_eq!(second.unwrap(), 1);
     assert!(matches!(third, Err(ApiError::Conflict(_))), "{third:?}");
@@ -104,11 +146,104 @@ async fn units_that_never_reach_the_database_change_nothing_around_them() {
     assert_eq!(stored(&pool).await, vec![1, 3], "unit 1 survives the refusals after it; unit 2 is undone");
     // Groups where no unit reaches the database: nothing to commit, and the connection is
     // left as it was.
-    let (alone, answered) = tokio::join!(untouched(&writer, true), untouched(&writer, false));
+    let (alone, answered) =
+        as_group(&writer, 2, async { tokio::join!(untouched(&writer, true), untouched(&writer, false)) }).await;
     assert!(matches!(alone, Err(ApiError::Conflict(_))), "{alone:?}");
     assert_eq!(answered.unwrap(), 0);
     let lone = untouched(&writer, true).await;
     assert!(matches!(lone, Err(ApiError::Conflict(_))), "{lone:?}");
     assert_eq!(insert(&writer, 4, false).await.unwrap(), 4);
     assert_eq!(stored(&pool).await, vec![1, 3, 4]);
+}
+
+/// A fast unit that inserts `value`, then refuses, undoes or panics as `how` says.
+fn insert_fast<'w>(
+    writer: &'w Writer,
+    value: i64,
+    how: &'static str,
+) -> impl std::future::Future<Output = ApiResult<i64>> + 'w {
+    writer.fast(move |tx| {
+        tx.conn().execute("INSERT INTO rows (value) VALUES (?1)", [value])?;
+        tx.note(Change::Page);
+        match how {
+            "refuse" => Err(ApiError::Conflict(format!("unit {value} refuses"))),
+            "undo" => {
+                tx.undo();
+                Ok(-value)
+            }
+            "panic" => panic!("unit {value} panics"),
+            "fail" => Err(ApiError::from(tx.conn().execute("INSERT INTO missing VALUES (1)", []).unwrap_err())),
+            _ => Ok(value),
+        }
+    })
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn fast_units_in_a_group_keep_their_neighbours_work_when_they_refuse_or_undo() {
+    let (_directory, pool, writer) = writer_on_file().await;
+    let (first, second, third, fourth, fifth) = as_group(&writer, 5, async {
+        tokio::join!(
+            insert_fast(&writer, 1, "refuse"),
+            insert_fast(&writer, 2, "ok"),
+            insert_fast(&writer, 3, "undo"),
+            insert(&writer, 4, false),
+            insert_fast(&writer, 5, "ok"),
+        )
+    })
+    .await;
+    assert!(matches!(first, Err(ApiError::Conflict(_))), "{first:?}");
+    assert_eq!(second.unwrap(), 2);
+    assert_eq!(third.unwrap(), -3, "an undone unit answers as it said");
+    assert_eq!(fourth.unwrap(), 4, "a sqlx unit between fast ones");
+    assert_eq!(fifth.unwrap(), 5);
+    assert_eq!(stored(&pool).await, vec![2, 4, 5]);
+    // Alone, too.
+    assert!(matches!(insert_fast(&writer, 6, "refuse").await, Err(ApiError::Conflict(_))));
+    assert_eq!(insert_fast(&writer, 7, "undo").await.unwrap(), -7);
+    assert_eq!(insert_fast(&writer, 8, "ok").await.unwrap(), 8);
+    assert_eq!(stored(&pool).await, vec![2, 4, 5, 8]);
+}
+
+/// A database failure or a panic under a fast unit abandons its group: nobody in it is told
+/// their write was done, nothing of it is committed, and the writer goes on with a fresh
+/// connection.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_or_panicking_fast_unit_abandons_its_group_and_the_writer_goes_on() {
+    let (_directory, pool, writer) = writer_on_file().await;
+    for how in ["fail", "panic"] {
+        let (before, failing, after) = as_group(&writer, 3, async {
+            tokio::join!(insert_fast(&writer, 1, "ok"), insert_fast(&writer, 2, how), insert_fast(&writer, 3, "ok"))
+        })
+        .await;
+        assert!(matches!(before, Err(ApiError::Unavailable(_))), "{how}: {before:?}");
+        assert!(failing.is_err(), "{how}: {failing:?}");
+        // The unit after the failure runs in a new transaction.
+        assert_eq!(after.unwrap(), 3, "{how}");
+        assert_eq!(stored(&pool).await, vec![3], "{how}");
+        sqlx::query("DELETE FROM rows").execute(&pool).await.unwrap();
+    }
+    assert_eq!(insert_fast(&writer, 9, "ok").await.unwrap(), 9);
+    assert_eq!(insert(&writer, 10, false).await.unwrap(), 10);
+    assert_eq!(stored(&pool).await, vec![9, 10]);
+}
+
+/// The changes a fast unit noted are announced after its commit, and an undone unit's are not.
+#[tokio::test(flavor = "current_thread")]
+async fn a_fast_units_changes_are_announced_once_committed() {
+    let directory = tempfile::tempdir().unwrap();
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(directory.path().join("writer.db"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+    let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+    sqlx::query("CREATE TABLE rows (value INTEGER NOT NULL)").execute(&pool).await.unwrap();
+    let events = Events::default();
+    let mut page = events.page_changes();
+    let (writer, _ended) = start(pool, directory.path().join("writer.db"), events);
+    let seen = *page.borrow_and_update();
+    insert_fast(&writer, 1, "undo").await.unwrap();
+    insert_fast(&writer, 2, "ok").await.unwrap();
+    // Announced right after the answers (each page change counts one).
+    let changed = tokio::time::timeout(std::time::Duration::from_secs(10), page.wait_for(|now| *now > seen)).await;
+    assert_eq!(*changed.unwrap().unwrap(), seen + 1, "the undone unit announced nothing, the other once");
 }

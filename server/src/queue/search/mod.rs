@@ -143,6 +143,11 @@ impl Controller {
         Ok(self.sweep_in(tx, sweep_id).await?.is_some_and(|sweep| sweep.metric_target.is_some()))
     }
 
+    /// Whether the sweep has a `metric.target`, if its sweep is cached (`None`: not known yet).
+    pub(super) fn cached_target(&self, sweep_id: SweepId) -> Option<bool> {
+        self.cached(sweep_id).map(|sweep| sweep.is_some_and(|sweep| sweep.metric_target.is_some()))
+    }
+
     /// [`Controller::sweep`] inside a write unit, reaching the database only if not cached
     /// (so a unit's owed statements are not sent on their own for a cached lookup).
     async fn sweep_in(&self, tx: &mut Tx, sweep_id: SweepId) -> ApiResult<Option<Arc<Sweep>>> {
