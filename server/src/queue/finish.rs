@@ -104,7 +104,15 @@ impl Queue {
         let requests: Vec<(WorkerId, Capacity)> = capacity.map(|capacity| (worker, capacity)).into_iter().collect();
         // A sweep whose controller is cached as having no `metric.target` (the first finish of
         // a sweep looks it up on the general path).
-        let snapshot = snapshot.filter(|(seen, _)| self.search.cached_target(seen.sweep_id) == Some(false));
+        // What the fast unit would refuse on the view alone is not sent to it: such a finish
+        // goes the general path at once (which decides it again on the writer's reading).
+        let snapshot = snapshot.filter(|(seen, _)| {
+            let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+            self.search.cached_target(seen.sweep_id) == Some(false)
+                && super::fence::check(seen, at.attempt, worker, "finish").is_ok()
+                && super::reports::decide(seen, attempt, worker, &request.outcome).is_ok()
+                && (requests.is_empty() || super::claims::plain_claim(&requests, 0, 0).is_some())
+        });
         let tried = snapshot.is_some();
         let fast = match snapshot {
             Some(snapshot) => {

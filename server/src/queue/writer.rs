@@ -6,8 +6,10 @@
 //! its next claim) are plain closures over a [`FastTx`], the writer's own synchronous
 //! connection (`db::fast`), run on this thread with no hand-off per statement: through sqlx
 //! every statement is a trip to its SQLite thread and back, and on short jobs those trips were
-//! the largest part of the server's work. Consecutive units of one kind form a group; the two
-//! connections never hold a transaction at the same time, since one thread runs both.
+//! the largest part of the server's work. Consecutive units of one kind form a group; one thread
+//! runs both connections, so one group's transaction ends before the next begins (a connection
+//! closed after a failure may still be closing in the background: the next `BEGIN IMMEDIATE`
+//! waits for it in the busy handler).
 //!
 //! A unit is a closure over a [`Tx`]; it reads what it decides on and writes through the same
 //! connection, so decide-then-apply needs no retry loop, and notes the [`Change`]s it made.
@@ -164,14 +166,15 @@ enum Work {
 #[derive(Clone)]
 pub struct Writer {
     sender: mpsc::Sender<Work>,
-    /// Why the last units were dropped unrun (the database could not be opened for writing).
-    refused: Arc<Mutex<Option<String>>>,
+    /// Why the last units were dropped unrun (the database could not be opened for writing,
+    /// or a transaction could not begin).
+    refused: Arc<Mutex<Option<ApiError>>>,
 }
 
 impl Writer {
     fn unanswered(&self) -> ApiError {
-        match self.refused.lock().ok().and_then(|why| why.clone()) {
-            Some(why) => ApiError::Unavailable(why),
+        match self.refused.lock().ok().and_then(|why| why.as_ref().map(ApiError::retry_copy)) {
+            Some(why) => why,
             None => ApiError::ShuttingDown,
         }
     }
@@ -265,7 +268,7 @@ struct Thread {
     pool: SqlitePool,
     path: PathBuf,
     events: Events,
-    refused: Arc<Mutex<Option<String>>>,
+    refused: Arc<Mutex<Option<ApiError>>>,
 }
 
 impl Thread {
@@ -313,7 +316,7 @@ impl Thread {
         }
     }
 
-    fn refuse(&self, why: Option<String>) {
+    fn refuse(&self, why: Option<ApiError>) {
         if let Ok(mut refused) = self.refused.lock() {
             *refused = why;
         }
@@ -333,7 +336,9 @@ impl Thread {
                     Err(error) => {
                         let error = ApiError::from(error);
                         tracing::error!(error = ?error, "opening the database for writing");
-                        self.refuse(Some(format!("the database cannot be opened for writing: {error}; retry")));
+                        self.refuse(Some(ApiError::Unavailable(format!(
+                            "the database cannot be opened for writing: {error}; retry"
+                        ))));
                         // Dropped unrun: their senders read why above.
                         return None;
                     }
@@ -361,7 +366,9 @@ impl Thread {
                     Err(error) => {
                         let error = ApiError::from(error);
                         tracing::error!(error = ?error, "opening the database for writing");
-                        self.refuse(Some(format!("the database cannot be opened for writing: {error}; retry")));
+                        self.refuse(Some(ApiError::Unavailable(format!(
+                            "the database cannot be opened for writing: {error}; retry"
+                        ))));
                         return None;
                     }
                 },
@@ -370,9 +377,9 @@ impl Thread {
             connection = match run_fast_group(conn, &mut group, &self.events) {
                 Ok(kept) => kept,
                 Err(error) => {
-                    tracing::error!(error = ?error, "beginning a write transaction");
-                    self.refuse(Some(format!("{error}; retry")));
-                    // Dropped unrun, as above.
+                    // A full disk stays a 507 for the units dropped unrun, as above.
+                    tracing::error!(error = ?error, "beginning a write transaction or a unit's savepoint");
+                    self.refuse(Some(error));
                     return None;
                 }
             };
@@ -505,10 +512,14 @@ fn run_fast_group(
     let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
     while let Some(unit) = group.pop_front() {
         if let Err(error) = conn.execute_batch("SAVEPOINT unit") {
-            tracing::error!(%error, "opening a unit's savepoint");
+            // The units that ran are answered; this one and the rest are dropped unrun and
+            // read the error (`Writer::unanswered`).
+            let error = ApiError::from(error);
+            for (outcome, _) in ran {
+                outcome.settle(Err(&error));
+            }
             drop(unit);
-            answer_abandoned(ran, "the database failed during a write");
-            return Ok(None);
+            return Err(error);
         }
         let mut tx = FastTx { conn: &conn, changes: Vec::new(), undo: false };
         let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| unit(&mut tx))) {
