@@ -85,9 +85,9 @@ impl Queue {
         // Taken whichever path the finish goes: the attempt ends here.
         let viewed = self.views.take(at.job, at.attempt);
         // A finish that brings nothing but its outcome (and a result record) is decided on the
-        // state a reader sees, off the writer's path, and applied in one round trip to SQLite
-        // (`quick`); the guarded UPDATE checks that state, and the full path below takes over
-        // if it changed in between.
+        // state a reader sees (the claim's view, else a read), off the writer's path, and applied
+        // as a fast unit on the writer's own connection (`fast`); the guarded UPDATE checks that
+        // state, and the full path below takes over if it changed in between.
         let may_be_quick = is_bare(&request)
             && !self.search.may_be_open()
             && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
@@ -102,10 +102,10 @@ impl Queue {
         };
         let capacity = claim.as_ref().map(|claim| self.granted(claim));
         let requests: Vec<(WorkerId, Capacity)> = capacity.map(|capacity| (worker, capacity)).into_iter().collect();
-        // A sweep whose controller is cached as having no `metric.target` (the first finish of
-        // a sweep looks it up on the general path).
-        // What the fast unit would refuse on the view alone is not sent to it: such a finish
-        // goes the general path at once (which decides it again on the writer's reading).
+        // Only for a sweep cached as having no `metric.target` (the first finish of a sweep
+        // looks it up on the general path). What the fast unit would refuse on the view alone
+        // is not sent to it: such a finish goes the general path at once, decided again there
+        // on the writer's reading.
         let snapshot = snapshot.filter(|(seen, _)| {
             let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
             self.search.cached_target(seen.sweep_id) == Some(false)
