@@ -116,13 +116,7 @@ impl Queue {
         let tried = snapshot.is_some();
         let fast = match snapshot {
             Some(snapshot) => {
-                let lane = Lane {
-                    lease: self.config.lease,
-                    names: self.sweep_names.clone(),
-                    workspaces: self.workspaces.clone(),
-                    views: self.views.clone(),
-                    search: self.search.clone(),
-                };
+                let lane = self.lane();
                 let outcome = request.outcome.clone();
                 let record = request.result.as_ref().map(|result| result.record.clone());
                 let requests = requests.clone();
@@ -141,11 +135,7 @@ impl Queue {
                 let context = Context {
                     logs: (self.logs.clone(), self.config.max_log_bytes_per_job),
                     layout: self.layout.clone(),
-                    lease: self.config.lease,
-                    names: self.sweep_names.clone(),
-                    workspaces: self.workspaces.clone(),
-                    views: self.views.clone(),
-                    search: self.search.clone(),
+                    lane: self.lane(),
                 };
                 self.write(move |tx| Box::pin(async move { full(tx, &context, at, request, staging, &requests).await }))
                     .await?
@@ -160,6 +150,17 @@ impl Queue {
 }
 
 impl Queue {
+    /// What a finish's write unit needs of the queue's caches and settings.
+    fn lane(&self) -> Lane {
+        Lane {
+            lease: self.config.lease,
+            names: self.sweep_names.clone(),
+            workspaces: self.workspaces.clone(),
+            views: self.views.clone(),
+            search: self.search.clone(),
+        }
+    }
+
     /// The capacity a finish's claim is served for: its free slots, and its reserve when the
     /// worker has no GPUs and no adaptive sweep is open (whose runs are proposed one per slot
     /// that runs them, each with what the finished ones taught).
@@ -177,11 +178,7 @@ impl Queue {
 struct Context {
     logs: (super::LogStore, u64),
     layout: Layout,
-    lease: Duration,
-    names: super::claims::SweepNames,
-    workspaces: super::code::Workspaces,
-    views: std::sync::Arc<super::views::Views>,
-    search: std::sync::Arc<super::search::Controller>,
+    lane: Lane,
 }
 
 /// A finish with no log, metrics, notes or files: its outcome and at most a result record.
@@ -192,7 +189,7 @@ fn is_bare(request: &FinishRequest) -> bool {
         && request.result.as_ref().is_none_or(|result| result.files.is_empty() && result.streamed.is_empty())
 }
 
-/// What a finish's fast unit works with.
+/// What a finish's unit works with of the queue, on either path.
 struct Lane {
     lease: Duration,
     names: super::claims::SweepNames,
@@ -273,8 +270,8 @@ async fn conclude(
     done: db::plain_claims::Finished,
 ) -> ApiResult<(JobStatus, Vec<ClaimedJob>)> {
     super::reports::settle(tx, attempt, decision, done.applied)?;
-    super::reports::after_settled(tx, &context.search, seen, attempt, decision).await?;
-    let caches = (&context.names, &context.workspaces, &*context.views);
+    super::reports::after_settled(tx, &context.lane.search, seen, attempt, decision).await?;
+    let caches = (&context.lane.names, &context.lane.workspaces, &*context.lane.views);
     let jobs = super::claims::claimed_plain(tx, done.claimed, caches).await?;
     Ok((decision.status, jobs))
 }
@@ -293,7 +290,7 @@ async fn full(
     let (current, decision) = prepare(tx, at, request, logs, &context.layout, staging).await?;
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
     let now = now_ms();
-    let search = &context.search;
+    let search = &context.lane.search;
     // A worker without GPUs, and no adaptive sweep to make runs for it first: the finish and
     // the claim go to SQLite together (`db::plain_claims`). A sweep with a `metric.target`
     // takes the general path too: this finish may reach it, and its queue must be cancelled
@@ -301,7 +298,7 @@ async fn full(
     let general = search.may_be_open() || search.has_target(tx, current.sweep_id).await?;
     let plain = match general {
         true => None,
-        false => super::claims::plain_claim(requests, now + context.lease.as_millis() as i64, now),
+        false => super::claims::plain_claim(requests, now + context.lane.lease.as_millis() as i64, now),
     };
     if let Some(claim) = plain {
         let (pending, conn) = tx.owed();
@@ -324,8 +321,8 @@ async fn full(
         true => Vec::new(),
         false => {
             search.top_up(tx, requests).await?;
-            let caches = (&context.names, &context.workspaces, &*context.views);
-            super::claims::claim_batch(tx, requests, context.lease, caches).await?.remove(0)
+            let caches = (&context.lane.names, &context.lane.workspaces, &*context.lane.views);
+            super::claims::claim_batch(tx, requests, context.lane.lease, caches).await?.remove(0)
         }
     };
     Ok((decision.status, jobs))

@@ -78,21 +78,7 @@ async fn finish_after<F>(queue: &Arc<Queue>, between: F) -> ApiResult<shared::ap
 where
     F: std::future::Future<Output = ApiResult<()>> + Send + 'static,
 {
-    let (started, running) = tokio::sync::oneshot::channel();
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let holder = queue.clone();
-    let held = tokio::spawn(async move {
-        holder
-            .write(move |_tx| {
-                Box::pin(async move {
-                    let _ = started.send(());
-                    let _ = released.await;
-                    Ok(())
-                })
-            })
-            .await
-    });
-    running.await.unwrap();
+    let (release, held) = queue.writer.hold().await;
     let between = tokio::spawn(between);
     queue.writer.wait_for_queued(1).await;
     let finisher = queue.clone();

@@ -224,6 +224,29 @@ impl Writer {
         }
     }
 
+    /// Holds the writer with a unit that waits until the returned sender is dropped (or sent
+    /// on); units sent meanwhile queue behind it ([`Writer::wait_for_queued`]) and form the next
+    /// group. Also returns the holding unit's task.
+    #[cfg(test)]
+    pub async fn hold(&self) -> (oneshot::Sender<()>, tokio::task::JoinHandle<ApiResult<()>>) {
+        let (started, running) = oneshot::channel();
+        let (release, released) = oneshot::channel::<()>();
+        let holder = self.clone();
+        let held = tokio::spawn(async move {
+            holder
+                .write(move |_tx| {
+                    Box::pin(async move {
+                        let _ = started.send(());
+                        let _ = released.await;
+                        Ok(())
+                    })
+                })
+                .await
+        });
+        running.await.expect("the holding unit ran");
+        (release, held)
+    }
+
     /// Runs `task` between groups, while no write transaction is open.
     pub async fn outside<T, F>(&self, task: F) -> ApiResult<T>
     where
@@ -322,6 +345,12 @@ impl Thread {
         }
     }
 
+    /// Says why the units waiting are dropped unrun: their connection cannot be opened.
+    fn cannot_open(&self, error: ApiError) {
+        tracing::error!(error = ?error, "opening the database for writing");
+        self.refuse(Some(ApiError::Unavailable(format!("the database cannot be opened for writing: {error}; retry"))));
+    }
+
     /// Runs async units until all are done, opening the connection again as needed.
     async fn run_units(
         &self,
@@ -334,12 +363,8 @@ impl Thread {
                 None => match self.pool.acquire().await {
                     Ok(conn) => conn,
                     Err(error) => {
-                        let error = ApiError::from(error);
-                        tracing::error!(error = ?error, "opening the database for writing");
-                        self.refuse(Some(ApiError::Unavailable(format!(
-                            "the database cannot be opened for writing: {error}; retry"
-                        ))));
-                        // Dropped unrun: their senders read why above.
+                        // Dropped unrun: their senders read why.
+                        self.cannot_open(ApiError::from(error));
                         return None;
                     }
                 },
@@ -364,11 +389,8 @@ impl Thread {
                 None => match crate::db::fast::open(&self.path) {
                     Ok(conn) => conn,
                     Err(error) => {
-                        let error = ApiError::from(error);
-                        tracing::error!(error = ?error, "opening the database for writing");
-                        self.refuse(Some(ApiError::Unavailable(format!(
-                            "the database cannot be opened for writing: {error}; retry"
-                        ))));
+                        // Dropped unrun: their senders read why.
+                        self.cannot_open(ApiError::from(error));
                         return None;
                     }
                 },
@@ -377,7 +399,7 @@ impl Thread {
             connection = match run_fast_group(conn, &mut group, &self.events) {
                 Ok(kept) => kept,
                 Err(error) => {
-                    // A full disk stays a 507 for the units dropped unrun, as above.
+                    // Dropped unrun as above; a full disk stays a 507 for them.
                     tracing::error!(error = ?error, "beginning a write transaction or a unit's savepoint");
                     self.refuse(Some(error));
                     return None;

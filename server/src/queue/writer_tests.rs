@@ -36,30 +36,9 @@ async fn stored(pool: &SqlitePool) -> Vec<i64> {
     sqlx::query_scalar("SELECT value FROM rows ORDER BY value").fetch_all(pool).await.unwrap()
 }
 
-/// Holds the writer with a unit that waits; the units sent meanwhile form the next group once
-/// the returned sender is dropped (after they are queued: [`Writer::wait_for_queued`]).
-async fn hold(writer: &Writer) -> oneshot::Sender<()> {
-    let (started, running) = oneshot::channel();
-    let (release, released) = oneshot::channel::<()>();
-    let holder = writer.clone();
-    tokio::spawn(async move {
-        holder
-            .write(move |_tx| {
-                Box::pin(async move {
-                    let _ = started.send(());
-                    let _ = released.await;
-                    Ok(())
-                })
-            })
-            .await
-    });
-    running.await.unwrap();
-    release
-}
-
 /// Runs `units` as one group: queued behind a held writer, then released.
 async fn as_group<T>(writer: &Writer, count: usize, units: impl std::future::Future<Output = T>) -> T {
-    let release = hold(writer).await;
+    let (release, _held) = writer.hold().await;
     let units = std::pin::pin!(units);
     let mut units = units;
     let queued = async {
