@@ -438,8 +438,8 @@ async fn attempt_directories_go_once_delivered_unless_asked_to_stay() {
     let slot = tidy.dir.path().join("work/slots/0");
     let emptied = || {
         let empty = |dir: &str| std::fs::read_dir(slot.join(dir)).is_ok_and(|mut entries| entries.next().is_none());
-        let size = |file: &str| std::fs::metadata(slot.join(file)).map(|meta| meta.len()).unwrap_or(1);
-        empty("work") && empty("output") && size("job.log") == 0 && size("config.yaml") == 0
+        let gone = |file: &str| !slot.join(file).exists();
+        empty("work") && empty("output") && gone("job.log") && gone("config.yaml")
     };
     wait_until("the attempt's files are removed", LONG, || async { emptied().then_some(()) }).await;
     assert!(!tidy.dir.path().join("work/scratch").exists(), "nothing was kept");

@@ -73,9 +73,12 @@ impl AttemptDirs {
         }
     }
 
-    /// Empties the attempt's files and directories, keeping them for the next attempt in the
-    /// slot: truncating a file and emptying a directory allocate nothing, where creating them
-    /// again would (blocking).
+    /// Empties the attempt's directories, keeping them for the next attempt in the slot, and
+    /// removes its files. Files are removed, never truncated: ext4 (the default `auto_da_alloc`)
+    /// takes a truncated file for a "replace by truncate and rewrite" and starts writing its new
+    /// data to disk when it is closed, so the next attempt's small files each cost a block
+    /// write on the path between one job's end and the next one's start. A file made new costs
+    /// nothing of the kind.
     pub fn clear(&self) -> std::io::Result<()> {
         crate::slots::empty(&self.cwd)?;
         crate::slots::empty(&self.output)?;
@@ -84,11 +87,7 @@ impl AttemptDirs {
             let _ = std::fs::remove_file(file);
         }
         for file in [&self.config, &self.metrics, &self.log] {
-            match std::fs::OpenOptions::new().write(true).open(file) {
-                Ok(file) => file.set_len(0)?,
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => return Err(error),
-            }
+            remove_if_there(file)?;
         }
         Ok(())
     }
@@ -114,13 +113,16 @@ impl AttemptDirs {
                 std::fs::create_dir_all(dir)?;
             }
             let _ = std::fs::remove_file(&dirs.setup_done);
+            // Made new, never truncated (see `clear`).
+            for file in [&dirs.config, &dirs.wandb_params, &dirs.metrics, &dirs.log] {
+                remove_if_there(file)?;
+            }
             std::fs::write(&dirs.config, config)?;
             if let Some(wandb) = wandb {
                 std::fs::write(&dirs.wandb_params, wandb)?;
             }
             std::fs::write(&dirs.metrics, b"")?;
-            std::fs::write(&dirs.log, b"")?;
-            std::fs::OpenOptions::new().append(true).open(&dirs.log)
+            std::fs::OpenOptions::new().append(true).create_new(true).open(&dirs.log)
         };
         // A slot emptied by its last attempt (the usual case) needs a handful of small calls:
         // done in place, without waking a blocking thread and waiting for it.
@@ -129,6 +131,14 @@ impl AttemptDirs {
             return work();
         }
         tokio::task::spawn_blocking(work).await.map_err(std::io::Error::other)?
+    }
+}
+
+/// Removes `file`; one that is not there is fine.
+fn remove_if_there(file: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(file) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
     }
 }
 
@@ -294,11 +304,11 @@ pub async fn run(
             .process_group(0)
             .spawn()
     };
-    let spawned = match spawn(direct.as_ref()) {
+    let spawned = crate::scheduling::spawn_as_usual(|| match spawn(direct.as_ref()) {
         // A program found earlier and gone since: the shell says what is wrong, as it would.
         Err(error) if direct.is_some() && error.kind() == std::io::ErrorKind::NotFound => spawn(None),
         spawned => spawned,
-    };
+    });
     let mut child = match spawned {
         Ok(child) => child,
         Err(error) => return failed(format!("starting `{command}`: {error}")),
@@ -541,6 +551,13 @@ mod tests {
             assert_eq!(std::fs::read_to_string(&dirs.config).unwrap(), "{\"lr\":0.1}\n");
             assert_eq!(std::fs::read_to_string(&dirs.log).unwrap(), "new\n", "the log starts empty");
         }
+        // Released: the files are removed, not truncated (a truncated file is written back to
+        // disk when the next attempt closes it, on ext4).
+        dirs.clear().unwrap();
+        for file in [&dirs.config, &dirs.metrics, &dirs.log] {
+            assert!(!file.exists(), "{} is removed", file.display());
+        }
+        assert!(dirs.cwd.is_dir() && dirs.output.is_dir(), "the directories stay for the next attempt");
     }
 
     #[tokio::test]
@@ -553,18 +570,15 @@ mod tests {
         assert_eq!(child.wait().await.unwrap().code(), Some(3), "and the exit status is still there to reap");
     }
 
-    #[tokio::test]
-    async fn what_a_job_leaves_in_its_group_is_killed_when_its_leader_exits() {
-        let root = tempfile::tempdir().unwrap();
-        let dirs = AttemptDirs::at(root.path().join("attempt"));
+    /// Runs `command` to its end in an attempt under `root`, its log in `root/log`.
+    async fn run_in(root: &Path, command: &str) -> Ended {
+        let dirs = AttemptDirs::at(root.join("attempt"));
         std::fs::create_dir_all(&dirs.cwd).unwrap();
-        let log = std::fs::File::create(root.path().join("log")).unwrap();
+        let log = std::fs::File::create(root.join("log")).unwrap();
         let guard = Guard::start().unwrap();
-        let pid_file = root.path().join("left");
-        let command = format!("sleep 300 & echo $! > {}; exit 0", pid_file.display());
         let (_stop, stopped) = mpsc::channel(1);
         let launch = Launch {
-            command: &command,
+            command,
             setup: None,
             dirs: &dirs,
             cwd: &dirs.cwd,
@@ -574,7 +588,42 @@ mod tests {
             grace: Duration::from_secs(5),
             guard: &guard,
         };
-        let ended = run(launch, log, stopped, Arc::new(Notify::new())).await;
+        run(launch, log, stopped, Arc::new(Notify::new())).await
+    }
+
+    /// The scheduling policy (field 41) of a `/proc/<pid>/stat` line.
+    fn policy_in_stat(stat: &str) -> Option<i32> {
+        stat[stat.rfind(')')? + 1..].split_whitespace().nth(38)?.parse().ok()
+    }
+
+    #[tokio::test]
+    async fn a_job_runs_with_the_normal_policy_while_the_worker_runs_as_batch() {
+        // This test's thread is the worker's: a current-thread runtime spawns jobs from it.
+        crate::scheduling::yield_to_jobs();
+        if crate::scheduling::policy(0).ok() != Some(libc::SCHED_BATCH) {
+            eprintln!("skipped: this kernel or sandbox refuses SCHED_BATCH");
+            return;
+        }
+        // What a job would inherit without the worker's reset.
+        let inherited = std::process::Command::new("cat").arg("/proc/self/stat").output().unwrap();
+        assert_eq!(policy_in_stat(&String::from_utf8_lossy(&inherited.stdout)), Some(libc::SCHED_BATCH));
+
+        let root = tempfile::tempdir().unwrap();
+        // A plain command: started directly, `cat` is the job's own process.
+        let ended = run_in(root.path(), "cat /proc/self/stat").await;
+        assert!(matches!(ended.outcome, Outcome::Exited { code: 0 }), "{:?}", ended.outcome);
+        let log_path = root.path().join("log");
+        let stat = std::fs::read_to_string(&log_path).unwrap();
+        assert_eq!(policy_in_stat(&stat), Some(libc::SCHED_OTHER), "the job's policy: {stat}");
+        assert_eq!(crate::scheduling::policy(0).ok(), Some(libc::SCHED_BATCH), "the worker is batch again");
+    }
+
+    #[tokio::test]
+    async fn what_a_job_leaves_in_its_group_is_killed_when_its_leader_exits() {
+        let root = tempfile::tempdir().unwrap();
+        let pid_file = root.path().join("left");
+        let command = format!("sleep 300 & echo $! > {}; exit 0", pid_file.display());
+        let ended = run_in(root.path(), &command).await;
         assert!(matches!(ended.outcome, Outcome::Exited { code: 0 }), "{:?}", ended.outcome);
         let left: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -21,6 +21,7 @@ mod job_processes;
 mod launch;
 pub mod reservations;
 pub mod results;
+pub mod scheduling;
 pub mod shipper;
 mod slots;
 pub mod visible;

@@ -1,0 +1,67 @@
+//! The worker gives the CPU to its jobs first: its own threads run as `SCHED_BATCH`, its jobs
+//! as `SCHED_OTHER`, as they would from a shell.
+//!
+//! A `SCHED_BATCH` thread gets its fair share of CPU time, but when it wakes (a job's end, a
+//! log chunk, a heartbeat, the server's answer) it does not preempt the process running on that
+//! CPU: it waits for its turn. Measured on a 2-core box with `sleep 0.01` jobs, the worker's
+//! wake-ups had preempted half of the jobs' start-ups (`perf` sched events: 43% of them by the
+//! worker's own thread, 0.09 ms each on average).
+//!
+//! The crate's only unsafe code: neither std nor nix wraps `sched_setscheduler`.
+#![allow(unsafe_code)]
+
+/// Whether this worker made itself `SCHED_BATCH` (its jobs are then given the normal policy).
+static YIELDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the calling thread, and every thread it starts later, `SCHED_BATCH`, when it runs
+/// with the normal policy. A worker an operator started with another (`chrt --idle`, a real-time
+/// one, already batch) is left as it is, and so are its jobs. Where the change is refused (a
+/// seccomp filter), the worker runs as before and says so at debug level.
+pub fn yield_to_jobs() {
+    if policy(0).ok() != Some(libc::SCHED_OTHER) {
+        return;
+    }
+    match set_policy(0, libc::SCHED_BATCH) {
+        Ok(()) => YIELDED.store(true, std::sync::atomic::Ordering::Relaxed),
+        Err(error) => tracing::debug!(%error, "could not run the worker as SCHED_BATCH"),
+    }
+}
+
+/// Runs `spawn`, which starts a job's process, with the normal policy the worker had before
+/// [`yield_to_jobs`], so that the job inherits that policy from its first instruction on (a
+/// policy set on the child after it started would race with whatever it forks at once). Then
+/// the thread is batch again and yields: the `vfork` behind the spawn resumed it on the CPU
+/// where its child had just begun to load, and the child goes on first.
+pub fn spawn_as_usual<T>(spawn: impl FnOnce() -> T) -> T {
+    if !YIELDED.load(std::sync::atomic::Ordering::Relaxed) {
+        return spawn();
+    }
+    if let Err(error) = set_policy(0, libc::SCHED_OTHER) {
+        tracing::debug!(%error, "could not start a job with the normal scheduling policy");
+    }
+    let spawned = spawn();
+    if set_policy(0, libc::SCHED_BATCH).is_ok() {
+        std::thread::yield_now();
+    }
+    spawned
+}
+
+/// The scheduling policy of thread `tid` (0: the calling one).
+pub fn policy(tid: libc::pid_t) -> std::io::Result<libc::c_int> {
+    // SAFETY: sched_getscheduler takes a thread id and reads nothing from memory.
+    let policy = unsafe { libc::sched_getscheduler(tid) };
+    if policy < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(policy)
+}
+
+fn set_policy(tid: libc::pid_t, policy: libc::c_int) -> std::io::Result<()> {
+    // Priority 0 is the only one the normal policies (OTHER, BATCH, IDLE) take.
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param that outlives the call, which only reads it.
+    if unsafe { libc::sched_setscheduler(tid, policy, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
