@@ -9,6 +9,8 @@
 #                   in tests/browser when they are missing or older than its package-lock.json;
 #   prometheus      Debian's package, for `promtool check metrics` on the server's /metrics
 #                   (tests/ops.rs);
+#   postgresql      Debian's server (initdb, postgres, pg_isready, psql), started per test in a
+#                   temporary directory by server/tests/postgres (as `nobody` when run as root);
 #   systemd         for `systemd-analyze verify` and `security` of deploy/systemd (tests/ops.rs);
 #   python3-venv    for .venv-deploy: the PyPI package kubernetes-validate (pinned), which checks
 #                   deploy/kubernetes against the Kubernetes JSON schemas it ships (offline).
@@ -26,6 +28,9 @@ fi
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 command -v promtool >/dev/null || missing+=(prometheus)
+if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    missing+=(postgresql)
+fi
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 

@@ -17,6 +17,7 @@ pub mod logs;
 pub mod maintenance;
 pub mod metrics;
 pub mod plain_claims;
+pub mod postgres;
 pub mod results;
 pub mod scrape;
 pub mod search;

@@ -1,0 +1,136 @@
+//! PostgreSQL, the second backend (issue 15): opening a database named by URL and bringing its
+//! schema up to date from `migrations-postgres/`, whose versions are the SQLite ones, table for
+//! table (server/tests/postgres compares the two schemas and their triggers on real servers).
+//!
+//! What is here is the start-up half: the URL, the connection and its errors, the schema version
+//! check and the migrations. The queue does not run on PostgreSQL yet: its write units and reads
+//! are SQLite statements (see ARCHITECTURE.md, "A second backend"), so nothing in the server
+//! calls [`open`] yet and no flag offers it.
+
+use anyhow::Context;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How long connecting may take before start-up fails with the reason.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An open PostgreSQL database with its schema up to date.
+#[derive(Debug, Clone)]
+pub struct Postgres {
+    pub pool: PgPool,
+    /// Whether this start made the schema (no migration had been applied to it before).
+    pub created: bool,
+}
+
+/// Where a URL points, for messages: user, host, port and database, never the password.
+pub fn describe(options: &PgConnectOptions) -> String {
+    format!(
+        "PostgreSQL at {}:{} (database {}, user {})",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("named as the user"),
+        options.get_username()
+    )
+}
+
+/// Parses a `postgres://` (or `postgresql://`) URL. The error never repeats the URL, which
+/// may hold a password.
+pub fn options(url: &str) -> anyhow::Result<PgConnectOptions> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if !matches!(scheme, Some("postgres" | "postgresql")) {
+        anyhow::bail!(
+            "the database URL must start with postgres:// or postgresql:// (as postgres://user@host:5432/app), \
+             not {}",
+            scheme.map_or_else(|| "a string without a scheme".to_string(), |scheme| format!("{scheme}://"))
+        );
+    }
+    PgConnectOptions::from_str(url).map_err(|error| {
+        // sqlx's message for a malformed URL does not quote it; keep only its kind.
+        anyhow::anyhow!("the database URL is not a valid PostgreSQL URL: {}", without_url(&error.to_string(), url))
+    })
+}
+
+/// Connects to the database at `url`, refuses a schema newer than this build's, and applies
+/// the migrations it lacks (sqlx holds a PostgreSQL advisory lock meanwhile, so replicas that
+/// start together migrate one after the other).
+pub async fn open(url: &str) -> anyhow::Result<Postgres> {
+    let options = options(url)?;
+    let place = describe(&options);
+    // One connection first, for its error: the pool would retry a refused connection until its
+    // timeout and then say only that it timed out.
+    let cannot = |why: String| anyhow::anyhow!("cannot connect to {place}: {why}");
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Err(_) => return Err(cannot(cause(&sqlx::Error::PoolTimedOut))),
+        Ok(Err(error)) => return Err(cannot(cause(&error))),
+        Ok(Ok(probe)) => {
+            let _ = probe.close().await;
+        }
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(|error| cannot(cause(&error)))?;
+    let migrator = sqlx::migrate!("../migrations-postgres");
+    let known = migrator.iter().map(|migration| migration.version).max().unwrap_or(0);
+    let table: Option<String> = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::TEXT")
+        .fetch_one(&pool)
+        .await
+        .with_context(|| format!("reading the schema version of {place}"))?;
+    let applied: Option<i64> = match table {
+        None => None,
+        Some(_) => sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+            .fetch_one(&pool)
+            .await
+            .with_context(|| format!("reading the schema version of {place}"))?,
+    };
+    if let Some(applied) = applied.filter(|applied| *applied > known) {
+        pool.close().await;
+        anyhow::bail!(
+            "the database {place} has schema version {applied}, newer than this build's {known}: a newer version \
+             of app wrote it; run that version (or a newer one) against it, or point this one at another database"
+        );
+    }
+    migrator.run(&pool).await.with_context(|| format!("migrating {place}"))?;
+    Ok(Postgres { pool, created: applied.is_none() })
+}
+
+/// The cause of a failed connection in a few words: the I/O error (refused, no route, unknown
+/// host), the server's own message (no such database, authentication failed), or the timeout.
+fn cause(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Io(io) => io.to_string(),
+        sqlx::Error::Database(database) => database.message().to_string(),
+        sqlx::Error::PoolTimedOut => {
+            format!("no answer within {} s (a firewall, or the wrong host or port)", CONNECT_TIMEOUT.as_secs())
+        }
+        sqlx::Error::Tls(tls) => format!("TLS: {tls}"),
+        other => other.to_string(),
+    }
+}
+
+fn without_url(message: &str, url: &str) -> String {
+    message.replace(url, "<the URL>")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_for_their_scheme_and_never_echoed_with_their_password() {
+        let wrong = options("mysql://root:hunter2@db/app").unwrap_err().to_string();
+        assert!(wrong.contains("postgres://") && wrong.contains("not mysql://"), "{wrong}");
+        assert!(!wrong.contains("hunter2"), "{wrong}");
+        let bare = options("db.example.org/app").unwrap_err().to_string();
+        assert!(bare.contains("without a scheme"), "{bare}");
+        let malformed = options("postgres://app:hunter2@db:notaport/app").unwrap_err().to_string();
+        assert!(malformed.contains("not a valid PostgreSQL URL") && !malformed.contains("hunter2"), "{malformed}");
+        let good = options("postgresql://app:hunter2@db.example.org:6543/queue").unwrap();
+        let described = describe(&good);
+        assert_eq!(described, "PostgreSQL at db.example.org:6543 (database queue, user app)");
+    }
+}

@@ -1,0 +1,352 @@
+//! The PostgreSQL backend's start-up half against real servers (Debian's PostgreSQL, started per
+//! test in a temporary directory): its schema is the SQLite one, table for table and trigger for
+//! trigger; opening refuses what it must, with words that say why.
+
+mod pg_server;
+
+use pg_server::PgServer;
+use server::db::postgres;
+use sqlx::{PgPool, Row, SqlitePool};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One table as both backends can describe it.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Table {
+    /// Name, type family, NOT NULL, default (as written, without PostgreSQL's casts), in order.
+    columns: Vec<(String, String, bool, Option<String>)>,
+    primary_key: Vec<String>,
+    unique: BTreeSet<Vec<String>>,
+    /// Name -> (unique, partial, columns).
+    indexes: BTreeMap<String, (bool, bool, Vec<String>)>,
+    /// Column, referenced table, referenced column, on delete.
+    foreign_keys: BTreeSet<(String, String, String, String)>,
+    triggers: BTreeSet<String>,
+}
+
+fn family(declared: &str) -> String {
+    match declared.to_ascii_lowercase().as_str() {
+        "integer" | "bigint" => "integer".into(),
+        "text" => "text".into(),
+        "real" | "double precision" => "real".into(),
+        "blob" | "bytea" => "blob".into(),
+        other => other.into(),
+    }
+}
+
+fn on_delete(action: &str) -> String {
+    match action {
+        "a" | "NO ACTION" => "no action".into(),
+        "c" | "CASCADE" => "cascade".into(),
+        other => other.to_ascii_lowercase(),
+    }
+}
+
+async fn sqlite_schema(pool: &SqlitePool) -> BTreeMap<String, Table> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut schema = BTreeMap::new();
+    for name in names {
+        let mut table = Table::default();
+        let mut key = Vec::new();
+        for row in sqlx::query("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?) ORDER BY cid")
+            .bind(&name)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+        {
+            let (column, pk): (String, i64) = (row.get(0), row.get(4));
+            let not_null = row.get::<i64, _>(2) == 1 || pk > 0;
+            table.columns.push((column.clone(), family(row.get(1)), not_null, row.get(3)));
+            if pk > 0 {
+                key.push((pk, column));
+            }
+        }
+        key.sort();
+        table.primary_key = key.into_iter().map(|(_, column)| column).collect();
+        for row in sqlx::query("SELECT name, \"unique\", origin, partial FROM pragma_index_list(?)")
+            .bind(&name)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+        {
+            let index: String = row.get(0);
+            let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_index_info(?) ORDER BY seqno")
+                .bind(&index)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+            match row.get::<String, _>(2).as_str() {
+                "pk" => {}
+                "u" => {
+                    table.unique.insert(columns);
+                }
+                _ => {
+                    table.indexes.insert(index, (row.get::<i64, _>(1) == 1, row.get::<i64, _>(3) == 1, columns));
+                }
+            }
+        }
+        for row in sqlx::query("SELECT \"from\", \"table\", \"to\", on_delete FROM pragma_foreign_key_list(?)")
+            .bind(&name)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+        {
+            table.foreign_keys.insert((row.get(0), row.get(1), row.get(2), on_delete(row.get(3))));
+        }
+        table.triggers = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?")
+            .bind(&name)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        schema.insert(name, table);
+    }
+    schema
+}
+
+async fn postgres_schema(pool: &PgPool) -> BTreeMap<String, Table> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::TEXT FROM information_schema.tables
+         WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' AND table_name <> '_sqlx_migrations'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    // The columns of a key or constraint, in its order.
+    let columns_of = |keys: &str, table: &str| {
+        format!(
+            "array(SELECT a.attname::TEXT FROM unnest({keys}) WITH ORDINALITY k(attnum, n)
+                   JOIN pg_attribute a ON a.attrelid = {table} AND a.attnum = k.attnum ORDER BY k.n)"
+        )
+    };
+    let mut schema = BTreeMap::new();
+    for name in names {
+        let mut table = Table::default();
+        for row in sqlx::query(
+            "SELECT column_name::TEXT, data_type::TEXT, is_nullable::TEXT, column_default::TEXT
+             FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
+        )
+        .bind(&name)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        {
+            let default: Option<String> = row.get(3);
+            // `'queued'::text` is SQLite's `'queued'`.
+            let default = default.map(|value| value.split("::").next().unwrap_or_default().to_string());
+            table.columns.push((row.get(0), family(row.get(1)), row.get::<String, _>(2) == "NO", default));
+        }
+        let key = columns_of("i.indkey::INT2[]", "i.indrelid");
+        table.primary_key = sqlx::query_scalar(&format!(
+            "SELECT {key} FROM pg_index i WHERE i.indrelid = $1::regclass AND i.indisprimary"
+        ))
+        .bind(&name)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+        .unwrap_or_default();
+        let constrained = columns_of("c.conkey", "c.conrelid");
+        table.unique = sqlx::query_scalar(&format!(
+            "SELECT {constrained} FROM pg_constraint c WHERE c.conrelid = $1::regclass AND c.contype = 'u'"
+        ))
+        .bind(&name)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+        for row in sqlx::query(&format!(
+            "SELECT x.relname::TEXT, i.indisunique, i.indpred IS NOT NULL, {key}
+             FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid
+             WHERE i.indrelid = $1::regclass AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)"
+        ))
+        .bind(&name)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        {
+            table.indexes.insert(row.get(0), (row.get(1), row.get(2), row.get(3)));
+        }
+        for row in sqlx::query(
+            "SELECT (SELECT attname::TEXT FROM pg_attribute WHERE attrelid = c.conrelid AND attnum = c.conkey[1]),
+                    c.confrelid::regclass::TEXT,
+                    (SELECT attname::TEXT FROM pg_attribute WHERE attrelid = c.confrelid AND attnum = c.confkey[1]),
+                    c.confdeltype::TEXT
+             FROM pg_constraint c WHERE c.conrelid = $1::regclass AND c.contype = 'f'",
+        )
+        .bind(&name)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        {
+            table.foreign_keys.insert((row.get(0), row.get(1), row.get(2), on_delete(row.get(3))));
+        }
+        table.triggers =
+            sqlx::query_scalar("SELECT tgname::TEXT FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal")
+                .bind(&name)
+                .fetch_all(pool)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect();
+        schema.insert(name, table);
+    }
+    schema
+}
+
+#[tokio::test]
+async fn the_postgres_schema_is_the_sqlite_schema_version_for_version() {
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    assert!(opened.created, "a new database's schema is made by this start");
+    let directory = tempfile::tempdir().unwrap();
+    let sqlite = server::db::Db::open(directory.path()).await.unwrap();
+
+    let known = |migrator: sqlx::migrate::Migrator| -> Vec<(i64, String)> {
+        migrator.iter().map(|migration| (migration.version, migration.description.to_string())).collect()
+    };
+    assert_eq!(
+        known(sqlx::migrate!("../migrations-postgres")),
+        known(sqlx::migrate!("../migrations")),
+        "the same versions, under the same names"
+    );
+    let (expected, actual) = (sqlite_schema(&sqlite.writer).await, postgres_schema(&opened.pool).await);
+    assert!(expected.len() >= 16, "every table is compared: {:?}", expected.keys());
+    assert_eq!(expected.keys().collect::<Vec<_>>(), actual.keys().collect::<Vec<_>>(), "the same tables");
+    for (name, table) in &expected {
+        assert_eq!(Some(table), actual.get(name), "table {name}: SQLite (left) and PostgreSQL (right) differ");
+    }
+    sqlite.close().await;
+}
+
+/// What the triggers leave: each transition with its worker, GPUs, exit code and reason; the
+/// counts by status; the checkpoints of deleted jobs gone.
+const SCRIPT: &str = "
+    INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 's', 'native', 'x', 2, 0);
+    INSERT INTO jobs (id, sweep_id, idx, params, command, created_at) VALUES (1, 1, 0, '{}', 'true', 0), (2, 1, 1, '{}', 'true', 0);
+    INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES (1, 'queued', 2);
+    INSERT INTO workers (id, name, capacity, registered_at, last_seen_at) VALUES (1, 'w', '{}', 0, 0);
+    UPDATE jobs SET status = 'running', attempt = 1, worker_id = 1, gpu_ids = '[0]' WHERE id = 1;
+    UPDATE jobs SET status = 'queued', worker_id = NULL, gpu_ids = NULL, reason = 'lease expired' WHERE id = 1;
+    UPDATE jobs SET status = 'running', attempt = 2, worker_id = 1, gpu_ids = '[1]', reason = NULL WHERE id = 1;
+    UPDATE jobs SET priority = 5, lease_expires_at = 9 WHERE id = 1;
+    INSERT INTO early_stops (job_id, attempt, rung, cutoff, reason, stopped_at) VALUES (1, 2, 10, 0.5, 'stopped early at step 10', 0);
+    UPDATE jobs SET status = 'cancelled', exit_code = 143, reason = 'cancelled' WHERE id = 1;
+    UPDATE jobs SET status = 'running', attempt = 1, worker_id = 1 WHERE id = 2;
+    UPDATE jobs SET status = 'failed', exit_code = 2, reason = 'exit code 2' WHERE id = 2;
+    INSERT INTO checkpoints (job_id, attempt, size, sha256, uploaded_at) VALUES (1, 2, 1, 'a', 0), (2, 1, 1, 'b', 0);
+    DELETE FROM job_events WHERE job_id = 2;
+    DELETE FROM sweep_counts WHERE status = 'failed';
+    DELETE FROM jobs WHERE id = 2;
+";
+
+type Event = (i64, Option<String>, String, i64, Option<i64>, Option<String>, Option<String>, Option<i64>);
+
+const EVENTS: &str =
+    "SELECT job_id, from_status, to_status, attempt, worker_id, reason, gpu_ids, exit_code FROM job_events ORDER BY id";
+const JOBS: &str = "SELECT id, status, reason FROM jobs ORDER BY id";
+const COUNTS: &str = "SELECT status, jobs FROM sweep_counts ORDER BY status";
+const CHECKPOINTS: &str = "SELECT job_id FROM checkpoints ORDER BY job_id";
+const TIMES: &str = "SELECT min(at), max(at) FROM job_events";
+
+#[tokio::test]
+async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    let directory = tempfile::tempdir().unwrap();
+    let sqlite = server::db::Db::open(directory.path()).await.unwrap();
+    let before = server::db::now_ms();
+    sqlx::raw_sql(SCRIPT).execute(&sqlite.writer).await.unwrap();
+    sqlx::raw_sql(SCRIPT).execute(&opened.pool).await.unwrap();
+    let after = server::db::now_ms();
+
+    let events: Vec<Event> = sqlx::query_as(EVENTS).fetch_all(&sqlite.writer).await.unwrap();
+    assert_eq!(events.len(), 4, "four transitions of job 1 recorded: {events:#?}");
+    assert_eq!(events[1].4, Some(1), "a requeue keeps the worker that lost the attempt: {events:#?}");
+    assert_eq!(events[3].5.as_deref(), Some("stopped early at step 10"), "{events:#?}");
+    assert_eq!(events, sqlx::query_as::<_, Event>(EVENTS).fetch_all(&opened.pool).await.unwrap());
+    let jobs: Vec<(i64, String, Option<String>)> = sqlx::query_as(JOBS).fetch_all(&sqlite.writer).await.unwrap();
+    assert_eq!(jobs, vec![(1, "cancelled".to_string(), Some("stopped early at step 10".to_string()))]);
+    assert_eq!(jobs, sqlx::query_as::<_, (i64, String, Option<String>)>(JOBS).fetch_all(&opened.pool).await.unwrap());
+    let counts: Vec<(String, i64)> = sqlx::query_as(COUNTS).fetch_all(&sqlite.writer).await.unwrap();
+    assert_eq!(counts, [("cancelled", 1), ("queued", 0), ("running", 0)].map(|(s, n)| (s.to_string(), n)));
+    assert_eq!(counts, sqlx::query_as::<_, (String, i64)>(COUNTS).fetch_all(&opened.pool).await.unwrap());
+    let kept: Vec<i64> = sqlx::query_scalar(CHECKPOINTS).fetch_all(&sqlite.writer).await.unwrap();
+    assert_eq!(kept, vec![1], "a deleted job's checkpoint goes with it");
+    assert_eq!(kept, sqlx::query_scalar::<_, i64>(CHECKPOINTS).fetch_all(&opened.pool).await.unwrap());
+    for (first, last) in [
+        sqlx::query_as::<_, (i64, i64)>(TIMES).fetch_one(&sqlite.writer).await.unwrap(),
+        sqlx::query_as::<_, (i64, i64)>(TIMES).fetch_one(&opened.pool).await.unwrap(),
+    ] {
+        assert!(before <= first && last <= after, "transitions are stamped in Unix ms: {first}..{last}");
+    }
+    sqlite.close().await;
+}
+
+#[tokio::test]
+async fn replicas_opening_one_new_database_together_migrate_it_once() {
+    let pg = PgServer::start();
+    let (a, b, c) = tokio::join!(postgres::open(&pg.url), postgres::open(&pg.url), postgres::open(&pg.url));
+    let opened = [a.unwrap(), b.unwrap(), c.unwrap()];
+    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
+        .fetch_all(&opened[0].pool)
+        .await
+        .unwrap();
+    let known: Vec<i64> = sqlx::migrate!("../migrations-postgres").iter().map(|migration| migration.version).collect();
+    assert_eq!(applied, known, "each migration applied once");
+    let instances: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM server_instance").fetch_one(&opened[0].pool).await.unwrap();
+    assert_eq!(instances, 1, "one server identity, whichever replica made the schema");
+    // Opening a database that is up to date changes nothing.
+    let again = postgres::open(&pg.url).await.unwrap();
+    assert!(!again.created);
+}
+
+#[tokio::test]
+async fn a_database_from_a_newer_build_is_refused_with_both_versions_and_left_as_it_was() {
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    let known = sqlx::migrate!("../migrations-postgres").iter().map(|migration| migration.version).max().unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES ($1, 'from a newer build', true, '\\x00', 1)",
+    )
+    .bind(known + 5)
+    .execute(&opened.pool)
+    .await
+    .unwrap();
+    let refused = postgres::open(&pg.url).await.unwrap_err().to_string();
+    assert!(refused.contains(&format!("schema version {}", known + 5)), "{refused}");
+    assert!(refused.contains(&format!("newer than this build's {known}")), "{refused}");
+    assert!(refused.contains(&format!("127.0.0.1:{}", pg.port)), "the message names the server: {refused}");
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations").fetch_one(&opened.pool).await.unwrap();
+    assert_eq!(recorded, known + 1, "nothing was applied or removed");
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version > $1").bind(known).execute(&opened.pool).await.unwrap();
+    assert!(!postgres::open(&pg.url).await.unwrap().created, "with the newer one gone, this build opens it again");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_or_a_missing_database_is_named_with_its_cause() {
+    let pg = PgServer::start();
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let started = std::time::Instant::now();
+    let refused =
+        postgres::open(&format!("postgres://app:hunter2@127.0.0.1:{closed}/app")).await.unwrap_err().to_string();
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "no endless retry: {:?}", started.elapsed());
+    assert!(refused.contains(&format!("PostgreSQL at 127.0.0.1:{closed}")), "{refused}");
+    assert!(refused.to_lowercase().contains("refused"), "the cause: {refused}");
+    assert!(!refused.contains("hunter2"), "never the password: {refused}");
+    let missing =
+        postgres::open(&format!("postgres://app@127.0.0.1:{}/nowhere", pg.port)).await.unwrap_err().to_string();
+    assert!(missing.contains("database nowhere") && missing.contains("does not exist"), "{missing}");
+    let wrong = postgres::open("mysql://app@127.0.0.1/app").await.unwrap_err().to_string();
+    assert!(wrong.contains("must start with postgres://"), "{wrong}");
+}

@@ -1,0 +1,149 @@
+//! A real PostgreSQL server for a test: Debian's binaries (`initdb`, `postgres`), a fresh
+//! cluster in a temporary directory, listening on a free port of 127.0.0.1 with trust
+//! authentication, stopped when dropped. PostgreSQL refuses to run as root: as root, the cluster
+//! belongs to `nobody` and the server runs as it.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct PgServer {
+    /// `postgres://app@127.0.0.1:<port>/app`.
+    pub url: String,
+    pub port: u16,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+/// The user the cluster belongs to when the tests run as root.
+const NOBODY: u32 = 65534;
+
+impl PgServer {
+    pub fn start() -> PgServer {
+        let bin = bin_dir();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let as_root = is_root();
+        if as_root {
+            std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).expect("giving the cluster to nobody");
+        }
+        let data = dir.path().join("data");
+        let initdb = run_as(as_root, &bin.join("initdb"))
+            .args(["-D", path(&data), "-U", "app", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("running initdb (scripts/install-test-deps.sh installs PostgreSQL)");
+        assert!(initdb.status.success(), "initdb failed: {}", String::from_utf8_lossy(&initdb.stderr));
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("the server's log");
+        if as_root {
+            std::os::unix::fs::chown(dir.path().join("server.log"), Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        let child = run_as(as_root, &bin.join("postgres"))
+            .args(["-D", path(&data), "-p", &port.to_string(), "-k", path(dir.path())])
+            // Loopback only; durability is not what these tests are about.
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(["-c", "synchronous_commit=off", "-c", "max_connections=100"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting postgres");
+        let mut server = PgServer { url: format!("postgres://app@127.0.0.1:{port}/postgres"), port, child, dir };
+        server.wait_ready(&bin);
+        server.create_database("app");
+        server.url = format!("postgres://app@127.0.0.1:{port}/app");
+        server
+    }
+
+    fn create_database(&self, name: &str) {
+        let created = Command::new(bin_dir().join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "app", "-d", "postgres", "-v"])
+            .arg("ON_ERROR_STOP=1")
+            .args(["-c", &format!("CREATE DATABASE \"{name}\"")])
+            .output()
+            .expect("running psql");
+        assert!(created.status.success(), "creating database {name}: {}", String::from_utf8_lossy(&created.stderr));
+    }
+
+    /// Waits (bounded) until the server accepts connections.
+    fn wait_ready(&mut self, bin: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+                panic!("postgres exited with {status} while starting:\n{log}");
+            }
+            let ready = Command::new(bin.join("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "app", "-d", "postgres"])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success());
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "postgres did not accept connections within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        // SIGINT: PostgreSQL's fast shutdown (clients disconnected, no checkpoint wait).
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Where PostgreSQL's server programs are: `$APP_PG_BIN`, the directory of an `initdb` on
+/// `PATH`, or Debian's newest `/usr/lib/postgresql/<version>/bin`.
+fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("APP_PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).find(|dir| dir.join("initdb").is_file() && dir.join("pg_isready").is_file())
+    });
+    if let Some(dir) = on_path {
+        return dir;
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is not installed: run scripts/install-test-deps.sh")
+        .flatten()
+        .filter_map(|entry| Some((entry.file_name().to_str()?.parse().ok()?, entry.path().join("bin"))))
+        .collect();
+    versions.sort();
+    versions.pop().expect("no /usr/lib/postgresql/<version>/bin: run scripts/install-test-deps.sh").1
+}
+
+fn run_as(as_root: bool, program: &Path) -> Command {
+    if !as_root {
+        return Command::new(program);
+    }
+    let mut command = Command::new("setpriv");
+    command.args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups"]).arg(program);
+    command
+}
+
+/// Whether this process runs as root (`/proc/self` belongs to the effective user).
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn path(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 temporary path")
+}
