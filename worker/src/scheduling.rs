@@ -3,9 +3,8 @@
 //!
 //! A `SCHED_BATCH` thread gets its fair share of CPU time, but when it wakes (a job's end, a
 //! log chunk, a heartbeat, the server's answer) it does not preempt the process running on that
-//! CPU: it waits for its turn. Measured on a 2-core box with `sleep 0.01` jobs, the worker's
-//! wake-ups had preempted half of the jobs' start-ups (`perf` sched events: 43% of them by the
-//! worker's own thread, 0.09 ms each on average).
+//! CPU: it waits for its turn. Measured on a 2-core box with `sleep 0.01` jobs
+//! (`bench/job_startup.py`), the worker's own thread had preempted 40% of the jobs' start-ups.
 //!
 //! The crate's only unsafe code: neither std nor nix wraps `sched_setscheduler`.
 #![allow(unsafe_code)]
