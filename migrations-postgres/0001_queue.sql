@@ -1,6 +1,7 @@
 -- The queue, for PostgreSQL: the same tables, columns, keys, indexes and triggers as
 -- migrations/0001_queue.sql (SQLite), version for version, so one schema version means one
--- schema on either backend (server/tests/postgres.rs compares the two). Integers are BIGINT
+-- schema on either backend (server/tests/postgres compares the two). Needs PostgreSQL 13 or
+-- newer (gen_random_uuid in 0004). Integers are BIGINT
 -- (SQLite's INTEGER is 64-bit), REAL is DOUBLE PRECISION, BLOB is BYTEA, and an
 -- `INTEGER PRIMARY KEY` is an identity column. Times are Unix milliseconds. Never edit this
 -- file once released: add a new migration instead.
@@ -69,9 +70,10 @@ CREATE TABLE job_events (
 );
 CREATE INDEX job_events_by_job ON job_events (job_id, id);
 
--- Unix milliseconds of the wall clock now (clock_timestamp: not the transaction's start).
+-- Unix milliseconds of the wall clock now (clock_timestamp: not the transaction's start),
+-- truncated as SQLite's CAST truncates.
 CREATE FUNCTION app_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE
-    AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
+    AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
 
 CREATE FUNCTION jobs_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

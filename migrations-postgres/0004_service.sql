@@ -29,8 +29,15 @@ CREATE TABLE sweep_counts (
 );
 INSERT INTO sweep_counts (sweep_id, status, jobs) SELECT sweep_id, status, count(*) FROM jobs GROUP BY sweep_id, status;
 
+-- Unlike SQLite's single writer, PostgreSQL runs transactions side by side, and a finish with
+-- its claim (running -> succeeded, then queued -> running) against a plain claim (queued ->
+-- running) would take the same two count rows in opposite orders and deadlock. So a transition
+-- first locks all of its sweep's count rows, in one order: a second transaction changing the
+-- same sweep waits for the first one's end instead. (A transaction touching several sweeps
+-- must take them in sweep order; the write path sees to that, and retries a deadlock.)
 CREATE FUNCTION jobs_count_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM 1 FROM sweep_counts WHERE sweep_id = NEW.sweep_id ORDER BY status FOR UPDATE;
     UPDATE sweep_counts SET jobs = jobs - 1 WHERE sweep_id = OLD.sweep_id AND status = OLD.status;
     INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES (NEW.sweep_id, NEW.status, 1)
         ON CONFLICT (sweep_id, status) DO UPDATE SET jobs = sweep_counts.jobs + 1;

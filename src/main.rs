@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     // A worker daemon never preempts its jobs (`worker::scheduling`). Not the server: its
     // threads answer every worker of the queue, and as batch they gained nothing measurable.
     if worker_only {
-        worker::scheduling::yield_to_jobs();
+        let _ = worker::scheduling::yield_to_jobs();
     }
     // The worker daemon alone waits on its jobs, the server and a few files: one thread does
     // that, and a short job's cost on a worker was mostly hand-offs between the runtime's

@@ -74,28 +74,49 @@ pub async fn open(url: &str) -> anyhow::Result<Postgres> {
         .connect_with(options)
         .await
         .map_err(|error| cannot(cause(&error)))?;
+    // Replicas starting together look and migrate one at a time, so exactly one of them finds
+    // the database new. (sqlx's migrator takes a lock of its own, under another key.)
+    let mut lock = pool.acquire().await.map_err(|error| cannot(cause(&error)))?;
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(START_LOCK).execute(&mut *lock).await?;
+    let migrated = migrate(&pool, &mut lock, &place).await;
+    let _ = sqlx::query("SELECT pg_advisory_unlock($1)").bind(START_LOCK).execute(&mut *lock).await;
+    drop(lock);
+    match migrated {
+        Ok(created) => Ok(Postgres { pool, created }),
+        Err(error) => {
+            pool.close().await;
+            Err(error)
+        }
+    }
+}
+
+/// The advisory lock held while a replica checks and migrates the schema at start-up.
+const START_LOCK: i64 = 0x6170_705f_7374_6172; // "app_star"
+
+/// Refuses a schema newer than this build's and applies the migrations it lacks; true when the
+/// database had none (this start made it).
+async fn migrate(pool: &PgPool, connection: &mut PgConnection, place: &str) -> anyhow::Result<bool> {
     let migrator = sqlx::migrate!("../migrations-postgres");
     let known = migrator.iter().map(|migration| migration.version).max().unwrap_or(0);
     let table: Option<String> = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::TEXT")
-        .fetch_one(&pool)
+        .fetch_one(&mut *connection)
         .await
         .with_context(|| format!("reading the schema version of {place}"))?;
     let applied: Option<i64> = match table {
         None => None,
         Some(_) => sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
-            .fetch_one(&pool)
+            .fetch_one(&mut *connection)
             .await
             .with_context(|| format!("reading the schema version of {place}"))?,
     };
     if let Some(applied) = applied.filter(|applied| *applied > known) {
-        pool.close().await;
         anyhow::bail!(
             "the database {place} has schema version {applied}, newer than this build's {known}: a newer version \
              of app wrote it; run that version (or a newer one) against it, or point this one at another database"
         );
     }
-    migrator.run(&pool).await.with_context(|| format!("migrating {place}"))?;
-    Ok(Postgres { pool, created: applied.is_none() })
+    migrator.run(pool).await.with_context(|| format!("migrating {place}"))?;
+    Ok(applied.is_none())
 }
 
 /// The cause of a failed connection in a few words: the I/O error (refused, no route, unknown

@@ -16,21 +16,30 @@ struct Table {
     columns: Vec<(String, String, bool, Option<String>)>,
     primary_key: Vec<String>,
     unique: BTreeSet<Vec<String>>,
-    /// Name -> (unique, partial, columns).
-    indexes: BTreeMap<String, (bool, bool, Vec<String>)>,
+    /// Name -> (unique, WHERE of a partial one, columns with their direction).
+    indexes: BTreeMap<String, (bool, Option<String>, Vec<String>)>,
     /// Column, referenced table, referenced column, on delete.
     foreign_keys: BTreeSet<(String, String, String, String)>,
     triggers: BTreeSet<String>,
 }
 
-fn family(declared: &str) -> String {
-    match declared.to_ascii_lowercase().as_str() {
-        "integer" | "bigint" => "integer".into(),
-        "text" => "text".into(),
-        "real" | "double precision" => "real".into(),
-        "blob" | "bytea" => "blob".into(),
-        other => other.into(),
+/// A column type of either backend as one name: SQLite's INTEGER (64-bit) is PostgreSQL's
+/// BIGINT, never its 32-bit `integer`.
+fn family(sqlite: bool, declared: &str) -> String {
+    match (sqlite, declared.to_ascii_lowercase().as_str()) {
+        (true, "integer") | (false, "bigint") => "64-bit integer".into(),
+        (_, "text") => "text".into(),
+        (true, "real") | (false, "double precision") => "double".into(),
+        (true, "blob") | (false, "bytea") => "bytes".into(),
+        (sqlite, other) => format!("{other} ({})", if sqlite { "SQLite" } else { "PostgreSQL" }),
     }
+}
+
+/// An index's WHERE as both backends can write it: `(status = 'queued'::text)` is
+/// `status = 'queued'`.
+fn predicate(text: &str) -> String {
+    let text = text.to_ascii_lowercase().replace("::text", "").replace("::bigint", "");
+    text.replace(['(', ')'], "").split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn on_delete(action: &str) -> String {
@@ -60,32 +69,43 @@ async fn sqlite_schema(pool: &SqlitePool) -> BTreeMap<String, Table> {
         {
             let (column, pk): (String, i64) = (row.get(0), row.get(4));
             let not_null = row.get::<i64, _>(2) == 1 || pk > 0;
-            table.columns.push((column.clone(), family(row.get(1)), not_null, row.get(3)));
+            table.columns.push((column.clone(), family(true, row.get(1)), not_null, row.get(3)));
             if pk > 0 {
                 key.push((pk, column));
             }
         }
         key.sort();
         table.primary_key = key.into_iter().map(|(_, column)| column).collect();
-        for row in sqlx::query("SELECT name, \"unique\", origin, partial FROM pragma_index_list(?)")
-            .bind(&name)
-            .fetch_all(pool)
-            .await
-            .unwrap()
+        for row in sqlx::query(
+            "SELECT l.name, l.\"unique\", l.origin, m.sql FROM pragma_index_list(?) l
+             LEFT JOIN sqlite_master m ON m.type = 'index' AND m.name = l.name",
+        )
+        .bind(&name)
+        .fetch_all(pool)
+        .await
+        .unwrap()
         {
             let index: String = row.get(0);
-            let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_index_info(?) ORDER BY seqno")
-                .bind(&index)
-                .fetch_all(pool)
-                .await
-                .unwrap();
+            let columns: Vec<String> = sqlx::query_scalar(
+                "SELECT name || CASE WHEN \"desc\" THEN ' DESC' ELSE '' END FROM pragma_index_xinfo(?)
+                 WHERE key = 1 ORDER BY seqno",
+            )
+            .bind(&index)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            let sql: Option<String> = row.get(3);
+            let partial = sql.and_then(|sql| {
+                let at = sql.to_ascii_uppercase().rfind(" WHERE ")?;
+                Some(predicate(&sql[at + 7..]))
+            });
             match row.get::<String, _>(2).as_str() {
                 "pk" => {}
                 "u" => {
                     table.unique.insert(columns);
                 }
                 _ => {
-                    table.indexes.insert(index, (row.get::<i64, _>(1) == 1, row.get::<i64, _>(3) == 1, columns));
+                    table.indexes.insert(index, (row.get::<i64, _>(1) == 1, partial, columns));
                 }
             }
         }
@@ -140,7 +160,7 @@ async fn postgres_schema(pool: &PgPool) -> BTreeMap<String, Table> {
             let default: Option<String> = row.get(3);
             // `'queued'::text` is SQLite's `'queued'`.
             let default = default.map(|value| value.split("::").next().unwrap_or_default().to_string());
-            table.columns.push((row.get(0), family(row.get(1)), row.get::<String, _>(2) == "NO", default));
+            table.columns.push((row.get(0), family(false, row.get(1)), row.get::<String, _>(2) == "NO", default));
         }
         let key = columns_of("i.indkey::INT2[]", "i.indrelid");
         table.primary_key = sqlx::query_scalar(&format!(
@@ -161,17 +181,22 @@ async fn postgres_schema(pool: &PgPool) -> BTreeMap<String, Table> {
         .unwrap()
         .into_iter()
         .collect();
-        for row in sqlx::query(&format!(
-            "SELECT x.relname::TEXT, i.indisunique, i.indpred IS NOT NULL, {key}
+        // indoption's bit 1 is DESC (0-based, as int2vector is).
+        for row in sqlx::query(
+            "SELECT x.relname::TEXT, i.indisunique, pg_get_expr(i.indpred, i.indrelid),
+                    array(SELECT a.attname::TEXT || CASE WHEN i.indoption[k.n - 1] & 1 = 1 THEN ' DESC' ELSE '' END
+                          FROM unnest(i.indkey::INT2[]) WITH ORDINALITY k(attnum, n)
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum ORDER BY k.n)
              FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid
-             WHERE i.indrelid = $1::regclass AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)"
-        ))
+             WHERE i.indrelid = $1::regclass AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)",
+        )
         .bind(&name)
         .fetch_all(pool)
         .await
         .unwrap()
         {
-            table.indexes.insert(row.get(0), (row.get(1), row.get(2), row.get(3)));
+            let partial: Option<String> = row.get(2);
+            table.indexes.insert(row.get(0), (row.get(1), partial.as_deref().map(predicate), row.get(3)));
         }
         for row in sqlx::query(
             "SELECT (SELECT attname::TEXT FROM pg_attribute WHERE attrelid = c.conrelid AND attnum = c.conkey[1]),
@@ -238,6 +263,8 @@ const SCRIPT: &str = "
     UPDATE jobs SET priority = 5, lease_expires_at = 9 WHERE id = 1;
     INSERT INTO early_stops (job_id, attempt, rung, cutoff, reason, stopped_at) VALUES (1, 2, 10, 0.5, 'stopped early at step 10', 0);
     UPDATE jobs SET status = 'cancelled', exit_code = 143, reason = 'cancelled' WHERE id = 1;
+    UPDATE jobs SET attempt = 3 WHERE id = 1;
+    UPDATE jobs SET status = status, reason = reason WHERE id = 1;
     UPDATE jobs SET status = 'running', attempt = 1, worker_id = 1 WHERE id = 2;
     UPDATE jobs SET status = 'failed', exit_code = 2, reason = 'exit code 2' WHERE id = 2;
     INSERT INTO checkpoints (job_id, attempt, size, sha256, uploaded_at) VALUES (1, 2, 1, 'a', 0), (2, 1, 1, 'b', 0);
@@ -267,9 +294,15 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
     let after = server::db::now_ms();
 
     let events: Vec<Event> = sqlx::query_as(EVENTS).fetch_all(&sqlite.writer).await.unwrap();
-    assert_eq!(events.len(), 4, "four transitions of job 1 recorded: {events:#?}");
+    assert_eq!(events.len(), 5, "four transitions of job 1 and a change of its attempt alone: {events:#?}");
     assert_eq!(events[1].4, Some(1), "a requeue keeps the worker that lost the attempt: {events:#?}");
     assert_eq!(events[3].5.as_deref(), Some("stopped early at step 10"), "{events:#?}");
+    assert_eq!((events[4].1.as_deref(), events[4].3), (Some("cancelled"), 3), "{events:#?}");
+    assert_eq!(
+        events[4].5.as_deref(),
+        Some("stopped early at step 10"),
+        "the row's reason, not a new stop: {events:#?}"
+    );
     assert_eq!(events, sqlx::query_as::<_, Event>(EVENTS).fetch_all(&opened.pool).await.unwrap());
     let jobs: Vec<(i64, String, Option<String>)> = sqlx::query_as(JOBS).fetch_all(&sqlite.writer).await.unwrap();
     assert_eq!(jobs, vec![(1, "cancelled".to_string(), Some("stopped early at step 10".to_string()))]);
@@ -294,6 +327,8 @@ async fn replicas_opening_one_new_database_together_migrate_it_once() {
     let pg = PgServer::start();
     let (a, b, c) = tokio::join!(postgres::open(&pg.url), postgres::open(&pg.url), postgres::open(&pg.url));
     let opened = [a.unwrap(), b.unwrap(), c.unwrap()];
+    let made: Vec<bool> = opened.iter().map(|opened| opened.created).collect();
+    assert_eq!(made.iter().filter(|created| **created).count(), 1, "one replica made the schema: {made:?}");
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version")
         .fetch_all(&opened[0].pool)
         .await
@@ -349,4 +384,43 @@ async fn an_unreachable_server_or_a_missing_database_is_named_with_its_cause() {
     assert!(missing.contains("database nowhere") && missing.contains("does not exist"), "{missing}");
     let wrong = postgres::open("mysql://app@127.0.0.1/app").await.unwrap_err().to_string();
     assert!(wrong.contains("must start with postgres://"), "{wrong}");
+}
+
+#[tokio::test]
+async fn two_transactions_changing_one_sweep_wait_for_each_other_instead_of_deadlocking() {
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 's', 'native', 'x', 3, 0);
+         INSERT INTO jobs (id, sweep_id, idx, params, command, created_at, status, attempt)
+             VALUES (1, 1, 0, '{}', 'true', 0, 'running', 1), (2, 1, 1, '{}', 'true', 0, 'queued', 0),
+                    (3, 1, 2, '{}', 'true', 0, 'queued', 0);
+         INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES (1, 'queued', 2), (1, 'running', 1), (1, 'succeeded', 0);",
+    )
+    .execute(&opened.pool)
+    .await
+    .unwrap();
+    // A finish with its claim (running -> succeeded, then queued -> running) against a plain
+    // claim (queued -> running): in opposite orders over the same two count rows.
+    let mut finish = opened.pool.begin().await.unwrap();
+    sqlx::query("UPDATE jobs SET status = 'succeeded' WHERE id = 1").execute(&mut *finish).await.unwrap();
+    let pool = opened.pool.clone();
+    let claim = tokio::spawn(async move {
+        let mut claim = pool.begin().await.unwrap();
+        sqlx::query("UPDATE jobs SET status = 'running', attempt = 1 WHERE id = 3").execute(&mut *claim).await?;
+        claim.commit().await
+    });
+    // The claim is waiting (on the count rows) before the finish goes on.
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE jobs%'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&opened.pool).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the claim never waited");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    sqlx::query("UPDATE jobs SET status = 'running', attempt = 1 WHERE id = 2").execute(&mut *finish).await.unwrap();
+    finish.commit().await.unwrap();
+    claim.await.unwrap().expect("the claim went on after the finish, without a deadlock");
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, jobs FROM sweep_counts ORDER BY status").fetch_all(&opened.pool).await.unwrap();
+    assert_eq!(counts, [("queued", 0), ("running", 2), ("succeeded", 1)].map(|(s, n)| (s.to_string(), n)));
 }

@@ -13,7 +13,8 @@ pub struct PgServer {
     pub url: String,
     pub port: u16,
     child: Child,
-    dir: tempfile::TempDir,
+    /// The cluster's files, removed with the server.
+    _dir: tempfile::TempDir,
 }
 
 /// The user the cluster belongs to when the tests run as root.
@@ -34,22 +35,36 @@ impl PgServer {
             .output()
             .expect("running initdb (scripts/install-test-deps.sh installs PostgreSQL)");
         assert!(initdb.status.success(), "initdb failed: {}", String::from_utf8_lossy(&initdb.stderr));
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("the server's log");
-        if as_root {
-            std::os::unix::fs::chown(dir.path().join("server.log"), Some(NOBODY), Some(NOBODY)).unwrap();
-        }
-        let child = run_as(as_root, &bin.join("postgres"))
-            .args(["-D", path(&data), "-p", &port.to_string(), "-k", path(dir.path())])
-            // Loopback only; durability is not what these tests are about.
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off"])
-            .args(["-c", "synchronous_commit=off", "-c", "max_connections=100"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting postgres");
-        let mut server = PgServer { url: format!("postgres://app@127.0.0.1:{port}/postgres"), port, child, dir };
-        server.wait_ready(&bin);
+        // A port found free may be taken again before postgres binds it: a few tries.
+        let mut tries = 0;
+        let (port, child) = loop {
+            tries += 1;
+            let port = free_port();
+            let log = std::fs::File::create(dir.path().join("server.log")).expect("the server's log");
+            if as_root {
+                std::os::unix::fs::chown(dir.path().join("server.log"), Some(NOBODY), Some(NOBODY)).unwrap();
+            }
+            let mut child = run_as(as_root, &bin.join("postgres"))
+                .args(["-D", path(&data), "-p", &port.to_string(), "-k", path(dir.path())])
+                // Loopback only; durability is not what these tests are about.
+                .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off"])
+                .args(["-c", "synchronous_commit=off", "-c", "max_connections=100"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("starting postgres");
+            match wait_ready(&mut child, &bin, port) {
+                Ok(()) => break (port, child),
+                Err(why) if tries < 3 => {
+                    eprintln!("postgres on port {port} did not start ({why}); trying another port")
+                }
+                Err(why) => {
+                    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default();
+                    panic!("postgres did not start: {why}\n{log}");
+                }
+            }
+        };
+        let mut server = PgServer { url: format!("postgres://app@127.0.0.1:{port}/postgres"), port, child, _dir: dir };
         server.create_database("app");
         server.url = format!("postgres://app@127.0.0.1:{port}/app");
         server
@@ -64,26 +79,29 @@ impl PgServer {
             .expect("running psql");
         assert!(created.status.success(), "creating database {name}: {}", String::from_utf8_lossy(&created.stderr));
     }
+}
 
-    /// Waits (bounded) until the server accepts connections.
-    fn wait_ready(&mut self, bin: &Path) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
-                panic!("postgres exited with {status} while starting:\n{log}");
-            }
-            let ready = Command::new(bin.join("pg_isready"))
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "app", "-d", "postgres"])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|status| status.success());
-            if ready {
-                return;
-            }
-            assert!(Instant::now() < deadline, "postgres did not accept connections within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
+/// Waits (bounded) until the server on `port` accepts connections.
+fn wait_ready(child: &mut Child, bin: &Path, port: u16) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Err(format!("postgres exited with {status}"));
         }
+        let ready = Command::new(bin.join("pg_isready"))
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "app", "-d", "postgres"])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("no connection within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -125,12 +143,16 @@ fn bin_dir() -> PathBuf {
     versions.pop().expect("no /usr/lib/postgresql/<version>/bin: run scripts/install-test-deps.sh").1
 }
 
+/// `program` under `setpriv`: it gets SIGINT (PostgreSQL's fast shutdown) should the test
+/// process die without dropping its server (a timeout's SIGKILL), and runs as `nobody` when the
+/// tests run as root.
 fn run_as(as_root: bool, program: &Path) -> Command {
-    if !as_root {
-        return Command::new(program);
-    }
     let mut command = Command::new("setpriv");
-    command.args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups"]).arg(program);
+    command.args(["--pdeathsig", "INT"]);
+    if as_root {
+        command.args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups"]);
+    }
+    command.arg(program);
     command
 }
 
