@@ -4,7 +4,7 @@
 //!
 //! What is here is the start-up half: the URL, the connection and its errors, the schema version
 //! check and the migrations. The queue does not run on PostgreSQL yet: its write units and reads
-//! are SQLite statements (see ARCHITECTURE.md, "A second backend"), so nothing in the server
+//! are SQLite statements (see ARCHITECTURE.md, "A second backend, begun"), so nothing in the server
 //! calls [`open`] yet and no flag offers it.
 
 use anyhow::Context;
@@ -53,8 +53,8 @@ pub fn options(url: &str) -> anyhow::Result<PgConnectOptions> {
 }
 
 /// Connects to the database at `url`, refuses a schema newer than this build's, and applies
-/// the migrations it lacks (sqlx holds a PostgreSQL advisory lock meanwhile, so replicas that
-/// start together migrate one after the other).
+/// the migrations it lacks, under an advisory lock: replicas that start together check and
+/// migrate one after the other.
 pub async fn open(url: &str) -> anyhow::Result<Postgres> {
     let options = options(url)?;
     let place = describe(&options);
@@ -77,7 +77,11 @@ pub async fn open(url: &str) -> anyhow::Result<Postgres> {
     // Replicas starting together look and migrate one at a time, so exactly one of them finds
     // the database new. (sqlx's migrator takes a lock of its own, under another key.)
     let mut lock = pool.acquire().await.map_err(|error| cannot(cause(&error)))?;
-    sqlx::query("SELECT pg_advisory_lock($1)").bind(START_LOCK).execute(&mut *lock).await?;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(START_LOCK)
+        .execute(&mut *lock)
+        .await
+        .with_context(|| format!("waiting for the start-up lock of {place}"))?;
     let migrated = migrate(&pool, &mut lock, &place).await;
     let _ = sqlx::query("SELECT pg_advisory_unlock($1)").bind(START_LOCK).execute(&mut *lock).await;
     drop(lock);

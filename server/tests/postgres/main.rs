@@ -424,3 +424,21 @@ async fn two_transactions_changing_one_sweep_wait_for_each_other_instead_of_dead
         sqlx::query_as("SELECT status, jobs FROM sweep_counts ORDER BY status").fetch_all(&opened.pool).await.unwrap();
     assert_eq!(counts, [("queued", 0), ("running", 2), ("succeeded", 1)].map(|(s, n)| (s.to_string(), n)));
 }
+
+#[tokio::test]
+async fn a_statement_with_numbered_parameters_is_one_text_for_both_backends() {
+    // The port's premise (ARCHITECTURE.md, "A second backend, begun"): sqlx binds `$N` by its
+    // number on SQLite as on PostgreSQL, whatever order and however often they appear.
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    let directory = tempfile::tempdir().unwrap();
+    let sqlite = server::db::Db::open(directory.path()).await.unwrap();
+    let sql = "INSERT INTO sweeps (name, form, source, job_count, created_at)
+               VALUES ($2, 'native', $2 || '.yaml', $1, $1 * 1000) RETURNING id, name, source, job_count, created_at";
+    type Row = (i64, String, String, i64, i64);
+    let on_sqlite: Row = sqlx::query_as(sql).bind(3i64).bind("s").fetch_one(&sqlite.writer).await.unwrap();
+    let on_postgres: Row = sqlx::query_as(sql).bind(3i64).bind("s").fetch_one(&opened.pool).await.unwrap();
+    assert_eq!(on_sqlite, (1, "s".to_string(), "s.yaml".to_string(), 3, 3000));
+    assert_eq!(on_postgres, on_sqlite);
+    sqlite.close().await;
+}
