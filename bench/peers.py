@@ -195,7 +195,8 @@ def tsp(env, *args):
 
 def run_tsp(words, count):
     with tempfile.TemporaryDirectory(prefix="bench-tsp-") as directory:
-        env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_MAXFINISHED="10", TS_SAVELIST="")
+        # TMPDIR: where tsp writes each job's output (ts-out.*), removed with the directory.
+        env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_MAXFINISHED="10", TS_SAVELIST="", TMPDIR=directory)
         tsp(env, "-S", str(PARALLEL))
         started = time.perf_counter()
         ids = [tsp(env, *words) for _ in range(count)]
@@ -273,7 +274,7 @@ def dispatch_latencies(system, binary, samples):
                     latencies.append((started_at(target) - submitted) / 1e6)
             quiet.__exit__(None, None, None)
         elif system == "tsp":
-            env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_SAVELIST="")
+            env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_SAVELIST="", TMPDIR=directory)
             tsp(env, "-S", str(PARALLEL))
             for sample in range(samples):
                 target = f"{directory}/{sample}"
