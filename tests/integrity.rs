@@ -245,11 +245,13 @@ async fn a_worker_killed_with_sigkill_takes_its_jobs_processes_with_it() {
 async fn a_full_disk_on_the_worker_marks_the_job_and_says_so_in_its_log() {
     let server = ServerProcess::start();
     let _worker = WorkerProcess::on_small_disk(&server.url, "cramped", 8);
-    // The job fills the worker's disk, prints 1,001 lines the worker cannot keep, then frees it.
+    // The job fills the worker's disk and prints 1,001 lines the worker cannot keep. The disk
+    // stays full until the worker releases the slot: freed by the job itself, it could be free
+    // again before the worker (batch, waiting its turn behind the job) wrote a line.
     server
         .submit(
             "name: cramped\ncommand: 'head -c 64M /dev/zero > filler 2>/dev/null; \
-             for i in $(seq 1 1001); do echo \"line $i of the output\"; done; rm -f filler'\n",
+             for i in $(seq 1 1001); do echo \"line $i of the output\"; done'\n",
         )
         .await;
     let job = finished_job(&server, "cramped").await;

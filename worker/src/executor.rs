@@ -304,19 +304,24 @@ pub async fn run(
             .process_group(0)
             .spawn()
     };
-    let spawned = crate::scheduling::spawn_as_usual(|| match spawn(direct.as_ref()) {
-        // A program found earlier and gone since: the shell says what is wrong, as it would.
-        Err(error) if direct.is_some() && error.kind() == std::io::ErrorKind::NotFound => spawn(None),
-        spawned => spawned,
+    // The guard learns of the job's group in the same breath as the spawn, before the worker's
+    // thread yields to the job: a worker killed once the job is running must take it along.
+    let spawned = crate::scheduling::spawn_as_usual(|| {
+        let spawned = match spawn(direct.as_ref()) {
+            // A program found earlier and gone since: the shell says what is wrong, as it would.
+            Err(error) if direct.is_some() && error.kind() == std::io::ErrorKind::NotFound => spawn(None),
+            spawned => spawned,
+        };
+        if let Some(pid) = spawned.as_ref().ok().and_then(|child| child.id()) {
+            guard.watch(pid as i32);
+        }
+        spawned
     });
     let mut child = match spawned {
         Ok(child) => child,
         Err(error) => return failed(format!("starting `{command}`: {error}")),
     };
     let group = child.id().map(|pid| Pid::from_raw(pid as i32));
-    if let Some(group) = group {
-        guard.watch(group.as_raw());
-    }
     let (chunks, received) = mpsc::channel::<Vec<u8>>(64);
     let pipes = [
         child.stdout.take().map(|out| tokio::spawn(forward(out, chunks.clone()))),
