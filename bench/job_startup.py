@@ -9,8 +9,8 @@ two shell loops (the exec floor), and for each job process
 - preempted: the share of start-ups that were preempted, how long they waited, and by whom;
 - gap: from one job's exit to the next job's exec (what the queue itself costs).
 
-This is how the worker's SCHED_BATCH change (ARCHITECTURE.md, "The worker never preempts its
-jobs") was found and measured.
+This is how the worker was found preempting its short jobs' start-ups (ARCHITECTURE.md, "Tried
+and reverted: the worker daemon as SCHED_BATCH").
 
     sudo python3 bench/job_startup.py [--system app|tsp|floor] [--app target/release/app] [--count 400]
 """

@@ -9,17 +9,11 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(&args);
-    let worker_only = args.command.is_none() && args.serve.client_only;
-    // A worker daemon never preempts its jobs (`worker::scheduling`). Not the server: its
-    // threads answer every worker of the queue, and as batch they gained nothing measurable.
-    if worker_only {
-        let _ = worker::scheduling::yield_to_jobs();
-    }
     // The worker daemon alone waits on its jobs, the server and a few files: one thread does
     // that, and a short job's cost on a worker was mostly hand-offs between the runtime's
     // threads (2,000 `true` jobs: CPU per job 0.94 -> 0.72 ms). Its blocking work (hashing,
     // packing, unpacking) runs on the blocking pool either way.
-    let mut builder = match worker_only {
+    let mut builder = match args.command.is_none() && args.serve.client_only {
         true => tokio::runtime::Builder::new_current_thread(),
         false => tokio::runtime::Builder::new_multi_thread(),
     };

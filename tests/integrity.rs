@@ -247,7 +247,7 @@ async fn a_full_disk_on_the_worker_marks_the_job_and_says_so_in_its_log() {
     let _worker = WorkerProcess::on_small_disk(&server.url, "cramped", 8);
     // The job fills the worker's disk and prints 1,001 lines the worker cannot keep. The disk
     // stays full until the worker releases the slot: freed by the job itself, it could be free
-    // again before the worker (batch, waiting its turn behind the job) wrote a line.
+    // again before the worker, waiting for a CPU on a loaded box, wrote a line.
     server
         .submit(
             "name: cramped\ncommand: 'head -c 64M /dev/zero > filler 2>/dev/null; \

@@ -505,29 +505,3 @@ async fn short_jobs_start_from_a_reserve_that_a_long_job_hands_back_to_idle_work
     assert!(handed_back.finished_at.unwrap() < long_end, "the reserved job did not wait for the long one");
     assert!(long_end - long.started_at.unwrap() >= 8_000);
 }
-
-/// The scheduling policy (field 41) of a `/proc/<pid>/stat` line.
-fn policy_in_stat(stat: &str) -> Option<i32> {
-    stat[stat.rfind(')')? + 1..].split_whitespace().nth(38)?.parse().ok()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_worker_runs_as_batch_and_its_jobs_with_the_normal_policy() {
-    const SCHED_OTHER: i32 = 0;
-    const SCHED_BATCH: i32 = 3;
-    let own = std::fs::read_to_string("/proc/self/stat").unwrap();
-    if policy_in_stat(&own) != Some(SCHED_OTHER) {
-        eprintln!("skipped: the tests run under another policy, which the worker keeps");
-        return;
-    }
-    let server = ServerProcess::start();
-    let worker = WorkerProcess::start(&server.url, "polite", &[]);
-    // A plain command: started directly, `cat` is the job's own process.
-    server.submit("name: policy\ncommand: cat /proc/self/stat\n").await;
-    let job = finished(&server, "policy").await.remove(0);
-    assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
-    let log = server.client().log(job.id, &LogQuery::default()).await.unwrap().text;
-    assert_eq!(policy_in_stat(&log), Some(SCHED_OTHER), "the job's policy: {log}");
-    let daemon = std::fs::read_to_string(format!("/proc/{}/stat", worker.child.id())).unwrap();
-    assert_eq!(policy_in_stat(&daemon), Some(SCHED_BATCH), "the worker's policy: {daemon}");
-}

@@ -304,24 +304,19 @@ pub async fn run(
             .process_group(0)
             .spawn()
     };
-    // The guard learns of the job's group in the same breath as the spawn, before the worker's
-    // thread yields to the job: a worker killed once the job is running must take it along.
-    let spawned = crate::scheduling::spawn_as_usual(|| {
-        let spawned = match spawn(direct.as_ref()) {
-            // A program found earlier and gone since: the shell says what is wrong, as it would.
-            Err(error) if direct.is_some() && error.kind() == std::io::ErrorKind::NotFound => spawn(None),
-            spawned => spawned,
-        };
-        if let Some(pid) = spawned.as_ref().ok().and_then(|child| child.id()) {
-            guard.watch(pid as i32);
-        }
-        spawned
-    });
+    let spawned = match spawn(direct.as_ref()) {
+        // A program found earlier and gone since: the shell says what is wrong, as it would.
+        Err(error) if direct.is_some() && error.kind() == std::io::ErrorKind::NotFound => spawn(None),
+        spawned => spawned,
+    };
     let mut child = match spawned {
         Ok(child) => child,
         Err(error) => return failed(format!("starting `{command}`: {error}")),
     };
     let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+    if let Some(group) = group {
+        guard.watch(group.as_raw());
+    }
     let (chunks, received) = mpsc::channel::<Vec<u8>>(64);
     let pipes = [
         child.stdout.take().map(|out| tokio::spawn(forward(out, chunks.clone()))),
@@ -594,32 +589,6 @@ mod tests {
             guard: &guard,
         };
         run(launch, log, stopped, Arc::new(Notify::new())).await
-    }
-
-    /// The scheduling policy (field 41) of a `/proc/<pid>/stat` line.
-    fn policy_in_stat(stat: &str) -> Option<i32> {
-        stat[stat.rfind(')')? + 1..].split_whitespace().nth(38)?.parse().ok()
-    }
-
-    #[tokio::test]
-    async fn a_job_runs_with_the_normal_policy_while_the_worker_runs_as_batch() {
-        // This test's thread is the worker's: a current-thread runtime spawns jobs from it.
-        if !crate::scheduling::yield_to_jobs() {
-            eprintln!("skipped: this thread was not SCHED_OTHER, or the kernel refused SCHED_BATCH");
-            return;
-        }
-        // What a job would inherit without the worker's reset.
-        let inherited = std::process::Command::new("cat").arg("/proc/self/stat").output().unwrap();
-        assert_eq!(policy_in_stat(&String::from_utf8_lossy(&inherited.stdout)), Some(libc::SCHED_BATCH));
-
-        let root = tempfile::tempdir().unwrap();
-        // A plain command: started directly, `cat` is the job's own process.
-        let ended = run_in(root.path(), "cat /proc/self/stat").await;
-        assert!(matches!(ended.outcome, Outcome::Exited { code: 0 }), "{:?}", ended.outcome);
-        let log_path = root.path().join("log");
-        let stat = std::fs::read_to_string(&log_path).unwrap();
-        assert_eq!(policy_in_stat(&stat), Some(libc::SCHED_OTHER), "the job's policy: {stat}");
-        assert_eq!(crate::scheduling::policy(0).ok(), Some(libc::SCHED_BATCH), "the worker is batch again");
     }
 
     #[tokio::test]

@@ -21,7 +21,6 @@ mod job_processes;
 mod launch;
 pub mod reservations;
 pub mod results;
-pub mod scheduling;
 pub mod shipper;
 mod slots;
 pub mod visible;
