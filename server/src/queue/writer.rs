@@ -471,20 +471,11 @@ async fn run_group(
     };
     match ended {
         Ok(()) => {
-            let mut changes = Vec::new();
-            for (outcome, noted) in ran {
-                outcome.settle(Ok(()));
-                changes.extend(noted);
-            }
-            events.emit(&changes);
+            answer_committed(ran, events);
             (Some(tx.conn), std::mem::take(group))
         }
         Err(error) => {
-            let error = ApiError::from(error);
-            tracing::error!(error = ?error, units = ran.len(), "committing a group of writes failed");
-            for (outcome, _) in ran {
-                outcome.settle(Err(&error));
-            }
+            answer_failed_commit(ran, ApiError::from(error));
             close(tx.conn);
             (None, std::mem::take(group))
         }
@@ -502,6 +493,25 @@ fn abandon(
     answer_abandoned(ran, why);
     close(tx.conn);
     (None, std::mem::take(group))
+}
+
+/// Answers every unit of a committed group, then announces what they changed (never before the
+/// commit: a follower woken earlier could read the state from before it).
+fn answer_committed(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, events: &Events) {
+    let mut changes = Vec::new();
+    for (outcome, noted) in ran {
+        outcome.settle(Ok(()));
+        changes.extend(noted);
+    }
+    events.emit(&changes);
+}
+
+/// Answers every unit of a group whose COMMIT failed with that failure.
+fn answer_failed_commit(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, error: ApiError) {
+    tracing::error!(error = ?error, units = ran.len(), "committing a group of writes failed");
+    for (outcome, _) in ran {
+        outcome.settle(Err(&error));
+    }
 }
 
 /// Answers every unit of an abandoned transaction with a retryable error: the failing unit's
@@ -578,20 +588,11 @@ fn run_fast_group(
     }
     match conn.execute_batch("COMMIT") {
         Ok(()) => {
-            let mut changes = Vec::new();
-            for (outcome, noted) in ran {
-                outcome.settle(Ok(()));
-                changes.extend(noted);
-            }
-            events.emit(&changes);
+            answer_committed(ran, events);
             Ok(Some(conn))
         }
         Err(error) => {
-            let error = ApiError::from(error);
-            tracing::error!(error = ?error, units = ran.len(), "committing a group of writes failed");
-            for (outcome, _) in ran {
-                outcome.settle(Err(&error));
-            }
+            answer_failed_commit(ran, ApiError::from(error));
             // Closing it rolls back whatever is still open.
             Ok(None)
         }
