@@ -4,12 +4,19 @@
 warm-up and then COUNT jobs of COMMAND, and prints jobs/s and the server's and the worker's CPU
 per job; then the medians. This is how the same-sitting A/Bs in docs/benchmarks.md were taken.
 
-    python3 bench/ab.py OLD_BINARY NEW_BINARY [--rounds 6] [--count 2000] [--command true]
+`--churn N` makes and removes N empty files in the temporary directory before each build's
+turn, as the other systems of a peers run do between app's rounds: ext4 then skips every inode
+freed in the last minutes when it hands out a new one, which is how the worker's per-job files
+were found to cost ever more (ARCHITECTURE.md, "Attempt files keep their inodes").
+
+    python3 bench/ab.py OLD_BINARY NEW_BINARY [--rounds 6] [--count 2000] [--command true] [--churn 20000]
 """
 
 import argparse
 import shlex
+import shutil
 import statistics
+import tempfile
 
 import peers
 
@@ -20,12 +27,18 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--command", default="true")
+    parser.add_argument("--churn", type=int, default=0, help="files made and removed before each turn")
     args = parser.parse_args()
     words = shlex.split(args.command)
     figures = {binary: [] for binary in args.binaries}
     for round_number in range(1, args.rounds + 1):
         order = args.binaries if round_number % 2 else list(reversed(args.binaries))
         for binary in order:
+            if args.churn:
+                churn = tempfile.mkdtemp(prefix="bench-churn-")
+                for number in range(args.churn):
+                    open(f"{churn}/{number}", "w").close()
+                shutil.rmtree(churn)
             app = peers.App(binary)
             try:
                 app.run(words, 200)
