@@ -151,11 +151,12 @@ fn remove_if_there(file: &Path) -> std::io::Result<()> {
 /// config is overwritten and cut to its new length instead, and the log and metrics are
 /// truncated only when the last attempt wrote to them.
 ///
-/// Whatever a job left at the path that is not a plain file (a symlink, a directory) is
-/// removed and a new file made: nothing is written through a job's symlink.
+/// Whatever a job left at the path that is not a plain file of its own (a symlink, a
+/// directory, a file with a second name elsewhere) is removed and a new file made: nothing is
+/// written through a job's symlink or into a copy it kept by hard link.
 fn reuse_file(file: &Path, contents: &[u8], append: bool) -> std::io::Result<std::fs::File> {
     use std::io::Write;
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
     let open = || {
         let mut options = std::fs::OpenOptions::new();
         if append {
@@ -166,8 +167,9 @@ fn reuse_file(file: &Path, contents: &[u8], append: bool) -> std::io::Result<std
         options.create(true).custom_flags(nix::libc::O_NOFOLLOW).open(file)
     };
     let reused = open().and_then(|handle| match handle.metadata() {
-        Ok(metadata) if metadata.is_file() => Ok((handle, metadata.len())),
-        Ok(_) => Err(std::io::Error::other("not a plain file")),
+        // A second name (a hard link a job made to keep its config) keeps what it holds.
+        Ok(metadata) if metadata.is_file() && metadata.nlink() == 1 => Ok((handle, metadata.len())),
+        Ok(_) => Err(std::io::Error::other("not a plain file of its own")),
         Err(error) => Err(error),
     });
     let (handle, length) = match reused {
@@ -622,7 +624,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_job_s_symlink_or_directory_in_place_of_a_slot_file_is_replaced_never_written_through() {
+    async fn a_job_s_symlink_directory_or_hard_link_in_place_of_a_slot_file_is_replaced_never_written_through() {
         let job: ClaimedJob = serde_json::from_value(serde_json::json!({
             "id": 1, "attempt": 1, "sweep_id": 1, "sweep": "s", "form": "native", "index": 0,
             "params": {"lr": 0.1}, "command": "true", "config": null, "resources": {},
@@ -652,6 +654,14 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&dirs.config).unwrap(), "{\"lr\":0.1}\n");
         assert_eq!(std::fs::read_to_string(&dirs.metrics).unwrap(), "");
         assert_eq!(std::fs::read_to_string(&dirs.log).unwrap(), "new\n");
+        drop(log);
+        // A job that kept its log under a second name (a hard link) keeps it as it was.
+        let kept = work.path().join("kept.log");
+        std::fs::hard_link(&dirs.log, &kept).unwrap();
+        dirs.clear().unwrap();
+        drop(dirs.prepare(&job).await.unwrap());
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "new\n");
+        assert_eq!(std::fs::read_to_string(&dirs.log).unwrap(), "");
     }
 
     #[tokio::test]
