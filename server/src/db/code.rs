@@ -1,9 +1,9 @@
 //! The code and environment of a sweep's jobs (`sweeps.code_*`, `sweeps.workspace`; see
 //! migrations/0005_code.sql).
 
+use super::backend::{on_conn, Conn};
 use serde::{Deserialize, Serialize};
 use shared::api::{CodeSnapshot, SweepId, Workspace};
-use sqlx::SqliteConnection;
 
 /// The part of a [`Workspace`] kept as JSON in `sweeps.workspace`.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -17,49 +17,56 @@ struct Stored {
 }
 
 /// Records where and how the jobs of `sweep_id` run (in the transaction that inserts it).
-pub async fn set_workspace(conn: &mut SqliteConnection, sweep_id: SweepId, workspace: &Workspace) -> sqlx::Result<()> {
-    let stored =
-        Stored { workdir: workspace.workdir.clone(), env: workspace.env.clone(), setup: workspace.setup.clone() };
-    let json = serde_json::to_string(&stored).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
-    let code = workspace.code.as_ref();
-    sqlx::query(
-        "UPDATE sweeps SET code_digest = ?, code_dir = ?, code_commit = ?, code_dirty = ?, workspace = ?
-         WHERE id = ?",
-    )
-    .bind(code.map(|code| code.digest.as_str()))
-    .bind(code.map(|code| code.dir.as_str()))
-    .bind(code.and_then(|code| code.commit.as_deref()))
-    .bind(code.map(|code| code.dirty))
-    .bind(json)
-    .bind(sweep_id.get())
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+pub async fn set_workspace(conn: impl Into<Conn<'_>>, sweep_id: SweepId, workspace: &Workspace) -> sqlx::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let stored =
+            Stored { workdir: workspace.workdir.clone(), env: workspace.env.clone(), setup: workspace.setup.clone() };
+        let json = serde_json::to_string(&stored).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+        let code = workspace.code.as_ref();
+        sqlx::query(
+            "UPDATE sweeps SET code_digest = $1, code_dir = $2, code_commit = $3, code_dirty = $4, workspace = $5
+         WHERE id = $6",
+        )
+        .bind(code.map(|code| code.digest.as_str()))
+        .bind(code.map(|code| code.dir.as_str()))
+        .bind(code.and_then(|code| code.commit.as_deref()))
+        .bind(code.map(|code| code.dirty))
+        .bind(json)
+        .bind(sweep_id.get())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    })
 }
 
 /// Where and how the jobs of `sweep_id` run; the default for a sweep stored before this
 /// existed, or none.
-pub async fn workspace_of(conn: &mut SqliteConnection, sweep_id: SweepId) -> anyhow::Result<Workspace> {
-    type Row = (Option<String>, Option<String>, Option<String>, Option<bool>, Option<String>);
-    let row: Option<Row> =
-        sqlx::query_as("SELECT code_digest, code_dir, code_commit, code_dirty, workspace FROM sweeps WHERE id = ?")
-            .bind(sweep_id.get())
-            .fetch_optional(&mut *conn)
-            .await?;
-    let Some((digest, dir, commit, dirty, json)) = row else { return Ok(Workspace::default()) };
-    let stored: Stored = match json {
-        Some(json) => serde_json::from_str(&json)?,
-        None => Stored::default(),
-    };
-    Ok(Workspace {
-        code: digest.map(|digest| CodeSnapshot {
-            digest,
-            dir: dir.unwrap_or_default(),
-            commit,
-            dirty: dirty.unwrap_or(false),
-        }),
-        workdir: stored.workdir,
-        env: stored.env,
-        setup: stored.setup,
+pub async fn workspace_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyhow::Result<Workspace> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        type Row = (Option<String>, Option<String>, Option<String>, Option<bool>, Option<String>);
+        let row: Option<Row> = sqlx::query_as(
+            "SELECT code_digest, code_dir, code_commit, code_dirty, workspace FROM sweeps WHERE id = $1",
+        )
+        .bind(sweep_id.get())
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some((digest, dir, commit, dirty, json)) = row else { return Ok(Workspace::default()) };
+        let stored: Stored = match json {
+            Some(json) => serde_json::from_str(&json)?,
+            None => Stored::default(),
+        };
+        Ok(Workspace {
+            code: digest.map(|digest| CodeSnapshot {
+                digest,
+                dir: dir.unwrap_or_default(),
+                commit,
+                dirty: dirty.unwrap_or(false),
+            }),
+            workdir: stored.workdir,
+            env: stored.env,
+            setup: stored.setup,
+        })
     })
 }

@@ -1,32 +1,35 @@
 //! `job_events`: the append-only history of job transitions. Rows are written by the
 //! `jobs_record_transition` trigger (migrations/), never by hand.
 
+use super::backend::{on_pool, DbRow, PoolRef};
 use shared::api::{JobEvent, JobId};
-use sqlx::{Row, SqlitePool};
 
-pub async fn list(pool: &SqlitePool, job_id: JobId) -> anyhow::Result<Vec<JobEvent>> {
-    let rows = sqlx::query(
-        "SELECT e.at, e.from_status, e.to_status, e.attempt, w.name AS worker, e.reason, e.gpu_ids, e.exit_code
+pub async fn list(pool: impl Into<PoolRef<'_>>, job_id: JobId) -> anyhow::Result<Vec<JobEvent>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let rows = sqlx::query(
+            "SELECT e.at, e.from_status, e.to_status, e.attempt, w.name AS worker, e.reason, e.gpu_ids, e.exit_code
          FROM job_events e LEFT JOIN workers w ON w.id = e.worker_id
-         WHERE e.job_id = ? ORDER BY e.id",
-    )
-    .bind(job_id.get())
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            let from: Option<String> = row.try_get("from_status")?;
-            let to: String = row.try_get("to_status")?;
-            Ok(JobEvent {
-                at: row.try_get("at")?,
-                from: from.map(|text| text.parse()).transpose().map_err(anyhow::Error::msg)?,
-                to: to.parse().map_err(anyhow::Error::msg)?,
-                attempt: row.try_get("attempt")?,
-                worker: row.try_get("worker")?,
-                reason: row.try_get("reason")?,
-                gpus: super::jobs::gpu_ids_of(row)?,
-                exit_code: row.try_get("exit_code")?,
+         WHERE e.job_id = $1 ORDER BY e.id",
+        )
+        .bind(job_id.get())
+        .fetch_all(pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let from: Option<String> = row.get_as("from_status")?;
+                let to: String = row.get_as("to_status")?;
+                Ok(JobEvent {
+                    at: row.get_as("at")?,
+                    from: from.map(|text| text.parse()).transpose().map_err(anyhow::Error::msg)?,
+                    to: to.parse().map_err(anyhow::Error::msg)?,
+                    attempt: row.u32_at("attempt")?,
+                    worker: row.get_as("worker")?,
+                    reason: row.get_as("reason")?,
+                    gpus: super::jobs::gpu_ids_of(row)?,
+                    exit_code: row.get_as("exit_code")?,
+                })
             })
-        })
-        .collect()
+            .collect()
+    })
 }

@@ -4,12 +4,11 @@
 //! status = ? AND attempt = ?`); callers check `rows_affected` (or the returned rows) to learn
 //! whether it applied. The `jobs_record_transition` trigger writes the history.
 
+use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
 use shared::api::{Job, JobAttempt, JobId, JobPage, JobSort, SortOrder, SweepId, WorkerId};
 use shared::job::{Finish, JobStatus, LeaseExpiry};
 use shared::sweep::Resources;
-use sqlx::sqlite::SqliteRow;
-use sqlx::SqliteConnection;
-use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use sqlx::QueryBuilder;
 
 const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name, a.notes AS notes,
          es.rung AS stop_rung, es.cutoff AS stop_cutoff, es.reason AS stop_reason, es.stopped_at
@@ -17,54 +16,54 @@ const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_nam
      LEFT JOIN job_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
      LEFT JOIN early_stops es ON es.job_id = j.id AND es.attempt = j.attempt";
 
-fn status_of(row: &SqliteRow) -> anyhow::Result<JobStatus> {
-    let text: String = row.try_get("status")?;
+fn status_of(row: &impl DbRow) -> anyhow::Result<JobStatus> {
+    let text: String = row.get_as("status")?;
     text.parse().map_err(anyhow::Error::msg)
 }
 
-pub fn resources_of(row: &SqliteRow) -> sqlx::Result<Resources> {
+pub fn resources_of(row: &impl DbRow) -> sqlx::Result<Resources> {
     Ok(Resources {
-        gpus: row.try_get("gpus")?,
-        gpu_memory: row.try_get::<Option<i64>, _>("gpu_memory")?.map(|bytes| bytes as u64),
-        exclusive: row.try_get("exclusive")?,
-        trainer: row.try_get("needs_trainer")?,
+        gpus: row.opt_u32_at("gpus")?,
+        gpu_memory: row.get_as::<Option<i64>>("gpu_memory")?.map(|bytes| bytes as u64),
+        exclusive: row.opt_flag_at("exclusive")?,
+        trainer: row.flag_at("needs_trainer")?,
     })
 }
 
 /// The `gpu_ids` column (a JSON array, NULL before the first claim).
-pub fn gpu_ids_of(row: &SqliteRow) -> anyhow::Result<Vec<u32>> {
-    let text: Option<String> = row.try_get("gpu_ids")?;
+pub fn gpu_ids_of(row: &impl DbRow) -> anyhow::Result<Vec<u32>> {
+    let text: Option<String> = row.get_as("gpu_ids")?;
     Ok(text.as_deref().map(serde_json::from_str).transpose()?.unwrap_or_default())
 }
 
-fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
-    let params: String = row.try_get("params")?;
+fn job_from_row(row: &impl DbRow) -> anyhow::Result<Job> {
+    let params: String = row.get_as("params")?;
     Ok(Job {
-        id: JobId::new(row.try_get("id")?),
-        sweep_id: SweepId::new(row.try_get("sweep_id")?),
-        sweep: row.try_get("sweep_name")?,
-        index: row.try_get::<i64, _>("idx")? as u64,
+        id: JobId::new(row.get_as("id")?),
+        sweep_id: SweepId::new(row.get_as("sweep_id")?),
+        sweep: row.get_as("sweep_name")?,
+        index: row.get_as::<i64>("idx")? as u64,
         params: serde_json::from_str(&params)?,
-        command: row.try_get("command")?,
+        command: row.get_as("command")?,
         status: status_of(row)?,
-        priority: row.try_get("priority")?,
-        attempt: row.try_get("attempt")?,
-        crash_count: row.try_get("crash_count")?,
-        retries_left: row.try_get("retries_left")?,
+        priority: row.get_as("priority")?,
+        attempt: row.u32_at("attempt")?,
+        crash_count: row.u32_at("crash_count")?,
+        retries_left: row.u32_at("retries_left")?,
         resources: resources_of(row)?,
-        timeout_secs: row.try_get::<Option<i64>, _>("timeout_secs")?.map(|secs| secs as u64),
-        worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
-        worker: row.try_get("worker_name")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        cancel_requested: row.try_get("cancel_requested")?,
-        exit_code: row.try_get("exit_code")?,
-        reason: row.try_get("reason")?,
-        created_at: row.try_get("created_at")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
+        timeout_secs: row.get_as::<Option<i64>>("timeout_secs")?.map(|secs| secs as u64),
+        worker_id: row.get_as::<Option<i64>>("worker_id")?.map(WorkerId::new),
+        worker: row.get_as("worker_name")?,
+        lease_expires_at: row.get_as("lease_expires_at")?,
+        cancel_requested: row.flag_at("cancel_requested")?,
+        exit_code: row.get_as("exit_code")?,
+        reason: row.get_as("reason")?,
+        created_at: row.get_as("created_at")?,
+        started_at: row.get_as("started_at")?,
+        finished_at: row.get_as("finished_at")?,
         gpus: gpu_ids_of(row)?,
         notes: row
-            .try_get::<Option<String>, _>("notes")?
+            .get_as::<Option<String>>("notes")?
             .as_deref()
             .map(serde_json::from_str)
             .transpose()?
@@ -79,12 +78,15 @@ fn job_from_row(row: &SqliteRow) -> anyhow::Result<Job> {
 }
 
 /// A job with the metric summaries of its latest attempt.
-pub async fn get(pool: &SqlitePool, id: JobId) -> anyhow::Result<Option<Job>> {
-    let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = ?")).bind(id.get()).fetch_optional(pool).await?;
-    let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
-    job.metrics = super::metrics::summaries(pool, &[id]).await?.remove(&id).unwrap_or_default();
-    job.gpu_usage = super::gpu::usage_of(pool, &[id]).await?.remove(&id);
-    Ok(Some(job))
+pub async fn get(pool: impl Into<PoolRef<'_>>, id: JobId) -> anyhow::Result<Option<Job>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = $1")).bind(id.get()).fetch_optional(pool).await?;
+        let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
+        job.metrics = super::metrics::summaries(pool, &[id]).await?.remove(&id).unwrap_or_default();
+        job.gpu_usage = super::gpu::usage_of(pool, &[id]).await?.remove(&id);
+        Ok(Some(job))
+    })
 }
 
 /// What a result version records of its job: the sweep's name, the index and the params.
@@ -101,29 +103,32 @@ pub struct ResultSource {
 /// A job's state with what its result version of `attempt` records, in one read (the finish
 /// of an attempt needs both).
 pub async fn state_for_result(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     id: JobId,
     attempt: u32,
 ) -> anyhow::Result<Option<(JobState, ResultSource)>> {
-    let columns = STATE_COLUMNS.split(", ").map(|column| format!("j.{column}")).collect::<Vec<_>>().join(", ");
-    let row = sqlx::query(&format!(
-        "SELECT {columns}, s.name AS sweep_name, j.idx, j.params,
-                EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = j.id AND m.attempt = ?2) AS has_metrics
-         FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = ?1"
-    ))
-    .bind(id.get())
-    .bind(attempt)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    let params: String = row.try_get("params")?;
-    let source = ResultSource {
-        sweep: row.try_get("sweep_name")?,
-        index: row.try_get::<i64, _>("idx")? as u64,
-        params: serde_json::from_str(&params)?,
-        has_metrics: row.try_get("has_metrics")?,
-    };
-    Ok(Some((state_from_row(&row)?, source)))
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let columns = STATE_COLUMNS.split(", ").map(|column| format!("j.{column}")).collect::<Vec<_>>().join(", ");
+        let row = sqlx::query(&format!(
+            "SELECT {columns}, s.name AS sweep_name, j.idx, j.params,
+                EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = j.id AND m.attempt = $2) AS has_metrics
+         FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = $1"
+        ))
+        .bind(id.get())
+        .bind(i64::from(attempt))
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let params: String = row.get_as("params")?;
+        let source = ResultSource {
+            sweep: row.get_as("sweep_name")?,
+            index: row.get_as::<i64>("idx")? as u64,
+            params: serde_json::from_str(&params)?,
+            has_metrics: row.get_as("has_metrics")?,
+        };
+        Ok(Some((state_from_row(&row)?, source)))
+    })
 }
 
 /// Resolved filters of a job listing.
@@ -134,7 +139,11 @@ pub struct JobFilter {
     pub worker_id: Option<WorkerId>,
 }
 
-fn push_filter<'a>(query: &mut QueryBuilder<'a, Sqlite>, filter: &'a JobFilter) {
+fn push_filter<'a, DB: sqlx::Database>(query: &mut QueryBuilder<'a, DB>, filter: &'a JobFilter)
+where
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
     query.push(" WHERE 1 = 1");
     if let Some(status) = filter.status {
         query.push(" AND j.status = ").push_bind(status.as_str());
@@ -169,41 +178,44 @@ fn order_by(sort: JobSort, order: SortOrder, now: i64) -> String {
 
 /// One page of jobs (with their metric summaries) in the asked order, and how many match.
 pub async fn list(
-    pool: &SqlitePool,
+    pool: impl Into<PoolRef<'_>>,
     filter: &JobFilter,
     (sort, order): (JobSort, SortOrder),
     limit: u32,
     offset: u64,
 ) -> anyhow::Result<JobPage> {
-    let mut count = QueryBuilder::new("SELECT count(*) FROM jobs j");
-    push_filter(&mut count, filter);
-    let total: i64 = count.build_query_scalar().fetch_one(pool).await?;
-    // The sort runs over narrow rows (id and sort keys) in a subquery; only the page's rows
-    // are read whole. Sorting 100,000 full rows would drag every params and command along.
-    let order = order_by(sort, order, super::now_ms());
-    let mut page = QueryBuilder::new(JOB_SELECT);
-    page.push(" WHERE j.id IN (SELECT j.id FROM jobs j JOIN sweeps s ON s.id = j.sweep_id")
-        .push(" LEFT JOIN workers w ON w.id = j.worker_id");
-    push_filter(&mut page, filter);
-    page.push(" ORDER BY ")
-        .push(&order)
-        .push(" LIMIT ")
-        .push_bind(limit as i64)
-        .push(" OFFSET ")
-        .push_bind(offset as i64)
-        .push(") ORDER BY ")
-        .push(&order);
-    let rows = page.build().fetch_all(pool).await?;
-    let mut jobs = rows.iter().map(job_from_row).collect::<anyhow::Result<Vec<_>>>()?;
-    // One query for the whole page's metrics, not one per job.
-    let ids: Vec<JobId> = jobs.iter().map(|job| job.id).collect();
-    let mut metrics = super::metrics::summaries(pool, &ids).await?;
-    let mut usage = super::gpu::usage_of(pool, &ids).await?;
-    for job in &mut jobs {
-        job.metrics = metrics.remove(&job.id).unwrap_or_default();
-        job.gpu_usage = usage.remove(&job.id);
-    }
-    Ok(JobPage { total: total as u64, jobs })
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let mut count = QueryBuilder::new("SELECT count(*) FROM jobs j");
+        push_filter(&mut count, filter);
+        let total: i64 = count.build_query_scalar().fetch_one(pool).await?;
+        // The sort runs over narrow rows (id and sort keys) in a subquery; only the page's rows
+        // are read whole. Sorting 100,000 full rows would drag every params and command along.
+        let order = order_by(sort, order, super::now_ms());
+        let mut page = QueryBuilder::new(JOB_SELECT);
+        page.push(" WHERE j.id IN (SELECT j.id FROM jobs j JOIN sweeps s ON s.id = j.sweep_id")
+            .push(" LEFT JOIN workers w ON w.id = j.worker_id");
+        push_filter(&mut page, filter);
+        page.push(" ORDER BY ")
+            .push(&order)
+            .push(" LIMIT ")
+            .push_bind(limit as i64)
+            .push(" OFFSET ")
+            .push_bind(offset as i64)
+            .push(") ORDER BY ")
+            .push(&order);
+        let rows = page.build().fetch_all(pool).await?;
+        let mut jobs = rows.iter().map(job_from_row).collect::<anyhow::Result<Vec<_>>>()?;
+        // One query for the whole page's metrics, not one per job.
+        let ids: Vec<JobId> = jobs.iter().map(|job| job.id).collect();
+        let mut metrics = super::metrics::summaries(pool, &ids).await?;
+        let mut usage = super::gpu::usage_of(pool, &ids).await?;
+        for job in &mut jobs {
+            job.metrics = metrics.remove(&job.id).unwrap_or_default();
+            job.gpu_usage = usage.remove(&job.id);
+        }
+        Ok(JobPage { total: total as u64, jobs })
+    })
 }
 
 /// The fields a state change decides on.
@@ -236,59 +248,71 @@ impl JobState {
     }
 }
 
-fn state_from_row(row: &SqliteRow) -> anyhow::Result<JobState> {
+fn state_from_row(row: &impl DbRow) -> anyhow::Result<JobState> {
     Ok(JobState {
-        id: JobId::new(row.try_get("id")?),
-        sweep_id: SweepId::new(row.try_get("sweep_id")?),
+        id: JobId::new(row.get_as("id")?),
+        sweep_id: SweepId::new(row.get_as("sweep_id")?),
         status: status_of(row)?,
-        attempt: row.try_get("attempt")?,
-        worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
-        retries_left: row.try_get("retries_left")?,
-        crash_count: row.try_get("crash_count")?,
-        cancel_requested: row.try_get("cancel_requested")?,
+        attempt: row.u32_at("attempt")?,
+        worker_id: row.get_as::<Option<i64>>("worker_id")?.map(WorkerId::new),
+        retries_left: row.u32_at("retries_left")?,
+        crash_count: row.u32_at("crash_count")?,
+        cancel_requested: row.flag_at("cancel_requested")?,
     })
 }
 
 const STATE_COLUMNS: &str = "id, sweep_id, status, attempt, worker_id, retries_left, crash_count, cancel_requested";
 
-pub async fn state(conn: &mut SqliteConnection, id: JobId) -> anyhow::Result<Option<JobState>> {
-    let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = ?"))
-        .bind(id.get())
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.as_ref().map(state_from_row).transpose()
+pub async fn state(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::Result<Option<JobState>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = $1"))
+            .bind(id.get())
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.as_ref().map(state_from_row).transpose()
+    })
 }
 
 /// Running jobs whose lease ran out before `now`.
-pub async fn expired(conn: &mut SqliteConnection, now: i64) -> anyhow::Result<Vec<JobState>> {
-    let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_lease
-             WHERE status = 'running' AND lease_expires_at < ?"
-    ))
-    .bind(now)
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter().map(state_from_row).collect()
+pub async fn expired(conn: impl Into<Conn<'_>>, now: i64) -> anyhow::Result<Vec<JobState>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let rows = sqlx::query(&format!(
+            "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_lease
+             WHERE status = 'running' AND lease_expires_at < $1"
+        ))
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.iter().map(state_from_row).collect()
+    })
 }
 
 /// When the first lease of a running job runs out, if any job runs.
-pub async fn earliest_lease(pool: &SqlitePool) -> sqlx::Result<Option<i64>> {
-    sqlx::query_scalar(
-        "SELECT min(lease_expires_at) FROM jobs INDEXED BY jobs_running_by_lease WHERE status = 'running'",
-    )
-    .fetch_one(pool)
-    .await
+pub async fn earliest_lease(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Option<i64>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        sqlx::query_scalar(
+            "SELECT min(lease_expires_at) FROM jobs INDEXED BY jobs_running_by_lease WHERE status = 'running'",
+        )
+        .fetch_one(pool)
+        .await
+    })
 }
 
 /// Running jobs the server believes `worker_id` holds.
-pub async fn running_on(conn: &mut SqliteConnection, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
-    let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_worker WHERE status = 'running' AND worker_id = ?"
+pub async fn running_on(conn: impl Into<Conn<'_>>, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let rows = sqlx::query(&format!(
+        "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_worker WHERE status = 'running' AND worker_id = $1"
     ))
-    .bind(worker_id.get())
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter().map(state_from_row).collect()
+        .bind(worker_id.get())
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.iter().map(state_from_row).collect()
+    })
 }
 
 /// A queued job the claim may hand out.
@@ -304,109 +328,127 @@ pub struct Candidate {
 /// sort every queued job (a 25x slower claim on a million-job queue); the partial index is
 /// already in dispatch order.
 pub async fn queued_candidates(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     gpus: u32,
     max_free_memory: u64,
     trainer: bool,
     limit: u32,
 ) -> anyhow::Result<Vec<Candidate>> {
-    // One row holding a JSON array rather than one row per candidate: every row costs a
-    // round trip to sqlx's SQLite thread, and this runs on every claim.
-    let packed: Option<String> = sqlx::query_scalar(
-        "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive, needs_trainer)) FROM (
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        // One row holding a JSON array rather than one row per candidate: every row costs a
+        // round trip to sqlx's SQLite thread, and this runs on every claim.
+        let packed: Option<String> = sqlx::query_scalar(
+            "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive, needs_trainer)) FROM (
              SELECT id, gpus, gpu_memory, exclusive, needs_trainer FROM jobs INDEXED BY jobs_queue
-             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= ?) AND (gpu_memory IS NULL OR gpu_memory <= ?)
-               AND (needs_trainer = 0 OR ?)
-             ORDER BY priority DESC, id LIMIT ?)",
-    )
-    .bind(gpus)
-    .bind(max_free_memory.min(i64::MAX as u64) as i64)
-    .bind(trainer)
-    .bind(limit)
-    .fetch_one(&mut *conn)
-    .await?;
-    // SQLite keeps booleans as 0/1.
-    type Packed = (JobId, Option<u32>, Option<i64>, Option<i64>, i64);
-    let rows: Vec<Packed> = serde_json::from_str(packed.as_deref().unwrap_or("[]"))?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, gpus, gpu_memory, exclusive, trainer)| Candidate {
-            id,
-            resources: Resources {
-                gpus,
-                gpu_memory: gpu_memory.map(|bytes| bytes as u64),
-                exclusive: exclusive.map(|flag| flag != 0),
-                trainer: trainer != 0,
-            },
-        })
-        .collect())
+             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
+               AND (needs_trainer = 0 OR $3)
+             ORDER BY priority DESC, id LIMIT $4)",
+        )
+        .bind(i64::from(gpus))
+        .bind(max_free_memory.min(i64::MAX as u64) as i64)
+        .bind(trainer)
+        .bind(i64::from(limit))
+        .fetch_one(&mut *conn)
+        .await?;
+        // SQLite keeps booleans as 0/1.
+        type Packed = (JobId, Option<u32>, Option<i64>, Option<i64>, i64);
+        let rows: Vec<Packed> = serde_json::from_str(packed.as_deref().unwrap_or("[]"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, gpus, gpu_memory, exclusive, trainer)| Candidate {
+                id,
+                resources: Resources {
+                    gpus,
+                    gpu_memory: gpu_memory.map(|bytes| bytes as u64),
+                    exclusive: exclusive.map(|flag| flag != 0),
+                    trainer: trainer != 0,
+                },
+            })
+            .collect())
+    })
 }
 
 /// How many queued jobs are dispatched before the queued job `id` of `priority` (priority
 /// first, then age: the claim's order). A range of the queue's index, not a scan of the table.
-pub async fn queue_position(pool: &SqlitePool, id: JobId, priority: i64) -> sqlx::Result<u64> {
-    let ahead: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM jobs INDEXED BY jobs_queue
-         WHERE status = 'queued' AND (priority > ?1 OR (priority = ?1 AND id < ?2))",
-    )
-    .bind(priority)
-    .bind(id.get())
-    .fetch_one(pool)
-    .await?;
-    Ok(ahead as u64)
+pub async fn queue_position(pool: impl Into<PoolRef<'_>>, id: JobId, priority: i64) -> sqlx::Result<u64> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let ahead: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs INDEXED BY jobs_queue
+         WHERE status = 'queued' AND (priority > $1 OR (priority = $1 AND id < $2))",
+        )
+        .bind(priority)
+        .bind(id.get())
+        .fetch_one(pool)
+        .await?;
+        Ok(ahead as u64)
+    })
 }
 
 /// The queue positions of several queued jobs in one pass over the queue's index.
-pub async fn queue_positions(pool: &SqlitePool, ids: &[JobId]) -> anyhow::Result<Vec<(JobId, u64)>> {
-    let rows: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT id, position FROM (
+pub async fn queue_positions(pool: impl Into<PoolRef<'_>>, ids: &[JobId]) -> anyhow::Result<Vec<(JobId, u64)>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT id, position FROM (
              SELECT id, row_number() OVER (ORDER BY priority DESC, id) - 1 AS position
              FROM jobs INDEXED BY jobs_queue WHERE status = 'queued')
-         WHERE id IN (SELECT value FROM json_each(?))",
-    )
-    .bind(serde_json::to_string(ids)?)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().map(|(id, position)| (JobId::new(id), position as u64)).collect())
+         WHERE id IN (SELECT value FROM json_each($1))",
+        )
+        .bind(serde_json::to_string(ids)?)
+        .fetch_all(pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id, position)| (JobId::new(id), position as u64)).collect())
+    })
 }
 
 /// The resources a queued job of the sweep asks for (every job of a sweep asks the same).
-pub async fn queued_resources_of_sweep(pool: &SqlitePool, sweep_id: SweepId) -> sqlx::Result<Option<Resources>> {
-    let row = sqlx::query(
-        "SELECT gpus, gpu_memory, exclusive, needs_trainer FROM jobs
-         WHERE sweep_id = ? AND status = 'queued' LIMIT 1",
-    )
-    .bind(sweep_id.get())
-    .fetch_optional(pool)
-    .await?;
-    row.as_ref().map(resources_of).transpose()
+pub async fn queued_resources_of_sweep(
+    pool: impl Into<PoolRef<'_>>,
+    sweep_id: SweepId,
+) -> sqlx::Result<Option<Resources>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let row = sqlx::query(
+            "SELECT gpus, gpu_memory, exclusive, needs_trainer FROM jobs
+         WHERE sweep_id = $1 AND status = 'queued' LIMIT 1",
+        )
+        .bind(sweep_id.get())
+        .fetch_optional(pool)
+        .await?;
+        row.as_ref().map(resources_of).transpose()
+    })
 }
 
 /// `queued -> running` for every `(job, worker, gpus)` whose job is still queued, in one
 /// statement (a batch of claims is atomic without a transaction); returns the claimed rows.
 pub async fn mark_running(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     pairs: &[(JobId, WorkerId, &[u32])],
     lease_until: i64,
     now: i64,
 ) -> anyhow::Result<Vec<super::plain_claims::ClaimedRow>> {
-    let pairs = serde_json::to_string(pairs)?;
-    let rows = sqlx::query(&format!(
-        "UPDATE jobs SET status = 'running', attempt = attempt + 1,
-                worker_id = (SELECT value ->> 1 FROM json_each(?1) WHERE value ->> 0 = jobs.id),
-                gpu_ids = (SELECT value ->> 2 FROM json_each(?1) WHERE value ->> 0 = jobs.id),
-                lease_expires_at = ?2, started_at = ?3, finished_at = NULL, exit_code = NULL, reason = NULL,
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let pairs = serde_json::to_string(pairs)?;
+        let rows = sqlx::query(&format!(
+            "UPDATE jobs SET status = 'running', attempt = attempt + 1,
+                worker_id = (SELECT value ->> 1 FROM json_each($1) WHERE value ->> 0 = jobs.id),
+                gpu_ids = (SELECT value ->> 2 FROM json_each($1) WHERE value ->> 0 = jobs.id),
+                lease_expires_at = $2, started_at = $3, finished_at = NULL, exit_code = NULL, reason = NULL,
                 cancel_requested = 0
-         WHERE status = 'queued' AND id IN (SELECT value ->> 0 FROM json_each(?1))
+         WHERE status = 'queued' AND id IN (SELECT value ->> 0 FROM json_each($1))
          RETURNING {}",
-        super::plain_claims::CLAIMED_COLUMNS
-    ))
-    .bind(pairs)
-    .bind(lease_until)
-    .bind(now)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows.iter().map(super::plain_claims::ClaimedRow::from_row).collect::<sqlx::Result<_>>()?)
+            super::plain_claims::CLAIMED_COLUMNS
+        ))
+        .bind(pairs)
+        .bind(lease_until)
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(rows.iter().map(super::plain_claims::ClaimedRow::from_row).collect::<sqlx::Result<_>>()?)
+    })
 }
 
 /// The guarded finish of an attempt: ?1 status, ?2 retries left, ?3 exit code, ?4 reason, ?5
@@ -424,233 +466,266 @@ pub(super) const FINISH_SQL: &str =
 /// The decision was made on `seen` (its retries and cancel flag are part of the guard: a
 /// cancel that lands between the read and this write makes it change nothing).
 pub async fn finish(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     seen: &JobState,
     worker_id: WorkerId,
     decision: &Finish,
     now: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(FINISH_SQL)
-        .bind(decision.status.as_str())
-        .bind(decision.retries_left)
-        .bind(decision.exit_code)
-        .bind(decision.reason.as_deref())
-        .bind(decision.status.is_terminal())
-        .bind(now)
-        .bind(seen.id.get())
-        .bind(seen.attempt)
-        .bind(worker_id.get())
-        .bind(seen.retries_left)
-        .bind(seen.cancel_requested)
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let done = sqlx::query(SQL.get_or_init(|| super::backend::dollars(FINISH_SQL)))
+            .bind(decision.status.as_str())
+            .bind(i64::from(decision.retries_left))
+            .bind(decision.exit_code)
+            .bind(decision.reason.as_deref())
+            .bind(decision.status.is_terminal())
+            .bind(now)
+            .bind(seen.id.get())
+            .bind(i64::from(seen.attempt))
+            .bind(worker_id.get())
+            .bind(i64::from(seen.retries_left))
+            .bind(i64::from(seen.cancel_requested))
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// Gives every running job a full lease from `until`: after a server restart, workers get a
 /// lease's time to reconnect before the reaper counts their jobs as lost.
-pub async fn extend_running_leases(conn: &mut SqliteConnection, until: i64) -> sqlx::Result<u64> {
-    let done = sqlx::query(
-        "UPDATE jobs SET lease_expires_at = max(coalesce(lease_expires_at, 0), ?) WHERE status = 'running'",
-    )
-    .bind(until)
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected())
+pub async fn extend_running_leases(conn: impl Into<Conn<'_>>, until: i64) -> sqlx::Result<u64> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query(
+            "UPDATE jobs SET lease_expires_at = max(coalesce(lease_expires_at, 0), $1) WHERE status = 'running'",
+        )
+        .bind(until)
+        .execute(&mut *conn)
+        .await?;
+        Ok(done.rows_affected())
+    })
 }
 
 /// Applies a lease expiry decision to the attempt `(id, attempt)` if it is still running.
 pub async fn expire(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     attempt: JobAttempt,
     decision: &LeaseExpiry,
     now: i64,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE jobs SET status = ?1, crash_count = ?2, reason = ?3, lease_expires_at = NULL,
-                finished_at = CASE WHEN ?4 THEN ?5 ELSE NULL END,
-                worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
-                gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
-                started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
-         WHERE id = ?6 AND status = 'running' AND attempt = ?7",
-    )
-    .bind(decision.status.as_str())
-    .bind(decision.crash_count)
-    .bind(decision.reason)
-    .bind(decision.status.is_terminal())
-    .bind(now)
-    .bind(attempt.job_id.get())
-    .bind(attempt.attempt)
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query(
+            "UPDATE jobs SET status = $1, crash_count = $2, reason = $3, lease_expires_at = NULL,
+                finished_at = CASE WHEN $4 THEN $5 ELSE NULL END,
+                worker_id = CASE WHEN $1 = 'queued' THEN NULL ELSE worker_id END,
+                gpu_ids = CASE WHEN $1 = 'queued' THEN NULL ELSE gpu_ids END,
+                started_at = CASE WHEN $1 = 'queued' THEN NULL ELSE started_at END
+         WHERE id = $6 AND status = 'running' AND attempt = $7",
+        )
+        .bind(decision.status.as_str())
+        .bind(i64::from(decision.crash_count))
+        .bind(decision.reason)
+        .bind(decision.status.is_terminal())
+        .bind(now)
+        .bind(attempt.job_id.get())
+        .bind(i64::from(attempt.attempt))
+        .execute(&mut *conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// Extends the leases of the listed attempts that `worker_id` really holds; returns those
 /// attempts with their cancel flag.
 pub async fn extend_leases(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     worker_id: WorkerId,
     attempts: &[JobAttempt],
     lease_until: i64,
 ) -> anyhow::Result<Vec<(JobAttempt, bool)>> {
-    if attempts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let pairs =
-        serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
-    let rows = sqlx::query(
-        "UPDATE jobs SET lease_expires_at = ?
-         WHERE status = 'running' AND worker_id = ?
-           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        if attempts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pairs =
+            serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
+        let rows = sqlx::query(
+            "UPDATE jobs SET lease_expires_at = $1
+         WHERE status = 'running' AND worker_id = $2
+           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each($3))
          RETURNING id, attempt, cancel_requested",
-    )
-    .bind(lease_until)
-    .bind(worker_id.get())
-    .bind(pairs)
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            let attempt = JobAttempt { job_id: JobId::new(row.try_get("id")?), attempt: row.try_get("attempt")? };
-            Ok((attempt, row.try_get("cancel_requested")?))
-        })
-        .collect()
+        )
+        .bind(lease_until)
+        .bind(worker_id.get())
+        .bind(pairs)
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let attempt = JobAttempt { job_id: JobId::new(row.get_as("id")?), attempt: row.u32_at("attempt")? };
+                Ok((attempt, row.get_as("cancel_requested")?))
+            })
+            .collect()
+    })
 }
 
 /// `queued -> cancelled`.
-pub async fn cancel_queued(conn: &mut SqliteConnection, id: JobId, now: i64) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
-         WHERE id = ? AND status = 'queued'",
-    )
-    .bind(now)
-    .bind(id.get())
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+pub async fn cancel_queued(conn: impl Into<Conn<'_>>, id: JobId, now: i64) -> sqlx::Result<bool> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query(
+            "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
+         WHERE id = $2 AND status = 'queued'",
+        )
+        .bind(now)
+        .bind(id.get())
+        .execute(&mut *conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// Flags a running attempt for its worker to kill.
-pub async fn request_cancel(conn: &mut SqliteConnection, attempt: JobAttempt) -> sqlx::Result<bool> {
-    let done = sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'running' AND attempt = ?")
-        .bind(attempt.job_id.get())
-        .bind(attempt.attempt)
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
+pub async fn request_cancel(conn: impl Into<Conn<'_>>, attempt: JobAttempt) -> sqlx::Result<bool> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done =
+            sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = $1 AND status = 'running' AND attempt = $2")
+                .bind(attempt.job_id.get())
+                .bind(i64::from(attempt.attempt))
+                .execute(&mut *conn)
+                .await?;
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// Cancels a whole sweep: queued jobs now, running ones flagged. Returns the ids of the jobs
 /// cancelled now and how many running ones were flagged.
-pub async fn cancel_sweep(conn: &mut SqliteConnection, sweep_id: SweepId, now: i64) -> sqlx::Result<(Vec<JobId>, u64)> {
-    let cancelled: Vec<i64> = sqlx::query_scalar(
-        "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
-         WHERE sweep_id = ? AND status = 'queued' RETURNING id",
-    )
-    .bind(now)
-    .bind(sweep_id.get())
-    .fetch_all(&mut *conn)
-    .await?;
-    let requested = sqlx::query(
-        "UPDATE jobs SET cancel_requested = 1 WHERE sweep_id = ? AND status = 'running' AND cancel_requested = 0",
-    )
-    .bind(sweep_id.get())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    Ok((cancelled.into_iter().map(JobId::new).collect(), requested))
+pub async fn cancel_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId, now: i64) -> sqlx::Result<(Vec<JobId>, u64)> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let cancelled: Vec<i64> = sqlx::query_scalar(
+            "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
+         WHERE sweep_id = $2 AND status = 'queued' RETURNING id",
+        )
+        .bind(now)
+        .bind(sweep_id.get())
+        .fetch_all(&mut *conn)
+        .await?;
+        let requested = sqlx::query(
+            "UPDATE jobs SET cancel_requested = 1 WHERE sweep_id = $1 AND status = 'running' AND cancel_requested = 0",
+        )
+        .bind(sweep_id.get())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        Ok((cancelled.into_iter().map(JobId::new).collect(), requested))
+    })
 }
 
 /// Cancels the sweep's queued jobs with `reason` (its running ones go on); their ids.
 pub async fn cancel_queued_of_sweep(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     sweep_id: SweepId,
     reason: &str,
     now: i64,
 ) -> sqlx::Result<Vec<JobId>> {
-    let cancelled: Vec<i64> = sqlx::query_scalar(
-        "UPDATE jobs SET status = 'cancelled', reason = ?, finished_at = ?
-         WHERE sweep_id = ? AND status = 'queued' RETURNING id",
-    )
-    .bind(reason)
-    .bind(now)
-    .bind(sweep_id.get())
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(cancelled.into_iter().map(JobId::new).collect())
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let cancelled: Vec<i64> = sqlx::query_scalar(
+            "UPDATE jobs SET status = 'cancelled', reason = $1, finished_at = $2
+         WHERE sweep_id = $3 AND status = 'queued' RETURNING id",
+        )
+        .bind(reason)
+        .bind(now)
+        .bind(sweep_id.get())
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(cancelled.into_iter().map(JobId::new).collect())
+    })
 }
 
 /// Cancels the listed jobs: queued ones now, running ones flagged for their worker. Returns
 /// the ids of each kind; the others (finished, unknown) are untouched.
 pub async fn cancel_many(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     ids: &[JobId],
     now: i64,
 ) -> anyhow::Result<(Vec<JobId>, Vec<JobId>)> {
-    let ids = serde_json::to_string(ids)?;
-    let cancelled: Vec<i64> = sqlx::query_scalar(
-        "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = ?
-         WHERE status = 'queued' AND id IN (SELECT value FROM json_each(?)) RETURNING id",
-    )
-    .bind(now)
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
-    let requested: Vec<i64> = sqlx::query_scalar(
-        "UPDATE jobs SET cancel_requested = 1
-         WHERE status = 'running' AND id IN (SELECT value FROM json_each(?)) RETURNING id",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
-    let typed = |ids: Vec<i64>| -> Vec<JobId> { ids.into_iter().map(JobId::new).collect() };
-    Ok((typed(cancelled), typed(requested)))
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let ids = serde_json::to_string(ids)?;
+        let cancelled: Vec<i64> = sqlx::query_scalar(
+            "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
+         WHERE status = 'queued' AND id IN (SELECT value FROM json_each($2)) RETURNING id",
+        )
+        .bind(now)
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        let requested: Vec<i64> = sqlx::query_scalar(
+            "UPDATE jobs SET cancel_requested = 1
+         WHERE status = 'running' AND id IN (SELECT value FROM json_each($1)) RETURNING id",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        let typed = |ids: Vec<i64>| -> Vec<JobId> { ids.into_iter().map(JobId::new).collect() };
+        Ok((typed(cancelled), typed(requested)))
+    })
 }
 
 /// `failed | cancelled -> queued`, by hand.
-pub async fn retry(conn: &mut SqliteConnection, id: JobId, from: JobStatus) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE jobs SET status = 'queued', reason = 'retried', exit_code = NULL, finished_at = NULL,
+pub async fn retry(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus) -> sqlx::Result<bool> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query(
+            "UPDATE jobs SET status = 'queued', reason = 'retried', exit_code = NULL, finished_at = NULL,
                 lease_expires_at = NULL, cancel_requested = 0, crash_count = 0,
                 worker_id = NULL, gpu_ids = NULL, started_at = NULL
-         WHERE id = ? AND status = ?",
-    )
-    .bind(id.get())
-    .bind(from.as_str())
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-pub async fn set_priority(
-    conn: &mut SqliteConnection,
-    id: JobId,
-    from: JobStatus,
-    priority: i64,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query("UPDATE jobs SET priority = ? WHERE id = ? AND status = ?")
-        .bind(priority)
+         WHERE id = $1 AND status = $2",
+        )
         .bind(id.get())
         .bind(from.as_str())
         .execute(&mut *conn)
         .await?;
-    Ok(done.rows_affected() == 1)
+        Ok(done.rows_affected() == 1)
+    })
+}
+
+pub async fn set_priority(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus, priority: i64) -> sqlx::Result<bool> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query("UPDATE jobs SET priority = $1 WHERE id = $2 AND status = $3")
+            .bind(priority)
+            .bind(id.get())
+            .bind(from.as_str())
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// Adds a sentence to the notes of an attempt (once: the same note twice is kept once).
-pub async fn add_note(conn: &mut SqliteConnection, job: JobId, attempt: u32, note: &str) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO job_attempts (job_id, attempt, notes) VALUES (?1, ?2, json_array(?3))
+pub async fn add_note(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, note: &str) -> sqlx::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query(
+            "INSERT INTO job_attempts (job_id, attempt, notes) VALUES ($1, $2, json_array($3))
          ON CONFLICT (job_id, attempt) DO UPDATE SET notes = CASE
-             WHEN EXISTS (SELECT 1 FROM json_each(coalesce(job_attempts.notes, '[]')) WHERE value = ?3)
+             WHEN EXISTS (SELECT 1 FROM json_each(coalesce(job_attempts.notes, '[]')) WHERE value = $3)
                  THEN job_attempts.notes
-             ELSE json_insert(coalesce(job_attempts.notes, '[]'), '$[#]', ?3) END",
-    )
-    .bind(job.get())
-    .bind(attempt)
-    .bind(note)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+             ELSE json_insert(coalesce(job_attempts.notes, '[]'), '$[#]', $3) END",
+        )
+        .bind(job.get())
+        .bind(i64::from(attempt))
+        .bind(note)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    })
 }

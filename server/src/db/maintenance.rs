@@ -5,9 +5,9 @@
 //! retryable status, and a sweep is removed only if none of its jobs is queued or running when
 //! the statements run. Callers run them inside one transaction on the writer.
 
+use super::backend::{on_conn, Conn};
 use shared::api::{JobId, SweepId};
 use shared::job::JobStatus;
-use sqlx::SqliteConnection;
 
 /// Statuses as a JSON array, bound once and read with `json_each` (the decision of which
 /// statuses qualify stays with `shared::job`).
@@ -21,47 +21,56 @@ const RETRY_SET: &str = "SET status = 'queued', reason = 'retried', exit_code = 
          worker_id = NULL, gpu_ids = NULL, started_at = NULL";
 
 /// Puts the listed jobs that are in one of `from` back in the queue; returns their ids.
-pub async fn retry_jobs(conn: &mut SqliteConnection, ids: &[JobId], from: &[JobStatus]) -> anyhow::Result<Vec<JobId>> {
-    let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
-        "UPDATE jobs {RETRY_SET}
-         WHERE id IN (SELECT value FROM json_each(?)) AND status IN (SELECT value FROM json_each(?))
+pub async fn retry_jobs(conn: impl Into<Conn<'_>>, ids: &[JobId], from: &[JobStatus]) -> anyhow::Result<Vec<JobId>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
+            "UPDATE jobs {RETRY_SET}
+         WHERE id IN (SELECT value FROM json_each($1)) AND status IN (SELECT value FROM json_each($2))
          RETURNING id"
-    ))
-    .bind(serde_json::to_string(ids)?)
-    .bind(statuses(from))
-    .fetch_all(&mut *conn)
-    .await?;
-    retried.sort_unstable();
-    Ok(retried.into_iter().map(JobId::new).collect())
+        ))
+        .bind(serde_json::to_string(ids)?)
+        .bind(statuses(from))
+        .fetch_all(&mut *conn)
+        .await?;
+        retried.sort_unstable();
+        Ok(retried.into_iter().map(JobId::new).collect())
+    })
 }
 
 /// Puts every job of the sweep that is in one of `from` back in the queue; returns their ids.
 pub async fn retry_sweep(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     sweep_id: SweepId,
     from: &[JobStatus],
 ) -> anyhow::Result<Vec<JobId>> {
-    let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
-        "UPDATE jobs {RETRY_SET}
-         WHERE sweep_id = ? AND status IN (SELECT value FROM json_each(?))
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
+            "UPDATE jobs {RETRY_SET}
+         WHERE sweep_id = $1 AND status IN (SELECT value FROM json_each($2))
          RETURNING id"
-    ))
-    .bind(sweep_id.get())
-    .bind(statuses(from))
-    .fetch_all(&mut *conn)
-    .await?;
-    retried.sort_unstable();
-    Ok(retried.into_iter().map(JobId::new).collect())
+        ))
+        .bind(sweep_id.get())
+        .bind(statuses(from))
+        .fetch_all(&mut *conn)
+        .await?;
+        retried.sort_unstable();
+        Ok(retried.into_iter().map(JobId::new).collect())
+    })
 }
 
 /// Jobs of the sweep that are queued or running.
-pub async fn unfinished_jobs(conn: &mut SqliteConnection, sweep_id: SweepId) -> sqlx::Result<u64> {
-    let count: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = ? AND status IN ('queued', 'running')")
-            .bind(sweep_id.get())
-            .fetch_one(&mut *conn)
-            .await?;
-    Ok(count as u64)
+pub async fn unfinished_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Result<u64> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let count: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = $1 AND status IN ('queued', 'running')")
+                .bind(sweep_id.get())
+                .fetch_one(&mut *conn)
+                .await?;
+        Ok(count as u64)
+    })
 }
 
 /// A result version on disk, to remove once the removal is committed.
@@ -88,38 +97,43 @@ const JOB_TABLES: [&str; 7] =
 /// Removes the sweep, its jobs and every row about them, if none of its jobs is queued or
 /// running. Returns `None` (and the caller rolls back) when the guard failed: a job started or
 /// was queued again meanwhile, or the sweep is gone.
-pub async fn delete_sweep(conn: &mut SqliteConnection, sweep_id: SweepId) -> anyhow::Result<Option<SweepRemoval>> {
-    // Only jobs in a terminal status are touched: a job still queued or running keeps its rows,
-    // and then the sweep itself cannot go (checked last), so the caller rolls everything back.
-    const FINISHED: &str = "SELECT id FROM jobs WHERE sweep_id = ? AND status IN ('succeeded', 'failed', 'cancelled')";
-    let versions: Vec<(i64, u32, String)> =
-        sqlx::query_as(&format!("SELECT job_id, attempt, path FROM results WHERE job_id IN ({FINISHED})"))
+pub async fn delete_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyhow::Result<Option<SweepRemoval>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        // Only jobs in a terminal status are touched: a job still queued or running keeps its rows,
+        // and then the sweep itself cannot go (checked last), so the caller rolls everything back.
+        const FINISHED: &str =
+            "SELECT id FROM jobs WHERE sweep_id = $1 AND status IN ('succeeded', 'failed', 'cancelled')";
+        let versions: Vec<(i64, i64, String)> =
+            sqlx::query_as(&format!("SELECT job_id, attempt, path FROM results WHERE job_id IN ({FINISHED})"))
+                .bind(sweep_id.get())
+                .fetch_all(&mut *conn)
+                .await?;
+        for table in JOB_TABLES {
+            sqlx::query(&format!("DELETE FROM {table} WHERE job_id IN ({FINISHED})"))
+                .bind(sweep_id.get())
+                .execute(&mut *conn)
+                .await?;
+        }
+        let job_ids: Vec<i64> = sqlx::query_scalar(&format!("DELETE FROM jobs WHERE id IN ({FINISHED}) RETURNING id"))
             .bind(sweep_id.get())
             .fetch_all(&mut *conn)
             .await?;
-    for table in JOB_TABLES {
-        sqlx::query(&format!("DELETE FROM {table} WHERE job_id IN ({FINISHED})"))
-            .bind(sweep_id.get())
-            .execute(&mut *conn)
-            .await?;
-    }
-    let job_ids: Vec<i64> = sqlx::query_scalar(&format!("DELETE FROM jobs WHERE id IN ({FINISHED}) RETURNING id"))
-        .bind(sweep_id.get())
-        .fetch_all(&mut *conn)
-        .await?;
-    sqlx::query("DELETE FROM sweep_counts WHERE sweep_id = ?").bind(sweep_id.get()).execute(&mut *conn).await?;
-    let removed = sqlx::query("DELETE FROM sweeps WHERE id = ? AND NOT EXISTS (SELECT 1 FROM jobs WHERE sweep_id = ?)")
-        .bind(sweep_id.get())
-        .bind(sweep_id.get())
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    if removed != 1 {
-        return Ok(None);
-    }
-    let versions = versions
-        .into_iter()
-        .map(|(job_id, attempt, path)| RemovedVersion { job_id: JobId::new(job_id), attempt, path })
-        .collect();
-    Ok(Some(SweepRemoval { job_ids: job_ids.into_iter().map(JobId::new).collect(), versions }))
+        sqlx::query("DELETE FROM sweep_counts WHERE sweep_id = $1").bind(sweep_id.get()).execute(&mut *conn).await?;
+        let removed =
+            sqlx::query("DELETE FROM sweeps WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE sweep_id = $2)")
+                .bind(sweep_id.get())
+                .bind(sweep_id.get())
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+        if removed != 1 {
+            return Ok(None);
+        }
+        let versions = versions
+            .into_iter()
+            .map(|(job_id, attempt, path)| RemovedVersion { job_id: JobId::new(job_id), attempt: attempt as u32, path })
+            .collect();
+        Ok(Some(SweepRemoval { job_ids: job_ids.into_iter().map(JobId::new).collect(), versions }))
+    })
 }

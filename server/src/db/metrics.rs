@@ -1,11 +1,11 @@
 //! `job_metrics` (append-only points), `job_metric_summaries` (last/min/max per metric of a
 //! job's latest attempt) and the metrics columns of `job_attempts`.
 
+use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
 use shared::api::{JobId, MetricPoint, MetricSeries, MetricSummary, SweepId};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::QueryBuilder;
 use std::collections::{BTreeMap, HashMap};
 
 /// Points per INSERT: 4 bound values each stays well under SQLite's variable limit.
@@ -15,118 +15,131 @@ const POINTS_PER_STATEMENT: usize = 4_000;
 pub type Summaries = HashMap<JobId, BTreeMap<String, MetricSummary>>;
 
 /// The metrics-file offset stored up to, and how many points the attempt has.
-pub async fn progress(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sqlx::Result<(u64, u64)> {
-    let row = sqlx::query("SELECT metrics_offset, metrics_points FROM job_attempts WHERE job_id = ? AND attempt = ?")
-        .bind(job.get())
-        .bind(attempt)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(row) = row else { return Ok((0, 0)) };
-    Ok((row.try_get::<i64, _>("metrics_offset")? as u64, row.try_get::<i64, _>("metrics_points")? as u64))
+pub async fn progress(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx::Result<(u64, u64)> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let row =
+            sqlx::query("SELECT metrics_offset, metrics_points FROM job_attempts WHERE job_id = $1 AND attempt = $2")
+                .bind(job.get())
+                .bind(i64::from(attempt))
+                .fetch_optional(&mut *conn)
+                .await?;
+        let Some(row) = row else { return Ok((0, 0)) };
+        Ok((row.get_as::<i64>("metrics_offset")? as u64, row.get_as::<i64>("metrics_points")? as u64))
+    })
 }
 
 pub async fn set_progress(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     job: JobId,
     attempt: u32,
     offset: u64,
     points: u64,
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO job_attempts (job_id, attempt, metrics_offset, metrics_points) VALUES (?, ?, ?, ?)
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query(
+            "INSERT INTO job_attempts (job_id, attempt, metrics_offset, metrics_points) VALUES ($1, $2, $3, $4)
          ON CONFLICT (job_id, attempt) DO UPDATE SET metrics_offset = excluded.metrics_offset,
              metrics_points = excluded.metrics_points",
-    )
-    .bind(job.get())
-    .bind(attempt)
-    .bind(offset.min(i64::MAX as u64) as i64)
-    .bind(points as i64)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+        )
+        .bind(job.get())
+        .bind(i64::from(attempt))
+        .bind(offset.min(i64::MAX as u64) as i64)
+        .bind(points as i64)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    })
 }
 
 /// Appends points numbered from `first_seq`, a few thousand per statement.
 pub async fn append(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     job: JobId,
     attempt: u32,
     first_seq: u64,
     points: &[MetricPoint],
 ) -> sqlx::Result<()> {
-    for (batch, chunk) in points.chunks(POINTS_PER_STATEMENT).enumerate() {
-        let mut query: QueryBuilder<Sqlite> =
-            QueryBuilder::new("INSERT INTO job_metrics (job_id, attempt, seq, step, name, value) SELECT ");
-        query.push_bind(job.get()).push(", ").push_bind(attempt);
-        query.push(", column1, column2, column3, column4 FROM (VALUES ");
-        let mut rows = query.separated(", ");
-        for (position, point) in chunk.iter().enumerate() {
-            let seq = first_seq + (batch * POINTS_PER_STATEMENT + position) as u64;
-            rows.push("(").push_bind_unseparated(seq as i64).push_unseparated(", ");
-            rows.push_bind_unseparated(point.step).push_unseparated(", ");
-            rows.push_bind_unseparated(point.name.as_str()).push_unseparated(", ");
-            rows.push_bind_unseparated(point.value).push_unseparated(")");
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        for (batch, chunk) in points.chunks(POINTS_PER_STATEMENT).enumerate() {
+            let mut query: QueryBuilder<_> =
+                QueryBuilder::new("INSERT INTO job_metrics (job_id, attempt, seq, step, name, value) SELECT ");
+            query.push_bind(job.get()).push(", ").push_bind(i64::from(attempt));
+            query.push(", column1, column2, column3, column4 FROM (VALUES ");
+            let mut rows = query.separated(", ");
+            for (position, point) in chunk.iter().enumerate() {
+                let seq = first_seq + (batch * POINTS_PER_STATEMENT + position) as u64;
+                rows.push("(").push_bind_unseparated(seq as i64).push_unseparated(", ");
+                rows.push_bind_unseparated(point.step).push_unseparated(", ");
+                rows.push_bind_unseparated(point.name.as_str()).push_unseparated(", ");
+                rows.push_bind_unseparated(point.value).push_unseparated(")");
+            }
+            query.push(")");
+            query.build().execute(&mut *conn).await?;
         }
-        query.push(")");
-        query.build().execute(&mut *conn).await?;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Folds one batch's summaries into the job's: a batch of a newer attempt first drops the
 /// summaries of older ones, so they always describe one attempt.
 pub async fn merge_summaries(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     job: JobId,
     attempt: u32,
     batch: &BTreeMap<String, MetricSummary>,
 ) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM job_metric_summaries WHERE job_id = ? AND attempt < ?")
-        .bind(job.get())
-        .bind(attempt)
-        .execute(&mut *conn)
-        .await?;
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
-        "INSERT INTO job_metric_summaries
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query("DELETE FROM job_metric_summaries WHERE job_id = $1 AND attempt < $2")
+            .bind(job.get())
+            .bind(i64::from(attempt))
+            .execute(&mut *conn)
+            .await?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut query: QueryBuilder<_> = QueryBuilder::new(
+            "INSERT INTO job_metric_summaries
              (job_id, attempt, name, last_value, min_value, max_value, last_step, point_count) SELECT ",
-    );
-    query.push_bind(job.get()).push(", ").push_bind(attempt);
-    query.push(", column1, column2, column3, column4, column5, column6 FROM (VALUES ");
-    let mut rows = query.separated(", ");
-    for (name, summary) in batch {
-        rows.push("(").push_bind_unseparated(name.as_str()).push_unseparated(", ");
-        rows.push_bind_unseparated(summary.last).push_unseparated(", ");
-        rows.push_bind_unseparated(summary.min).push_unseparated(", ");
-        rows.push_bind_unseparated(summary.max).push_unseparated(", ");
-        rows.push_bind_unseparated(summary.step).push_unseparated(", ");
-        rows.push_bind_unseparated(summary.count as i64).push_unseparated(")");
-    }
-    // `WHERE true` tells SQLite's parser the ON CONFLICT belongs to the INSERT, not a join.
-    query.push(
-        ") WHERE true ON CONFLICT (job_id, name) DO UPDATE SET
+        );
+        query.push_bind(job.get()).push(", ").push_bind(i64::from(attempt));
+        query.push(", column1, column2, column3, column4, column5, column6 FROM (VALUES ");
+        let mut rows = query.separated(", ");
+        for (name, summary) in batch {
+            rows.push("(").push_bind_unseparated(name.as_str()).push_unseparated(", ");
+            rows.push_bind_unseparated(summary.last).push_unseparated(", ");
+            rows.push_bind_unseparated(summary.min).push_unseparated(", ");
+            rows.push_bind_unseparated(summary.max).push_unseparated(", ");
+            rows.push_bind_unseparated(summary.step).push_unseparated(", ");
+            rows.push_bind_unseparated(summary.count as i64).push_unseparated(")");
+        }
+        // `WHERE true` tells SQLite's parser the ON CONFLICT belongs to the INSERT, not a join.
+        query.push(
+            ") WHERE true ON CONFLICT (job_id, name) DO UPDATE SET
              last_value = excluded.last_value, last_step = excluded.last_step,
              min_value = min(min_value, excluded.min_value), max_value = max(max_value, excluded.max_value),
              point_count = point_count + excluded.point_count",
-    );
-    query.build().execute(&mut *conn).await?;
-    Ok(())
+        );
+        query.build().execute(&mut *conn).await?;
+        Ok(())
+    })
 }
 
-fn summary_of(row: &SqliteRow) -> sqlx::Result<(JobId, String, MetricSummary)> {
+fn summary_of(row: &impl DbRow) -> sqlx::Result<(JobId, String, MetricSummary)> {
     let summary = MetricSummary {
-        last: row.try_get("last_value")?,
-        min: row.try_get("min_value")?,
-        max: row.try_get("max_value")?,
-        step: row.try_get("last_step")?,
-        count: row.try_get::<i64, _>("point_count")? as u64,
+        last: row.get_as("last_value")?,
+        min: row.get_as("min_value")?,
+        max: row.get_as("max_value")?,
+        step: row.get_as("last_step")?,
+        count: row.get_as::<i64>("point_count")? as u64,
     };
-    Ok((JobId::new(row.try_get("job_id")?), row.try_get("name")?, summary))
+    Ok((JobId::new(row.get_as("job_id")?), row.get_as("name")?, summary))
 }
 
-fn collect(rows: &[SqliteRow]) -> sqlx::Result<Summaries> {
+fn collect<R: DbRow>(rows: &[R]) -> sqlx::Result<Summaries> {
     let mut summaries = Summaries::new();
     for row in rows {
         let (job, name, summary) = summary_of(row)?;
@@ -138,18 +151,21 @@ fn collect(rows: &[SqliteRow]) -> sqlx::Result<Summaries> {
 const SUMMARY_COLUMNS: &str = "s.job_id, s.name, s.last_value, s.min_value, s.max_value, s.last_step, s.point_count";
 
 /// Summaries of the latest attempt of each of `jobs`, in one query.
-pub async fn summaries(pool: &SqlitePool, jobs: &[JobId]) -> anyhow::Result<Summaries> {
-    if jobs.is_empty() {
-        return Ok(Summaries::new());
-    }
-    let rows = sqlx::query(&format!(
+pub async fn summaries(pool: impl Into<PoolRef<'_>>, jobs: &[JobId]) -> anyhow::Result<Summaries> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        if jobs.is_empty() {
+            return Ok(Summaries::new());
+        }
+        let rows = sqlx::query(&format!(
         "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
-         WHERE s.job_id IN (SELECT value FROM json_each(?))"
+         WHERE s.job_id IN (SELECT value FROM json_each($1))"
     ))
-    .bind(serde_json::to_string(jobs)?)
-    .fetch_all(pool)
-    .await?;
-    Ok(collect(&rows)?)
+        .bind(serde_json::to_string(jobs)?)
+        .fetch_all(pool)
+        .await?;
+        Ok(collect(&rows)?)
+    })
 }
 
 /// Summaries of one attempt, as they stand (for a result version).
@@ -158,34 +174,39 @@ pub async fn summaries_of_attempt<'e>(
     job: JobId,
     attempt: u32,
 ) -> sqlx::Result<BTreeMap<String, MetricSummary>> {
-    let rows =
-        sqlx::query(&format!("SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s WHERE job_id = ? AND attempt = ?"))
-            .bind(job.get())
-            .bind(attempt)
-            .fetch_all(db)
-            .await?;
+    let rows = sqlx::query(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s WHERE job_id = $1 AND attempt = $2"
+    ))
+    .bind(job.get())
+    .bind(i64::from(attempt))
+    .fetch_all(db)
+    .await?;
     Ok(collect(&rows)?.remove(&job).unwrap_or_default())
 }
 
 /// Every point of an attempt, grouped by metric in the order each first appeared.
-pub async fn series(pool: &SqlitePool, job: JobId, attempt: u32) -> sqlx::Result<Vec<MetricSeries>> {
-    let rows = sqlx::query("SELECT step, name, value FROM job_metrics WHERE job_id = ? AND attempt = ? ORDER BY seq")
-        .bind(job.get())
-        .bind(attempt)
-        .fetch_all(pool)
-        .await?;
-    let mut series: Vec<MetricSeries> = Vec::new();
-    let mut position: HashMap<String, usize> = HashMap::new();
-    for row in rows {
-        let name: String = row.try_get("name")?;
-        let at = *position.entry(name.clone()).or_insert_with(|| {
-            series.push(MetricSeries { name, steps: Vec::new(), values: Vec::new() });
-            series.len() - 1
-        });
-        series[at].steps.push(row.try_get("step")?);
-        series[at].values.push(row.try_get("value")?);
-    }
-    Ok(series)
+pub async fn series(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> sqlx::Result<Vec<MetricSeries>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let rows =
+            sqlx::query("SELECT step, name, value FROM job_metrics WHERE job_id = $1 AND attempt = $2 ORDER BY seq")
+                .bind(job.get())
+                .bind(i64::from(attempt))
+                .fetch_all(pool)
+                .await?;
+        let mut series: Vec<MetricSeries> = Vec::new();
+        let mut position: HashMap<String, usize> = HashMap::new();
+        for row in rows {
+            let name: String = row.get_as("name")?;
+            let at = *position.entry(name.clone()).or_insert_with(|| {
+                series.push(MetricSeries { name, steps: Vec::new(), values: Vec::new() });
+                series.len() - 1
+            });
+            series[at].steps.push(row.get_as("step")?);
+            series[at].values.push(row.get_as("value")?);
+        }
+        Ok(series)
+    })
 }
 
 /// One job of a sweep's leaderboard, before ranking.
@@ -197,29 +218,32 @@ pub struct SweepJob {
 }
 
 /// Every job of a sweep in index order, with the summaries of their latest attempts.
-pub async fn sweep_jobs(pool: &SqlitePool, sweep: SweepId) -> anyhow::Result<(Vec<SweepJob>, Summaries)> {
-    let rows = sqlx::query("SELECT id, idx, status, params FROM jobs WHERE sweep_id = ? ORDER BY idx")
+pub async fn sweep_jobs(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> anyhow::Result<(Vec<SweepJob>, Summaries)> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let rows = sqlx::query("SELECT id, idx, status, params FROM jobs WHERE sweep_id = $1 ORDER BY idx")
+            .bind(sweep.get())
+            .fetch_all(pool)
+            .await?;
+        let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
+        let rows = sqlx::query(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+         WHERE j.sweep_id = $1"
+    ))
         .bind(sweep.get())
         .fetch_all(pool)
         .await?;
-    let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
-    let rows = sqlx::query(&format!(
-        "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
-         WHERE j.sweep_id = ?"
-    ))
-    .bind(sweep.get())
-    .fetch_all(pool)
-    .await?;
-    Ok((jobs, collect(&rows)?))
+        Ok((jobs, collect(&rows)?))
+    })
 }
 
-fn sweep_job_of(row: &SqliteRow) -> anyhow::Result<SweepJob> {
-    let status: String = row.try_get("status")?;
+fn sweep_job_of(row: &impl DbRow) -> anyhow::Result<SweepJob> {
+    let status: String = row.get_as("status")?;
     Ok(SweepJob {
-        id: JobId::new(row.try_get("id")?),
-        index: row.try_get::<i64, _>("idx")? as u64,
+        id: JobId::new(row.get_as("id")?),
+        index: row.get_as::<i64>("idx")? as u64,
         status: status.parse().map_err(anyhow::Error::msg)?,
-        params: row.try_get("params")?,
+        params: row.get_as("params")?,
     })
 }
 
@@ -227,51 +251,55 @@ fn sweep_job_of(row: &SqliteRow) -> anyhow::Result<SweepJob> {
 /// them: best score first, ties and unscored jobs by index), with their summaries. Selected
 /// in SQL, so the top of a 100,000-job sweep costs a sort of scores, not a read of every job.
 pub async fn sweep_top_jobs(
-    pool: &SqlitePool,
+    pool: impl Into<PoolRef<'_>>,
     sweep: SweepId,
     metric: Option<&Metric>,
     top: u32,
 ) -> anyhow::Result<(Vec<SweepJob>, Summaries)> {
-    let mut ids: Vec<JobId> = Vec::new();
-    if let Some(metric) = metric {
-        let (score, direction) = match metric.goal {
-            Goal::Minimize => ("s.min_value", "ASC"),
-            Goal::Maximize => ("s.max_value", "DESC"),
-        };
-        ids = sqlx::query_scalar::<_, i64>(&format!(
-            "SELECT j.id FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
-             WHERE j.sweep_id = ? AND s.name = ? ORDER BY {score} {direction}, j.idx LIMIT ?"
-        ))
-        .bind(sweep.get())
-        .bind(&metric.name)
-        .bind(top)
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .map(JobId::new)
-        .collect();
-    }
-    if (ids.len() as u32) < top {
-        let unscored: Vec<JobId> = sqlx::query_scalar::<_, i64>(
-            "SELECT j.id FROM jobs j WHERE j.sweep_id = ?
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let mut ids: Vec<JobId> = Vec::new();
+        if let Some(metric) = metric {
+            let (score, direction) = match metric.goal {
+                Goal::Minimize => ("s.min_value", "ASC"),
+                Goal::Maximize => ("s.max_value", "DESC"),
+            };
+            ids = sqlx::query_scalar::<_, i64>(&format!(
+                "SELECT j.id FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+             WHERE j.sweep_id = $1 AND s.name = $2 ORDER BY {score} {direction}, j.idx LIMIT $3"
+            ))
+            .bind(sweep.get())
+            .bind(&metric.name)
+            .bind(i64::from(top))
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(JobId::new)
+            .collect();
+        }
+        if (ids.len() as u32) < top {
+            let unscored: Vec<JobId> = sqlx::query_scalar::<_, i64>(
+                "SELECT j.id FROM jobs j WHERE j.sweep_id = $1
                AND NOT EXISTS (SELECT 1 FROM job_metric_summaries s
-                               WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = ?)
-             ORDER BY j.idx LIMIT ?",
-        )
-        .bind(sweep.get())
-        .bind(metric.map(|metric| metric.name.as_str()).unwrap_or(""))
-        .bind(top - ids.len() as u32)
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .map(JobId::new)
-        .collect();
-        ids.extend(unscored);
-    }
-    let rows = sqlx::query("SELECT id, idx, status, params FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
-        .bind(serde_json::to_string(&ids)?)
-        .fetch_all(pool)
-        .await?;
-    let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
-    Ok((jobs, summaries(pool, &ids).await?))
+                               WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = $2)
+             ORDER BY j.idx LIMIT $3",
+            )
+            .bind(sweep.get())
+            .bind(metric.map(|metric| metric.name.as_str()).unwrap_or(""))
+            .bind(i64::from(top - ids.len() as u32))
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(JobId::new)
+            .collect();
+            ids.extend(unscored);
+        }
+        let rows =
+            sqlx::query("SELECT id, idx, status, params FROM jobs WHERE id IN (SELECT value FROM json_each($1))")
+                .bind(serde_json::to_string(&ids)?)
+                .fetch_all(pool)
+                .await?;
+        let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
+        Ok((jobs, summaries(pool, &ids).await?))
+    })
 }

@@ -7,6 +7,7 @@
 //! own pool and never wait for writers (WAL).
 
 pub mod analysis;
+pub mod backend;
 pub mod checkpoints;
 pub mod code;
 pub mod events;

@@ -8,11 +8,11 @@
 //! only if the worker has it), with an empty placement; so the look and the UPDATE can be one
 //! statement, and the jobs handed out are the same as by the two-step claim.
 
+use super::backend::DbRow;
 use super::jobs::JobState;
 use shared::api::{JobId, ResultVersion, SweepId, WorkerId};
 use shared::job::Finish;
 use shared::sweep::Resources;
-use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection};
 
 /// A job as a claim left it: the columns every claim returns (`jobs::mark_running`, the
@@ -37,22 +37,22 @@ pub struct ClaimedRow {
 }
 
 impl ClaimedRow {
-    pub fn from_row(row: &SqliteRow) -> sqlx::Result<ClaimedRow> {
+    pub fn from_row(row: &impl DbRow) -> sqlx::Result<ClaimedRow> {
         Ok(ClaimedRow {
-            id: JobId::new(row.try_get("id")?),
-            attempt: row.try_get("attempt")?,
-            sweep_id: SweepId::new(row.try_get("sweep_id")?),
-            index: row.try_get::<i64, _>("idx")? as u64,
-            params: row.try_get("params")?,
-            command: row.try_get("command")?,
-            config: row.try_get("config")?,
+            id: JobId::new(row.get_as("id")?),
+            attempt: row.u32_at("attempt")?,
+            sweep_id: SweepId::new(row.get_as("sweep_id")?),
+            index: row.get_as::<i64>("idx")? as u64,
+            params: row.get_as("params")?,
+            command: row.get_as("command")?,
+            config: row.get_as("config")?,
             resources: super::jobs::resources_of(row)?,
-            timeout_secs: row.try_get("timeout_secs")?,
-            lease_expires_at: row.try_get("lease_expires_at")?,
-            priority: row.try_get("priority")?,
-            worker_id: row.try_get::<Option<i64>, _>("worker_id")?.map(WorkerId::new),
-            retries_left: row.try_get("retries_left")?,
-            crash_count: row.try_get("crash_count")?,
+            timeout_secs: row.get_as("timeout_secs")?,
+            lease_expires_at: row.get_as("lease_expires_at")?,
+            priority: row.get_as("priority")?,
+            worker_id: row.get_as::<Option<i64>>("worker_id")?.map(WorkerId::new),
+            retries_left: row.u32_at("retries_left")?,
+            crash_count: row.u32_at("crash_count")?,
         })
     }
 }

@@ -1,36 +1,41 @@
 //! `staged_files` (uploads waiting for their seal) and `results` (sealed result versions).
 
+use super::backend::{dollars, on_conn, on_pool, Conn, DbRow, PoolRef};
 use shared::api::{JobAttempt, JobId, ManifestEntry, ResultVersion};
 use sqlx::query::Query;
-use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use std::collections::HashMap;
 
 /// Forgets an uploaded path (before its file is replaced, so a crash in between leaves the
 /// path unrecorded rather than recorded with the old hash).
-pub async fn unstage(conn: &mut SqliteConnection, job: JobId, attempt: u32, path: &str) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM staged_files WHERE job_id = ? AND attempt = ? AND path = ?")
-        .bind(job.get())
-        .bind(attempt)
-        .bind(path)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+pub async fn unstage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, path: &str) -> sqlx::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query("DELETE FROM staged_files WHERE job_id = $1 AND attempt = $2 AND path = $3")
+            .bind(job.get())
+            .bind(i64::from(attempt))
+            .bind(path)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    })
 }
 
-pub async fn stage(conn: &mut SqliteConnection, job: JobId, attempt: u32, entry: &ManifestEntry) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO staged_files (job_id, attempt, path, size, sha256) VALUES (?, ?, ?, ?, ?)
+pub async fn stage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, entry: &ManifestEntry) -> sqlx::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query(
+            "INSERT INTO staged_files (job_id, attempt, path, size, sha256) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (job_id, attempt, path) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256",
-    )
-    .bind(job.get())
-    .bind(attempt)
-    .bind(entry.path.as_str())
-    .bind(entry.size as i64)
-    .bind(entry.sha256.as_str())
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+        )
+        .bind(job.get())
+        .bind(i64::from(attempt))
+        .bind(entry.path.as_str())
+        .bind(entry.size as i64)
+        .bind(entry.sha256.as_str())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    })
 }
 
 /// The uploaded files of an attempt, by path.
@@ -39,17 +44,17 @@ pub async fn staged<'e>(
     job: JobId,
     attempt: u32,
 ) -> sqlx::Result<HashMap<String, ManifestEntry>> {
-    let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = ? AND attempt = ?")
+    let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = $1 AND attempt = $2")
         .bind(job.get())
-        .bind(attempt)
+        .bind(i64::from(attempt))
         .fetch_all(db)
         .await?;
     rows.iter()
         .map(|row| {
             let entry = ManifestEntry {
-                path: row.try_get("path")?,
-                size: row.try_get::<i64, _>("size")? as u64,
-                sha256: row.try_get("sha256")?,
+                path: row.get_as("path")?,
+                size: row.get_as::<i64>("size")? as u64,
+                sha256: row.get_as("sha256")?,
             };
             Ok((entry.path.clone(), entry))
         })
@@ -58,26 +63,32 @@ pub async fn staged<'e>(
 
 /// Bytes already staged for an attempt, leaving out `except` (a file being uploaded again
 /// replaces its earlier upload).
-pub async fn staged_bytes(pool: &SqlitePool, job: JobId, attempt: u32, except: &str) -> sqlx::Result<u64> {
-    let total: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(size), 0) FROM staged_files WHERE job_id = ? AND attempt = ? AND path <> ?",
-    )
-    .bind(job.get())
-    .bind(attempt)
-    .bind(except)
-    .fetch_one(pool)
-    .await?;
-    Ok(total as u64)
+pub async fn staged_bytes(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32, except: &str) -> sqlx::Result<u64> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let total: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(size), 0) FROM staged_files WHERE job_id = $1 AND attempt = $2 AND path <> $3",
+        )
+        .bind(job.get())
+        .bind(i64::from(attempt))
+        .bind(except)
+        .fetch_one(pool)
+        .await?;
+        Ok(total as u64)
+    })
 }
 
 /// Forgets every upload of an attempt (sealed, or its staging removed).
-pub async fn unstage_attempt(conn: &mut SqliteConnection, job: JobId, attempt: u32) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM staged_files WHERE job_id = ? AND attempt = ?")
-        .bind(job.get())
-        .bind(attempt)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+pub async fn unstage_attempt(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query("DELETE FROM staged_files WHERE job_id = $1 AND attempt = $2")
+            .bind(job.get())
+            .bind(i64::from(attempt))
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    })
 }
 
 /// The INSERT of a sealed version with its parameters numbered from `?first`; it returns a
@@ -120,14 +131,20 @@ impl VersionColumns {
 }
 
 /// Binds `version` to the parameters of [`insert_sql`], in their order.
-pub(crate) fn bind_version<'q>(
-    query: Query<'q, Sqlite, SqliteArguments<'q>>,
+pub(crate) fn bind_version<'q, DB>(
+    query: Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
     version: &'q ResultVersion,
-) -> anyhow::Result<Query<'q, Sqlite, SqliteArguments<'q>>> {
+) -> anyhow::Result<Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>>
+where
+    DB: sqlx::Database,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
     let columns = VersionColumns::of(version)?;
     Ok(query
         .bind(version.job_id.get())
-        .bind(version.attempt)
+        .bind(i64::from(version.attempt))
         .bind(version.path.as_str())
         .bind(columns.manifest)
         .bind(columns.record)
@@ -137,66 +154,80 @@ pub(crate) fn bind_version<'q>(
 }
 
 /// Records a sealed version; false if the attempt already has one.
-pub async fn insert(conn: &mut SqliteConnection, version: &ResultVersion) -> anyhow::Result<bool> {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let query = bind_version(sqlx::query(SQL.get_or_init(|| insert_sql(1, false))), version)?;
-    Ok(query.fetch_optional(&mut *conn).await?.is_some())
+pub async fn insert(conn: impl Into<Conn<'_>>, version: &ResultVersion) -> anyhow::Result<bool> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let query = bind_version(sqlx::query(SQL.get_or_init(|| dollars(&insert_sql(1, false)))), version)?;
+        Ok(query.fetch_optional(&mut *conn).await?.is_some())
+    })
 }
 
-fn version_of(row: &SqliteRow) -> anyhow::Result<ResultVersion> {
-    let text = |column: &str| -> anyhow::Result<String> { Ok(row.try_get(column)?) };
+fn version_of(row: &impl DbRow) -> anyhow::Result<ResultVersion> {
+    let text = |column: &str| -> anyhow::Result<String> { Ok(row.get_as(column)?) };
     Ok(ResultVersion {
-        job_id: JobId::new(row.try_get("job_id")?),
-        attempt: row.try_get("attempt")?,
-        path: row.try_get("path")?,
+        job_id: JobId::new(row.get_as("job_id")?),
+        attempt: row.u32_at("attempt")?,
+        path: row.get_as("path")?,
         files: serde_json::from_str(&text("manifest")?)?,
         record: serde_json::from_str(&text("record")?)?,
         params: serde_json::from_str(&text("params")?)?,
         metrics: serde_json::from_str(&text("metrics")?)?,
-        stored_at: row.try_get("stored_at")?,
+        stored_at: row.get_as("stored_at")?,
     })
 }
 
 /// A job's versions, oldest first.
-pub async fn list(pool: &SqlitePool, job: JobId) -> anyhow::Result<Vec<ResultVersion>> {
-    let rows =
-        sqlx::query("SELECT * FROM results WHERE job_id = ? ORDER BY attempt").bind(job.get()).fetch_all(pool).await?;
-    rows.iter().map(version_of).collect()
+pub async fn list(pool: impl Into<PoolRef<'_>>, job: JobId) -> anyhow::Result<Vec<ResultVersion>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let rows = sqlx::query("SELECT * FROM results WHERE job_id = $1 ORDER BY attempt")
+            .bind(job.get())
+            .fetch_all(pool)
+            .await?;
+        rows.iter().map(version_of).collect()
+    })
 }
 
-pub async fn get(pool: &SqlitePool, job: JobId, attempt: u32) -> anyhow::Result<Option<ResultVersion>> {
-    let row = sqlx::query("SELECT * FROM results WHERE job_id = ? AND attempt = ?")
-        .bind(job.get())
-        .bind(attempt)
-        .fetch_optional(pool)
-        .await?;
-    row.as_ref().map(version_of).transpose()
+pub async fn get(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> anyhow::Result<Option<ResultVersion>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let row = sqlx::query("SELECT * FROM results WHERE job_id = $1 AND attempt = $2")
+            .bind(job.get())
+            .bind(i64::from(attempt))
+            .fetch_optional(pool)
+            .await?;
+        row.as_ref().map(version_of).transpose()
+    })
 }
 
 pub async fn exists<'e>(db: impl sqlx::SqliteExecutor<'e>, job: JobId, attempt: u32) -> sqlx::Result<bool> {
-    let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM results WHERE job_id = ? AND attempt = ?")
+    let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM results WHERE job_id = $1 AND attempt = $2")
         .bind(job.get())
-        .bind(attempt)
+        .bind(i64::from(attempt))
         .fetch_optional(db)
         .await?;
     Ok(found.is_some())
 }
 
 /// Which of `attempts` are running now (their staging is still wanted).
-pub async fn running(pool: &SqlitePool, attempts: &[JobAttempt]) -> anyhow::Result<Vec<JobAttempt>> {
-    if attempts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let pairs =
-        serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
-    let rows = sqlx::query(
-        "SELECT id, attempt FROM jobs WHERE status = 'running'
-           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?))",
-    )
-    .bind(pairs)
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| Ok(JobAttempt { job_id: JobId::new(row.try_get("id")?), attempt: row.try_get("attempt")? }))
-        .collect()
+pub async fn running(pool: impl Into<PoolRef<'_>>, attempts: &[JobAttempt]) -> anyhow::Result<Vec<JobAttempt>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        if attempts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pairs =
+            serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
+        let rows = sqlx::query(
+            "SELECT id, attempt FROM jobs WHERE status = 'running'
+           AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
+        )
+        .bind(pairs)
+        .fetch_all(pool)
+        .await?;
+        rows.iter()
+            .map(|row| Ok(JobAttempt { job_id: JobId::new(row.get_as("id")?), attempt: row.u32_at("attempt")? }))
+            .collect()
+    })
 }

@@ -1,8 +1,8 @@
 //! What a Prometheus scrape reads (`routes/prometheus.rs`): each a lookup, never a count over
 //! the jobs table, so scraping every few seconds costs the queue nothing it would notice.
 
+use super::backend::{on_pool, DbRow, PoolRef};
 use shared::api::GpuSample;
-use sqlx::{Row, SqlitePool};
 
 /// Jobs of one sweep in one status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,54 +13,61 @@ pub struct SweepDepth {
 }
 
 /// Jobs by sweep and status, from the counts the triggers keep (migrations/0004).
-pub async fn queue_depth(pool: &SqlitePool) -> sqlx::Result<Vec<SweepDepth>> {
-    let rows = sqlx::query(
-        "SELECT s.name AS sweep, c.status, c.jobs FROM sweep_counts c JOIN sweeps s ON s.id = c.sweep_id
+pub async fn queue_depth(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<SweepDepth>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let rows = sqlx::query(
+            "SELECT s.name AS sweep, c.status, c.jobs FROM sweep_counts c JOIN sweeps s ON s.id = c.sweep_id
          ORDER BY s.name, c.status",
-    )
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(SweepDepth { sweep: row.try_get("sweep")?, status: row.try_get("status")?, jobs: row.try_get("jobs")? })
-        })
-        .collect()
+        )
+        .fetch_all(pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(SweepDepth { sweep: row.get_as("sweep")?, status: row.get_as("status")?, jobs: row.get_as("jobs")? })
+            })
+            .collect()
+    })
 }
 
 /// When each worker was last heard from (unix ms).
-pub async fn workers_last_seen(pool: &SqlitePool) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar("SELECT last_seen_at FROM workers").fetch_all(pool).await
+pub async fn workers_last_seen(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<i64>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| sqlx::query_scalar("SELECT last_seen_at FROM workers").fetch_all(pool).await)
 }
 
 /// Each worker's latest GPU readings (the GPUs of its last heartbeat with telemetry), by
 /// worker name, when they were taken at or after `since`: a silent worker's GPUs drop out
 /// rather than report their last values for ever.
-pub async fn latest_gpus(pool: &SqlitePool, since: i64) -> sqlx::Result<Vec<(String, GpuSample)>> {
-    // The subquery is one step down the (worker_id, at) index per worker.
-    let rows = sqlx::query(
-        "SELECT w.name AS worker, t.* FROM workers w
+pub async fn latest_gpus(pool: impl Into<PoolRef<'_>>, since: i64) -> sqlx::Result<Vec<(String, GpuSample)>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        // The subquery is one step down the (worker_id, at) index per worker.
+        let rows = sqlx::query(
+            "SELECT w.name AS worker, t.* FROM workers w
          JOIN gpu_telemetry t ON t.worker_id = w.id
               AND t.at = (SELECT max(at) FROM gpu_telemetry WHERE worker_id = w.id)
-         WHERE t.at >= ?
+         WHERE t.at >= $1
          ORDER BY w.name, t.gpu_index",
-    )
-    .bind(since)
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            let sample = GpuSample {
-                index: row.try_get("gpu_index")?,
-                uuid: row.try_get("uuid")?,
-                name: row.try_get("name")?,
-                memory_total: row.try_get::<i64, _>("memory_total")? as u64,
-                memory_used: row.try_get::<i64, _>("memory_used")? as u64,
-                utilization: row.try_get("utilization")?,
-                temperature: row.try_get("temperature")?,
-                power_watts: row.try_get("power_watts")?,
-                at: row.try_get("at")?,
-            };
-            Ok((row.try_get("worker")?, sample))
-        })
-        .collect()
+        )
+        .bind(since)
+        .fetch_all(pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let sample = GpuSample {
+                    index: row.u32_at("gpu_index")?,
+                    uuid: row.get_as("uuid")?,
+                    name: row.get_as("name")?,
+                    memory_total: row.get_as::<i64>("memory_total")? as u64,
+                    memory_used: row.get_as::<i64>("memory_used")? as u64,
+                    utilization: row.opt_u32_at("utilization")?,
+                    temperature: row.opt_u32_at("temperature")?,
+                    power_watts: row.get_as("power_watts")?,
+                    at: row.get_as("at")?,
+                };
+                Ok((row.get_as("worker")?, sample))
+            })
+            .collect()
+    })
 }

@@ -7,10 +7,9 @@
 //! metric value that is not a finite number comes back as `null`, so neither NaN nor an
 //! infinity can reach the JSON reader (which refuses them) or the model.
 
+use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
 use shared::api::{JobId, SearchMethod, SearchState, StoppedEarly, SweepId};
 use shared::sweep::{JobSpec, Sweep};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqliteConnection, SqlitePool};
 use std::collections::HashMap;
 
 /// A metric value as SQL, `NULL` unless finite.
@@ -50,9 +49,11 @@ fn parse_method(text: &str) -> SearchMethod {
     }
 }
 
-pub async fn insert(conn: &mut SqliteConnection, sweep_id: SweepId, search: &NewSearch) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO sweep_search (sweep_id, method, seed, run_cap, open, early_stop) VALUES (?, ?, ?, ?, ?, ?)",
+pub async fn insert(conn: impl Into<Conn<'_>>, sweep_id: SweepId, search: &NewSearch) -> sqlx::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query(
+        "INSERT INTO sweep_search (sweep_id, method, seed, run_cap, open, early_stop) VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(sweep_id.get())
     .bind(method_text(search.method))
@@ -63,7 +64,8 @@ pub async fn insert(conn: &mut SqliteConnection, sweep_id: SweepId, search: &New
     .bind(search.early_stop)
     .execute(&mut *conn)
     .await?;
-    Ok(())
+        Ok(())
+    })
 }
 
 /// A sweep whose controller still makes runs.
@@ -78,26 +80,29 @@ pub struct OpenSearch {
 }
 
 /// Every sweep whose controller still makes runs, with its queued jobs (from `sweep_counts`).
-pub async fn open_searches(conn: &mut SqliteConnection) -> sqlx::Result<Vec<OpenSearch>> {
-    let rows = sqlx::query(
-        "SELECT q.sweep_id, q.run_cap, q.proposed, q.fallback, coalesce(c.jobs, 0) AS queued
+pub async fn open_searches(conn: impl Into<Conn<'_>>) -> sqlx::Result<Vec<OpenSearch>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let rows = sqlx::query(
+            "SELECT q.sweep_id, q.run_cap, q.proposed, q.fallback, coalesce(c.jobs, 0) AS queued
          FROM sweep_search q
          LEFT JOIN sweep_counts c ON c.sweep_id = q.sweep_id AND c.status = 'queued'
          WHERE q.open = 1 ORDER BY q.sweep_id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(OpenSearch {
-                sweep_id: SweepId::new(row.try_get("sweep_id")?),
-                run_cap: row.try_get::<Option<i64>, _>("run_cap")?.map(|cap| cap as u64),
-                proposed: row.try_get::<i64, _>("proposed")? as u64,
-                fallback: row.try_get("fallback")?,
-                queued: row.try_get::<i64, _>("queued")?.max(0) as u64,
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(OpenSearch {
+                    sweep_id: SweepId::new(row.get_as("sweep_id")?),
+                    run_cap: row.get_as::<Option<i64>>("run_cap")?.map(|cap| cap as u64),
+                    proposed: row.get_as::<i64>("proposed")? as u64,
+                    fallback: row.get_as("fallback")?,
+                    queued: row.get_as::<i64>("queued")?.max(0) as u64,
+                })
             })
-        })
-        .collect()
+            .collect()
+    })
 }
 
 /// One run of a sweep as the model sees it.
@@ -113,118 +118,136 @@ pub struct TrialRow {
 }
 
 /// Every run of the sweep in index order, with its best values of `metric`.
-pub async fn trials(conn: &mut SqliteConnection, sweep_id: SweepId, metric: &str) -> anyhow::Result<Vec<TrialRow>> {
-    let packed: Option<String> = sqlx::query_scalar(concat!(
-        "SELECT json_group_array(json_object('status', status, 'params', json(params), 'min', min, 'max', max,
+pub async fn trials(conn: impl Into<Conn<'_>>, sweep_id: SweepId, metric: &str) -> anyhow::Result<Vec<TrialRow>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let packed: Option<String> = sqlx::query_scalar(concat!(
+            "SELECT json_group_array(json_object('status', status, 'params', json(params), 'min', min, 'max', max,
                                              'stopped', json(CASE WHEN stopped THEN 'true' ELSE 'false' END)))
          FROM (SELECT j.status, j.params, ",
-        finite!("s.min_value"),
-        " AS min, ",
-        finite!("s.max_value"),
-        " AS max, e.job_id IS NOT NULL AS stopped
+            finite!("s.min_value"),
+            " AS min, ",
+            finite!("s.max_value"),
+            " AS max, e.job_id IS NOT NULL AS stopped
                FROM jobs j
-               LEFT JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = ?
+               LEFT JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = $1
                LEFT JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
-               WHERE j.sweep_id = ? ORDER BY j.idx)"
-    ))
-    .bind(metric)
-    .bind(sweep_id.get())
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(serde_json::from_str(packed.as_deref().unwrap_or("[]"))?)
+               WHERE j.sweep_id = $2 ORDER BY j.idx)"
+        ))
+        .bind(metric)
+        .bind(sweep_id.get())
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(serde_json::from_str(packed.as_deref().unwrap_or("[]"))?)
+    })
 }
 
 /// Inserts proposed jobs (queued, with the sweep's resources and settings) and counts them.
 pub async fn insert_jobs(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     sweep_id: SweepId,
     sweep: &Sweep,
     jobs: &[JobSpec],
     now: i64,
 ) -> sqlx::Result<()> {
-    let resources = &sweep.resources;
-    for job in jobs {
-        sqlx::query(
-            "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let resources = &sweep.resources;
+        for job in jobs {
+            sqlx::query(
+                "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
                                timeout_secs, priority, retries_left, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(sweep_id.get())
-        .bind(job.index as i64)
-        .bind(&job.params)
-        .bind(&job.command)
-        .bind(&job.config)
-        .bind(resources.gpus)
-        .bind(resources.gpu_memory.map(|bytes| bytes as i64))
-        .bind(resources.exclusive)
-        .bind(sweep.timeout_secs.map(|secs| secs as i64))
-        .bind(sweep.priority)
-        .bind(sweep.retries)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    }
-    super::sweeps::count_new_jobs(conn, sweep_id, jobs.len() as u64).await
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            )
+            .bind(sweep_id.get())
+            .bind(job.index as i64)
+            .bind(&job.params)
+            .bind(&job.command)
+            .bind(&job.config)
+            .bind(resources.gpus.map(i64::from))
+            .bind(resources.gpu_memory.map(|bytes| bytes as i64))
+            .bind(resources.exclusive.map(i64::from))
+            .bind(sweep.timeout_secs.map(|secs| secs as i64))
+            .bind(sweep.priority)
+            .bind(i64::from(sweep.retries))
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+        }
+        super::sweeps::count_new_jobs(&mut *conn, sweep_id, jobs.len() as u64).await
+    })
 }
 
 /// Moves the controller from `before` runs made to `after`, guarded by `before` (a second
 /// controller pass on a stale read changes nothing); returns whether it applied.
 pub async fn advance(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     sweep_id: SweepId,
     before: u64,
     after: u64,
     fallback: bool,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "UPDATE sweep_search SET proposed = ?, fallback = ?,
-                open = CASE WHEN run_cap IS NOT NULL AND ? >= run_cap THEN 0 ELSE open END
-         WHERE sweep_id = ? AND proposed = ? AND open = 1",
-    )
-    .bind(after as i64)
-    .bind(fallback)
-    .bind(after as i64)
-    .bind(sweep_id.get())
-    .bind(before as i64)
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query(
+            "UPDATE sweep_search SET proposed = $1, fallback = $2,
+                open = CASE WHEN run_cap IS NOT NULL AND $3 >= run_cap THEN 0 ELSE open END
+         WHERE sweep_id = $4 AND proposed = $5 AND open = 1",
+        )
+        .bind(after as i64)
+        .bind(fallback)
+        .bind(after as i64)
+        .bind(sweep_id.get())
+        .bind(before as i64)
+        .execute(&mut *conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// Adds a sentence to the sweep's search notes (the last 100 are kept).
-pub async fn add_note(conn: &mut SqliteConnection, sweep_id: SweepId, note: &str) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE sweep_search SET notes = (
+pub async fn add_note(conn: impl Into<Conn<'_>>, sweep_id: SweepId, note: &str) -> sqlx::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sqlx::query(
+            "UPDATE sweep_search SET notes = (
              SELECT json_group_array(value) FROM (
-                 SELECT value FROM (SELECT key, value FROM json_each(json_insert(notes, '$[#]', ?))
+                 SELECT value FROM (SELECT key, value FROM json_each(json_insert(notes, '$[#]', $1))
                                     ORDER BY key DESC LIMIT 100) ORDER BY key))
-         WHERE sweep_id = ?",
-    )
-    .bind(note)
-    .bind(sweep_id.get())
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-/// Stops the controller making runs; returns whether it was still open.
-pub async fn close(conn: &mut SqliteConnection, sweep_id: SweepId) -> sqlx::Result<bool> {
-    let done = sqlx::query("UPDATE sweep_search SET open = 0 WHERE sweep_id = ? AND open = 1")
+         WHERE sweep_id = $2",
+        )
+        .bind(note)
         .bind(sweep_id.get())
         .execute(&mut *conn)
         .await?;
-    Ok(done.rows_affected() == 1)
+        Ok(())
+    })
+}
+
+/// Stops the controller making runs; returns whether it was still open.
+pub async fn close(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Result<bool> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query("UPDATE sweep_search SET open = 0 WHERE sweep_id = $1 AND open = 1")
+            .bind(sweep_id.get())
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// The sweep's source, if it has a controller; with whether it stops runs early.
-pub async fn source_of(conn: &mut SqliteConnection, sweep_id: SweepId) -> sqlx::Result<Option<(String, bool)>> {
-    let row = sqlx::query(
-        "SELECT s.source, q.early_stop FROM sweep_search q JOIN sweeps s ON s.id = q.sweep_id WHERE q.sweep_id = ?",
+pub async fn source_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Result<Option<(String, bool)>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let row = sqlx::query(
+        "SELECT s.source, q.early_stop FROM sweep_search q JOIN sweeps s ON s.id = q.sweep_id WHERE q.sweep_id = $1",
     )
     .bind(sweep_id.get())
     .fetch_optional(&mut *conn)
     .await?;
-    row.map(|row| Ok((row.try_get("source")?, row.try_get("early_stop")?))).transpose()
+        row.map(|row| Ok((row.get_as("source")?, row.get_as("early_stop")?))).transpose()
+    })
 }
 
 /// A run's reports of one metric, in the order written: `(step, value)`, the value `None`
@@ -234,155 +257,181 @@ pub type Points = Vec<(Option<i64>, Option<f64>)>;
 /// The points of `metric` of the latest attempt of every job of the sweep, by job, skipping
 /// points past `max_step` (points without a step are always read).
 pub async fn histories(
-    pool: &SqlitePool,
+    pool: impl Into<PoolRef<'_>>,
     sweep_id: SweepId,
     metric: &str,
     max_step: Option<i64>,
 ) -> anyhow::Result<Vec<(JobId, Points)>> {
-    let packed: Option<String> = sqlx::query_scalar(concat!(
-        "SELECT json_group_array(json_array(job_id, step, value)) FROM (
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let packed: Option<String> = sqlx::query_scalar(concat!(
+            "SELECT json_group_array(json_array(job_id, step, value)) FROM (
              SELECT m.job_id, m.step, ",
-        finite!("m.value"),
-        " AS value
+            finite!("m.value"),
+            " AS value
              FROM jobs j
              JOIN job_metrics m ON m.job_id = j.id AND m.attempt = j.attempt
-             WHERE j.sweep_id = ? AND m.name = ? AND (m.step IS NULL OR ? IS NULL OR m.step <= ?)
+             WHERE j.sweep_id = $1 AND m.name = $2 AND (m.step IS NULL OR $3 IS NULL OR m.step <= $4)
              ORDER BY m.job_id, m.seq)"
-    ))
-    .bind(sweep_id.get())
-    .bind(metric)
-    .bind(max_step)
-    .bind(max_step)
-    .fetch_one(pool)
-    .await?;
-    let points: Vec<(JobId, Option<i64>, Option<f64>)> = serde_json::from_str(packed.as_deref().unwrap_or("[]"))?;
-    let mut histories: Vec<(JobId, Points)> = Vec::new();
-    for (job, step, value) in points {
-        match histories.last_mut() {
-            Some((last, history)) if *last == job => history.push((step, value)),
-            _ => histories.push((job, vec![(step, value)])),
+        ))
+        .bind(sweep_id.get())
+        .bind(metric)
+        .bind(max_step)
+        .bind(max_step)
+        .fetch_one(pool)
+        .await?;
+        let points: Vec<(JobId, Option<i64>, Option<f64>)> = serde_json::from_str(packed.as_deref().unwrap_or("[]"))?;
+        let mut histories: Vec<(JobId, Points)> = Vec::new();
+        for (job, step, value) in points {
+            match histories.last_mut() {
+                Some((last, history)) if *last == job => history.push((step, value)),
+                _ => histories.push((job, vec![(step, value)])),
+            }
         }
-    }
-    Ok(histories)
+        Ok(histories)
+    })
 }
 
 /// The best finite value of `metric` an attempt reported (its least when `minimize`).
 pub async fn best_of(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     job: JobId,
     attempt: u32,
     metric: &str,
     minimize: bool,
 ) -> sqlx::Result<Option<f64>> {
-    let row: Option<(Option<f64>, Option<f64>)> = sqlx::query_as(concat!(
-        "SELECT ",
-        finite!("min_value"),
-        ", ",
-        finite!("max_value"),
-        " FROM job_metric_summaries WHERE job_id = ? AND attempt = ? AND name = ?"
-    ))
-    .bind(job.get())
-    .bind(attempt)
-    .bind(metric)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(row.and_then(|(min, max)| if minimize { min } else { max }))
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let row: Option<(Option<f64>, Option<f64>)> = sqlx::query_as(concat!(
+            "SELECT ",
+            finite!("min_value"),
+            ", ",
+            finite!("max_value"),
+            " FROM job_metric_summaries WHERE job_id = $1 AND attempt = $2 AND name = $3"
+        ))
+        .bind(job.get())
+        .bind(i64::from(attempt))
+        .bind(metric)
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(row.and_then(|(min, max)| if minimize { min } else { max }))
+    })
 }
 
 /// The points of `metric` of one attempt, in the order written.
-pub async fn history_of(pool: &SqlitePool, job: JobId, attempt: u32, metric: &str) -> anyhow::Result<Points> {
-    let packed: Option<String> = sqlx::query_scalar(concat!(
-        "SELECT json_group_array(json_array(step, value)) FROM (
+pub async fn history_of(
+    pool: impl Into<PoolRef<'_>>,
+    job: JobId,
+    attempt: u32,
+    metric: &str,
+) -> anyhow::Result<Points> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let packed: Option<String> = sqlx::query_scalar(concat!(
+            "SELECT json_group_array(json_array(step, value)) FROM (
              SELECT step, ",
-        finite!("value"),
-        " AS value FROM job_metrics WHERE job_id = ? AND attempt = ? AND name = ? ORDER BY seq)"
-    ))
-    .bind(job.get())
-    .bind(attempt)
-    .bind(metric)
-    .fetch_one(pool)
-    .await?;
-    Ok(serde_json::from_str(packed.as_deref().unwrap_or("[]"))?)
+            finite!("value"),
+            " AS value FROM job_metrics WHERE job_id = $1 AND attempt = $2 AND name = $3 ORDER BY seq)"
+        ))
+        .bind(job.get())
+        .bind(i64::from(attempt))
+        .bind(metric)
+        .fetch_one(pool)
+        .await?;
+        Ok(serde_json::from_str(packed.as_deref().unwrap_or("[]"))?)
+    })
 }
 
 /// Records that the running attempt was stopped early; returns false (and records nothing)
 /// when it already was.
 pub async fn record_stop(
-    conn: &mut SqliteConnection,
+    conn: impl Into<Conn<'_>>,
     job: JobId,
     attempt: u32,
     stop: &StoppedEarly,
 ) -> sqlx::Result<bool> {
-    let done = sqlx::query(
-        "INSERT INTO early_stops (job_id, attempt, rung, cutoff, reason, stopped_at) VALUES (?, ?, ?, ?, ?, ?)
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query(
+        "INSERT INTO early_stops (job_id, attempt, rung, cutoff, reason, stopped_at) VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (job_id, attempt) DO NOTHING",
     )
     .bind(job.get())
-    .bind(attempt)
+    .bind(i64::from(attempt))
     .bind(stop.rung.min(i64::MAX as u64) as i64)
     .bind(stop.cutoff.filter(|cutoff| cutoff.is_finite()))
     .bind(&stop.reason)
     .bind(stop.at)
     .execute(&mut *conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+        Ok(done.rows_affected() == 1)
+    })
 }
 
 /// The early stop of a job row read with `stop_rung`, `stop_cutoff`, `stop_reason` and
 /// `stopped_at` columns (see `jobs::JOB_SELECT`).
-pub fn stopped_early_of(row: &SqliteRow) -> sqlx::Result<Option<StoppedEarly>> {
-    let Some(rung) = row.try_get::<Option<i64>, _>("stop_rung")? else { return Ok(None) };
+pub fn stopped_early_of(row: &impl DbRow) -> sqlx::Result<Option<StoppedEarly>> {
+    let Some(rung) = row.get_as::<Option<i64>>("stop_rung")? else { return Ok(None) };
     Ok(Some(StoppedEarly {
         rung: rung.max(0) as u64,
-        cutoff: row.try_get("stop_cutoff")?,
-        reason: row.try_get::<Option<String>, _>("stop_reason")?.unwrap_or_default(),
-        at: row.try_get::<Option<i64>, _>("stopped_at")?.unwrap_or_default(),
+        cutoff: row.get_as("stop_cutoff")?,
+        reason: row.get_as::<Option<String>>("stop_reason")?.unwrap_or_default(),
+        at: row.get_as::<Option<i64>>("stopped_at")?.unwrap_or_default(),
     }))
 }
 
 /// The runs of a sweep whose latest attempt was stopped early.
-pub async fn stopped_in_sweep(pool: &SqlitePool, sweep_id: SweepId) -> sqlx::Result<HashMap<JobId, StoppedEarly>> {
-    let rows = sqlx::query(
-        "SELECT e.job_id, e.rung AS stop_rung, e.cutoff AS stop_cutoff, e.reason AS stop_reason, e.stopped_at
+pub async fn stopped_in_sweep(
+    pool: impl Into<PoolRef<'_>>,
+    sweep_id: SweepId,
+) -> sqlx::Result<HashMap<JobId, StoppedEarly>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let rows = sqlx::query(
+            "SELECT e.job_id, e.rung AS stop_rung, e.cutoff AS stop_cutoff, e.reason AS stop_reason, e.stopped_at
          FROM jobs j
          JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
-         WHERE j.sweep_id = ?",
-    )
-    .bind(sweep_id.get())
-    .fetch_all(pool)
-    .await?;
-    let mut stopped = HashMap::new();
-    for row in &rows {
-        if let Some(stop) = stopped_early_of(row)? {
-            stopped.insert(JobId::new(row.try_get("job_id")?), stop);
+         WHERE j.sweep_id = $1",
+        )
+        .bind(sweep_id.get())
+        .fetch_all(pool)
+        .await?;
+        let mut stopped = HashMap::new();
+        for row in &rows {
+            if let Some(stop) = stopped_early_of(row)? {
+                stopped.insert(JobId::new(row.get_as("job_id")?), stop);
+            }
         }
-    }
-    Ok(stopped)
+        Ok(stopped)
+    })
 }
 
 /// Where the sweep's controller stands; `None` for a sweep without one.
-pub async fn state(pool: &SqlitePool, sweep_id: SweepId) -> anyhow::Result<Option<SearchState>> {
-    let row = sqlx::query(
-        "SELECT method, seed, run_cap, proposed, open, early_stop, notes,
+pub async fn state(pool: impl Into<PoolRef<'_>>, sweep_id: SweepId) -> anyhow::Result<Option<SearchState>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        let row = sqlx::query(
+            "SELECT method, seed, run_cap, proposed, open, early_stop, notes,
                 (SELECT count(*) FROM jobs j
                  JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
                  WHERE j.sweep_id = q.sweep_id) AS stopped_early
-         FROM sweep_search q WHERE sweep_id = ?",
-    )
-    .bind(sweep_id.get())
-    .fetch_optional(pool)
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    let method: String = row.try_get("method")?;
-    let notes: String = row.try_get("notes")?;
-    Ok(Some(SearchState {
-        method: parse_method(&method),
-        seed: row.try_get::<i64, _>("seed")? as u64,
-        run_cap: row.try_get::<Option<i64>, _>("run_cap")?.map(|cap| cap as u64),
-        proposed: row.try_get::<i64, _>("proposed")? as u64,
-        open: row.try_get("open")?,
-        early_stop: row.try_get("early_stop")?,
-        stopped_early: row.try_get::<i64, _>("stopped_early")? as u64,
-        notes: serde_json::from_str(&notes)?,
-    }))
+         FROM sweep_search q WHERE sweep_id = $1",
+        )
+        .bind(sweep_id.get())
+        .fetch_optional(pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let method: String = row.get_as("method")?;
+        let notes: String = row.get_as("notes")?;
+        Ok(Some(SearchState {
+            method: parse_method(&method),
+            seed: row.get_as::<i64>("seed")? as u64,
+            run_cap: row.get_as::<Option<i64>>("run_cap")?.map(|cap| cap as u64),
+            proposed: row.get_as::<i64>("proposed")? as u64,
+            open: row.get_as("open")?,
+            early_stop: row.get_as("early_stop")?,
+            stopped_early: row.get_as::<i64>("stopped_early")? as u64,
+            notes: serde_json::from_str(&notes)?,
+        }))
+    })
 }

@@ -95,7 +95,7 @@ impl Queue {
             true if viewed.is_some() => viewed,
             // A reader that fails leaves it to the full path.
             true => match self.reader().acquire().await {
-                Ok(mut conn) => db::jobs::state_for_result(&mut conn, at.job, at.attempt).await.ok().flatten(),
+                Ok(mut conn) => db::jobs::state_for_result(&mut *conn, at.job, at.attempt).await.ok().flatten(),
                 Err(_) => None,
             },
             false => None,

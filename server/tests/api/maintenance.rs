@@ -176,7 +176,7 @@ async fn the_deletes_are_guarded_by_the_jobs_statuses() {
 
     let db = server::db::Db::open(&app.config.data_dir).await.unwrap();
     let mut tx = db.writer.begin().await.unwrap();
-    let removal = server::db::maintenance::delete_sweep(&mut tx, sweep_id).await.unwrap();
+    let removal = server::db::maintenance::delete_sweep(&mut *tx, sweep_id).await.unwrap();
     assert!(removal.is_none(), "a running and a queued job keep the sweep");
     tx.rollback().await.unwrap();
     let remaining: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = ?")

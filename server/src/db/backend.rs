@@ -1,0 +1,247 @@
+//! One `db::` function for both backends: a connection or pool of either, and the macros that
+//! run one statement on whichever it is.
+//!
+//! A function takes `impl Into<Conn>` (a connection inside the writer's transaction) or
+//! `impl Into<PoolRef>` (a reader pool), so callers pass what they hold, a SQLite connection
+//! today or a PostgreSQL one, unchanged. Its statement is written once where both engines read
+//! it the same: parameters as `$1, $2, ...` (sqlx's SQLite driver binds `$N` by number, as
+//! PostgreSQL does; `server/tests/postgres` checks it), and [`Engine`] picks the text where they
+//! differ (JSON functions, `INSERT OR IGNORE`). The body is compiled once per backend by
+//! [`on_conn!`] and [`on_pool!`] (`on_conn!(conn, |conn, engine| body)`), so a bind or decode that one of them cannot do fails the
+//! build, not a request.
+
+use sqlx::{PgConnection, PgPool, SqliteConnection, SqlitePool};
+
+/// Which engine a statement runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+impl Engine {
+    /// `sqlite` on SQLite, `postgres` on PostgreSQL: the statement text where they differ.
+    pub fn pick<T>(self, sqlite: T, postgres: T) -> T {
+        match self {
+            Engine::Sqlite => sqlite,
+            Engine::Postgres => postgres,
+        }
+    }
+}
+
+/// `sql` with SQLite's numbered parameters (`?1`) written as `$1`, which both engines read:
+/// for a statement the writer's own SQLite connection also runs (`db::fast`), kept in the
+/// form rusqlite binds by number.
+pub fn dollars(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A connection of either backend, borrowed for one call.
+#[derive(Debug)]
+pub enum Conn<'c> {
+    Sqlite(&'c mut SqliteConnection),
+    Postgres(&'c mut PgConnection),
+}
+
+impl Conn<'_> {
+    /// The same connection for a nested call, this one usable again after it.
+    pub fn reborrow(&mut self) -> Conn<'_> {
+        match self {
+            Conn::Sqlite(conn) => Conn::Sqlite(conn),
+            Conn::Postgres(conn) => Conn::Postgres(conn),
+        }
+    }
+
+    pub fn engine(&self) -> Engine {
+        match self {
+            Conn::Sqlite(_) => Engine::Sqlite,
+            Conn::Postgres(_) => Engine::Postgres,
+        }
+    }
+}
+
+impl<'c> From<&'c mut SqliteConnection> for Conn<'c> {
+    fn from(conn: &'c mut SqliteConnection) -> Self {
+        Conn::Sqlite(conn)
+    }
+}
+
+impl<'c> From<&'c mut PgConnection> for Conn<'c> {
+    fn from(conn: &'c mut PgConnection) -> Self {
+        Conn::Postgres(conn)
+    }
+}
+
+impl<'c, 'd: 'c> From<&'c mut Conn<'d>> for Conn<'c> {
+    fn from(conn: &'c mut Conn<'d>) -> Self {
+        conn.reborrow()
+    }
+}
+
+/// A pool of either backend.
+#[derive(Debug, Clone)]
+pub enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// A pool of either backend, borrowed for one call.
+#[derive(Debug, Clone, Copy)]
+pub enum PoolRef<'p> {
+    Sqlite(&'p SqlitePool),
+    Postgres(&'p PgPool),
+}
+
+impl PoolRef<'_> {
+    pub fn engine(&self) -> Engine {
+        match self {
+            PoolRef::Sqlite(_) => Engine::Sqlite,
+            PoolRef::Postgres(_) => Engine::Postgres,
+        }
+    }
+}
+
+impl<'p> From<&'p SqlitePool> for PoolRef<'p> {
+    fn from(pool: &'p SqlitePool) -> Self {
+        PoolRef::Sqlite(pool)
+    }
+}
+
+impl<'p> From<&'p PgPool> for PoolRef<'p> {
+    fn from(pool: &'p PgPool) -> Self {
+        PoolRef::Postgres(pool)
+    }
+}
+
+impl<'p> From<&'p Pool> for PoolRef<'p> {
+    fn from(pool: &'p Pool) -> Self {
+        match pool {
+            Pool::Sqlite(pool) => PoolRef::Sqlite(pool),
+            Pool::Postgres(pool) => PoolRef::Postgres(pool),
+        }
+    }
+}
+
+/// Runs `$body` with `$c` rebound to the backend's own connection (`&mut SqliteConnection` or
+/// `&mut PgConnection`) of the [`Conn`] `$conn`, and `$engine` to its [`Engine`]; `$conn` stays
+/// usable after it.
+macro_rules! on_conn {
+    ($conn:ident, |$c:ident, $engine:ident| $body:expr) => {
+        match $conn.reborrow() {
+            $crate::db::backend::Conn::Sqlite($c) => {
+                #[allow(unused_variables)]
+                let $engine = $crate::db::backend::Engine::Sqlite;
+                $body
+            }
+            $crate::db::backend::Conn::Postgres($c) => {
+                #[allow(unused_variables)]
+                let $engine = $crate::db::backend::Engine::Postgres;
+                $body
+            }
+        }
+    };
+}
+
+/// [`on_conn!`] for a [`PoolRef`]: `$p` is the backend's own `&SqlitePool` or `&PgPool`.
+macro_rules! on_pool {
+    ($pool:ident, |$p:ident, $engine:ident| $body:expr) => {
+        match $pool {
+            $crate::db::backend::PoolRef::Sqlite($p) => {
+                #[allow(unused_variables)]
+                let $engine = $crate::db::backend::Engine::Sqlite;
+                $body
+            }
+            $crate::db::backend::PoolRef::Postgres($p) => {
+                #[allow(unused_variables)]
+                let $engine = $crate::db::backend::Engine::Postgres;
+                $body
+            }
+        }
+    };
+}
+
+pub(crate) use {on_conn, on_pool};
+
+/// A value both backends decode.
+pub trait Decodable:
+    for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+    + sqlx::Type<sqlx::Sqlite>
+    + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+    + sqlx::Type<sqlx::Postgres>
+{
+}
+
+impl<T> Decodable for T where
+    T: for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+        + sqlx::Type<sqlx::Sqlite>
+        + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>
+{
+}
+
+/// A row of either backend, for the functions that turn rows into values (written once).
+///
+/// Columns are read the way both backends store them: SQLite's INTEGER is PostgreSQL's
+/// BIGINT, so unsigned counts and flags are stored as 64-bit integers and converted here
+/// (PostgreSQL has no unsigned types, and decodes no BIGINT as a bool).
+pub trait DbRow {
+    fn get_as<T: Decodable>(&self, column: &str) -> sqlx::Result<T>;
+
+    fn u32_at(&self, column: &str) -> sqlx::Result<u32> {
+        let value: i64 = self.get_as(column)?;
+        u32::try_from(value)
+            .map_err(|error| sqlx::Error::ColumnDecode { index: column.to_string(), source: error.into() })
+    }
+
+    fn opt_u32_at(&self, column: &str) -> sqlx::Result<Option<u32>> {
+        let value: Option<i64> = self.get_as(column)?;
+        value
+            .map(u32::try_from)
+            .transpose()
+            .map_err(|error| sqlx::Error::ColumnDecode { index: column.to_string(), source: error.into() })
+    }
+
+    fn flag_at(&self, column: &str) -> sqlx::Result<bool> {
+        let value: i64 = self.get_as(column)?;
+        Ok(value != 0)
+    }
+
+    fn opt_flag_at(&self, column: &str) -> sqlx::Result<Option<bool>> {
+        let value: Option<i64> = self.get_as(column)?;
+        Ok(value.map(|value| value != 0))
+    }
+}
+
+impl DbRow for sqlx::sqlite::SqliteRow {
+    fn get_as<T: Decodable>(&self, column: &str) -> sqlx::Result<T> {
+        sqlx::Row::try_get(self, column)
+    }
+}
+
+impl DbRow for sqlx::postgres::PgRow {
+    fn get_as<T: Decodable>(&self, column: &str) -> sqlx::Result<T> {
+        sqlx::Row::try_get(self, column)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_parameters_become_dollars_and_nothing_else_changes() {
+        assert_eq!(
+            dollars("UPDATE t SET a = ?1, b = ?12 WHERE c = ?1 AND d = '?'"),
+            "UPDATE t SET a = $1, b = $12 WHERE c = $1 AND d = '?'"
+        );
+    }
+}
