@@ -11,6 +11,10 @@ use std::time::Duration;
 pub struct ServerConfig {
     /// Holds `queue.db` and `results/`.
     pub data_dir: PathBuf,
+    /// A PostgreSQL database to keep the queue in instead of `<data_dir>/queue.db`
+    /// (`postgres://user@host:5432/app`); results and logs stay in `data_dir`, which replicas
+    /// on one database share.
+    pub database_url: Option<String>,
     /// A running job whose worker has not heartbeated for this long goes back to the queue.
     pub lease: Duration,
     /// How often a worker should heartbeat (told to it at registration).
@@ -63,6 +67,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("app-data"),
+            database_url: None,
             lease: Duration::from_secs(30),
             heartbeat: Duration::from_secs(5),
             reaper_interval: Duration::from_secs(1),
@@ -92,6 +97,7 @@ impl Default for ServerConfig {
 pub struct ServerFile {
     pub bind: Option<String>,
     pub data_dir: Option<PathBuf>,
+    pub database_url: Option<String>,
     pub lease_secs: Option<f64>,
     pub heartbeat_secs: Option<f64>,
     pub max_crashes: Option<u32>,
@@ -132,6 +138,7 @@ impl ServerFile {
         ServerFile {
             bind: self.bind.or(lower.bind),
             data_dir: self.data_dir.or(lower.data_dir),
+            database_url: self.database_url.or(lower.database_url),
             lease_secs: self.lease_secs.or(lower.lease_secs),
             heartbeat_secs: self.heartbeat_secs.or(lower.heartbeat_secs),
             max_crashes: self.max_crashes.or(lower.max_crashes),
@@ -170,6 +177,9 @@ impl ServerConfig {
         };
         if let Some(dir) = &file.data_dir {
             self.data_dir = dir.clone();
+        }
+        if let Some(url) = &file.database_url {
+            self.database_url = Some(url.clone());
         }
         if let Some(value) = file.lease_secs {
             self.lease = seconds(value, "lease_secs")?;

@@ -77,6 +77,24 @@ pub fn check(data_dir: &Path, database: &str, instance: &str, database_new: bool
     }
 }
 
+/// [`check`] for a database several servers share (PostgreSQL): the directory must be the one
+/// the server that made the database marked; an unmarked one is marked only by that server.
+/// A replica started on a directory of its own is refused, naming both.
+pub fn check_shared(data_dir: &Path, database: &str, instance: &str, created: bool) -> anyhow::Result<()> {
+    let marker = data_dir.join(MARKER);
+    match std::fs::read_to_string(&marker) {
+        Ok(text) if text.trim() == instance => Ok(()),
+        Ok(_) => check(data_dir, database, instance, false),
+        Err(error) if error.kind() == io::ErrorKind::NotFound && created => check(data_dir, database, instance, true),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => anyhow::bail!(
+            "the data directory {dir} is not the one the servers of {database} (instance {instance}) share: it has              no {MARKER} marker, which the server that made the database wrote into the shared directory. Give every              server the same --data-dir (a shared file system), or, if this is that directory and its marker was              lost, write the instance id into {marker}",
+            dir = data_dir.display(),
+            marker = marker.display()
+        ),
+        Err(error) => Err(error).with_context(|| format!("reading {}", marker.display())),
+    }
+}
+
 /// Whether any id-named directory holds an entry (names starting with `.` are the server's
 /// own scratch space, such as `results/.staging`).
 fn has_files(data_dir: &Path) -> io::Result<bool> {

@@ -22,7 +22,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     // Certificate problems are start-up errors, before anything else is touched.
     let tls = config.tls.as_ref().map(crate::tls::server_config).transpose()?;
-    let db = Db::open(&config.data_dir).await?;
+    let db = match &config.database_url {
+        Some(url) => Db::open_postgres(url).await?,
+        None => Db::open(&config.data_dir).await?,
+    };
     let instance = match own_data_dir(&db, &config.data_dir).await {
         Ok(instance) => instance,
         Err(error) => {
@@ -92,6 +95,13 @@ pub async fn run(
 /// returns the database's instance id.
 async fn own_data_dir(db: &Db, data_dir: &std::path::Path) -> anyhow::Result<String> {
     let instance = crate::db::workers::instance(&db.reader).await.context("reading the server's instance id")?;
+    if db.engine() == crate::db::backend::Engine::Postgres {
+        // Replicas share one directory, marked by the server that made the database: any other
+        // unmarked directory is not the shared one.
+        let database = db.describe();
+        crate::data_owner::check_shared(data_dir, &database, &instance, db.created)?;
+        return Ok(instance);
+    }
     // A first start that failed after migrating leaves an empty database: as new as none.
     let new = db.created || !db.holds_sweeps().await.context("reading the database")?;
     let database = data_dir.join("queue.db").display().to_string();

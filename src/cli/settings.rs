@@ -45,6 +45,11 @@ pub struct ServerFlags {
     /// Where the queue database and results live (default ./app-data) [env: APP_DATA_DIR]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Keep the queue in this PostgreSQL database instead of <data-dir>/queue.db
+    /// (postgres://user@host:5432/app); several servers may share one, with one shared
+    /// --data-dir for results and logs [env: APP_DATABASE_URL]
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
     /// File of user tokens, one per line: submit, cancel, read [env: APP_USER_TOKEN_FILE; a
     /// token itself: APP_USER_TOKEN]
     #[arg(long, value_name = "FILE")]
@@ -170,6 +175,7 @@ impl Layer {
             server: ServerFile {
                 bind: text("APP_BIND"),
                 data_dir: path("APP_DATA_DIR"),
+                database_url: text("APP_DATABASE_URL"),
                 user_token_file: path("APP_USER_TOKEN_FILE"),
                 worker_token_file: path("APP_WORKER_TOKEN_FILE"),
                 tls_cert: path("APP_TLS_CERT"),
@@ -198,6 +204,7 @@ impl Layer {
             server: ServerFile {
                 bind: server.bind.clone(),
                 data_dir: server.data_dir.clone(),
+                database_url: server.database_url.clone(),
                 user_token_file: server.user_token_file.clone(),
                 worker_token_file: server.worker_token_file.clone(),
                 tls_cert: server.tls_cert.clone(),

@@ -80,7 +80,7 @@ pub async fn pace(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sqlx::Result<
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         let (finished, mean_run_ms): (i64, Option<f64>) = sqlx::query_as(
-            "SELECT count(*), avg(finished_at - started_at) FROM jobs
+            "SELECT count(*), CAST(avg(finished_at - started_at) AS DOUBLE PRECISION) FROM jobs
          WHERE sweep_id = $1 AND status IN ('succeeded', 'failed')
            AND started_at IS NOT NULL AND finished_at IS NOT NULL",
         )
@@ -107,11 +107,15 @@ pub async fn gpu_readings(
 ) -> anyhow::Result<Vec<GpuSample>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(
+        let rows = sqlx::query(engine.pick(
             "SELECT * FROM gpu_telemetry
          WHERE worker_id = $1 AND at BETWEEN $2 AND $3 AND gpu_index IN (SELECT value FROM json_each($4))
          ORDER BY at, gpu_index",
-        )
+            "SELECT * FROM gpu_telemetry
+         WHERE worker_id = $1 AND at BETWEEN $2 AND $3
+           AND gpu_index IN (SELECT value::bigint FROM jsonb_array_elements_text($4::jsonb) AS e(value))
+         ORDER BY at, gpu_index",
+        ))
         .bind(worker.get())
         .bind(from)
         .bind(to)
@@ -149,13 +153,19 @@ pub async fn gpu_neighbours(
 ) -> anyhow::Result<Vec<JobId>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let ids: Vec<i64> = sqlx::query_scalar(
+        let ids: Vec<i64> = sqlx::query_scalar(engine.pick(
             "SELECT j.id FROM jobs j
          WHERE j.worker_id = $1 AND j.id != $2 AND j.status != 'queued'
            AND j.started_at IS NOT NULL AND j.started_at <= $3 AND coalesce(j.finished_at, $4) >= $5
            AND EXISTS (SELECT 1 FROM json_each(j.gpu_ids) g WHERE g.value IN (SELECT value FROM json_each($6)))
          ORDER BY j.id",
-        )
+            "SELECT j.id FROM jobs j
+         WHERE j.worker_id = $1 AND j.id != $2 AND j.status != 'queued'
+           AND j.started_at IS NOT NULL AND j.started_at <= $3 AND coalesce(j.finished_at, $4) >= $5
+           AND EXISTS (SELECT 1 FROM jsonb_array_elements_text(j.gpu_ids::jsonb) AS g(value)
+                       WHERE g.value IN (SELECT jsonb_array_elements_text($6::jsonb)))
+         ORDER BY j.id",
+        ))
         .bind(worker.get())
         .bind(job.get())
         .bind(to)

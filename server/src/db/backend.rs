@@ -20,6 +20,23 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// The rows of parameter `$n`, a JSON array of integers (ids), as a subquery's body:
+    /// `id IN (SELECT {ids})`.
+    pub fn json_ids(self, n: usize) -> String {
+        match self {
+            Engine::Sqlite => format!("value FROM json_each(${n})"),
+            Engine::Postgres => format!("value::bigint FROM jsonb_array_elements_text(${n}::jsonb) AS e(value)"),
+        }
+    }
+
+    /// [`Engine::json_ids`] for a JSON array of strings.
+    pub fn json_texts(self, n: usize) -> String {
+        match self {
+            Engine::Sqlite => format!("value FROM json_each(${n})"),
+            Engine::Postgres => format!("value FROM jsonb_array_elements_text(${n}::jsonb) AS e(value)"),
+        }
+    }
+
     /// `sqlite` on SQLite, `postgres` on PostgreSQL: the statement text where they differ.
     pub fn pick<T>(self, sqlite: T, postgres: T) -> T {
         match self {
@@ -69,6 +86,16 @@ impl Conn<'_> {
     }
 }
 
+impl<'c> Conn<'c> {
+    /// The SQLite connection, for tests that run statements of their own.
+    pub fn into_sqlite(self) -> Option<&'c mut SqliteConnection> {
+        match self {
+            Conn::Sqlite(conn) => Some(conn),
+            Conn::Postgres(_) => None,
+        }
+    }
+}
+
 impl<'c> From<&'c mut SqliteConnection> for Conn<'c> {
     fn from(conn: &'c mut SqliteConnection) -> Self {
         Conn::Sqlite(conn)
@@ -92,6 +119,54 @@ impl<'c, 'd: 'c> From<&'c mut Conn<'d>> for Conn<'c> {
 pub enum Pool {
     Sqlite(SqlitePool),
     Postgres(PgPool),
+}
+
+impl Pool {
+    pub fn engine(&self) -> Engine {
+        match self {
+            Pool::Sqlite(_) => Engine::Sqlite,
+            Pool::Postgres(_) => Engine::Postgres,
+        }
+    }
+
+    /// One connection of the pool, for several reads in a row.
+    pub async fn acquire(&self) -> sqlx::Result<PooledConn> {
+        Ok(match self {
+            Pool::Sqlite(pool) => PooledConn::Sqlite(pool.acquire().await?),
+            Pool::Postgres(pool) => PooledConn::Postgres(pool.acquire().await?),
+        })
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Pool::Sqlite(pool) => pool.close().await,
+            Pool::Postgres(pool) => pool.close().await,
+        }
+    }
+
+    /// The SQLite pool, for tests that run statements of their own.
+    pub fn sqlite(&self) -> Option<&SqlitePool> {
+        match self {
+            Pool::Sqlite(pool) => Some(pool),
+            Pool::Postgres(_) => None,
+        }
+    }
+}
+
+/// A connection taken from a [`Pool`].
+#[derive(Debug)]
+pub enum PooledConn {
+    Sqlite(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+    Postgres(sqlx::pool::PoolConnection<sqlx::Postgres>),
+}
+
+impl PooledConn {
+    pub fn conn(&mut self) -> Conn<'_> {
+        match self {
+            PooledConn::Sqlite(conn) => Conn::Sqlite(conn),
+            PooledConn::Postgres(conn) => Conn::Postgres(conn),
+        }
+    }
 }
 
 /// A pool of either backend, borrowed for one call.
@@ -143,9 +218,15 @@ macro_rules! on_conn {
                 $body
             }
             $crate::db::backend::Conn::Postgres($c) => {
-                #[allow(unused_variables)]
-                let $engine = $crate::db::backend::Engine::Postgres;
-                $body
+                // Boxed, so that the caller's future holds a `dyn Future + Send`: proving a
+                // PostgreSQL statement's future `Send` inside the writer's higher-ranked unit
+                // closures trips rustc ("implementation of `Executor` is not general enough").
+                let boxed: futures_util::future::BoxFuture<'_, _> = Box::pin(async move {
+                    #[allow(unused_variables)]
+                    let $engine = $crate::db::backend::Engine::Postgres;
+                    $body
+                });
+                boxed.await
             }
         }
     };
@@ -161,15 +242,61 @@ macro_rules! on_pool {
                 $body
             }
             $crate::db::backend::PoolRef::Postgres($p) => {
-                #[allow(unused_variables)]
-                let $engine = $crate::db::backend::Engine::Postgres;
-                $body
+                // Boxed: see `on_conn!`.
+                let boxed: futures_util::future::BoxFuture<'_, _> = Box::pin(async move {
+                    #[allow(unused_variables)]
+                    let $engine = $crate::db::backend::Engine::Postgres;
+                    $body
+                });
+                boxed.await
             }
         }
     };
 }
 
-pub(crate) use {on_conn, on_pool};
+/// A connection or a pool of either backend, for a function that runs one statement on
+/// whichever the caller holds.
+#[derive(Debug)]
+pub enum Exec<'a> {
+    Conn(Conn<'a>),
+    Pool(PoolRef<'a>),
+}
+
+impl<'a> From<Conn<'a>> for Exec<'a> {
+    fn from(conn: Conn<'a>) -> Self {
+        Exec::Conn(conn)
+    }
+}
+
+impl<'a> From<&'a mut SqliteConnection> for Exec<'a> {
+    fn from(conn: &'a mut SqliteConnection) -> Self {
+        Exec::Conn(conn.into())
+    }
+}
+
+impl<'a> From<&'a mut PgConnection> for Exec<'a> {
+    fn from(conn: &'a mut PgConnection) -> Self {
+        Exec::Conn(conn.into())
+    }
+}
+
+impl<'a> From<&'a Pool> for Exec<'a> {
+    fn from(pool: &'a Pool) -> Self {
+        Exec::Pool(pool.into())
+    }
+}
+
+/// [`on_conn!`] for an [`Exec`]: `$e` is the backend's own connection or pool, used once.
+macro_rules! on_exec {
+    ($exec:ident, |$e:ident, $engine:ident| $body:expr) => {
+        match $exec {
+            $crate::db::backend::Exec::Conn(mut conn) => $crate::db::backend::on_conn!(conn, |$e, $engine| $body),
+            $crate::db::backend::Exec::Pool(pool) => $crate::db::backend::on_pool!(pool, |$e, $engine| $body),
+        }
+    };
+}
+
+pub(crate) use {on_conn, on_exec, on_pool};
 
 /// A value both backends decode.
 pub trait Decodable:

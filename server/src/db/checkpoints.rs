@@ -1,8 +1,7 @@
 //! `checkpoints`: the newest checkpoint of each job (see migrations/0005_code.sql).
 
-use super::backend::{on_conn, Conn, DbRow};
+use super::backend::{on_conn, on_exec, Conn, DbRow, Exec};
 use shared::api::{CheckpointInfo, JobId};
-use sqlx::SqliteExecutor;
 
 /// Records `info` as the job's checkpoint, replacing the one before.
 pub async fn replace(conn: impl Into<Conn<'_>>, info: &CheckpointInfo) -> sqlx::Result<()> {
@@ -25,19 +24,22 @@ pub async fn replace(conn: impl Into<Conn<'_>>, info: &CheckpointInfo) -> sqlx::
 }
 
 /// The job's checkpoint, if an attempt uploaded one.
-pub async fn get<'e>(executor: impl SqliteExecutor<'e>, job: JobId) -> sqlx::Result<Option<CheckpointInfo>> {
-    let row = sqlx::query("SELECT job_id, attempt, size, sha256, uploaded_at FROM checkpoints WHERE job_id = $1")
-        .bind(job.get())
-        .fetch_optional(executor)
-        .await?;
-    row.map(|row| {
-        Ok(CheckpointInfo {
-            job_id: JobId::new(row.get_as("job_id")?),
-            attempt: row.u32_at("attempt")?,
-            size: row.get_as::<i64>("size")? as u64,
-            sha256: row.get_as("sha256")?,
-            uploaded_at: row.get_as("uploaded_at")?,
+pub async fn get(executor: impl Into<Exec<'_>>, job: JobId) -> sqlx::Result<Option<CheckpointInfo>> {
+    let executor = executor.into();
+    on_exec!(executor, |executor, engine| {
+        let row = sqlx::query("SELECT job_id, attempt, size, sha256, uploaded_at FROM checkpoints WHERE job_id = $1")
+            .bind(job.get())
+            .fetch_optional(executor)
+            .await?;
+        row.map(|row| {
+            Ok(CheckpointInfo {
+                job_id: JobId::new(row.get_as("job_id")?),
+                attempt: row.u32_at("attempt")?,
+                size: row.get_as::<i64>("size")? as u64,
+                sha256: row.get_as("sha256")?,
+                uploaded_at: row.get_as("uploaded_at")?,
+            })
         })
+        .transpose()
     })
-    .transpose()
 }

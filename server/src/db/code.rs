@@ -31,7 +31,7 @@ pub async fn set_workspace(conn: impl Into<Conn<'_>>, sweep_id: SweepId, workspa
         .bind(code.map(|code| code.digest.as_str()))
         .bind(code.map(|code| code.dir.as_str()))
         .bind(code.and_then(|code| code.commit.as_deref()))
-        .bind(code.map(|code| code.dirty))
+        .bind(code.map(|code| i64::from(code.dirty)))
         .bind(json)
         .bind(sweep_id.get())
         .execute(&mut *conn)
@@ -45,7 +45,7 @@ pub async fn set_workspace(conn: impl Into<Conn<'_>>, sweep_id: SweepId, workspa
 pub async fn workspace_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyhow::Result<Workspace> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        type Row = (Option<String>, Option<String>, Option<String>, Option<bool>, Option<String>);
+        type Row = (Option<String>, Option<String>, Option<String>, Option<i64>, Option<String>);
         let row: Option<Row> = sqlx::query_as(
             "SELECT code_digest, code_dir, code_commit, code_dirty, workspace FROM sweeps WHERE id = $1",
         )
@@ -62,7 +62,7 @@ pub async fn workspace_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyho
                 digest,
                 dir: dir.unwrap_or_default(),
                 commit,
-                dirty: dirty.unwrap_or(false),
+                dirty: dirty.is_some_and(|dirty| dirty != 0),
             }),
             workdir: stored.workdir,
             env: stored.env,

@@ -27,7 +27,7 @@ pub async fn list(pool: impl Into<PoolRef<'_>>, job_id: JobId) -> anyhow::Result
                     worker: row.get_as("worker")?,
                     reason: row.get_as("reason")?,
                     gpus: super::jobs::gpu_ids_of(row)?,
-                    exit_code: row.get_as("exit_code")?,
+                    exit_code: row.get_as::<Option<i64>>("exit_code")?.map(|code| code as i32),
                 })
             })
             .collect()

@@ -12,12 +12,16 @@ pub async fn usage_of(pool: impl Into<PoolRef<'_>>, ids: &[JobId]) -> anyhow::Re
         if ids.is_empty() {
             return Ok(HashMap::new());
         }
-        let rows: Vec<(i64, String)> = sqlx::query_as(
+        let rows: Vec<(i64, String)> = sqlx::query_as(engine.pick(
             "SELECT r.job_id, json_extract(r.record, '$.gpu_usage')
          FROM results r JOIN jobs j ON j.id = r.job_id AND j.attempt = r.attempt
          WHERE r.job_id IN (SELECT value FROM json_each($1))
            AND json_extract(r.record, '$.gpu_usage') IS NOT NULL",
-        )
+            "SELECT r.job_id, nullif(r.record::jsonb -> 'gpu_usage', 'null')::text
+         FROM results r JOIN jobs j ON j.id = r.job_id AND j.attempt = r.attempt
+         WHERE r.job_id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb) AS e(value))
+           AND nullif(r.record::jsonb -> 'gpu_usage', 'null') IS NOT NULL",
+        ))
         .bind(serde_json::to_string(ids)?)
         .fetch_all(pool)
         .await?;
@@ -33,10 +37,12 @@ pub async fn attempt_usage(
 ) -> anyhow::Result<Option<(GpuUsage, Vec<GpuPoint>)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+        let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(engine.pick(
             "SELECT json_extract(record, '$.gpu_usage'), json_extract(record, '$.gpu_timeline')
          FROM results WHERE job_id = $1 AND attempt = $2",
-        )
+            "SELECT nullif(record::jsonb -> 'gpu_usage', 'null')::text, nullif(record::jsonb -> 'gpu_timeline', 'null')::text
+         FROM results WHERE job_id = $1 AND attempt = $2",
+        ))
         .bind(job.get())
         .bind(i64::from(attempt))
         .fetch_optional(pool)

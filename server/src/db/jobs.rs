@@ -4,7 +4,7 @@
 //! status = ? AND attempt = ?`); callers check `rows_affected` (or the returned rows) to learn
 //! whether it applied. The `jobs_record_transition` trigger writes the history.
 
-use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::backend::{on_conn, on_pool, Conn, DbRow, Engine, PoolRef};
 use shared::api::{Job, JobAttempt, JobId, JobPage, JobSort, SortOrder, SweepId, WorkerId};
 use shared::job::{Finish, JobStatus, LeaseExpiry};
 use shared::sweep::Resources;
@@ -56,7 +56,7 @@ fn job_from_row(row: &impl DbRow) -> anyhow::Result<Job> {
         worker: row.get_as("worker_name")?,
         lease_expires_at: row.get_as("lease_expires_at")?,
         cancel_requested: row.flag_at("cancel_requested")?,
-        exit_code: row.get_as("exit_code")?,
+        exit_code: row.get_as::<Option<i64>>("exit_code")?.map(|code| code as i32),
         reason: row.get_as("reason")?,
         created_at: row.get_as("created_at")?,
         started_at: row.get_as("started_at")?,
@@ -278,8 +278,9 @@ pub async fn state(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::Result<Optio
 pub async fn expired(conn: impl Into<Conn<'_>>, now: i64) -> anyhow::Result<Vec<JobState>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
+        let hint = engine.pick(" INDEXED BY jobs_running_by_lease", "");
         let rows = sqlx::query(&format!(
-            "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_lease
+            "SELECT {STATE_COLUMNS} FROM jobs{hint}
              WHERE status = 'running' AND lease_expires_at < $1"
         ))
         .bind(now)
@@ -293,9 +294,10 @@ pub async fn expired(conn: impl Into<Conn<'_>>, now: i64) -> anyhow::Result<Vec<
 pub async fn earliest_lease(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Option<i64>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        sqlx::query_scalar(
+        sqlx::query_scalar(engine.pick(
             "SELECT min(lease_expires_at) FROM jobs INDEXED BY jobs_running_by_lease WHERE status = 'running'",
-        )
+            "SELECT min(lease_expires_at) FROM jobs WHERE status = 'running'",
+        ))
         .fetch_one(pool)
         .await
     })
@@ -305,12 +307,12 @@ pub async fn earliest_lease(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Option
 pub async fn running_on(conn: impl Into<Conn<'_>>, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let rows = sqlx::query(&format!(
-        "SELECT {STATE_COLUMNS} FROM jobs INDEXED BY jobs_running_by_worker WHERE status = 'running' AND worker_id = $1"
-    ))
-        .bind(worker_id.get())
-        .fetch_all(&mut *conn)
-        .await?;
+        let hint = engine.pick(" INDEXED BY jobs_running_by_worker", "");
+        let rows =
+            sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs{hint} WHERE status = 'running' AND worker_id = $1"))
+                .bind(worker_id.get())
+                .fetch_all(&mut *conn)
+                .await?;
         rows.iter().map(state_from_row).collect()
     })
 }
@@ -338,13 +340,19 @@ pub async fn queued_candidates(
     on_conn!(conn, |conn, engine| {
         // One row holding a JSON array rather than one row per candidate: every row costs a
         // round trip to sqlx's SQLite thread, and this runs on every claim.
-        let packed: Option<String> = sqlx::query_scalar(
+        let packed: Option<String> = sqlx::query_scalar(engine.pick(
             "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive, needs_trainer)) FROM (
              SELECT id, gpus, gpu_memory, exclusive, needs_trainer FROM jobs INDEXED BY jobs_queue
              WHERE status = 'queued' AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
                AND (needs_trainer = 0 OR $3)
              ORDER BY priority DESC, id LIMIT $4)",
-        )
+            "SELECT json_agg(json_build_array(id, gpus, gpu_memory, exclusive, needs_trainer)
+                             ORDER BY priority DESC, id)::text FROM (
+             SELECT id, gpus, gpu_memory, exclusive, needs_trainer, priority FROM jobs
+             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
+               AND (needs_trainer = 0 OR $3)
+             ORDER BY priority DESC, id LIMIT $4) AS q",
+        ))
         .bind(i64::from(gpus))
         .bind(max_free_memory.min(i64::MAX as u64) as i64)
         .bind(trainer)
@@ -374,10 +382,11 @@ pub async fn queued_candidates(
 pub async fn queue_position(pool: impl Into<PoolRef<'_>>, id: JobId, priority: i64) -> sqlx::Result<u64> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let ahead: i64 = sqlx::query_scalar(
+        let ahead: i64 = sqlx::query_scalar(engine.pick(
             "SELECT count(*) FROM jobs INDEXED BY jobs_queue
          WHERE status = 'queued' AND (priority > $1 OR (priority = $1 AND id < $2))",
-        )
+            "SELECT count(*) FROM jobs WHERE status = 'queued' AND (priority > $1 OR (priority = $1 AND id < $2))",
+        ))
         .bind(priority)
         .bind(id.get())
         .fetch_one(pool)
@@ -390,12 +399,16 @@ pub async fn queue_position(pool: impl Into<PoolRef<'_>>, id: JobId, priority: i
 pub async fn queue_positions(pool: impl Into<PoolRef<'_>>, ids: &[JobId]) -> anyhow::Result<Vec<(JobId, u64)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows: Vec<(i64, i64)> = sqlx::query_as(
+        let rows: Vec<(i64, i64)> = sqlx::query_as(engine.pick(
             "SELECT id, position FROM (
              SELECT id, row_number() OVER (ORDER BY priority DESC, id) - 1 AS position
              FROM jobs INDEXED BY jobs_queue WHERE status = 'queued')
          WHERE id IN (SELECT value FROM json_each($1))",
-        )
+            "SELECT id, position FROM (
+             SELECT id, row_number() OVER (ORDER BY priority DESC, id) - 1 AS position
+             FROM jobs WHERE status = 'queued') AS q
+         WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb) AS e(value))",
+        ))
         .bind(serde_json::to_string(ids)?)
         .fetch_all(pool)
         .await?;
@@ -432,13 +445,22 @@ pub async fn mark_running(
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let pairs = serde_json::to_string(pairs)?;
+        let (pair, worker, gpus, id) = match engine {
+            Engine::Sqlite => ("json_each($1)", "value ->> 1", "value ->> 2", "value ->> 0"),
+            Engine::Postgres => (
+                "jsonb_array_elements($1::jsonb) AS e(value)",
+                "(value ->> 1)::bigint",
+                "value ->> 2",
+                "(value ->> 0)::bigint",
+            ),
+        };
         let rows = sqlx::query(&format!(
             "UPDATE jobs SET status = 'running', attempt = attempt + 1,
-                worker_id = (SELECT value ->> 1 FROM json_each($1) WHERE value ->> 0 = jobs.id),
-                gpu_ids = (SELECT value ->> 2 FROM json_each($1) WHERE value ->> 0 = jobs.id),
+                worker_id = (SELECT {worker} FROM {pair} WHERE {id} = jobs.id),
+                gpu_ids = (SELECT {gpus} FROM {pair} WHERE {id} = jobs.id),
                 lease_expires_at = $2, started_at = $3, finished_at = NULL, exit_code = NULL, reason = NULL,
                 cancel_requested = 0
-         WHERE status = 'queued' AND id IN (SELECT value ->> 0 FROM json_each($1))
+         WHERE status = 'queued' AND id IN (SELECT {id} FROM {pair})
          RETURNING {}",
             super::plain_claims::CLAIMED_COLUMNS
         ))
@@ -498,9 +520,10 @@ pub async fn finish(
 pub async fn extend_running_leases(conn: impl Into<Conn<'_>>, until: i64) -> sqlx::Result<u64> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(
+        let done = sqlx::query(engine.pick(
             "UPDATE jobs SET lease_expires_at = max(coalesce(lease_expires_at, 0), $1) WHERE status = 'running'",
-        )
+            "UPDATE jobs SET lease_expires_at = greatest(coalesce(lease_expires_at, 0), $1) WHERE status = 'running'",
+        ))
         .bind(until)
         .execute(&mut *conn)
         .await?;
@@ -553,12 +576,17 @@ pub async fn extend_leases(
         }
         let pairs =
             serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
-        let rows = sqlx::query(
+        let rows = sqlx::query(engine.pick(
             "UPDATE jobs SET lease_expires_at = $1
          WHERE status = 'running' AND worker_id = $2
            AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each($3))
          RETURNING id, attempt, cancel_requested",
-        )
+            "UPDATE jobs SET lease_expires_at = $1
+         WHERE status = 'running' AND worker_id = $2
+           AND (id, attempt) IN (SELECT (value ->> 0)::bigint, (value ->> 1)::bigint
+                                 FROM jsonb_array_elements($3::jsonb) AS e(value))
+         RETURNING id, attempt, cancel_requested",
+        ))
         .bind(lease_until)
         .bind(worker_id.get())
         .bind(pairs)
@@ -567,7 +595,7 @@ pub async fn extend_leases(
         rows.iter()
             .map(|row| {
                 let attempt = JobAttempt { job_id: JobId::new(row.get_as("id")?), attempt: row.u32_at("attempt")? };
-                Ok((attempt, row.get_as("cancel_requested")?))
+                Ok((attempt, row.flag_at("cancel_requested")?))
             })
             .collect()
     })
@@ -659,18 +687,20 @@ pub async fn cancel_many(
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let ids = serde_json::to_string(ids)?;
-        let cancelled: Vec<i64> = sqlx::query_scalar(
+        let cancelled: Vec<i64> = sqlx::query_scalar(&format!(
             "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
-         WHERE status = 'queued' AND id IN (SELECT value FROM json_each($2)) RETURNING id",
-        )
+         WHERE status = 'queued' AND id IN (SELECT {}) RETURNING id",
+            engine.json_ids(2)
+        ))
         .bind(now)
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?;
-        let requested: Vec<i64> = sqlx::query_scalar(
+        let requested: Vec<i64> = sqlx::query_scalar(&format!(
             "UPDATE jobs SET cancel_requested = 1
-         WHERE status = 'running' AND id IN (SELECT value FROM json_each($1)) RETURNING id",
-        )
+         WHERE status = 'running' AND id IN (SELECT {}) RETURNING id",
+            engine.json_ids(1)
+        ))
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?;
@@ -714,13 +744,17 @@ pub async fn set_priority(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus,
 pub async fn add_note(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, note: &str) -> sqlx::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sqlx::query(engine.pick(
             "INSERT INTO job_attempts (job_id, attempt, notes) VALUES ($1, $2, json_array($3))
          ON CONFLICT (job_id, attempt) DO UPDATE SET notes = CASE
              WHEN EXISTS (SELECT 1 FROM json_each(coalesce(job_attempts.notes, '[]')) WHERE value = $3)
                  THEN job_attempts.notes
              ELSE json_insert(coalesce(job_attempts.notes, '[]'), '$[#]', $3) END",
-        )
+            "INSERT INTO job_attempts (job_id, attempt, notes) VALUES ($1, $2, jsonb_build_array($3::text)::text)
+         ON CONFLICT (job_id, attempt) DO UPDATE SET notes = CASE
+             WHEN coalesce(job_attempts.notes, '[]')::jsonb ? $3 THEN job_attempts.notes
+             ELSE (coalesce(job_attempts.notes, '[]')::jsonb || jsonb_build_array($3::text))::text END",
+        ))
         .bind(job.get())
         .bind(i64::from(attempt))
         .bind(note)

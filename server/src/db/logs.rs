@@ -28,7 +28,7 @@ pub async fn length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx
         Ok(LogLength {
             received: row.get_as::<i64>("log_received")? as u64,
             stored: row.get_as::<i64>("log_stored")? as u64,
-            truncated: row.get_as("log_truncated")?,
+            truncated: row.flag_at("log_truncated")?,
         })
     })
 }
@@ -45,7 +45,7 @@ pub async fn set_length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, len
     .bind(i64::from(attempt))
     .bind(length.received as i64)
     .bind(length.stored as i64)
-    .bind(length.truncated)
+    .bind(i64::from(length.truncated))
     .execute(&mut *conn)
     .await?;
         Ok(())

@@ -26,8 +26,10 @@ pub async fn retry_jobs(conn: impl Into<Conn<'_>>, ids: &[JobId], from: &[JobSta
     on_conn!(conn, |conn, engine| {
         let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
             "UPDATE jobs {RETRY_SET}
-         WHERE id IN (SELECT value FROM json_each($1)) AND status IN (SELECT value FROM json_each($2))
-         RETURNING id"
+         WHERE id IN (SELECT {}) AND status IN (SELECT {})
+         RETURNING id",
+            engine.json_ids(1),
+            engine.json_texts(2)
         ))
         .bind(serde_json::to_string(ids)?)
         .bind(statuses(from))
@@ -48,8 +50,9 @@ pub async fn retry_sweep(
     on_conn!(conn, |conn, engine| {
         let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
             "UPDATE jobs {RETRY_SET}
-         WHERE sweep_id = $1 AND status IN (SELECT value FROM json_each($2))
-         RETURNING id"
+         WHERE sweep_id = $1 AND status IN (SELECT {})
+         RETURNING id",
+            engine.json_texts(2)
         ))
         .bind(sweep_id.get())
         .bind(statuses(from))

@@ -1,7 +1,7 @@
 //! `job_metrics` (append-only points), `job_metric_summaries` (last/min/max per metric of a
 //! job's latest attempt) and the metrics columns of `job_attempts`.
 
-use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::backend::{on_conn, on_exec, on_pool, Conn, DbRow, Exec, PoolRef};
 use shared::api::{JobId, MetricPoint, MetricSeries, MetricSummary, SweepId};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric};
@@ -76,7 +76,7 @@ pub async fn append(
                 rows.push_bind_unseparated(point.name.as_str()).push_unseparated(", ");
                 rows.push_bind_unseparated(point.value).push_unseparated(")");
             }
-            query.push(")");
+            query.push(") AS v");
             query.build().execute(&mut *conn).await?;
         }
         Ok(())
@@ -117,12 +117,17 @@ pub async fn merge_summaries(
             rows.push_bind_unseparated(summary.count as i64).push_unseparated(")");
         }
         // `WHERE true` tells SQLite's parser the ON CONFLICT belongs to the INSERT, not a join.
-        query.push(
-            ") WHERE true ON CONFLICT (job_id, name) DO UPDATE SET
+        query.push(engine.pick(
+            ") AS v WHERE true ON CONFLICT (job_id, name) DO UPDATE SET
              last_value = excluded.last_value, last_step = excluded.last_step,
              min_value = min(min_value, excluded.min_value), max_value = max(max_value, excluded.max_value),
              point_count = point_count + excluded.point_count",
-        );
+            ") AS v WHERE true ON CONFLICT (job_id, name) DO UPDATE SET
+             last_value = excluded.last_value, last_step = excluded.last_step,
+             min_value = least(job_metric_summaries.min_value, excluded.min_value),
+             max_value = greatest(job_metric_summaries.max_value, excluded.max_value),
+             point_count = job_metric_summaries.point_count + excluded.point_count",
+        ));
         query.build().execute(&mut *conn).await?;
         Ok(())
     })
@@ -158,9 +163,10 @@ pub async fn summaries(pool: impl Into<PoolRef<'_>>, jobs: &[JobId]) -> anyhow::
             return Ok(Summaries::new());
         }
         let rows = sqlx::query(&format!(
-        "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
-         WHERE s.job_id IN (SELECT value FROM json_each($1))"
-    ))
+            "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+         WHERE s.job_id IN (SELECT {})",
+            engine.json_ids(1)
+        ))
         .bind(serde_json::to_string(jobs)?)
         .fetch_all(pool)
         .await?;
@@ -169,19 +175,22 @@ pub async fn summaries(pool: impl Into<PoolRef<'_>>, jobs: &[JobId]) -> anyhow::
 }
 
 /// Summaries of one attempt, as they stand (for a result version).
-pub async fn summaries_of_attempt<'e>(
-    db: impl sqlx::SqliteExecutor<'e>,
+pub async fn summaries_of_attempt(
+    db: impl Into<Exec<'_>>,
     job: JobId,
     attempt: u32,
 ) -> sqlx::Result<BTreeMap<String, MetricSummary>> {
-    let rows = sqlx::query(&format!(
-        "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s WHERE job_id = $1 AND attempt = $2"
-    ))
-    .bind(job.get())
-    .bind(i64::from(attempt))
-    .fetch_all(db)
-    .await?;
-    Ok(collect(&rows)?.remove(&job).unwrap_or_default())
+    let db = db.into();
+    on_exec!(db, |db, engine| {
+        let rows = sqlx::query(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s WHERE job_id = $1 AND attempt = $2"
+        ))
+        .bind(job.get())
+        .bind(i64::from(attempt))
+        .fetch_all(db)
+        .await?;
+        Ok(collect(&rows)?.remove(&job).unwrap_or_default())
+    })
 }
 
 /// Every point of an attempt, grouped by metric in the order each first appeared.
@@ -294,11 +303,13 @@ pub async fn sweep_top_jobs(
             .collect();
             ids.extend(unscored);
         }
-        let rows =
-            sqlx::query("SELECT id, idx, status, params FROM jobs WHERE id IN (SELECT value FROM json_each($1))")
-                .bind(serde_json::to_string(&ids)?)
-                .fetch_all(pool)
-                .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT id, idx, status, params FROM jobs WHERE id IN (SELECT {})",
+            engine.json_ids(1)
+        ))
+        .bind(serde_json::to_string(&ids)?)
+        .fetch_all(pool)
+        .await?;
         let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
         Ok((jobs, summaries(pool, &ids).await?))
     })

@@ -34,15 +34,33 @@ use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct Db {
-    /// The single writer connection.
-    pub writer: SqlitePool,
     /// Readers.
-    pub reader: SqlitePool,
-    /// Copies the write-ahead log into the database file, off the writer's path.
-    checkpointer: SqlitePool,
-    wal_path: std::path::PathBuf,
+    pub reader: backend::Pool,
+    kind: Kind,
     /// Whether this start made the database (no migration had been applied to it before).
     pub created: bool,
+}
+
+/// What each backend keeps besides its readers.
+#[derive(Debug, Clone)]
+enum Kind {
+    Sqlite {
+        /// The single writer connection.
+        writer: SqlitePool,
+        /// Copies the write-ahead log into the database file, off the writer's path.
+        checkpointer: SqlitePool,
+        wal_path: std::path::PathBuf,
+    },
+    /// One pool for everything: the writer takes one connection of it for its transactions.
+    Postgres { pool: sqlx::PgPool },
+}
+
+/// What the writer thread writes through.
+#[derive(Debug, Clone)]
+pub enum WriterPool {
+    /// The single-connection writer pool, and the file its own (fast) connection opens.
+    Sqlite(SqlitePool, std::path::PathBuf),
+    Postgres(sqlx::PgPool),
 }
 
 impl Db {
@@ -92,21 +110,80 @@ impl Db {
             .connect_with(options.clone())
             .await
             .with_context(|| format!("opening database {} for checkpoints", path.display()))?;
-        Ok(Db { writer, reader, checkpointer, wal_path: data_dir.join("queue.db-wal"), created })
+        Ok(Db {
+            reader: backend::Pool::Sqlite(reader),
+            kind: Kind::Sqlite { writer, checkpointer, wal_path: data_dir.join("queue.db-wal") },
+            created,
+        })
+    }
+
+    /// Opens the PostgreSQL database at `url` and brings its schema up to date (see
+    /// [`postgres::open`]).
+    pub async fn open_postgres(url: &str) -> anyhow::Result<Db> {
+        let opened = postgres::open(url).await?;
+        Ok(Db {
+            reader: backend::Pool::Postgres(opened.pool.clone()),
+            kind: Kind::Postgres { pool: opened.pool },
+            created: opened.created,
+        })
+    }
+
+    /// The database, for messages: its file, or PostgreSQL's host, port, name and user.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Sqlite { .. } => self.path().display().to_string(),
+            Kind::Postgres { pool } => postgres::describe(&pool.connect_options()),
+        }
+    }
+
+    /// The engine behind this database.
+    pub fn engine(&self) -> backend::Engine {
+        match self.kind {
+            Kind::Sqlite { .. } => backend::Engine::Sqlite,
+            Kind::Postgres { .. } => backend::Engine::Postgres,
+        }
+    }
+
+    /// What the writer thread writes through.
+    pub fn writer_pool(&self) -> WriterPool {
+        match &self.kind {
+            Kind::Sqlite { writer, .. } => WriterPool::Sqlite(writer.clone(), self.path()),
+            Kind::Postgres { pool } => WriterPool::Postgres(pool.clone()),
+        }
+    }
+
+    /// The SQLite writer pool (`None` on PostgreSQL), for tests and maintenance that run
+    /// SQLite statements of their own.
+    pub fn sqlite_writer(&self) -> Option<&SqlitePool> {
+        match &self.kind {
+            Kind::Sqlite { writer, .. } => Some(writer),
+            Kind::Postgres { .. } => None,
+        }
     }
 
     /// Whether any sweep was ever kept (or is still): a database without one has never run a
     /// job that left files.
     pub async fn holds_sweeps(&self) -> sqlx::Result<bool> {
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(&self.reader).await
+        match &self.reader {
+            backend::Pool::Sqlite(pool) => {
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(pool).await
+            }
+            backend::Pool::Postgres(pool) => {
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(pool).await
+            }
+        }
     }
 
-    /// Closes a database this start made and removes its files (only for `created`).
+    /// Closes a database this start made and removes its files (only for `created`). A
+    /// PostgreSQL schema stays: the database is the operator's, not this process's.
     pub async fn discard(self) {
+        let Kind::Sqlite { writer, checkpointer, .. } = &self.kind else {
+            return self.close().await;
+        };
         let path = self.path();
-        self.writer.close().await;
+        writer.close().await;
         self.reader.close().await;
-        self.checkpointer.close().await;
+        checkpointer.close().await;
         for suffix in ["", "-wal", "-shm"] {
             let file = format!("{}{suffix}", path.display());
             if let Err(error) = std::fs::remove_file(&file) {
@@ -118,10 +195,11 @@ impl Db {
     }
 
     /// Moves what it can of the WAL into the database without blocking readers or the writer;
-    /// returns the WAL's size in pages.
+    /// returns the WAL's size in pages (0 on PostgreSQL, which keeps its own log).
     pub async fn checkpoint(&self) -> sqlx::Result<i64> {
+        let Kind::Sqlite { checkpointer, .. } = &self.kind else { return Ok(0) };
         let (_busy, wal_pages, _copied): (i64, i64, i64) =
-            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&self.checkpointer).await?;
+            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(checkpointer).await?;
         Ok(wal_pages)
     }
 
@@ -133,35 +211,48 @@ impl Db {
     /// The caller holds writes off meanwhile (`Queue::restart_wal` runs it between two write
     /// groups).
     pub async fn restart_wal(&self) -> sqlx::Result<i64> {
+        let Kind::Sqlite { checkpointer, .. } = &self.kind else { return Ok(0) };
         let (_busy, wal_pages, _copied): (i64, i64, i64) =
-            sqlx::query_as("PRAGMA wal_checkpoint(RESTART)").fetch_one(&self.checkpointer).await?;
+            sqlx::query_as("PRAGMA wal_checkpoint(RESTART)").fetch_one(checkpointer).await?;
         Ok(wal_pages)
     }
 
     /// Copies the whole WAL into the database and truncates the file to nothing (it keeps its
     /// largest size otherwise). The caller holds writes off meanwhile.
     pub async fn truncate_wal(&self) -> sqlx::Result<()> {
-        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.checkpointer).await.map(|_| ())
+        let Kind::Sqlite { checkpointer, .. } = &self.kind else { return Ok(()) };
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(checkpointer).await.map(|_| ())
     }
 
-    /// The database file.
+    /// The SQLite database file (a name that exists nowhere on PostgreSQL).
     pub fn path(&self) -> std::path::PathBuf {
-        self.wal_path.with_file_name("queue.db")
+        match &self.kind {
+            Kind::Sqlite { wal_path, .. } => wal_path.with_file_name("queue.db"),
+            Kind::Postgres { .. } => std::path::PathBuf::new(),
+        }
     }
 
-    /// The size of the write-ahead log file on disk.
+    /// The size of the write-ahead log file on disk (0 on PostgreSQL).
     pub fn wal_bytes(&self) -> u64 {
-        std::fs::metadata(&self.wal_path).map(|meta| meta.len()).unwrap_or(0)
+        match &self.kind {
+            Kind::Sqlite { wal_path, .. } => std::fs::metadata(wal_path).map(|meta| meta.len()).unwrap_or(0),
+            Kind::Postgres { .. } => 0,
+        }
     }
 
     /// Checkpoints fully and closes every connection, leaving a compact database file.
     pub async fn close(&self) {
         self.reader.close().await;
-        self.writer.close().await;
-        if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.checkpointer).await {
-            tracing::warn!(%error, "final checkpoint failed; the WAL is replayed at the next start");
+        match &self.kind {
+            Kind::Sqlite { writer, checkpointer, .. } => {
+                writer.close().await;
+                if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(checkpointer).await {
+                    tracing::warn!(%error, "final checkpoint failed; the WAL is replayed at the next start");
+                }
+                checkpointer.close().await;
+            }
+            Kind::Postgres { pool } => pool.close().await,
         }
-        self.checkpointer.close().await;
     }
 }
 
@@ -219,7 +310,7 @@ mod tests {
              VALUES (?, 'from a newer build', '2030-01-01', 1, x'00', 1)",
         )
         .bind(known + 5)
-        .execute(&db.writer)
+        .execute(db.sqlite_writer().unwrap())
         .await
         .unwrap();
         db.close().await;

@@ -8,7 +8,7 @@
 //! only if the worker has it), with an empty placement; so the look and the UPDATE can be one
 //! statement, and the jobs handed out are the same as by the two-step claim.
 
-use super::backend::DbRow;
+use super::backend::{on_conn, Conn, DbRow};
 use super::jobs::JobState;
 use shared::api::{JobId, ResultVersion, SweepId, WorkerId};
 use shared::job::Finish;
@@ -101,16 +101,41 @@ pub fn plain_claim_sql() -> &'static str {
 }
 
 /// Claims up to `claim.slots` jobs in one statement; returns the claimed rows (any order).
-pub async fn claim(conn: &mut SqliteConnection, claim: PlainClaim) -> sqlx::Result<Vec<ClaimedRow>> {
-    let rows = sqlx::query(plain_claim_sql())
-        .bind(claim.worker_id.get())
-        .bind(claim.lease_until)
-        .bind(claim.now)
-        .bind(claim.trainer)
-        .bind(claim.slots)
-        .fetch_all(&mut *conn)
-        .await?;
-    rows.iter().map(ClaimedRow::from_row).collect()
+/// On PostgreSQL the chosen rows are locked as they are picked and rows another replica's
+/// claim holds are skipped (`FOR UPDATE SKIP LOCKED`): two claims at once get different jobs,
+/// and neither waits for the other.
+pub async fn claim(conn: impl Into<Conn<'_>>, claim: PlainClaim) -> sqlx::Result<Vec<ClaimedRow>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        static POSTGRES: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let sql = engine.pick(plain_claim_sql(), POSTGRES.get_or_init(postgres_claim_sql));
+        let rows = sqlx::query(sql)
+            .bind(claim.worker_id.get())
+            .bind(claim.lease_until)
+            .bind(claim.now)
+            .bind(claim.trainer)
+            .bind(i64::from(claim.slots))
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter().map(ClaimedRow::from_row).collect()
+    })
+}
+
+/// [`plain_claim_sql`] for PostgreSQL: `$N` parameters, and the jobs picked in a CTE that
+/// locks them as it chooses them and skips those another transaction holds (`FOR UPDATE SKIP
+/// LOCKED`), materialized once: the UPDATE changes exactly the rows picked.
+fn postgres_claim_sql() -> String {
+    let sqlite = super::backend::dollars(plain_claim_sql());
+    let (set, _) = sqlite.split_once(" WHERE ").expect("the claim has a WHERE");
+    format!(
+        "WITH picked AS (
+             SELECT id AS picked FROM jobs
+             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= 0) AND (gpu_memory IS NULL OR gpu_memory <= 0)
+               AND (needs_trainer = 0 OR $4)
+             ORDER BY priority DESC, id LIMIT $5 FOR UPDATE SKIP LOCKED)
+         {set} FROM picked WHERE jobs.id = picked.picked
+         RETURNING {CLAIMED_COLUMNS}"
+    )
 }
 
 /// What [`finish_and_claim`] sends to SQLite in one query string.
@@ -261,7 +286,7 @@ mod tests {
                  (3, 1, 2, '{}', 'true', 9, 1, 0, 0), (4, 1, 3, '{}', 'true', 9, NULL, 1, 0),
                  (5, 1, 4, '{}', 'true', 5, 0, 0, 0), (6, 1, 5, '{}', 'true', 5, NULL, 0, 0);
              UPDATE jobs SET status = 'running', attempt = 1, worker_id = 1 WHERE id = 1;";
-        sqlx::raw_sql(setup).execute(&db.writer).await.unwrap();
+        sqlx::raw_sql(setup).execute(db.sqlite_writer().unwrap()).await.unwrap();
         (directory, db)
     }
 
@@ -302,25 +327,26 @@ mod tests {
     }
 
     async fn statuses(db: &super::super::Db) -> Vec<(i64, String)> {
-        sqlx::query_as("SELECT id, status FROM jobs ORDER BY id").fetch_all(&db.reader).await.unwrap()
+        sqlx::query_as("SELECT id, status FROM jobs ORDER BY id").fetch_all(db.reader.sqlite().unwrap()).await.unwrap()
     }
 
     #[tokio::test]
     async fn a_finish_claims_only_jobs_without_gpus_or_the_trainer_and_records_both_transitions() {
         let (_directory, db) = queue().await;
-        let mut conn = db.writer.acquire().await.unwrap();
+        let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
         let (seen, decision) = (seen(1), succeeded());
-        let done = finish_and_claim(&mut conn, step(&seen, &decision, Some(asking(3)))).await.unwrap();
+        let done = finish_and_claim(&mut *conn, step(&seen, &decision, Some(asking(3)))).await.unwrap();
         assert!(done.applied && !done.stored);
         assert_eq!(ids(&done.claimed), [2, 5, 6], "not the GPU job 3, not the trainer job 4");
         drop(conn);
         let expected = [(1, "succeeded"), (2, "running"), (3, "queued"), (4, "queued"), (5, "running"), (6, "running")];
         let expected: Vec<(i64, String)> = expected.iter().map(|(id, status)| (*id, status.to_string())).collect();
         assert_eq!(statuses(&db).await, expected);
-        let history: i64 = sqlx::query_scalar("SELECT count(*) FROM job_events").fetch_one(&db.reader).await.unwrap();
+        let history: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM job_events").fetch_one(db.reader.sqlite().unwrap()).await.unwrap();
         assert_eq!(history, 5, "the setup's claim of job 1, its finish, three claims");
         let counted: i64 = sqlx::query_scalar("SELECT jobs FROM sweep_counts WHERE status = 'running'")
-            .fetch_one(&db.reader)
+            .fetch_one(db.reader.sqlite().unwrap())
             .await
             .unwrap();
         assert_eq!(counted, 3);
@@ -329,9 +355,9 @@ mod tests {
     #[tokio::test]
     async fn a_refused_finish_claims_nothing() {
         let (_directory, db) = queue().await;
-        let mut conn = db.writer.acquire().await.unwrap();
+        let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
         let (stale, decision) = (seen(2), succeeded());
-        let done = finish_and_claim(&mut conn, step(&stale, &decision, Some(asking(3)))).await.unwrap();
+        let done = finish_and_claim(&mut *conn, step(&stale, &decision, Some(asking(3)))).await.unwrap();
         assert!(!done.applied && done.claimed.is_empty());
         drop(conn);
         let queued = statuses(&db).await.into_iter().filter(|(_, status)| status == "queued").count();
@@ -341,18 +367,18 @@ mod tests {
     #[tokio::test]
     async fn owed_statements_the_version_the_finish_and_the_claim_go_as_one_step() {
         let (_directory, db) = queue().await;
-        let mut conn = db.writer.acquire().await.unwrap();
+        let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
         let (seen, decision, version) = (seen(1), succeeded(), bare_version());
         let step = FinishStep {
             pending: Some("BEGIN IMMEDIATE"),
             version: Some(&version),
             ..step(&seen, &decision, Some(asking(1)))
         };
-        let done = finish_and_claim(&mut conn, step).await.unwrap();
+        let done = finish_and_claim(&mut *conn, step).await.unwrap();
         assert!(done.applied && done.stored);
         assert_eq!(ids(&done.claimed), [5], "the oldest job of the highest priority a plain worker may run");
         let record = FinishStep { version: Some(&version), ..self::step(&seen, &decision, None) };
-        let again = finish_and_claim(&mut conn, record).await.unwrap();
+        let again = finish_and_claim(&mut *conn, record).await.unwrap();
         assert!(!again.applied && !again.stored, "the attempt is finished and keeps its first version");
         let stored: (String, String) =
             sqlx::query_as("SELECT path, params FROM results WHERE job_id = 1 AND attempt = 1")
@@ -366,7 +392,8 @@ mod tests {
         let running: Vec<i64> =
             statuses(&db).await.into_iter().filter(|(_, status)| status == "running").map(|(id, _)| id).collect();
         assert_eq!(running, [1]);
-        let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(&db.reader).await.unwrap();
+        let versions: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(db.reader.sqlite().unwrap()).await.unwrap();
         assert_eq!(versions, 0);
     }
 
@@ -377,25 +404,26 @@ mod tests {
             "INSERT INTO job_metric_summaries (job_id, name, attempt, last_value, min_value, max_value, point_count)
              VALUES (1, 'loss', 1, 0.5, 0.5, 0.5, 1)",
         )
-        .execute(&db.writer)
+        .execute(db.sqlite_writer().unwrap())
         .await
         .unwrap();
-        let mut conn = db.writer.acquire().await.unwrap();
+        let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
         let (seen, decision, version) = (seen(1), succeeded(), bare_version());
         let step = FinishStep { version: Some(&version), ..step(&seen, &decision, Some(asking(1))) };
-        let done = finish_and_claim(&mut conn, step).await.unwrap();
+        let done = finish_and_claim(&mut *conn, step).await.unwrap();
         assert!(!done.applied && !done.stored && done.claimed.is_empty());
         drop(conn);
         assert_eq!(statuses(&db).await[0], (1, "running".to_string()));
-        let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(&db.reader).await.unwrap();
+        let versions: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(db.reader.sqlite().unwrap()).await.unwrap();
         assert_eq!(versions, 0);
     }
 
     #[tokio::test]
     async fn a_claim_takes_the_best_jobs_first_up_to_its_slots() {
         let (_directory, db) = queue().await;
-        let mut conn = db.writer.acquire().await.unwrap();
-        let rows = claim(&mut conn, PlainClaim { trainer: true, ..asking(2) }).await.unwrap();
+        let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
+        let rows = claim(&mut *conn, PlainClaim { trainer: true, ..asking(2) }).await.unwrap();
         let mut claimed: Vec<i64> = rows.iter().map(|row| row.id.get()).collect();
         claimed.sort();
         assert_eq!(
@@ -450,11 +478,11 @@ mod tests {
             let (sqlx_dir, sqlx_db) = queue().await;
             let (fast_dir, fast_db) = queue().await;
             if summarised {
-                sqlx::query(summary).execute(&sqlx_db.writer).await.unwrap();
-                sqlx::query(summary).execute(&fast_db.writer).await.unwrap();
+                sqlx::query(summary).execute(sqlx_db.sqlite_writer().unwrap()).await.unwrap();
+                sqlx::query(summary).execute(fast_db.sqlite_writer().unwrap()).await.unwrap();
             }
-            let mut conn = sqlx_db.writer.acquire().await.unwrap();
-            let by_sqlx = finish_and_claim(&mut conn, step()).await.unwrap();
+            let mut conn = sqlx_db.sqlite_writer().unwrap().acquire().await.unwrap();
+            let by_sqlx = finish_and_claim(&mut *conn, step()).await.unwrap();
             drop(conn);
             let by_fast =
                 super::super::fast::finish_and_claim(&super::super::fast::open(&fast_db.path()).unwrap(), &step())

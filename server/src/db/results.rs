@@ -1,6 +1,6 @@
 //! `staged_files` (uploads waiting for their seal) and `results` (sealed result versions).
 
-use super::backend::{dollars, on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::backend::{dollars, on_conn, on_exec, on_pool, Conn, DbRow, Exec, PoolRef};
 use shared::api::{JobAttempt, JobId, ManifestEntry, ResultVersion};
 use sqlx::query::Query;
 use std::collections::HashMap;
@@ -39,26 +39,25 @@ pub async fn stage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, entry: &
 }
 
 /// The uploaded files of an attempt, by path.
-pub async fn staged<'e>(
-    db: impl sqlx::SqliteExecutor<'e>,
-    job: JobId,
-    attempt: u32,
-) -> sqlx::Result<HashMap<String, ManifestEntry>> {
-    let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = $1 AND attempt = $2")
-        .bind(job.get())
-        .bind(i64::from(attempt))
-        .fetch_all(db)
-        .await?;
-    rows.iter()
-        .map(|row| {
-            let entry = ManifestEntry {
-                path: row.get_as("path")?,
-                size: row.get_as::<i64>("size")? as u64,
-                sha256: row.get_as("sha256")?,
-            };
-            Ok((entry.path.clone(), entry))
-        })
-        .collect()
+pub async fn staged(db: impl Into<Exec<'_>>, job: JobId, attempt: u32) -> sqlx::Result<HashMap<String, ManifestEntry>> {
+    let db = db.into();
+    on_exec!(db, |db, engine| {
+        let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = $1 AND attempt = $2")
+            .bind(job.get())
+            .bind(i64::from(attempt))
+            .fetch_all(db)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let entry = ManifestEntry {
+                    path: row.get_as("path")?,
+                    size: row.get_as::<i64>("size")? as u64,
+                    sha256: row.get_as("sha256")?,
+                };
+                Ok((entry.path.clone(), entry))
+            })
+            .collect()
+    })
 }
 
 /// Bytes already staged for an attempt, leaving out `except` (a file being uploaded again
@@ -67,7 +66,7 @@ pub async fn staged_bytes(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         let total: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(size), 0) FROM staged_files WHERE job_id = $1 AND attempt = $2 AND path <> $3",
+            "SELECT CAST(coalesce(sum(size), 0) AS BIGINT) FROM staged_files WHERE job_id = $1 AND attempt = $2 AND path <> $3",
         )
         .bind(job.get())
         .bind(i64::from(attempt))
@@ -201,13 +200,17 @@ pub async fn get(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> anyh
     })
 }
 
-pub async fn exists<'e>(db: impl sqlx::SqliteExecutor<'e>, job: JobId, attempt: u32) -> sqlx::Result<bool> {
-    let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM results WHERE job_id = $1 AND attempt = $2")
-        .bind(job.get())
-        .bind(i64::from(attempt))
-        .fetch_optional(db)
-        .await?;
-    Ok(found.is_some())
+pub async fn exists(db: impl Into<Exec<'_>>, job: JobId, attempt: u32) -> sqlx::Result<bool> {
+    let db = db.into();
+    on_exec!(db, |db, engine| {
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM results WHERE job_id = $1 AND attempt = $2")
+                .bind(job.get())
+                .bind(i64::from(attempt))
+                .fetch_optional(db)
+                .await?;
+        Ok(found.is_some())
+    })
 }
 
 /// Which of `attempts` are running now (their staging is still wanted).
@@ -219,10 +222,13 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, attempts: &[JobAttempt]) -> a
         }
         let pairs =
             serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
-        let rows = sqlx::query(
+        let rows = sqlx::query(engine.pick(
             "SELECT id, attempt FROM jobs WHERE status = 'running'
            AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
-        )
+            "SELECT id, attempt FROM jobs WHERE status = 'running'
+           AND (id, attempt) IN (SELECT (value ->> 0)::bigint, (value ->> 1)::bigint
+                                 FROM jsonb_array_elements($1::jsonb) AS e(value))",
+        ))
         .bind(pairs)
         .fetch_all(pool)
         .await?;

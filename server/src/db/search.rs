@@ -60,8 +60,8 @@ pub async fn insert(conn: impl Into<Conn<'_>>, sweep_id: SweepId, search: &NewSe
     // SQLite integers are signed: the seed keeps its 64 bits.
     .bind(search.seed as i64)
     .bind(search.run_cap.map(|cap| cap.min(i64::MAX as u64) as i64))
-    .bind(search.method != SearchMethod::Fixed)
-    .bind(search.early_stop)
+    .bind(i64::from(search.method != SearchMethod::Fixed))
+    .bind(i64::from(search.early_stop))
     .execute(&mut *conn)
     .await?;
         Ok(())
@@ -97,7 +97,7 @@ pub async fn open_searches(conn: impl Into<Conn<'_>>) -> sqlx::Result<Vec<OpenSe
                     sweep_id: SweepId::new(row.get_as("sweep_id")?),
                     run_cap: row.get_as::<Option<i64>>("run_cap")?.map(|cap| cap as u64),
                     proposed: row.get_as::<i64>("proposed")? as u64,
-                    fallback: row.get_as("fallback")?,
+                    fallback: row.flag_at("fallback")?,
                     queued: row.get_as::<i64>("queued")?.max(0) as u64,
                 })
             })
@@ -121,18 +121,33 @@ pub struct TrialRow {
 pub async fn trials(conn: impl Into<Conn<'_>>, sweep_id: SweepId, metric: &str) -> anyhow::Result<Vec<TrialRow>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let packed: Option<String> = sqlx::query_scalar(concat!(
-            "SELECT json_group_array(json_object('status', status, 'params', json(params), 'min', min, 'max', max,
+        let packed: Option<String> = sqlx::query_scalar(engine.pick(
+            concat!(
+                "SELECT json_group_array(json_object('status', status, 'params', json(params), 'min', min, 'max', max,
                                              'stopped', json(CASE WHEN stopped THEN 'true' ELSE 'false' END)))
          FROM (SELECT j.status, j.params, ",
-            finite!("s.min_value"),
-            " AS min, ",
-            finite!("s.max_value"),
-            " AS max, e.job_id IS NOT NULL AS stopped
+                finite!("s.min_value"),
+                " AS min, ",
+                finite!("s.max_value"),
+                " AS max, e.job_id IS NOT NULL AS stopped
                FROM jobs j
                LEFT JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = $1
                LEFT JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
                WHERE j.sweep_id = $2 ORDER BY j.idx)"
+            ),
+            concat!(
+                "SELECT json_agg(json_build_object('status', status, 'params', params::json, 'min', min, 'max', max,
+                                                'stopped', stopped) ORDER BY idx)::text
+         FROM (SELECT j.idx, j.status, j.params, ",
+                finite!("s.min_value"),
+                " AS min, ",
+                finite!("s.max_value"),
+                " AS max, e.job_id IS NOT NULL AS stopped
+               FROM jobs j
+               LEFT JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = $1
+               LEFT JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
+               WHERE j.sweep_id = $2) AS t"
+            ),
         ))
         .bind(metric)
         .bind(sweep_id.get())
@@ -195,7 +210,7 @@ pub async fn advance(
          WHERE sweep_id = $4 AND proposed = $5 AND open = 1",
         )
         .bind(after as i64)
-        .bind(fallback)
+        .bind(i64::from(fallback))
         .bind(after as i64)
         .bind(sweep_id.get())
         .bind(before as i64)
@@ -209,13 +224,19 @@ pub async fn advance(
 pub async fn add_note(conn: impl Into<Conn<'_>>, sweep_id: SweepId, note: &str) -> sqlx::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sqlx::query(engine.pick(
             "UPDATE sweep_search SET notes = (
              SELECT json_group_array(value) FROM (
                  SELECT value FROM (SELECT key, value FROM json_each(json_insert(notes, '$[#]', $1))
                                     ORDER BY key DESC LIMIT 100) ORDER BY key))
          WHERE sweep_id = $2",
-        )
+            "UPDATE sweep_search SET notes = (
+             SELECT jsonb_agg(value ORDER BY ord)::text FROM (
+                 SELECT value, ord FROM jsonb_array_elements(coalesce(notes, '[]')::jsonb || jsonb_build_array($1::text))
+                                    WITH ORDINALITY AS e(value, ord)
+                 ORDER BY ord DESC LIMIT 100) AS kept)
+         WHERE sweep_id = $2",
+        ))
         .bind(note)
         .bind(sweep_id.get())
         .execute(&mut *conn)
@@ -246,7 +267,7 @@ pub async fn source_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Re
     .bind(sweep_id.get())
     .fetch_optional(&mut *conn)
     .await?;
-        row.map(|row| Ok((row.get_as("source")?, row.get_as("early_stop")?))).transpose()
+        row.map(|row| Ok((row.get_as("source")?, row.flag_at("early_stop")?))).transpose()
     })
 }
 
@@ -264,15 +285,26 @@ pub async fn histories(
 ) -> anyhow::Result<Vec<(JobId, Points)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let packed: Option<String> = sqlx::query_scalar(concat!(
-            "SELECT json_group_array(json_array(job_id, step, value)) FROM (
+        let packed: Option<String> = sqlx::query_scalar(engine.pick(
+            concat!(
+                "SELECT json_group_array(json_array(job_id, step, value)) FROM (
              SELECT m.job_id, m.step, ",
-            finite!("m.value"),
-            " AS value
+                finite!("m.value"),
+                " AS value
              FROM jobs j
              JOIN job_metrics m ON m.job_id = j.id AND m.attempt = j.attempt
              WHERE j.sweep_id = $1 AND m.name = $2 AND (m.step IS NULL OR $3 IS NULL OR m.step <= $4)
              ORDER BY m.job_id, m.seq)"
+            ),
+            concat!(
+                "SELECT json_agg(json_build_array(job_id, step, value) ORDER BY job_id, seq)::text FROM (
+             SELECT m.job_id, m.seq, m.step, ",
+                finite!("m.value"),
+                " AS value
+             FROM jobs j
+             JOIN job_metrics m ON m.job_id = j.id AND m.attempt = j.attempt
+             WHERE j.sweep_id = $1 AND m.name = $2 AND (m.step IS NULL OR $3::bigint IS NULL OR m.step <= $4)) AS t"
+            ),
         ))
         .bind(sweep_id.get())
         .bind(metric)
@@ -327,11 +359,19 @@ pub async fn history_of(
 ) -> anyhow::Result<Points> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let packed: Option<String> = sqlx::query_scalar(concat!(
-            "SELECT json_group_array(json_array(step, value)) FROM (
+        let packed: Option<String> = sqlx::query_scalar(engine.pick(
+            concat!(
+                "SELECT json_group_array(json_array(step, value)) FROM (
              SELECT step, ",
-            finite!("value"),
-            " AS value FROM job_metrics WHERE job_id = $1 AND attempt = $2 AND name = $3 ORDER BY seq)"
+                finite!("value"),
+                " AS value FROM job_metrics WHERE job_id = $1 AND attempt = $2 AND name = $3 ORDER BY seq)"
+            ),
+            concat!(
+                "SELECT json_agg(json_build_array(step, value) ORDER BY seq)::text FROM (
+             SELECT seq, step, ",
+                finite!("value"),
+                " AS value FROM job_metrics WHERE job_id = $1 AND attempt = $2 AND name = $3) AS t"
+            ),
         ))
         .bind(job.get())
         .bind(i64::from(attempt))
@@ -428,8 +468,8 @@ pub async fn state(pool: impl Into<PoolRef<'_>>, sweep_id: SweepId) -> anyhow::R
             seed: row.get_as::<i64>("seed")? as u64,
             run_cap: row.get_as::<Option<i64>>("run_cap")?.map(|cap| cap as u64),
             proposed: row.get_as::<i64>("proposed")? as u64,
-            open: row.get_as("open")?,
-            early_stop: row.get_as("early_stop")?,
+            open: row.flag_at("open")?,
+            early_stop: row.flag_at("early_stop")?,
             stopped_early: row.get_as::<i64>("stopped_early")? as u64,
             notes: serde_json::from_str(&notes)?,
         }))

@@ -122,7 +122,7 @@ pub async fn count_new_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, jobs: 
     on_conn!(conn, |conn, engine| {
         sqlx::query(
             "INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES ($1, 'queued', $2)
-         ON CONFLICT (sweep_id, status) DO UPDATE SET jobs = jobs + excluded.jobs",
+         ON CONFLICT (sweep_id, status) DO UPDATE SET jobs = sweep_counts.jobs + excluded.jobs",
         )
         .bind(sweep_id.get())
         .bind(jobs as i64)
@@ -244,7 +244,9 @@ pub async fn counts(pool: impl Into<PoolRef<'_>>, sweep_id: Option<SweepId>) -> 
                     .await?
             }
             None => {
-                sqlx::query("SELECT status, sum(jobs) AS n FROM sweep_counts GROUP BY status").fetch_all(pool).await?
+                sqlx::query("SELECT status, CAST(sum(jobs) AS BIGINT) AS n FROM sweep_counts GROUP BY status")
+                    .fetch_all(pool)
+                    .await?
             }
         };
         let mut counts = StatusCounts::default();

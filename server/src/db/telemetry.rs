@@ -67,7 +67,10 @@ pub async fn prune(conn: impl Into<Conn<'_>>, before: i64, limit: u32) -> sqlx::
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let done = sqlx::query(
-        "DELETE FROM gpu_telemetry WHERE rowid IN (SELECT rowid FROM gpu_telemetry WHERE at < $1 ORDER BY at LIMIT $2)",
+        engine.pick(
+            "DELETE FROM gpu_telemetry WHERE rowid IN (SELECT rowid FROM gpu_telemetry WHERE at < $1 ORDER BY at LIMIT $2)",
+            "DELETE FROM gpu_telemetry WHERE ctid IN (SELECT ctid FROM gpu_telemetry WHERE at < $1 ORDER BY at LIMIT $2)",
+        ),
     )
     .bind(before)
     .bind(i64::from(limit))

@@ -126,8 +126,10 @@ pub async fn touch(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sqlx::R
 pub async fn exists(pool: impl Into<PoolRef<'_>>, id: WorkerId) -> sqlx::Result<bool> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let found: Option<i64> =
-            sqlx::query_scalar("SELECT 1 FROM workers WHERE id = $1").bind(id.get()).fetch_optional(pool).await?;
+        let found: Option<i64> = sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM workers WHERE id = $1")
+            .bind(id.get())
+            .fetch_optional(pool)
+            .await?;
         Ok(found.is_some())
     })
 }

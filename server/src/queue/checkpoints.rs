@@ -43,7 +43,7 @@ impl Queue {
         E: std::fmt::Display,
     {
         let WorkerAttempt { job, attempt, worker } = at;
-        super::fence::holder(&mut *self.reader().acquire().await?, job, attempt, worker, "checkpoint upload").await?;
+        super::fence::holder(self.reader().acquire().await?.conn(), job, attempt, worker, "checkpoint upload").await?;
         let limit = self.config.max_upload_bytes;
         let too_large =
             || ApiError::PayloadTooLarge(format!("the checkpoint is larger than the upload limit of {limit} bytes"));
@@ -120,14 +120,14 @@ impl Queue {
     /// The job's checkpoint, if it has one.
     pub async fn checkpoint_info(&self, job: JobId) -> ApiResult<CheckpointInfo> {
         let reader = self.reader();
-        db::jobs::state(&mut *reader.acquire().await?, job).await?.ok_or_else(|| super::no_job(job))?;
+        db::jobs::state(reader.acquire().await?.conn(), job).await?.ok_or_else(|| super::no_job(job))?;
         db::checkpoints::get(reader, job).await?.ok_or_else(|| no_checkpoint(job))
     }
 
     /// The job's checkpoint for the attempt that resumes from it, fenced like its uploads.
     pub async fn checkpoint_for_attempt(&self, at: WorkerAttempt) -> ApiResult<(CheckpointInfo, tokio::fs::File, u64)> {
         super::fence::holder(
-            &mut *self.reader().acquire().await?,
+            self.reader().acquire().await?.conn(),
             at.job,
             at.attempt,
             at.worker,

@@ -3,20 +3,14 @@
 //! lease was lost can never write over, or into, the attempt that replaced it.
 
 use crate::db;
+use crate::db::backend::Conn;
 use crate::db::jobs::JobState;
 use crate::error::{ApiError, ApiResult};
 use shared::api::{JobId, WorkerId};
 use shared::job::JobStatus;
-use sqlx::SqliteConnection;
 
 /// The job's state, if `worker` holds its running `attempt`; 404 for no job, 409 otherwise.
-pub async fn holder(
-    conn: &mut SqliteConnection,
-    job: JobId,
-    attempt: u32,
-    worker: WorkerId,
-    what: &str,
-) -> ApiResult<JobState> {
+pub async fn holder(conn: Conn<'_>, job: JobId, attempt: u32, worker: WorkerId, what: &str) -> ApiResult<JobState> {
     let current = db::jobs::state(conn, job).await?.ok_or_else(|| ApiError::NotFound(format!("no job {job}")))?;
     check(&current, attempt, worker, what)?;
     Ok(current)

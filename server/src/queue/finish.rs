@@ -72,7 +72,7 @@ impl Queue {
         if let Some(result) = request.result.as_ref().filter(|result| !result.files.is_empty()) {
             // Staged before the write unit, so the writer does no large file writes itself. A
             // stale attempt's files are removed by the reaper with the rest of its staging.
-            super::fence::holder(&mut *self.reader().acquire().await?, at.job, at.attempt, worker, "finish").await?;
+            super::fence::holder(self.reader().acquire().await?.conn(), at.job, at.attempt, worker, "finish").await?;
             let (dir, result) = (staging.clone(), result.clone());
             tokio::task::spawn_blocking(move || stage_inline(&dir, &result))
                 .await
@@ -89,13 +89,14 @@ impl Queue {
         // as a fast unit on the writer's own connection (`fast`); the guarded UPDATE checks that
         // state, and the full path below takes over if it changed in between.
         let may_be_quick = is_bare(&request)
+            && self.writer.has_fast_lane()
             && !self.search.may_be_open()
             && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
         let snapshot = match may_be_quick {
             true if viewed.is_some() => viewed,
             // A reader that fails leaves it to the full path.
             true => match self.reader().acquire().await {
-                Ok(mut conn) => db::jobs::state_for_result(&mut *conn, at.job, at.attempt).await.ok().flatten(),
+                Ok(mut conn) => db::jobs::state_for_result(conn.conn(), at.job, at.attempt).await.ok().flatten(),
                 Err(_) => None,
             },
             false => None,
@@ -296,12 +297,13 @@ async fn full(
     // takes the general path too: this finish may reach it, and its queue must be cancelled
     // before anything is claimed.
     let general = search.may_be_open() || search.has_target(tx, current.sweep_id).await?;
-    let plain = match general {
+    // The combined statement is SQLite's (several statements in one string); PostgreSQL takes
+    // the general path.
+    let plain = match general || tx.engine() != crate::db::backend::Engine::Sqlite {
         true => None,
         false => super::claims::plain_claim(requests, now + context.lane.lease.as_millis() as i64, now),
     };
-    if let Some(claim) = plain {
-        let (pending, conn) = tx.owed();
+    if let Some((claim, (pending, conn))) = plain.and_then(|claim| Some((claim, tx.owed()?))) {
         let step = db::plain_claims::FinishStep {
             pending,
             seen: &current,

@@ -18,7 +18,7 @@ async fn queue_with_a_running_job() -> (tempfile::TempDir, Arc<Queue>, super::su
          INSERT INTO jobs (id, sweep_id, idx, params, command, priority, created_at) VALUES
              (1, 1, 0, '{}', 'true', 0, 0), (2, 1, 1, '{}', 'true', 0, 0);
          UPDATE jobs SET status = 'running', attempt = 1, worker_id = 1 WHERE id = 1;";
-    sqlx::raw_sql(setup).execute(&db.writer).await.unwrap();
+    sqlx::raw_sql(setup).execute(db.sqlite_writer().unwrap()).await.unwrap();
     let config = Arc::new(ServerConfig { data_dir: directory.path().to_path_buf(), ..ServerConfig::default() });
     let (_stop, shutting_down) = tokio::sync::watch::channel(false);
     let (queue, tasks) = Queue::start(db, config, "test".into(), shutting_down);
@@ -69,7 +69,11 @@ fn bare_finish(claim: bool) -> FinishRequest {
 }
 
 async fn status_of(queue: &Queue, id: i64) -> String {
-    sqlx::query_scalar("SELECT status FROM jobs WHERE id = ?").bind(id).fetch_one(queue.reader()).await.unwrap()
+    sqlx::query_scalar("SELECT status FROM jobs WHERE id = ?")
+        .bind(id)
+        .fetch_one(queue.reader().sqlite().unwrap())
+        .await
+        .unwrap()
 }
 
 /// Sends a bare finish (claiming one job) whose view is read while `between`, a write queued
@@ -100,7 +104,7 @@ fn statement(
         queue
             .write(move |tx| {
                 Box::pin(async move {
-                    sqlx::query(sql).execute(tx.conn().await?).await?;
+                    sqlx::query(sql).execute(tx.conn().await?.into_sqlite().unwrap()).await?;
                     Ok(())
                 })
             })
@@ -109,7 +113,7 @@ fn statement(
 }
 
 async fn versions(queue: &Queue) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader()).await.unwrap()
+    sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader().sqlite().unwrap()).await.unwrap()
 }
 
 #[tokio::test]
@@ -135,7 +139,7 @@ async fn metrics_that_land_between_the_view_and_the_write_are_in_the_version() {
     let response = finish_after(&queue, metrics).await.unwrap();
     assert_eq!(response.status, JobStatus::Succeeded);
     let stored: String = sqlx::query_scalar("SELECT metrics FROM results WHERE job_id = 1 AND attempt = 1")
-        .fetch_one(queue.reader())
+        .fetch_one(queue.reader().sqlite().unwrap())
         .await
         .unwrap();
     assert!(stored.contains("loss"), "the version has the summaries recorded before it: {stored}");
@@ -194,11 +198,13 @@ async fn a_fast_claim_that_reaches_a_sweep_not_cached_is_undone_whole_and_made_o
         (status_of(&queue, 1).await, status_of(&queue, 2).await, status_of(&queue, 3).await),
         ("succeeded".into(), "queued".into(), "running".into())
     );
-    let attempts: i64 =
-        sqlx::query_scalar("SELECT attempt FROM jobs WHERE id = 3").fetch_one(queue.reader()).await.unwrap();
+    let attempts: i64 = sqlx::query_scalar("SELECT attempt FROM jobs WHERE id = 3")
+        .fetch_one(queue.reader().sqlite().unwrap())
+        .await
+        .unwrap();
     assert_eq!(attempts, 1);
     let events: i64 = sqlx::query_scalar("SELECT count(*) FROM job_events WHERE job_id IN (1, 3)")
-        .fetch_one(queue.reader())
+        .fetch_one(queue.reader().sqlite().unwrap())
         .await
         .unwrap();
     assert_eq!(events, 3, "job 1's setup claim and its finish, job 3's claim");

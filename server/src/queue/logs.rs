@@ -217,7 +217,7 @@ impl Queue {
     async fn read_log_now(&self, id: JobId, query: &LogQuery) -> ApiResult<LogChunk> {
         // The job first, the bytes second: an attempt seen ended takes no more appends, so the
         // bytes read after it are all there will be.
-        let job = db::jobs::state(&mut *self.reader().acquire().await?, id)
+        let job = db::jobs::state(self.reader().acquire().await?.conn(), id)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
         // Attempts count from 1: attempt 0 is "not started yet", so a follower that asked while
@@ -258,6 +258,8 @@ impl Queue {
 /// Moves the log bytes that older versions kept in the database (`job_logs`) into files, once,
 /// at start-up; the table is emptied as each attempt is written out.
 pub async fn export_database_logs(db: &crate::db::Db, logs: &LogStore) -> anyhow::Result<u64> {
+    // Only SQLite databases are old enough to hold them.
+    let Some(writer) = db.sqlite_writer() else { return Ok(0) };
     let mut exported = 0;
     while let Some((sweep, job, attempt)) = db::logs::first_stored_attempt(&db.reader).await? {
         let mut offset = 0u64;
@@ -269,7 +271,7 @@ pub async fn export_database_logs(db: &crate::db::Db, logs: &LogStore) -> anyhow
             logs.write_at(sweep, job, attempt, offset, &bytes)?;
             offset += bytes.len() as u64;
         }
-        db::logs::forget_blobs(&mut *db.writer.acquire().await?, job, attempt).await?;
+        db::logs::forget_blobs(&mut *writer.acquire().await?, job, attempt).await?;
         exported += 1;
     }
     Ok(exported)

@@ -45,7 +45,6 @@ use crate::error::ApiResult;
 use crate::storage::Layout;
 use futures_util::future::BoxFuture;
 use shared::api::{JobId, WorkerId};
-use sqlx::SqlitePool;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -113,7 +112,7 @@ impl Queue {
         shutting_down: watch::Receiver<bool>,
     ) -> (Arc<Queue>, Tasks) {
         let events = Events::default();
-        let (writer, writer_task) = writer::start(db.writer.clone(), db.path(), events.clone());
+        let (writer, writer_task) = writer::start(db.writer_pool(), events.clone());
         let (claims, tickets) = tokio::sync::mpsc::channel(1024);
         let layout = Layout::new(&config.data_dir);
         let queue = Arc::new(Queue {
@@ -140,7 +139,7 @@ impl Queue {
     }
 
     /// The reader pool, for queries that change nothing.
-    pub fn reader(&self) -> &SqlitePool {
+    pub fn reader(&self) -> &crate::db::backend::Pool {
         &self.db.reader
     }
 

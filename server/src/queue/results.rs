@@ -46,7 +46,7 @@ impl Queue {
         E: std::fmt::Display,
     {
         check_upload_path(&path)?;
-        super::fence::holder(&mut *self.reader().acquire().await?, id, attempt, worker, "file upload").await?;
+        super::fence::holder(self.reader().acquire().await?.conn(), id, attempt, worker, "file upload").await?;
         if db::results::exists(self.reader(), id, attempt).await? {
             return Err(already_stored(id, attempt));
         }
@@ -121,7 +121,7 @@ impl Queue {
     /// Seals an attempt's staged files as its immutable result version.
     pub async fn seal(&self, id: JobId, attempt: u32, mut upload: ResultUpload) -> ApiResult<ResultVersion> {
         let worker = upload.worker_id;
-        super::fence::holder(&mut *self.reader().acquire().await?, id, attempt, worker, "result seal").await?;
+        super::fence::holder(self.reader().acquire().await?.conn(), id, attempt, worker, "result seal").await?;
         if db::results::exists(self.reader(), id, attempt).await? {
             return Err(already_stored(id, attempt));
         }

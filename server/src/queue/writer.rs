@@ -27,14 +27,15 @@
 //! transaction open either.
 
 use super::events::{Change, Events};
+use crate::db::backend::{Conn, Engine};
+use crate::db::WriterPool;
 use crate::error::{ApiError, ApiResult};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use sqlx::pool::PoolConnection;
-use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{Postgres, Sqlite, SqliteConnection};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
@@ -47,7 +48,7 @@ const MAX_GROUP: usize = 256;
 /// The write side of a unit: the connection, inside the group's transaction, and the changes
 /// the unit made.
 pub struct Tx {
-    conn: PoolConnection<Sqlite>,
+    conn: WriterConn,
     changes: Vec<Change>,
     /// Statements owed before the unit's first one (the savepoint that fences it from the unit
     /// before), sent together with that statement: one round trip to sqlx's SQLite thread fewer
@@ -59,19 +60,33 @@ pub struct Tx {
 
 impl Tx {
     /// The connection, inside the group's transaction and the unit's savepoint.
-    pub async fn conn(&mut self) -> ApiResult<&mut SqliteConnection> {
+    pub async fn conn(&mut self) -> ApiResult<Conn<'_>> {
         if let Some(statements) = self.pending.take() {
             self.begun = true;
-            sqlx::query(statements).execute(&mut *self.conn).await?;
+            self.conn.execute(statements).await?;
         }
-        Ok(&mut self.conn)
+        Ok(self.conn.borrow())
     }
 
-    /// The statements owed before the unit's first one, for a caller that sends them ahead of
-    /// its own statement in the same query string, with the connection to send it on.
-    pub fn owed(&mut self) -> (Option<&'static str>, &mut SqliteConnection) {
-        self.begun |= self.pending.is_some();
-        (self.pending.take(), &mut self.conn)
+    /// The engine the unit writes to.
+    pub fn engine(&self) -> Engine {
+        match self.conn {
+            WriterConn::Sqlite(_) => Engine::Sqlite,
+            WriterConn::Postgres(_) => Engine::Postgres,
+        }
+    }
+
+    /// On SQLite, the statements owed before the unit's first one, for a caller that sends them
+    /// ahead of its own statement in the same query string, with the connection to send it on.
+    /// `None` on PostgreSQL (a prepared statement is one statement): use [`Tx::conn`].
+    pub fn owed(&mut self) -> Option<(Option<&'static str>, &mut SqliteConnection)> {
+        match &mut self.conn {
+            WriterConn::Sqlite(conn) => {
+                self.begun |= self.pending.is_some();
+                Some((self.pending.take(), conn))
+            }
+            WriterConn::Postgres(_) => None,
+        }
     }
 
     /// Records that the unit changed something; announced once (and only if) it is committed.
@@ -166,6 +181,8 @@ enum Work {
 #[derive(Clone)]
 pub struct Writer {
     sender: mpsc::Sender<Work>,
+    /// Whether [`Writer::fast`] may be used (SQLite only).
+    fast_lane: bool,
     /// Why the last units were dropped unrun (the database could not be opened for writing,
     /// or a transaction could not begin).
     refused: Arc<Mutex<Option<ApiError>>>,
@@ -198,8 +215,13 @@ impl Writer {
         answer.await.map_err(|_| self.unanswered())?
     }
 
+    /// Whether fast units run here (SQLite); elsewhere their work takes the async path.
+    pub fn has_fast_lane(&self) -> bool {
+        self.fast_lane
+    }
+
     /// Runs `unit` on the writer's own connection in the next group of fast units and answers
-    /// once the group committed (or the unit failed).
+    /// once the group committed (or the unit failed). Only where [`Writer::has_fast_lane`].
     pub async fn fast<T, F>(&self, unit: F) -> ApiResult<T>
     where
         T: Send + 'static,
@@ -264,14 +286,16 @@ impl Writer {
     }
 }
 
-/// Starts the writer thread on `pool` (the single-connection writer pool) and, for fast units,
-/// its own connection to the database file `path`; it ends when every [`Writer`] is dropped,
-/// and the returned receiver is told then. Call from inside the runtime.
-pub fn start(pool: SqlitePool, path: PathBuf, events: Events) -> (Writer, oneshot::Receiver<()>) {
+/// Starts the writer thread on `pool` (SQLite: the single-connection writer pool and, for fast
+/// units, its own connection to the database file; PostgreSQL: one connection of the pool,
+/// and no fast units); it ends when every [`Writer`] is dropped, and the returned receiver is
+/// told then. Call from inside the runtime.
+pub fn start(pool: WriterPool, events: Events) -> (Writer, oneshot::Receiver<()>) {
     let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
     let refused = Arc::new(Mutex::new(None));
     let (ended, ends) = oneshot::channel();
-    let state = Thread { handle: Handle::current(), pool, path, events, refused: refused.clone() };
+    let fast_lane = matches!(pool, WriterPool::Sqlite(..));
+    let state = Thread { handle: Handle::current(), pool, events, refused: refused.clone() };
     std::thread::Builder::new()
         .name("app-writer".into())
         .spawn(move || {
@@ -282,21 +306,20 @@ pub fn start(pool: SqlitePool, path: PathBuf, events: Events) -> (Writer, onesho
             let _ = ended.send(());
         })
         .expect("starting the writer thread");
-    (Writer { sender, refused }, ends)
+    (Writer { sender, refused, fast_lane }, ends)
 }
 
 /// What the writer thread works with.
 struct Thread {
     handle: Handle,
-    pool: SqlitePool,
-    path: PathBuf,
+    pool: WriterPool,
     events: Events,
     refused: Arc<Mutex<Option<ApiError>>>,
 }
 
 impl Thread {
     fn run(&self, mut receiver: mpsc::Receiver<Work>) {
-        let mut connection: Option<PoolConnection<Sqlite>> = None;
+        let mut connection: Option<WriterConn> = None;
         let mut fast: Option<rusqlite::Connection> = None;
         let mut waiting: VecDeque<Work> = VecDeque::new();
         loop {
@@ -352,15 +375,11 @@ impl Thread {
     }
 
     /// Runs async units until all are done, opening the connection again as needed.
-    async fn run_units(
-        &self,
-        mut connection: Option<PoolConnection<Sqlite>>,
-        mut group: VecDeque<RunUnit>,
-    ) -> Option<PoolConnection<Sqlite>> {
+    async fn run_units(&self, mut connection: Option<WriterConn>, mut group: VecDeque<RunUnit>) -> Option<WriterConn> {
         while !group.is_empty() {
             let conn = match connection.take() {
                 Some(conn) => conn,
-                None => match self.pool.acquire().await {
+                None => match WriterConn::acquire(&self.pool).await {
                     Ok(conn) => conn,
                     Err(error) => {
                         // Dropped unrun: their senders read why.
@@ -383,10 +402,14 @@ impl Thread {
         mut connection: Option<rusqlite::Connection>,
         mut group: VecDeque<FastUnit>,
     ) -> Option<rusqlite::Connection> {
+        let WriterPool::Sqlite(_, path) = &self.pool else {
+            // `Writer::fast` is offered only on SQLite (`Writer::has_fast_lane`).
+            unreachable!("fast units on a database without a fast lane")
+        };
         while !group.is_empty() {
             let conn = match connection.take() {
                 Some(conn) => conn,
-                None => match crate::db::fast::open(&self.path) {
+                None => match crate::db::fast::open(path) {
                     Ok(conn) => conn,
                     Err(error) => {
                         // Dropped unrun: their senders read why.
@@ -413,10 +436,10 @@ impl Thread {
 /// Runs units from `group` in one transaction until they are all done or the transaction is
 /// lost; returns the connection if it is still sound, and the units not run yet.
 async fn run_group(
-    conn: PoolConnection<Sqlite>,
+    conn: WriterConn,
     group: &mut VecDeque<RunUnit>,
     events: &Events,
-) -> (Option<PoolConnection<Sqlite>>, VecDeque<RunUnit>) {
+) -> (Option<WriterConn>, VecDeque<RunUnit>) {
     // Every statement is a round trip to sqlx's SQLite thread, so the statements that open
     // the transaction and fence each unit of a group are owed (`Tx::pending`) and go with the
     // unit's first statement: `BEGIN` (and the first savepoint) with the first unit's; for the
@@ -424,7 +447,12 @@ async fn run_group(
     // database leaves them owed to the next. A refused unit's `ROLLBACK TO` keeps its savepoint
     // open for the next unit, and `COMMIT` releases the last one.
     let savepoints = group.len() > 1;
-    let begin = if savepoints { "BEGIN IMMEDIATE; SAVEPOINT unit" } else { "BEGIN IMMEDIATE" };
+    let begin = match (&conn, savepoints) {
+        (WriterConn::Sqlite(_), true) => "BEGIN IMMEDIATE; SAVEPOINT unit",
+        (WriterConn::Sqlite(_), false) => "BEGIN IMMEDIATE",
+        (WriterConn::Postgres(_), true) => "BEGIN; SAVEPOINT unit",
+        (WriterConn::Postgres(_), false) => "BEGIN",
+    };
     let mut tx = Tx { conn, changes: Vec::new(), pending: Some(begin), begun: false };
     let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
     while let Some(unit) = group.pop_front() {
@@ -489,7 +517,7 @@ fn abandon(
     ran: Vec<(Box<dyn Settle>, Vec<Change>)>,
     group: &mut VecDeque<RunUnit>,
     why: &str,
-) -> (Option<PoolConnection<Sqlite>>, VecDeque<RunUnit>) {
+) -> (Option<WriterConn>, VecDeque<RunUnit>) {
     answer_abandoned(ran, why);
     close(tx.conn);
     (None, std::mem::take(group))
@@ -517,11 +545,12 @@ fn answer_failed_commit(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, error: ApiErro
 /// Answers every unit of an abandoned transaction with a retryable error: the failing unit's
 /// own (a full disk says best what happened), else one saying `why`.
 fn answer_abandoned(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, why: &str) {
-    let cause = ran
-        .iter()
-        .rev()
-        .find_map(|(outcome, _)| outcome.failed().filter(|error| is_database_failure(error)).map(ApiError::retry_copy))
-        .unwrap_or_else(|| ApiError::Unavailable(format!("{why}; retry")));
+    let failure = ran.iter().rev().find_map(|(outcome, _)| outcome.failed().filter(|error| is_database_failure(error)));
+    if let Some(failure) = failure {
+        // What the database said, for the log: the answer below is a retryable copy.
+        tracing::error!(error = ?failure, "a write unit failed in the database");
+    }
+    let cause = failure.map(ApiError::retry_copy).unwrap_or_else(|| ApiError::Unavailable(format!("{why}; retry")));
     tracing::error!(error = %cause, units = ran.len(), "{why}; the write transaction was abandoned");
     for (outcome, _) in ran {
         outcome.settle(Err(&cause));
@@ -599,18 +628,70 @@ fn run_fast_group(
     }
 }
 
-/// Closes a connection for good: SQLite rolls back whatever transaction it still had open.
-fn close(conn: PoolConnection<Sqlite>) {
-    let detached = conn.detach();
-    tokio::spawn(async move {
-        use sqlx::Connection;
-        let _ = detached.close().await;
-    });
+/// The writer's connection for async units.
+pub enum WriterConn {
+    Sqlite(PoolConnection<Sqlite>),
+    Postgres(PoolConnection<Postgres>),
+}
+
+impl WriterConn {
+    async fn acquire(pool: &WriterPool) -> sqlx::Result<WriterConn> {
+        Ok(match pool {
+            WriterPool::Sqlite(pool, _) => WriterConn::Sqlite(pool.acquire().await?),
+            WriterPool::Postgres(pool) => WriterConn::Postgres(pool.acquire().await?),
+        })
+    }
+
+    fn borrow(&mut self) -> Conn<'_> {
+        match self {
+            WriterConn::Sqlite(conn) => Conn::Sqlite(conn),
+            WriterConn::Postgres(conn) => Conn::Postgres(conn),
+        }
+    }
+
+    /// Runs one or more statements without arguments in one round trip (PostgreSQL's simple
+    /// query protocol: a prepared statement holds one statement only).
+    async fn execute(&mut self, statements: &'static str) -> sqlx::Result<()> {
+        match self {
+            WriterConn::Sqlite(conn) => sqlx::query(statements).execute(&mut **conn).await.map(|_| ()),
+            WriterConn::Postgres(conn) => {
+                // One statement each (a prepared statement holds one); boxed: see
+                // `db::backend::on_conn!`.
+                let conn: &mut sqlx::PgConnection = conn;
+                let boxed: BoxFuture<'_, sqlx::Result<()>> = Box::pin(async move {
+                    for statement in statements.split(';') {
+                        sqlx::query(statement.trim()).execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                });
+                boxed.await
+            }
+        }
+    }
+}
+
+/// Closes a connection for good: the server rolls back whatever transaction it still had open.
+fn close(conn: WriterConn) {
+    use sqlx::Connection;
+    match conn {
+        WriterConn::Sqlite(conn) => {
+            let detached = conn.detach();
+            tokio::spawn(async move {
+                let _ = detached.close().await;
+            });
+        }
+        WriterConn::Postgres(conn) => {
+            let detached = conn.detach();
+            tokio::spawn(async move {
+                let _ = detached.close().await;
+            });
+        }
+    }
 }
 
 /// Runs one or more statements without arguments in one round trip.
 async fn execute(tx: &mut Tx, statements: &'static str) -> sqlx::Result<()> {
-    sqlx::query(statements).execute(&mut *tx.conn).await.map(|_| ())
+    tx.conn.execute(statements).await
 }
 
 /// Whether a unit's error came from the database rather than from a decision: then the whole

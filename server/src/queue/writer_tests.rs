@@ -4,6 +4,7 @@
 
 use super::*;
 use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::SqlitePool;
 
 async fn writer_on_file() -> (tempfile::TempDir, SqlitePool, Writer) {
     let directory = tempfile::tempdir().unwrap();
@@ -14,7 +15,7 @@ async fn writer_on_file() -> (tempfile::TempDir, SqlitePool, Writer) {
     let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.unwrap();
     sqlx::query("CREATE TABLE rows (value INTEGER NOT NULL)").execute(&pool).await.unwrap();
     // The writer keeps its pool's one connection; the test reads through its own.
-    let (writer, _ended) = start(pool, directory.path().join("writer.db"), Events::default());
+    let (writer, _ended) = start(WriterPool::Sqlite(pool, directory.path().join("writer.db")), Events::default());
     let reader = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
     (directory, reader, writer)
 }
@@ -23,7 +24,10 @@ async fn writer_on_file() -> (tempfile::TempDir, SqlitePool, Writer) {
 fn insert(writer: &Writer, value: i64, refuse: bool) -> impl std::future::Future<Output = ApiResult<i64>> + '_ {
     writer.write(move |tx| {
         Box::pin(async move {
-            sqlx::query("INSERT INTO rows (value) VALUES (?)").bind(value).execute(tx.conn().await?).await?;
+            sqlx::query("INSERT INTO rows (value) VALUES (?)")
+                .bind(value)
+                .execute(tx.conn().await?.into_sqlite().unwrap())
+                .await?;
             if refuse {
                 return Err(ApiError::Conflict(format!("unit {value} refuses")));
             }
@@ -218,7 +222,7 @@ async fn a_fast_units_changes_are_announced_once_committed() {
     sqlx::query("CREATE TABLE rows (value INTEGER NOT NULL)").execute(&pool).await.unwrap();
     let events = Events::default();
     let mut page = events.page_changes();
-    let (writer, _ended) = start(pool, directory.path().join("writer.db"), events);
+    let (writer, _ended) = start(WriterPool::Sqlite(pool, directory.path().join("writer.db")), events);
     let seen = *page.borrow_and_update();
     insert_fast(&writer, 1, "undo").await.unwrap();
     insert_fast(&writer, 2, "ok").await.unwrap();

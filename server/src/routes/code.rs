@@ -72,5 +72,5 @@ pub(super) fn stream_file(file: tokio::fs::File, length: u64, name: &str) -> Res
 async fn workspace(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<Workspace>> {
     let sweep = state.queue.find_sweep(&key).await?;
     let mut conn = state.queue.reader().acquire().await.map_err(ApiError::from)?;
-    Ok(Json(db::code::workspace_of(&mut *conn, sweep.info.id).await?))
+    Ok(Json(db::code::workspace_of(conn.conn(), sweep.info.id).await?))
 }

@@ -57,7 +57,7 @@ async fn record(
 
 async fn series(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<Vec<MetricSeries>>> {
     let reader = state.queue.reader();
-    let job = db::jobs::state(&mut *reader.acquire().await?, id).await?.ok_or_else(|| crate::queue::no_job(id))?;
+    let job = db::jobs::state(reader.acquire().await?.conn(), id).await?.ok_or_else(|| crate::queue::no_job(id))?;
     Ok(Json(db::metrics::series(reader, id, job.attempt).await?))
 }
 

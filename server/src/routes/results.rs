@@ -65,7 +65,7 @@ async fn seal(
 
 async fn list(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<Vec<ResultVersion>>> {
     let reader = state.queue.reader();
-    db::jobs::state(&mut *reader.acquire().await?, id).await?.ok_or_else(|| crate::queue::no_job(id))?;
+    db::jobs::state(reader.acquire().await?.conn(), id).await?.ok_or_else(|| crate::queue::no_job(id))?;
     Ok(Json(db::results::list(reader, id).await?))
 }
 

@@ -89,6 +89,9 @@ async fn a_removed_database_beside_its_files_is_refused_and_nothing_is_touched()
 
 #[tokio::test]
 async fn a_database_of_another_instance_is_refused_naming_both() {
+    if crate::helpers::on_postgres() {
+        return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
+    }
     let (app, _, _) = with_a_result().await;
     let data = app.data_path();
     let ours = marker(data);
@@ -110,6 +113,9 @@ async fn a_database_of_another_instance_is_refused_naming_both() {
 
 #[tokio::test]
 async fn a_directory_from_before_the_marker_is_adopted_with_its_database() {
+    if crate::helpers::on_postgres() {
+        return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
+    }
     let (app, job, result) = with_a_result().await;
     let instance = marker(app.data_path());
     std::fs::remove_file(app.data_path().join(".app-instance")).unwrap();

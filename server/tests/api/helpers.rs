@@ -11,6 +11,37 @@ use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// With `APP_TEST_BACKEND=postgres`, a fresh database on this test binary's own PostgreSQL
+/// server (Debian's, started once, gone with the process) for each server the tests start;
+/// otherwise `None`: the server's SQLite file in its data directory.
+pub fn test_database() -> Option<String> {
+    static SERVER: std::sync::OnceLock<crate::pg_server::PgServer> = std::sync::OnceLock::new();
+    on_postgres().then(|| {
+        // Started from a thread that lives as long as the process: the server's parent-death
+        // signal follows the thread that started it, and a test's thread ends with the test.
+        let server = SERVER.get_or_init(|| {
+            let (sender, started) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = sender.send(crate::pg_server::PgServer::start());
+                loop {
+                    std::thread::park();
+                }
+            });
+            started.recv().expect("the PostgreSQL server started")
+        });
+        server.fresh_database()
+    })
+}
+
+/// Whether the tests run against PostgreSQL (`APP_TEST_BACKEND=postgres`).
+pub fn on_postgres() -> bool {
+    match std::env::var("APP_TEST_BACKEND").as_deref() {
+        Ok("postgres") => true,
+        Ok("sqlite") | Err(_) => false,
+        Ok(other) => panic!("APP_TEST_BACKEND is sqlite or postgres, not {other}"),
+    }
+}
+
 pub struct TestApp {
     pub client: Client,
     pub url: String,
@@ -36,6 +67,7 @@ impl TestApp {
         let data_dir = Arc::new(tempfile::tempdir().expect("temp dir"));
         let mut config = ServerConfig {
             data_dir: data_dir.path().to_path_buf(),
+            database_url: test_database(),
             reaper_interval: Duration::from_millis(100),
             ..ServerConfig::default()
         };
@@ -46,7 +78,11 @@ impl TestApp {
     /// A server set up by `tweak` (tokens, TLS), reached by a client with `options`.
     pub async fn spawn_secure(tweak: impl FnOnce(&mut ServerConfig), options: ClientOptions) -> TestApp {
         let data_dir = Arc::new(tempfile::tempdir().expect("temp dir"));
-        let mut config = ServerConfig { data_dir: data_dir.path().to_path_buf(), ..ServerConfig::default() };
+        let mut config = ServerConfig {
+            data_dir: data_dir.path().to_path_buf(),
+            database_url: test_database(),
+            ..ServerConfig::default()
+        };
         tweak(&mut config);
         Self::start(config, data_dir, options).await
     }

@@ -14,6 +14,8 @@ mod logs;
 mod maintenance;
 mod metrics;
 mod page;
+#[path = "../postgres/pg_server.rs"]
+mod pg_server;
 mod results;
 mod search;
 mod sessions;

@@ -127,6 +127,9 @@ async fn heartbeats_store_telemetry_read_back_per_worker() {
 
 #[tokio::test]
 async fn telemetry_past_the_retention_window_is_pruned() {
+    if crate::helpers::on_postgres() {
+        return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
+    }
     let app = TestApp::spawn_with(|config| config.telemetry_retention = Duration::from_millis(300)).await;
     let worker = app.register("hot", 1).await;
     let request = HeartbeatRequest { running: Vec::new(), gpus: vec![sample(0, 1), sample(1, 1)] };

@@ -241,7 +241,8 @@ async fn the_postgres_schema_is_the_sqlite_schema_version_for_version() {
         known(sqlx::migrate!("../migrations")),
         "the same versions, under the same names"
     );
-    let (expected, actual) = (sqlite_schema(&sqlite.writer).await, postgres_schema(&opened.pool).await);
+    let (expected, actual) =
+        (sqlite_schema(sqlite.sqlite_writer().unwrap()).await, postgres_schema(&opened.pool).await);
     assert!(expected.len() >= 16, "every table is compared: {:?}", expected.keys());
     assert_eq!(expected.keys().collect::<Vec<_>>(), actual.keys().collect::<Vec<_>>(), "the same tables");
     for (name, table) in &expected {
@@ -289,11 +290,11 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
     let directory = tempfile::tempdir().unwrap();
     let sqlite = server::db::Db::open(directory.path()).await.unwrap();
     let before = server::db::now_ms();
-    sqlx::raw_sql(SCRIPT).execute(&sqlite.writer).await.unwrap();
+    sqlx::raw_sql(SCRIPT).execute(sqlite.sqlite_writer().unwrap()).await.unwrap();
     sqlx::raw_sql(SCRIPT).execute(&opened.pool).await.unwrap();
     let after = server::db::now_ms();
 
-    let events: Vec<Event> = sqlx::query_as(EVENTS).fetch_all(&sqlite.writer).await.unwrap();
+    let events: Vec<Event> = sqlx::query_as(EVENTS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
     assert_eq!(events.len(), 5, "four transitions of job 1 and a change of its attempt alone: {events:#?}");
     assert_eq!(events[1].4, Some(1), "a requeue keeps the worker that lost the attempt: {events:#?}");
     assert_eq!(events[3].5.as_deref(), Some("stopped early at step 10"), "{events:#?}");
@@ -304,17 +305,18 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
         "the row's reason, not a new stop: {events:#?}"
     );
     assert_eq!(events, sqlx::query_as::<_, Event>(EVENTS).fetch_all(&opened.pool).await.unwrap());
-    let jobs: Vec<(i64, String, Option<String>)> = sqlx::query_as(JOBS).fetch_all(&sqlite.writer).await.unwrap();
+    let jobs: Vec<(i64, String, Option<String>)> =
+        sqlx::query_as(JOBS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
     assert_eq!(jobs, vec![(1, "cancelled".to_string(), Some("stopped early at step 10".to_string()))]);
     assert_eq!(jobs, sqlx::query_as::<_, (i64, String, Option<String>)>(JOBS).fetch_all(&opened.pool).await.unwrap());
-    let counts: Vec<(String, i64)> = sqlx::query_as(COUNTS).fetch_all(&sqlite.writer).await.unwrap();
+    let counts: Vec<(String, i64)> = sqlx::query_as(COUNTS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
     assert_eq!(counts, [("cancelled", 1), ("queued", 0), ("running", 0)].map(|(s, n)| (s.to_string(), n)));
     assert_eq!(counts, sqlx::query_as::<_, (String, i64)>(COUNTS).fetch_all(&opened.pool).await.unwrap());
-    let kept: Vec<i64> = sqlx::query_scalar(CHECKPOINTS).fetch_all(&sqlite.writer).await.unwrap();
+    let kept: Vec<i64> = sqlx::query_scalar(CHECKPOINTS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
     assert_eq!(kept, vec![1], "a deleted job's checkpoint goes with it");
     assert_eq!(kept, sqlx::query_scalar::<_, i64>(CHECKPOINTS).fetch_all(&opened.pool).await.unwrap());
     for (first, last) in [
-        sqlx::query_as::<_, (i64, i64)>(TIMES).fetch_one(&sqlite.writer).await.unwrap(),
+        sqlx::query_as::<_, (i64, i64)>(TIMES).fetch_one(sqlite.sqlite_writer().unwrap()).await.unwrap(),
         sqlx::query_as::<_, (i64, i64)>(TIMES).fetch_one(&opened.pool).await.unwrap(),
     ] {
         assert!(before <= first && last <= after, "transitions are stamped in Unix ms: {first}..{last}");
@@ -436,9 +438,69 @@ async fn a_statement_with_numbered_parameters_is_one_text_for_both_backends() {
     let sql = "INSERT INTO sweeps (name, form, source, job_count, created_at)
                VALUES ($2, 'native', $2 || '.yaml', $1, $1 * 1000) RETURNING id, name, source, job_count, created_at";
     type Row = (i64, String, String, i64, i64);
-    let on_sqlite: Row = sqlx::query_as(sql).bind(3i64).bind("s").fetch_one(&sqlite.writer).await.unwrap();
+    let on_sqlite: Row =
+        sqlx::query_as(sql).bind(3i64).bind("s").fetch_one(sqlite.sqlite_writer().unwrap()).await.unwrap();
     let on_postgres: Row = sqlx::query_as(sql).bind(3i64).bind("s").fetch_one(&opened.pool).await.unwrap();
     assert_eq!(on_sqlite, (1, "s".to_string(), "s.yaml".to_string(), 3, 3000));
     assert_eq!(on_postgres, on_sqlite);
     sqlite.close().await;
+}
+
+/// Three queued jobs of one sweep, none of which needs a GPU.
+const QUEUED: &str = "
+    INSERT INTO sweeps (name, form, source, job_count, created_at) VALUES ('s', 'native', 'x', 3, 0);
+    INSERT INTO jobs (sweep_id, idx, params, command, priority, created_at)
+        VALUES (1, 0, '{}', 'true', 0, 0), (1, 1, '{}', 'true', 5, 0), (1, 2, '{}', 'true', 0, 0);
+    INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES (1, 'queued', 3);
+    INSERT INTO workers (name, capacity, registered_at, last_seen_at) VALUES ('a', '{}', 0, 0), ('b', '{}', 0, 0);
+";
+
+fn plain(worker: i64, slots: u32) -> server::db::plain_claims::PlainClaim {
+    server::db::plain_claims::PlainClaim {
+        worker_id: shared::api::WorkerId::new(worker),
+        slots,
+        trainer: false,
+        lease_until: 10,
+        now: 1,
+    }
+}
+
+#[tokio::test]
+async fn a_plain_claim_takes_its_slots_in_dispatch_order_and_two_at_once_never_take_one_job_twice() {
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    sqlx::raw_sql(QUEUED).execute(&opened.pool).await.unwrap();
+    let ids = |rows: &[server::db::plain_claims::ClaimedRow]| rows.iter().map(|row| row.id.get()).collect::<Vec<_>>();
+    // One transaction holds the job it claimed while another claims: the second skips it
+    // (SKIP LOCKED) and takes the next in dispatch order. (It then waits for the first to
+    // commit, on the sweep's count rows, which the count trigger locks: counts stay exact.)
+    let mut first = opened.pool.begin().await.unwrap();
+    let claimed = server::db::plain_claims::claim(&mut *first, plain(1, 1)).await.unwrap();
+    assert_eq!(ids(&claimed), [2], "one slot, the job of the highest priority");
+    let pool = opened.pool.clone();
+    let second = tokio::spawn(async move {
+        let mut second = pool.begin().await.unwrap();
+        let rows = server::db::plain_claims::claim(&mut *second, plain(2, 1)).await.unwrap();
+        second.commit().await.unwrap();
+        rows
+    });
+    // The second claim is under way (its transaction waits on the count rows) before the
+    // first commits.
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&opened.pool).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the second claim never reached the first one's rows");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    first.commit().await.unwrap();
+    let other = tokio::time::timeout(std::time::Duration::from_secs(10), second).await.expect("in time").unwrap();
+    assert_eq!(ids(&other), [1], "the next job, not the one the first claim held");
+    let rest = server::db::plain_claims::claim(&mut *opened.pool.acquire().await.unwrap(), plain(1, 5)).await.unwrap();
+    assert_eq!(ids(&rest), [3], "what is left, and no more");
+    let running: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, worker_id FROM jobs WHERE status = 'running' ORDER BY id")
+            .fetch_all(&opened.pool)
+            .await
+            .unwrap();
+    assert_eq!(running, [(1, 2), (2, 1), (3, 1)]);
 }

@@ -70,6 +70,14 @@ impl PgServer {
         server
     }
 
+    /// A new, empty database on this server; its URL.
+    pub fn fresh_database(&self) -> String {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let name = format!("test{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        self.create_database(&name);
+        format!("postgres://app@127.0.0.1:{}/{name}", self.port)
+    }
+
     fn create_database(&self, name: &str) {
         let created = Command::new(bin_dir().join("psql"))
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "app", "-d", "postgres", "-v"])

@@ -17,12 +17,12 @@ pub use proposals::preview;
 
 use super::{Change, Tx};
 use crate::db;
+use crate::db::backend::Conn;
 use crate::db::now_ms;
 use crate::error::ApiResult;
 use shared::api::{JobId, SearchMethod, SweepId};
 use shared::sweep::Goal;
 use shared::sweep::{ExpandOptions, Sweep, MAX_YAML_DEPTH};
-use sqlx::SqliteConnection;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -162,7 +162,7 @@ impl Controller {
     }
 
     /// The parsed sweep if it has a controller, from the cache or its stored source.
-    async fn sweep(&self, conn: &mut SqliteConnection, sweep_id: SweepId) -> ApiResult<Option<Arc<Sweep>>> {
+    async fn sweep(&self, conn: Conn<'_>, sweep_id: SweepId) -> ApiResult<Option<Arc<Sweep>>> {
         if let Some(known) = self.cached(sweep_id) {
             return Ok(known);
         }

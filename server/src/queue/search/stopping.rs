@@ -49,7 +49,7 @@ impl Controller {
     ) -> ApiResult<()> {
         let sweep = {
             let mut conn = queue.reader().acquire().await?;
-            self.sweep(&mut conn, sweep_id).await?
+            self.sweep(conn.conn(), sweep_id).await?
         };
         let Some(sweep) = sweep else { return Ok(()) };
         let (Some(rule), Some(metric)) = (&sweep.early_stop, &sweep.metric) else { return Ok(()) };
