@@ -6,6 +6,10 @@
 //! Both sleep while nothing happens: the reaper until the earliest lease can run out (at most a
 //! lease, or the upkeep interval), the checkpointer until something was written. An idle head
 //! node wakes a few times a minute, not several times a second.
+//!
+//! Replicas on one PostgreSQL database reap one at a time: the one holding the reaper's
+//! advisory lock (`db::postgres::Leadership`); the others try to take it every reaper interval,
+//! and one of them does within that interval of the leader's end.
 
 use crate::db::{self, now_ms};
 use crate::error::ApiResult;
@@ -26,7 +30,20 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
     // paused (SIGSTOP, a suspended VM), and no worker could heartbeat meanwhile.
     let mut last_pass = now_ms();
     let mut planned = Duration::ZERO;
+    // Replicas on one PostgreSQL database: one of them reaps, the others stand by.
+    let mut leadership = queue.db().postgres_pool().map(|pool| db::postgres::Leadership::new(pool.clone()));
     loop {
+        if let Some(leadership) = leadership.as_mut() {
+            if !leadership.lead().await {
+                last_pass = now_ms();
+                planned = config.reaper_interval;
+                tokio::select! {
+                    _ = tokio::time::sleep(planned) => {}
+                    _ = shutting_down.wait_for(|stop| *stop) => return,
+                }
+                continue;
+            }
+        }
         let now = now_ms();
         let gap = Duration::from_millis(now.saturating_sub(last_pass).max(0) as u64);
         last_pass = now;

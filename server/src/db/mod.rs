@@ -152,6 +152,14 @@ impl Db {
         }
     }
 
+    /// The PostgreSQL pool (`None` on SQLite), for what only PostgreSQL has (`db::postgres`).
+    pub fn postgres_pool(&self) -> Option<&sqlx::PgPool> {
+        match &self.kind {
+            Kind::Sqlite { .. } => None,
+            Kind::Postgres { pool } => Some(pool),
+        }
+    }
+
     /// The SQLite writer pool (`None` on PostgreSQL), for tests and maintenance that run
     /// SQLite statements of their own.
     pub fn sqlite_writer(&self) -> Option<&SqlitePool> {

@@ -335,7 +335,7 @@ mod tests {
         let (_directory, db) = queue().await;
         let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
         let (seen, decision) = (seen(1), succeeded());
-        let done = finish_and_claim(&mut *conn, step(&seen, &decision, Some(asking(3)))).await.unwrap();
+        let done = finish_and_claim(&mut conn, step(&seen, &decision, Some(asking(3)))).await.unwrap();
         assert!(done.applied && !done.stored);
         assert_eq!(ids(&done.claimed), [2, 5, 6], "not the GPU job 3, not the trainer job 4");
         drop(conn);
@@ -357,7 +357,7 @@ mod tests {
         let (_directory, db) = queue().await;
         let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
         let (stale, decision) = (seen(2), succeeded());
-        let done = finish_and_claim(&mut *conn, step(&stale, &decision, Some(asking(3)))).await.unwrap();
+        let done = finish_and_claim(&mut conn, step(&stale, &decision, Some(asking(3)))).await.unwrap();
         assert!(!done.applied && done.claimed.is_empty());
         drop(conn);
         let queued = statuses(&db).await.into_iter().filter(|(_, status)| status == "queued").count();
@@ -374,11 +374,11 @@ mod tests {
             version: Some(&version),
             ..step(&seen, &decision, Some(asking(1)))
         };
-        let done = finish_and_claim(&mut *conn, step).await.unwrap();
+        let done = finish_and_claim(&mut conn, step).await.unwrap();
         assert!(done.applied && done.stored);
         assert_eq!(ids(&done.claimed), [5], "the oldest job of the highest priority a plain worker may run");
         let record = FinishStep { version: Some(&version), ..self::step(&seen, &decision, None) };
-        let again = finish_and_claim(&mut *conn, record).await.unwrap();
+        let again = finish_and_claim(&mut conn, record).await.unwrap();
         assert!(!again.applied && !again.stored, "the attempt is finished and keeps its first version");
         let stored: (String, String) =
             sqlx::query_as("SELECT path, params FROM results WHERE job_id = 1 AND attempt = 1")
@@ -410,7 +410,7 @@ mod tests {
         let mut conn = db.sqlite_writer().unwrap().acquire().await.unwrap();
         let (seen, decision, version) = (seen(1), succeeded(), bare_version());
         let step = FinishStep { version: Some(&version), ..step(&seen, &decision, Some(asking(1))) };
-        let done = finish_and_claim(&mut *conn, step).await.unwrap();
+        let done = finish_and_claim(&mut conn, step).await.unwrap();
         assert!(!done.applied && !done.stored && done.claimed.is_empty());
         drop(conn);
         assert_eq!(statuses(&db).await[0], (1, "running".to_string()));
@@ -482,7 +482,7 @@ mod tests {
                 sqlx::query(summary).execute(fast_db.sqlite_writer().unwrap()).await.unwrap();
             }
             let mut conn = sqlx_db.sqlite_writer().unwrap().acquire().await.unwrap();
-            let by_sqlx = finish_and_claim(&mut *conn, step()).await.unwrap();
+            let by_sqlx = finish_and_claim(&mut conn, step()).await.unwrap();
             drop(conn);
             let by_fast =
                 super::super::fast::finish_and_claim(&super::super::fast::open(&fast_db.path()).unwrap(), &step())

@@ -2,10 +2,11 @@
 //! schema up to date from `migrations-postgres/`, whose versions are the SQLite ones, table for
 //! table (server/tests/postgres compares the two schemas and their triggers on real servers).
 //!
-//! What is here is the start-up half: the URL, the connection and its errors, the schema version
-//! check and the migrations. The queue does not run on PostgreSQL yet: its write units and reads
-//! are SQLite statements (see ARCHITECTURE.md, "A second backend, begun"), so nothing in the server
-//! calls [`open`] yet and no flag offers it.
+//! What is here is what only PostgreSQL has: the URL, the connection and its errors, the schema
+//! version check and the migrations ([`open`]); the notifications that carry one replica's
+//! changes to the others ([`notify`], [`listen`]); and the advisory lock that makes one replica
+//! the reaper ([`Leadership`]). The queue's statements are in the other `db` modules, for both
+//! backends.
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -157,5 +158,70 @@ mod tests {
         let good = options("postgresql://app:hunter2@db.example.org:6543/queue").unwrap();
         let described = describe(&good);
         assert_eq!(described, "PostgreSQL at db.example.org:6543 (database queue, user app)");
+    }
+}
+
+/// The channel replicas announce their committed changes on.
+pub const CHANGES: &str = "app_changes";
+
+/// Sends `payload` to every replica listening on [`CHANGES`] (this one included).
+pub async fn notify(pool: &PgPool, payload: &str) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(CHANGES).bind(payload).execute(pool).await.map(|_| ())
+}
+
+/// A listener on [`CHANGES`], on a connection of its own (it reconnects by itself).
+pub async fn listen(pool: &PgPool) -> sqlx::Result<sqlx::postgres::PgListener> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen(CHANGES).await?;
+    Ok(listener)
+}
+
+/// The advisory lock one replica holds while it runs the reaper.
+const REAPER_LOCK: i64 = 0x6170_705f_7265_6170; // "app_reap"
+
+/// Whether this replica runs the reaper: it holds the reaper's advisory lock on a connection of
+/// its own. The lock goes with the connection, so a replica that dies (or loses its
+/// connection) hands it on: another takes it at its next try.
+pub struct Leadership {
+    pool: PgPool,
+    /// A connection of its own (never a pooled one, which another task could be handed).
+    conn: Option<PgConnection>,
+    leading: bool,
+}
+
+impl Leadership {
+    pub fn new(pool: PgPool) -> Leadership {
+        Leadership { pool, conn: None, leading: false }
+    }
+
+    /// Whether this replica leads now: keeps the lock while its connection answers, else tries
+    /// to take it (without waiting).
+    pub async fn lead(&mut self) -> bool {
+        if self.conn.is_none() {
+            self.conn = PgConnection::connect_with(&self.pool.connect_options()).await.ok();
+        }
+        let Some(conn) = self.conn.as_mut() else { return false };
+        let answer = match self.leading {
+            true => sqlx::query_scalar("SELECT true").fetch_one(&mut *conn).await,
+            false => {
+                sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(REAPER_LOCK).fetch_one(&mut *conn).await
+            }
+        };
+        match answer {
+            Ok(leading) => {
+                if leading && !self.leading {
+                    tracing::info!("this replica runs the reaper");
+                }
+                self.leading = leading;
+            }
+            Err(error) => {
+                if self.leading {
+                    tracing::warn!(%error, "lost the connection holding the reaper's lock; another replica may take it");
+                }
+                self.conn = None;
+                self.leading = false;
+            }
+        }
+        self.leading
     }
 }

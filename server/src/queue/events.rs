@@ -7,8 +7,8 @@
 
 use super::signals::JobSignals;
 use shared::api::JobId;
-use std::sync::Arc;
-use tokio::sync::{watch, Notify};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::{mpsc, watch, Notify};
 
 /// What a committed write changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,12 +34,29 @@ pub struct Events {
     jobs: Arc<JobSignals>,
     /// Told after every commit (the checkpointer waits here; one stored permit is enough).
     committed: Arc<Notify>,
+    /// Where this replica's changes go to reach the others (PostgreSQL; see `relay`).
+    relay: Arc<OnceLock<mpsc::UnboundedSender<Vec<Change>>>>,
 }
 
 impl Events {
-    /// Wakes whoever waits for what `changes` changed.
+    /// Wakes whoever waits for what `changes` changed, here and on the other replicas.
     pub fn emit(&self, changes: &[Change]) {
         self.committed.notify_one();
+        if let Some(relay) = self.relay.get() {
+            if !changes.is_empty() {
+                let _ = relay.send(changes.to_vec());
+            }
+        }
+        self.emit_local(changes);
+    }
+
+    /// Sends every change emitted from now on to the other replicas through `relay` too.
+    pub fn relay_to(&self, relay: mpsc::UnboundedSender<Vec<Change>>) {
+        let _ = self.relay.set(relay);
+    }
+
+    /// Wakes this replica's waiters for what `changes` changed (another replica's changes).
+    pub fn emit_local(&self, changes: &[Change]) {
         let mut page = false;
         let mut work = false;
         for change in changes {

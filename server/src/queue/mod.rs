@@ -19,6 +19,7 @@ pub mod logs;
 mod maintenance;
 pub mod meters;
 mod metrics;
+mod relay;
 mod reports;
 mod results;
 mod search;
@@ -112,6 +113,9 @@ impl Queue {
         shutting_down: watch::Receiver<bool>,
     ) -> (Arc<Queue>, Tasks) {
         let events = Events::default();
+        if let Some(pool) = db.postgres_pool() {
+            relay::start(pool.clone(), &events, shutting_down.clone());
+        }
         let (writer, writer_task) = writer::start(db.writer_pool(), events.clone());
         let (claims, tickets) = tokio::sync::mpsc::channel(1024);
         let layout = Layout::new(&config.data_dir);

@@ -504,3 +504,133 @@ async fn a_plain_claim_takes_its_slots_in_dispatch_order_and_two_at_once_never_t
             .unwrap();
     assert_eq!(running, [(1, 2), (2, 1), (3, 1)]);
 }
+
+/// Starts a server on `url` with `data_dir` and stops it once it serves; its start-up error
+/// otherwise.
+async fn start_and_stop(url: &str, data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = server::ServerConfig {
+        data_dir: data_dir.to_path_buf(),
+        database_url: Some(url.to_string()),
+        ..server::ServerConfig::default()
+    };
+    server::run(listener, config, async {}).await
+}
+
+#[tokio::test]
+async fn a_replica_whose_data_directory_is_not_the_shared_one_is_refused_naming_both() {
+    let pg = PgServer::start();
+    let (shared, own) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    start_and_stop(&pg.url, shared.path()).await.expect("the first server makes the database and marks its directory");
+    let refused = start_and_stop(&pg.url, own.path()).await.expect_err("a directory of its own is refused").to_string();
+    assert!(refused.contains(&own.path().display().to_string()), "{refused}");
+    assert!(refused.contains("is not the one the servers of PostgreSQL at 127.0.0.1"), "{refused}");
+    assert!(refused.contains(".app-instance"), "{refused}");
+    assert_eq!(std::fs::read_dir(own.path()).unwrap().count(), 0, "nothing was written into it");
+    start_and_stop(&pg.url, shared.path()).await.expect("the shared directory serves again");
+}
+
+/// A server replica on `url` serving `data_dir` on a loopback port, stopped when dropped.
+struct Replica {
+    client: client::Client,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Replica {
+    async fn start(url: &str, data_dir: &std::path::Path) -> Replica {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        let config = server::ServerConfig {
+            data_dir: data_dir.to_path_buf(),
+            database_url: Some(url.to_string()),
+            reaper_interval: std::time::Duration::from_millis(100),
+            ..server::ServerConfig::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server::run(listener, config, async move {
+            let _ = stopped.await;
+        }));
+        let client = client::Client::with_options(&address, &client::ClientOptions::default()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while client.health().await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "the replica never answered");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Replica { client, stop: Some(stop), task: Some(task) }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().map(|stop| stop.send(()));
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.stop.take().map(|stop| stop.send(()));
+    }
+}
+
+fn cpu(job_slots: u32) -> shared::placement::Capacity {
+    shared::placement::Capacity { job_slots, gpus: Vec::new(), ..shared::placement::Capacity::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waiting_on_one_replica_wakes_for_a_sweep_submitted_on_another() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let a = Replica::start(&pg.url, shared.path()).await;
+    let b = Replica::start(&pg.url, shared.path()).await;
+    let request = shared::api::RegisterRequest {
+        name: "w".into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: cpu(1),
+        holding: Vec::new(),
+    };
+    let worker = b.client.register(&request).await.unwrap().worker_id;
+    // Long enough that only a wake-up from the other replica can end it in time.
+    let claim = shared::api::ClaimRequest { capacity: cpu(1), wait_ms: 20_000, reserve: 0 };
+    let claiming = {
+        let client = b.client.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let jobs = client.claim(worker, &claim).await.unwrap().jobs;
+            (jobs, started.elapsed())
+        })
+    };
+    // The claim is parked on B before anything is submitted (it found nothing).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!claiming.is_finished(), "nothing to claim yet");
+    a.client.submit("name: across\ncommand: 'true'\n", &shared::api::SubmitQuery::default()).await.unwrap();
+    let (jobs, waited) =
+        tokio::time::timeout(std::time::Duration::from_secs(10), claiming).await.expect("woken").unwrap();
+    assert_eq!(jobs.len(), 1, "the job submitted on the other replica");
+    assert!(waited < std::time::Duration::from_secs(10), "woken, not timed out: {waited:?}");
+    // Either replica reads it as running on the worker.
+    let on_a = a.client.sweep("across").await.unwrap();
+    assert_eq!(on_a.info.counts.running, 1, "{on_a:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_goes() {
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    let mut first = postgres::Leadership::new(opened.pool.clone());
+    let mut second = postgres::Leadership::new(opened.pool.clone());
+    assert!(first.lead().await, "the first to try leads");
+    assert!(!second.lead().await, "one leader at a time");
+    assert!(first.lead().await, "and it keeps leading");
+    assert!(!second.lead().await);
+    drop(first); // its connection closes, as when its process dies
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !second.lead().await {
+        assert!(std::time::Instant::now() < deadline, "nobody took over");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

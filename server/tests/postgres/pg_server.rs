@@ -70,7 +70,8 @@ impl PgServer {
         server
     }
 
-    /// A new, empty database on this server; its URL.
+    /// A new, empty database on this server; its URL (for the API suite's binary).
+    #[allow(dead_code)]
     pub fn fresh_database(&self) -> String {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         let name = format!("test{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
