@@ -225,3 +225,25 @@ impl Leadership {
         self.leading
     }
 }
+
+/// Makes a new database `name` (letters, digits and `_`) on the server `url` points to (any of
+/// its databases); the new database's URL. For benchmarks and tests.
+pub async fn create_database(url: &str, name: &str) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+        "a database name of letters, digits and _, not {name:?}"
+    );
+    let options = options(url)?;
+    let mut conn = PgConnection::connect_with(&options)
+        .await
+        .with_context(|| format!("cannot connect to {}", describe(&options)))?;
+    sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(&mut conn).await?;
+    let _ = conn.close().await;
+    let (base, _) = url
+        .split('?')
+        .next()
+        .unwrap_or(url)
+        .rsplit_once('/')
+        .ok_or_else(|| anyhow::anyhow!("the URL names no database"))?;
+    Ok(format!("{base}/{name}"))
+}

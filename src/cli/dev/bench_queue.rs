@@ -40,7 +40,7 @@ pub struct BenchArgs {
 }
 
 /// A grid of `jobs` trivial runs (two axes, so the count is exact for multiples of 1000).
-fn grid_yaml(name: &str, jobs: u64) -> String {
+pub(super) fn grid_yaml(name: &str, jobs: u64) -> String {
     let outer = (jobs / 1000).max(1);
     let inner = jobs.min(1000);
     let axis = |n: u64| (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
@@ -52,7 +52,7 @@ fn grid_yaml(name: &str, jobs: u64) -> String {
 }
 
 /// Submits and returns (end-to-end ms, server-side ms from the Server-Timing header).
-async fn timed_submit(http: &reqwest::Client, url: &str, yaml: String) -> anyhow::Result<(f64, f64, u64)> {
+pub(super) async fn timed_submit(http: &reqwest::Client, url: &str, yaml: String) -> anyhow::Result<(f64, f64, u64)> {
     let started = Instant::now();
     let response = http.post(format!("{url}/api/sweeps")).body(yaml).send().await?.error_for_status()?;
     let server_ms = response
@@ -128,7 +128,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     summarise("fastest", &|sorted| sorted.first().copied().unwrap_or(f64::NAN));
     summarise("median", &|sorted| percentile(sorted, 0.5));
 
-    let cycles = claim_throughput(&client, args.workers, Duration::from_secs(args.seconds)).await?;
+    let cycles =
+        claim_throughput(std::slice::from_ref(&client), args.workers, Duration::from_secs(args.seconds)).await?;
     println!(
         "(c) claim+finish with {} workers over {} s: {cycles} cycles, {:.0} cycles/s",
         args.workers,
@@ -166,13 +167,25 @@ pub fn cpu_worker(name: String) -> RegisterRequest {
     }
 }
 
-async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> anyhow::Result<u64> {
+/// Claim+finish cycles of `workers` simulated workers in `duration`, worker `n` talking to
+/// `servers[n % servers.len()]` (replicas of one queue, or one server).
+pub(super) async fn claim_throughput(servers: &[Client], workers: u32, duration: Duration) -> anyhow::Result<u64> {
+    Ok(claim_throughput_retried(servers, workers, duration).await?.0)
+}
+
+/// [`claim_throughput`], and how many requests were answered "retry" and sent again.
+pub(super) async fn claim_throughput_retried(
+    servers: &[Client],
+    workers: u32,
+    duration: Duration,
+) -> anyhow::Result<(u64, u64)> {
     let cycles = Arc::new(AtomicU64::new(0));
+    let retried = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
     for number in 0..workers {
-        let client = client.clone();
-        let cycles = cycles.clone();
+        let client = servers[number as usize % servers.len()].clone();
+        let (cycles, retried) = (cycles.clone(), retried.clone());
         tasks.push(tokio::spawn(async move {
             let worker = client.register(&cpu_worker(format!("bench-{number}"))).await?;
             let client = client.with_session(&worker)?;
@@ -182,10 +195,23 @@ async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> 
                 reserve: 0,
             };
             // As a worker does: one claim to start, then each finish claims the next job.
-            let mut jobs = client.claim(worker.worker_id, &request).await?.jobs;
+            let claim = |client: &Client| {
+                let (client, request, retried) = (client.clone(), request.clone(), retried.clone());
+                async move {
+                    match client.claim(worker.worker_id, &request).await {
+                        Ok(answer) => anyhow::Ok(answer.jobs),
+                        Err(error) if error.is_retryable() => {
+                            retried.fetch_add(1, Ordering::Relaxed);
+                            Ok(Vec::new())
+                        }
+                        Err(error) => Err(error.into()),
+                    }
+                }
+            };
+            let mut jobs = claim(&client).await?;
             while Instant::now() < deadline {
                 let Some(job) = jobs.pop() else {
-                    jobs = client.claim(worker.worker_id, &request).await?.jobs;
+                    jobs = claim(&client).await?;
                     continue;
                 };
                 let finish = FinishRequest {
@@ -198,7 +224,19 @@ async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> 
                     notes: Vec::new(),
                     claim: Some(ClaimRequest { wait_ms: 0, ..request.clone() }),
                 };
-                jobs = client.finish(worker.worker_id, &finish).await?.jobs;
+                // As a worker does, a retryable answer (a write the database gave up, such as a
+                // PostgreSQL deadlock between replicas) is sent again.
+                let mut tries = 0;
+                jobs = loop {
+                    match client.finish(worker.worker_id, &finish).await {
+                        Ok(answer) => break answer.jobs,
+                        Err(error) if error.is_retryable() && tries < 20 => {
+                            tries += 1;
+                            retried.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
+                };
                 cycles.fetch_add(1, Ordering::Relaxed);
             }
             anyhow::Ok(())
@@ -207,7 +245,7 @@ async fn claim_throughput(client: &Client, workers: u32, duration: Duration) -> 
     for task in tasks {
         task.await??;
     }
-    Ok(cycles.load(Ordering::Relaxed))
+    Ok((cycles.load(Ordering::Relaxed), retried.load(Ordering::Relaxed)))
 }
 
 async fn dispatch_latency(client: &Client, samples: u32) -> anyhow::Result<Vec<f64>> {

@@ -7,6 +7,7 @@ mod bench_code;
 mod bench_load;
 mod bench_page;
 mod bench_queue;
+mod bench_replicas;
 mod bench_search;
 mod bench_server;
 mod bench_worker;
@@ -35,6 +36,9 @@ pub enum DevBench {
     Search(bench_search::BenchSearchArgs),
     /// Code shipping: pack and upload, unchanged re-submit, a worker's fetch and unpack (5,000 files, 50 MB).
     Code(bench_code::BenchCodeArgs),
+    /// SQLite against PostgreSQL with 1, 2 and 3 replicas: submission and claim+finish/s
+    /// (scripts/bench-replicas.sh starts the PostgreSQL server).
+    Replicas(bench_replicas::BenchReplicasArgs),
 }
 
 pub async fn run(command: DevCommand) -> anyhow::Result<()> {
@@ -45,5 +49,6 @@ pub async fn run(command: DevCommand) -> anyhow::Result<()> {
         DevCommand::Bench(DevBench::Load(args)) => bench_load::run(args).await,
         DevCommand::Bench(DevBench::Search(args)) => bench_search::run(args).await,
         DevCommand::Bench(DevBench::Code(args)) => bench_code::run(args).await,
+        DevCommand::Bench(DevBench::Replicas(args)) => bench_replicas::run(args).await,
     }
 }
