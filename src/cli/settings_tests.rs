@@ -217,3 +217,18 @@ fn the_example_config_files_are_read_as_they_are_shipped() {
     assert_eq!(worker.code_cache_bytes, 5 << 30);
     settings(Mode::ServerOnly, read("server.example.toml"), Layer::default(), Layer::default());
 }
+
+#[test]
+fn the_database_url_comes_from_the_flag_the_environment_or_the_file_in_that_order() {
+    let with_file = "[server]\ndatabase_url = \"postgres://app@file:5432/app\"\n";
+    assert_eq!(settings(Mode::ServerOnly, file(BOTH), Layer::default(), Layer::default()).server.database_url, None);
+    let only_file = settings(Mode::ServerOnly, file(with_file), Layer::default(), Layer::default());
+    assert_eq!(only_file.server.database_url.as_deref(), Some("postgres://app@file:5432/app"));
+    let environment = env(&[("APP_DATABASE_URL", "postgres://app@env:5432/app")]);
+    let with_env = settings(Mode::ServerOnly, file(with_file), environment, Layer::default());
+    assert_eq!(with_env.server.database_url.as_deref(), Some("postgres://app@env:5432/app"));
+    let environment = env(&[("APP_DATABASE_URL", "postgres://app@env:5432/app")]);
+    let given = flags(&["--database-url", "postgres://app@flag:5432/app"]);
+    let with_flag = settings(Mode::ServerOnly, file(with_file), environment, given);
+    assert_eq!(with_flag.server.database_url.as_deref(), Some("postgres://app@flag:5432/app"));
+}
