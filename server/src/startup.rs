@@ -39,7 +39,7 @@ pub async fn run(
         }
     };
     crate::storage::Layout::new(&config.data_dir)
-        .prepare()
+        .prepare(db.engine() == crate::db::backend::Engine::Postgres)
         .await
         .with_context(|| format!("preparing the results directory in {}", config.data_dir.display()))?;
     let logs = crate::queue::LogStore::new(&config.data_dir);

@@ -96,14 +96,27 @@ impl Layout {
     }
 
     /// Creates the staging area and empties `.incoming`: at start-up no upload is in flight,
-    /// so anything there is left over from a crash.
-    pub async fn prepare(&self) -> io::Result<()> {
+    /// so anything there is left over from a crash. A directory replicas share (`shared`) may
+    /// hold the other replicas' uploads in flight: only files untouched for an hour go.
+    pub async fn prepare(&self, shared: bool) -> io::Result<()> {
         let incoming = self.incoming();
-        match tokio::fs::remove_dir_all(&incoming).await {
-            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
-            _ => {}
+        if !shared {
+            match tokio::fs::remove_dir_all(&incoming).await {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+                _ => {}
+            }
+            return tokio::fs::create_dir_all(&incoming).await;
         }
-        tokio::fs::create_dir_all(&incoming).await
+        tokio::fs::create_dir_all(&incoming).await?;
+        let stale = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let mut entries = tokio::fs::read_dir(&incoming).await?;
+        while let Some(entry) = entries.next_entry().await? {
+            let modified = entry.metadata().await.and_then(|meta| meta.modified());
+            if modified.is_ok_and(|at| at < stale) {
+                let _ = tokio::fs::remove_file(entry.path()).await;
+            }
+        }
+        Ok(())
     }
 
     /// The attempts that have a staging directory.
@@ -146,6 +159,18 @@ pub struct Received {
 
 static UPLOADS: AtomicU64 = AtomicU64::new(0);
 
+/// This process's part of upload file names: its PID, its start time and a random number.
+fn process_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+        random.write_u128(started.as_nanos());
+        format!("{}-{:x}-{:016x}", std::process::id(), started.as_millis(), random.finish())
+    })
+}
+
 /// Streams `body` into a new file in `incoming`, hashing it on the way; at most `limit` bytes.
 /// On any failure the partial file is removed.
 pub async fn receive<S, B, E>(incoming: &Path, body: S, limit: u64) -> Result<Received, ReceiveError>
@@ -155,8 +180,10 @@ where
     E: std::fmt::Display,
 {
     tokio::fs::create_dir_all(incoming).await?;
-    let temp = incoming.join(format!("{}-{}.part", std::process::id(), UPLOADS.fetch_add(1, Ordering::Relaxed)));
-    let file = tokio::fs::File::create(&temp).await?;
+    // Unique across the replicas sharing the directory too (in containers they are all PID 1),
+    // and made new: a name taken is an error, never another upload's file truncated.
+    let temp = incoming.join(format!("{}-{}.part", process_token(), UPLOADS.fetch_add(1, Ordering::Relaxed)));
+    let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&temp).await?;
     let outcome = write_hashed(body, file, limit).await;
     if outcome.is_err() {
         let _ = tokio::fs::remove_file(&temp).await;

@@ -86,7 +86,7 @@ impl AttemptDirs {
         }
         for file in [&self.config, &self.metrics, &self.log] {
             if std::fs::symlink_metadata(file).is_ok() {
-                reuse_file(file, b"", false)?;
+                reuse_file(file, b"", false, file == &self.metrics)?;
             }
         }
         Ok(())
@@ -114,12 +114,12 @@ impl AttemptDirs {
             }
             remove_if_there(&dirs.setup_done)?;
             remove_if_there(&dirs.wandb_params)?;
-            reuse_file(&dirs.config, config.as_bytes(), false)?;
+            reuse_file(&dirs.config, config.as_bytes(), false, false)?;
             if let Some(wandb) = wandb {
                 std::fs::write(&dirs.wandb_params, wandb)?;
             }
-            reuse_file(&dirs.metrics, b"", false)?;
-            reuse_file(&dirs.log, b"", true)
+            reuse_file(&dirs.metrics, b"", false, true)?;
+            reuse_file(&dirs.log, b"", true, false)
         };
         // A slot emptied by its last attempt (the usual case) needs a handful of small calls:
         // done in place, without waking a blocking thread and waiting for it.
@@ -154,23 +154,37 @@ fn remove_if_there(file: &Path) -> std::io::Result<()> {
 /// Whatever a job left at the path that is not a plain file of its own (a symlink, a
 /// directory, a file with a second name elsewhere) is removed and a new file made: nothing is
 /// written through a job's symlink or into a copy it kept by hard link.
-fn reuse_file(file: &Path, contents: &[u8], append: bool) -> std::io::Result<std::fs::File> {
+fn reuse_file(file: &Path, contents: &[u8], append: bool, fresh_if_written: bool) -> std::io::Result<std::fs::File> {
     use std::io::Write;
     use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-    let open = || {
+    let open = |new: bool| {
         let mut options = std::fs::OpenOptions::new();
         if append {
             options.append(true);
         } else {
             options.write(true);
         }
-        options.create(true).custom_flags(nix::libc::O_NOFOLLOW).open(file)
+        if new {
+            options.create_new(true);
+        } else {
+            options.create(true);
+        }
+        // O_NONBLOCK: a FIFO a job left there fails to open at once (ENXIO) and is replaced,
+        // where a plain open would wait for a reader forever (regular files ignore the flag).
+        options.custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY).open(file)
     };
-    let reused = open().and_then(|handle| match handle.metadata() {
+    let reused = open(false).and_then(|handle| match handle.metadata() {
         // A second name (a hard link a job made to keep its config) keeps what it holds.
         Ok(metadata) if metadata.is_file() && metadata.nlink() == 1 => Ok((handle, metadata.len())),
         Ok(_) => Err(std::io::Error::other("not a plain file of its own")),
         Err(error) => Err(error),
+    });
+    // A file the last attempt wrote may still be open in a process that left the job's group
+    // and outlived it (the metrics file of a daemonized logger): it gets a new inode, so such
+    // a stray writes into the old one, never into the next attempt's.
+    let reused = reused.and_then(|(handle, length)| match fresh_if_written && length > 0 {
+        true => Err(std::io::Error::other("written by the last attempt")),
+        false => Ok((handle, length)),
     });
     let (handle, length) = match reused {
         Ok(reused) => reused,
@@ -179,7 +193,7 @@ fn reuse_file(file: &Path, contents: &[u8], append: bool) -> std::io::Result<std
                 Ok(metadata) if metadata.is_dir() => std::fs::remove_dir_all(file)?,
                 _ => remove_if_there(file)?,
             }
-            (open()?, 0)
+            (open(true)?, 0)
         }
     };
     if append {
@@ -612,7 +626,7 @@ mod tests {
             [&dirs.config, &dirs.metrics, &dirs.log].map(|file| std::fs::metadata(file).unwrap().ino())
         };
         let before = inodes(&dirs);
-        std::fs::write(&dirs.metrics, b"{\"loss\": 1}\n").unwrap();
+        std::fs::write(&dirs.log, b"output\n").unwrap();
         dirs.clear().unwrap();
         for file in [&dirs.config, &dirs.metrics, &dirs.log] {
             assert_eq!(std::fs::metadata(file).unwrap().len(), 0, "{} is emptied", file.display());
@@ -662,6 +676,42 @@ mod tests {
         drop(dirs.prepare(&job).await.unwrap());
         assert_eq!(std::fs::read_to_string(&kept).unwrap(), "new\n");
         assert_eq!(std::fs::read_to_string(&dirs.log).unwrap(), "");
+        // A FIFO in a file's place (opening it for writing would wait for a reader forever)
+        // is replaced at once.
+        std::fs::remove_file(&dirs.metrics).unwrap();
+        nix::unistd::mkfifo(&dirs.metrics, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let cleared = tokio::task::spawn_blocking({
+            let dirs = dirs.clone();
+            move || dirs.clear()
+        });
+        tokio::time::timeout(Duration::from_secs(10), cleared).await.expect("not stuck on the FIFO").unwrap().unwrap();
+        assert!(std::fs::symlink_metadata(&dirs.metrics).unwrap().is_file());
+    }
+
+    #[tokio::test]
+    async fn a_metrics_file_the_last_attempt_wrote_is_made_new_so_a_stray_writer_cannot_reach_the_next() {
+        use std::os::unix::fs::MetadataExt;
+        let job: ClaimedJob = serde_json::from_value(serde_json::json!({
+            "id": 1, "attempt": 1, "sweep_id": 1, "sweep": "s", "form": "native", "index": 0,
+            "params": {"lr": 0.1}, "command": "true", "config": null, "resources": {},
+            "timeout_secs": null, "placement": {"gpus": []}, "lease_expires_at": 0
+        }))
+        .unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let dirs = AttemptDirs::for_slot(work.path(), 0);
+        drop(dirs.prepare(&job).await.unwrap());
+        let unwritten = std::fs::metadata(&dirs.metrics).unwrap().ino();
+        dirs.clear().unwrap();
+        drop(dirs.prepare(&job).await.unwrap());
+        assert_eq!(std::fs::metadata(&dirs.metrics).unwrap().ino(), unwritten, "an unwritten one is kept");
+        // A process that outlived the job still holds the file open.
+        let mut stray = std::fs::OpenOptions::new().append(true).open(&dirs.metrics).unwrap();
+        std::io::Write::write_all(&mut stray, b"{\"loss\": 1}\n").unwrap();
+        dirs.clear().unwrap();
+        drop(dirs.prepare(&job).await.unwrap());
+        std::io::Write::write_all(&mut stray, b"{\"loss\": 2}\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&dirs.metrics).unwrap(), "", "the next attempt's file is its own");
+        assert_ne!(std::fs::metadata(&dirs.metrics).unwrap().ino(), unwritten);
     }
 
     #[tokio::test]

@@ -142,25 +142,6 @@ fn without_url(message: &str, url: &str) -> String {
     message.replace(url, "<the URL>")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_checked_for_their_scheme_and_never_echoed_with_their_password() {
-        let wrong = options("mysql://root:hunter2@db/app").unwrap_err().to_string();
-        assert!(wrong.contains("postgres://") && wrong.contains("not mysql://"), "{wrong}");
-        assert!(!wrong.contains("hunter2"), "{wrong}");
-        let bare = options("db.example.org/app").unwrap_err().to_string();
-        assert!(bare.contains("without a scheme"), "{bare}");
-        let malformed = options("postgres://app:hunter2@db:notaport/app").unwrap_err().to_string();
-        assert!(malformed.contains("not a valid PostgreSQL URL") && !malformed.contains("hunter2"), "{malformed}");
-        let good = options("postgresql://app:hunter2@db.example.org:6543/queue").unwrap();
-        let described = describe(&good);
-        assert_eq!(described, "PostgreSQL at db.example.org:6543 (database queue, user app)");
-    }
-}
-
 /// The channel replicas announce their committed changes on.
 pub const CHANGES: &str = "app_changes";
 
@@ -246,4 +227,23 @@ pub async fn create_database(url: &str, name: &str) -> anyhow::Result<String> {
         .rsplit_once('/')
         .ok_or_else(|| anyhow::anyhow!("the URL names no database"))?;
     Ok(format!("{base}/{name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_for_their_scheme_and_never_echoed_with_their_password() {
+        let wrong = options("mysql://root:hunter2@db/app").unwrap_err().to_string();
+        assert!(wrong.contains("postgres://") && wrong.contains("not mysql://"), "{wrong}");
+        assert!(!wrong.contains("hunter2"), "{wrong}");
+        let bare = options("db.example.org/app").unwrap_err().to_string();
+        assert!(bare.contains("without a scheme"), "{bare}");
+        let malformed = options("postgres://app:hunter2@db:notaport/app").unwrap_err().to_string();
+        assert!(malformed.contains("not a valid PostgreSQL URL") && !malformed.contains("hunter2"), "{malformed}");
+        let good = options("postgresql://app:hunter2@db.example.org:6543/queue").unwrap();
+        let described = describe(&good);
+        assert_eq!(described, "PostgreSQL at db.example.org:6543 (database queue, user app)");
+    }
 }

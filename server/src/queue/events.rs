@@ -7,6 +7,7 @@
 
 use super::signals::JobSignals;
 use shared::api::JobId;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -36,6 +37,8 @@ pub struct Events {
     committed: Arc<Notify>,
     /// Where this replica's changes go to reach the others (PostgreSQL; see `relay`).
     relay: Arc<OnceLock<mpsc::UnboundedSender<Vec<Change>>>>,
+    /// Counts the emits that made jobs claimable, this replica's and the others'.
+    claimable: Arc<AtomicU64>,
 }
 
 impl Events {
@@ -74,11 +77,17 @@ impl Events {
             }
         }
         if work {
+            self.claimable.fetch_add(1, Ordering::SeqCst);
             self.work.notify_waiters();
         }
         if page {
             self.page.send_modify(|seq| *seq += 1);
         }
+    }
+
+    /// How many emits made jobs claimable so far (here or on another replica).
+    pub fn claimable_counter(&self) -> Arc<AtomicU64> {
+        self.claimable.clone()
     }
 
     /// The page's change counter.

@@ -113,6 +113,10 @@ impl Queue {
         shutting_down: watch::Receiver<bool>,
     ) -> (Arc<Queue>, Tasks) {
         let events = Events::default();
+        let search = Arc::new(match db.postgres_pool().is_some() {
+            true => search::Controller::replicated(events.claimable_counter()),
+            false => search::Controller::default(),
+        });
         if let Some(pool) = db.postgres_pool() {
             relay::start(pool.clone(), &events, shutting_down.clone());
         }
@@ -136,7 +140,7 @@ impl Queue {
             sessions: sessions::Sessions::default(),
             draining: Mutex::default(),
             meters: meters::Meters::default(),
-            search: Arc::default(),
+            search,
         });
         let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
         (queue, Tasks { writer: writer_task, dispatcher })

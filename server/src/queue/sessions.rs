@@ -75,7 +75,13 @@ impl Queue {
                 self.instance
             )));
         }
-        let expected = match self.sessions.cached(worker) {
+        // Replicas do not see each other's registrations: on a shared database the stored
+        // session is read every time, so a secret a registration elsewhere replaced is refused.
+        let cached = match self.db().engine() {
+            crate::db::backend::Engine::Sqlite => self.sessions.cached(worker),
+            crate::db::backend::Engine::Postgres => None,
+        };
+        let expected = match cached {
             Some(known) => known,
             None => {
                 let stored =

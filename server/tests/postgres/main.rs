@@ -634,3 +634,37 @@ async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_goes() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_sweep_submitted_on_one_replica_gets_runs_claimed_on_another() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let a = Replica::start(&pg.url, shared.path()).await;
+    let b = Replica::start(&pg.url, shared.path()).await;
+    let request = shared::api::RegisterRequest {
+        name: "w".into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: cpu(2),
+        holding: Vec::new(),
+    };
+    let worker = b.client.register(&request).await.unwrap().worker_id;
+    let claim = shared::api::ClaimRequest { capacity: cpu(2), wait_ms: 0, reserve: 0 };
+    // B looks once and finds no adaptive sweep open (the hint B keeps goes off).
+    assert!(b.client.claim(worker, &claim).await.unwrap().jobs.is_empty());
+    let yaml = "name: adaptive\nmethod: random\nparameters: {x: {values: [1, 2, 3]}}\ncommand: 'true'\n";
+    a.client.submit(yaml, &shared::api::SubmitQuery::default()).await.unwrap();
+    // Its change reaches B by notification: B's next claims propose runs.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let jobs = loop {
+        let jobs = b.client.claim(worker, &claim).await.unwrap().jobs;
+        if !jobs.is_empty() {
+            break jobs;
+        }
+        assert!(std::time::Instant::now() < deadline, "replica B never proposed a run of the sweep submitted on A");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(jobs.iter().all(|job| job.sweep == "adaptive"), "{jobs:?}");
+    a.stop().await;
+    b.stop().await;
+}

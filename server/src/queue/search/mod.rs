@@ -35,12 +35,42 @@ pub struct Controller {
     sweeps: Mutex<HashMap<SweepId, Option<Arc<Sweep>>>>,
     /// False once a claim batch found no open adaptive sweep; set by every such submission.
     maybe_open: AtomicBool,
+    /// Replicas share the database, and another replica's submission cannot set this one's
+    /// hint: with them, any change that made jobs claimable (here or there, counted by
+    /// `Events`) since the hint was cleared counts as a maybe.
+    replicated: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// That count when the hint was cleared.
+    cleared_at: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Controller {
     fn default() -> Self {
         // Open until a batch has looked: a restarted server may have open sweeps.
-        Controller { sweeps: Mutex::default(), maybe_open: AtomicBool::new(true) }
+        Controller {
+            sweeps: Mutex::default(),
+            maybe_open: AtomicBool::new(true),
+            replicated: None,
+            cleared_at: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl Controller {
+    /// For a server that shares its database with other replicas; `claimable` counts the
+    /// changes that made jobs claimable (`Events::claimable_counter`).
+    pub(in crate::queue) fn replicated(claimable: Arc<std::sync::atomic::AtomicU64>) -> Controller {
+        Controller { replicated: Some(claimable), ..Controller::default() }
+    }
+
+    /// The count to clear the hint at, read before looking for open sweeps.
+    pub(in crate::queue) fn generation(&self) -> u64 {
+        self.replicated.as_ref().map_or(0, |count| count.load(Ordering::SeqCst))
+    }
+
+    /// Clears the hint as of `generation` (see [`Controller::generation`]).
+    pub(in crate::queue) fn clear_hint(&self, generation: u64) {
+        self.cleared_at.store(generation, Ordering::SeqCst);
+        self.maybe_open.store(false, Ordering::SeqCst);
     }
 }
 
@@ -54,6 +84,10 @@ impl Controller {
     /// Whether an adaptive sweep may still want runs made for a claim (`top_up` would look).
     pub(in crate::queue) fn may_be_open(&self) -> bool {
         self.maybe_open.load(Ordering::SeqCst)
+            || self
+                .replicated
+                .as_ref()
+                .is_some_and(|count| count.load(Ordering::SeqCst) != self.cleared_at.load(Ordering::SeqCst))
     }
 
     /// Called in the submission's write unit: sets up the controller of a sweep that needs one.

@@ -16,18 +16,19 @@ use shared::api::WorkerId;
 use shared::placement::{place, Capacity};
 use shared::search::{propose, Search, Trial};
 use shared::sweep::{Goal, JobSpec, Resources, Sweep};
-use std::sync::atomic::Ordering;
 
 impl Controller {
     /// Tops up every open adaptive sweep for the claims of `requests` (in the batch's unit).
     pub(in crate::queue) async fn top_up(&self, tx: &mut Tx, requests: &[(WorkerId, Capacity)]) -> ApiResult<()> {
-        if !self.maybe_open.load(Ordering::SeqCst) || requests.iter().all(|(_, capacity)| capacity.job_slots == 0) {
+        if !self.may_be_open() || requests.iter().all(|(_, capacity)| capacity.job_slots == 0) {
             return Ok(());
         }
+        let generation = self.generation();
         let open = db::search::open_searches(tx.conn().await?).await?;
         if open.is_empty() {
-            // A submission after this unit commits sets the hint again.
-            self.maybe_open.store(false, Ordering::SeqCst);
+            // A submission after this unit commits sets the hint again (on another replica:
+            // its change, relayed here, does).
+            self.clear_hint(generation);
             return Ok(());
         }
         for search in open {
