@@ -122,22 +122,7 @@ pub async fn gpu_readings(
         .bind(serde_json::to_string(gpus)?)
         .fetch_all(pool)
         .await?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                Ok::<_, sqlx::Error>(GpuSample {
-                    index: row.u32_at("gpu_index")?,
-                    uuid: row.get_as("uuid")?,
-                    name: row.get_as("name")?,
-                    memory_total: row.get_as::<i64>("memory_total")? as u64,
-                    memory_used: row.get_as::<i64>("memory_used")? as u64,
-                    utilization: row.opt_u32_at("utilization")?,
-                    temperature: row.opt_u32_at("temperature")?,
-                    power_watts: row.get_as("power_watts")?,
-                    at: row.get_as("at")?,
-                })
-            })
-            .collect::<Result<_, _>>()?)
+        Ok(rows.iter().map(super::telemetry::sample_of).collect::<Result<_, _>>()?)
     })
 }
 

@@ -55,17 +55,7 @@ pub async fn latest_gpus(pool: impl Into<PoolRef<'_>>, since: i64) -> sqlx::Resu
         .await?;
         rows.iter()
             .map(|row| {
-                let sample = GpuSample {
-                    index: row.u32_at("gpu_index")?,
-                    uuid: row.get_as("uuid")?,
-                    name: row.get_as("name")?,
-                    memory_total: row.get_as::<i64>("memory_total")? as u64,
-                    memory_used: row.get_as::<i64>("memory_used")? as u64,
-                    utilization: row.opt_u32_at("utilization")?,
-                    temperature: row.opt_u32_at("temperature")?,
-                    power_watts: row.get_as("power_watts")?,
-                    at: row.get_as("at")?,
-                };
+                let sample = super::telemetry::sample_of(row)?;
                 Ok((row.get_as("worker")?, sample))
             })
             .collect()

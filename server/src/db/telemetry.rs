@@ -44,21 +44,7 @@ pub async fn list(pool: impl Into<PoolRef<'_>>, worker: WorkerId, since: i64) ->
             .bind(since)
             .fetch_all(pool)
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(GpuSample {
-                    index: row.u32_at("gpu_index")?,
-                    uuid: row.get_as("uuid")?,
-                    name: row.get_as("name")?,
-                    memory_total: row.get_as::<i64>("memory_total")? as u64,
-                    memory_used: row.get_as::<i64>("memory_used")? as u64,
-                    utilization: row.opt_u32_at("utilization")?,
-                    temperature: row.opt_u32_at("temperature")?,
-                    power_watts: row.get_as("power_watts")?,
-                    at: row.get_as("at")?,
-                })
-            })
-            .collect()
+        rows.iter().map(sample_of).collect()
     })
 }
 
@@ -77,5 +63,20 @@ pub async fn prune(conn: impl Into<Conn<'_>>, before: i64, limit: u32) -> sqlx::
     .execute(&mut *conn)
     .await?;
         Ok(done.rows_affected())
+    })
+}
+
+/// A `gpu_telemetry` row as a sample.
+pub fn sample_of(row: &impl DbRow) -> sqlx::Result<GpuSample> {
+    Ok(GpuSample {
+        index: row.u32_at("gpu_index")?,
+        uuid: row.get_as("uuid")?,
+        name: row.get_as("name")?,
+        memory_total: row.get_as::<i64>("memory_total")? as u64,
+        memory_used: row.get_as::<i64>("memory_used")? as u64,
+        utilization: row.opt_u32_at("utilization")?,
+        temperature: row.opt_u32_at("temperature")?,
+        power_watts: row.get_as("power_watts")?,
+        at: row.get_as("at")?,
     })
 }
