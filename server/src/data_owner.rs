@@ -87,7 +87,10 @@ pub fn check_shared(data_dir: &Path, database: &str, instance: &str, created: bo
         Ok(_) => check(data_dir, database, instance, false),
         Err(error) if error.kind() == io::ErrorKind::NotFound && created => check(data_dir, database, instance, true),
         Err(error) if error.kind() == io::ErrorKind::NotFound => anyhow::bail!(
-            "the data directory {dir} is not the one the servers of {database} (instance {instance}) share: it has              no {MARKER} marker, which the server that made the database wrote into the shared directory. Give every              server the same --data-dir (a shared file system), or, if this is that directory and its marker was              lost, write the instance id into {marker}",
+            "the data directory {dir} is not the one the servers of {database} (instance {instance}) share: it has \
+             no {MARKER} marker, which the server that made the database wrote into the shared directory. Give every \
+             server the same --data-dir (a shared file system), or, if this is that directory and its marker was \
+             lost, write the instance id into {marker}",
             dir = data_dir.display(),
             marker = marker.display()
         ),
