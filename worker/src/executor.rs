@@ -593,14 +593,19 @@ async fn write_log(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_slot_is_made_fresh_for_each_attempt_whatever_the_last_one_left() {
-        let job: ClaimedJob = serde_json::from_value(serde_json::json!({
+    /// A claimed job with one parameter, as the server hands it out.
+    fn claimed() -> ClaimedJob {
+        serde_json::from_value(serde_json::json!({
             "id": 1, "attempt": 1, "sweep_id": 1, "sweep": "s", "form": "native", "index": 0,
             "params": {"lr": 0.1}, "command": "true", "config": null, "resources": {},
             "timeout_secs": null, "placement": {"gpus": []}, "lease_expires_at": 0
         }))
-        .unwrap();
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_made_fresh_for_each_attempt_whatever_the_last_one_left() {
+        let job = claimed();
         let work = tempfile::tempdir().unwrap();
         let dirs = AttemptDirs::for_slot(work.path(), 0);
         // A new slot (nothing there yet: prepared on a blocking thread), one an earlier attempt
@@ -639,12 +644,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_s_symlink_directory_or_hard_link_in_place_of_a_slot_file_is_replaced_never_written_through() {
-        let job: ClaimedJob = serde_json::from_value(serde_json::json!({
-            "id": 1, "attempt": 1, "sweep_id": 1, "sweep": "s", "form": "native", "index": 0,
-            "params": {"lr": 0.1}, "command": "true", "config": null, "resources": {},
-            "timeout_secs": null, "placement": {"gpus": []}, "lease_expires_at": 0
-        }))
-        .unwrap();
+        let job = claimed();
         let work = tempfile::tempdir().unwrap();
         let outside = work.path().join("precious.txt");
         std::fs::write(&outside, "keep me, I am long enough to be cut").unwrap();
@@ -691,12 +691,7 @@ mod tests {
     #[tokio::test]
     async fn a_metrics_file_the_last_attempt_wrote_is_made_new_so_a_stray_writer_cannot_reach_the_next() {
         use std::os::unix::fs::MetadataExt;
-        let job: ClaimedJob = serde_json::from_value(serde_json::json!({
-            "id": 1, "attempt": 1, "sweep_id": 1, "sweep": "s", "form": "native", "index": 0,
-            "params": {"lr": 0.1}, "command": "true", "config": null, "resources": {},
-            "timeout_secs": null, "placement": {"gpus": []}, "lease_expires_at": 0
-        }))
-        .unwrap();
+        let job = claimed();
         let work = tempfile::tempdir().unwrap();
         let dirs = AttemptDirs::for_slot(work.path(), 0);
         drop(dirs.prepare(&job).await.unwrap());

@@ -574,6 +574,18 @@ impl Drop for Replica {
     }
 }
 
+/// Registers worker `w` with `job_slots` CPU slots; its id.
+async fn register(client: &client::Client, job_slots: u32) -> shared::api::WorkerId {
+    let request = shared::api::RegisterRequest {
+        name: "w".into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: cpu(job_slots),
+        holding: Vec::new(),
+    };
+    client.register(&request).await.unwrap().worker_id
+}
+
 fn cpu(job_slots: u32) -> shared::placement::Capacity {
     shared::placement::Capacity { job_slots, gpus: Vec::new(), ..shared::placement::Capacity::default() }
 }
@@ -584,14 +596,7 @@ async fn a_claim_waiting_on_one_replica_wakes_for_a_sweep_submitted_on_another()
     let shared = tempfile::tempdir().unwrap();
     let a = Replica::start(&pg.url, shared.path()).await;
     let b = Replica::start(&pg.url, shared.path()).await;
-    let request = shared::api::RegisterRequest {
-        name: "w".into(),
-        protocol: shared::PROTOCOL_VERSION,
-        key: None,
-        capacity: cpu(1),
-        holding: Vec::new(),
-    };
-    let worker = b.client.register(&request).await.unwrap().worker_id;
+    let worker = register(&b.client, 1).await;
     // Long enough that only a wake-up from the other replica can end it in time.
     let claim = shared::api::ClaimRequest { capacity: cpu(1), wait_ms: 20_000, reserve: 0 };
     let claiming = {
@@ -641,14 +646,7 @@ async fn an_adaptive_sweep_submitted_on_one_replica_gets_runs_claimed_on_another
     let shared = tempfile::tempdir().unwrap();
     let a = Replica::start(&pg.url, shared.path()).await;
     let b = Replica::start(&pg.url, shared.path()).await;
-    let request = shared::api::RegisterRequest {
-        name: "w".into(),
-        protocol: shared::PROTOCOL_VERSION,
-        key: None,
-        capacity: cpu(2),
-        holding: Vec::new(),
-    };
-    let worker = b.client.register(&request).await.unwrap().worker_id;
+    let worker = register(&b.client, 2).await;
     let claim = shared::api::ClaimRequest { capacity: cpu(2), wait_ms: 0, reserve: 0 };
     // B looks once and finds no adaptive sweep open (the hint B keeps goes off).
     assert!(b.client.claim(worker, &claim).await.unwrap().jobs.is_empty());
