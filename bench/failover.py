@@ -13,29 +13,14 @@ scripts/bench-replicas.sh.
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.request
 
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def http(url, method="GET", body=None, content_type="application/json"):
-    request = urllib.request.Request(url, data=body, method=method)
-    if body is not None:
-        request.add_header("content-type", content_type)
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+from peers import free_port, http
 
 
 def wait(what, check, timeout=30):
@@ -142,6 +127,8 @@ def main():
             except subprocess.TimeoutExpired:
                 process.kill()
         shutil.rmtree(scratch, ignore_errors=True)
+        for leftover in glob.glob(f"{scratch}-work-*") + glob.glob(f"{tempfile.gettempdir()}/failover-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -163,12 +163,20 @@ static UPLOADS: AtomicU64 = AtomicU64::new(0);
 fn process_token() -> &'static str {
     static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TOKEN.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
         let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let mut random = std::collections::hash_map::RandomState::new().build_hasher();
-        random.write_u128(started.as_nanos());
-        format!("{}-{:x}-{:016x}", std::process::id(), started.as_millis(), random.finish())
+        format!("{}-{:x}-{:016x}", std::process::id(), started.as_millis(), random_u64())
     })
+}
+
+/// A number unlikely to repeat across processes and calls (std's randomly keyed hasher, over
+/// the clock): for names, never for secrets.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.finish()
 }
 
 /// Streams `body` into a new file in `incoming`, hashing it on the way; at most `limit` bytes.

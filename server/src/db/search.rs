@@ -117,6 +117,22 @@ pub struct TrialRow {
     pub stopped: bool,
 }
 
+/// The columns and rows of [`trials`] after `SELECT j.status, j.params, `: both backends'.
+macro_rules! trial_columns {
+    () => {
+        concat!(
+            finite!("s.min_value"),
+            " AS min, ",
+            finite!("s.max_value"),
+            " AS max, e.job_id IS NOT NULL AS stopped
+               FROM jobs j
+               LEFT JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = $1
+               LEFT JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
+               WHERE j.sweep_id = $2"
+        )
+    };
+}
+
 /// Every run of the sweep in index order, with its best values of `metric`.
 pub async fn trials(conn: impl Into<Conn<'_>>, sweep_id: SweepId, metric: &str) -> anyhow::Result<Vec<TrialRow>> {
     let mut conn = conn.into();
@@ -126,27 +142,15 @@ pub async fn trials(conn: impl Into<Conn<'_>>, sweep_id: SweepId, metric: &str) 
                 "SELECT json_group_array(json_object('status', status, 'params', json(params), 'min', min, 'max', max,
                                              'stopped', json(CASE WHEN stopped THEN 'true' ELSE 'false' END)))
          FROM (SELECT j.status, j.params, ",
-                finite!("s.min_value"),
-                " AS min, ",
-                finite!("s.max_value"),
-                " AS max, e.job_id IS NOT NULL AS stopped
-               FROM jobs j
-               LEFT JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = $1
-               LEFT JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
-               WHERE j.sweep_id = $2 ORDER BY j.idx)"
+                trial_columns!(),
+                " ORDER BY j.idx)"
             ),
             concat!(
                 "SELECT json_agg(json_build_object('status', status, 'params', params::json, 'min', min, 'max', max,
                                                 'stopped', stopped) ORDER BY idx)::text
          FROM (SELECT j.idx, j.status, j.params, ",
-                finite!("s.min_value"),
-                " AS min, ",
-                finite!("s.max_value"),
-                " AS max, e.job_id IS NOT NULL AS stopped
-               FROM jobs j
-               LEFT JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = $1
-               LEFT JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
-               WHERE j.sweep_id = $2) AS t"
+                trial_columns!(),
+                ") AS t"
             ),
         ))
         .bind(metric)

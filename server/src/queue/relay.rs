@@ -72,21 +72,12 @@ pub fn decode(own: &str, payload: &str) -> Option<Vec<Change>> {
 /// Starts the relay of `events` through `pool`: sends what this replica commits, hands on
 /// what the others do; both end when the server shuts down.
 pub fn start(pool: sqlx::PgPool, events: &Events, shutting_down: watch::Receiver<bool>) {
-    let origin = uuid_like();
+    // Per server, not per process: replicas may share one (the tests and benches do).
+    let origin = format!("{:016x}", crate::storage::random_u64());
     let (outgoing, receiver) = mpsc::unbounded_channel();
     events.relay_to(outgoing);
     tokio::spawn(send(pool.clone(), origin.clone(), receiver, shutting_down.clone()));
     tokio::spawn(receive(pool, origin, events.clone(), shutting_down));
-}
-
-/// A name for this replica's notifications, unique enough among replicas.
-fn uuid_like() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher
-        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    format!("{:016x}", hasher.finish())
 }
 
 async fn send(

@@ -17,13 +17,37 @@ pub struct PgServer {
     _dir: tempfile::TempDir,
 }
 
+/// The name every cluster's temporary directory starts with.
+const PREFIX: &str = "app-test-pg-";
+
+/// Removes the clusters of test processes that have ended (their server ended with them: it
+/// runs under a parent-death signal).
+fn remove_orphans() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(PREFIX) {
+            continue;
+        }
+        let owner =
+            std::fs::read_to_string(entry.path().join("owner.pid")).ok().and_then(|pid| pid.trim().parse::<i32>().ok());
+        let alive = owner.is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
+        if owner.is_some() && !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The user the cluster belongs to when the tests run as root.
 const NOBODY: u32 = 65534;
 
 impl PgServer {
     pub fn start() -> PgServer {
         let bin = bin_dir();
-        let dir = tempfile::tempdir().expect("a temporary directory");
+        remove_orphans();
+        let dir = tempfile::Builder::new().prefix(PREFIX).tempdir().expect("a temporary directory");
+        // Whose it is: a server kept for a whole test process (the API suite's) is never
+        // dropped, so the next test process removes its files once that process is gone.
+        std::fs::write(dir.path().join("owner.pid"), std::process::id().to_string()).expect("the owner file");
         let as_root = is_root();
         if as_root {
             std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).expect("giving the cluster to nobody");
