@@ -122,7 +122,12 @@ pub async fn delete_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyho
             .bind(sweep_id.get())
             .fetch_all(&mut *conn)
             .await?;
-        sqlx::query("DELETE FROM sweep_counts WHERE sweep_id = $1").bind(sweep_id.get()).execute(&mut *conn).await?;
+        for counts in ["sweep_counts", "sweep_count_moves"] {
+            sqlx::query(&format!("DELETE FROM {counts} WHERE sweep_id = $1"))
+                .bind(sweep_id.get())
+                .execute(&mut *conn)
+                .await?;
+        }
         let removed =
             sqlx::query("DELETE FROM sweeps WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE sweep_id = $2)")
                 .bind(sweep_id.get())

@@ -8,6 +8,7 @@
 
 pub mod analysis;
 pub mod backend;
+pub mod bulk;
 pub mod checkpoints;
 pub mod code;
 pub mod events;
@@ -128,6 +129,23 @@ impl Db {
         })
     }
 
+    /// Told that `jobs` jobs were just added (and committed): on PostgreSQL, after many, the
+    /// planner's statistics of `jobs` are brought up to date in the background. Until then a
+    /// new database has none (autovacuum looks once a minute), and the claim, planned for an
+    /// empty table, sorted every queued job: 25 ms a claim with 72,000 queued, 0.2 ms after.
+    pub fn jobs_added(&self, jobs: u64) {
+        let Kind::Postgres { pool } = &self.kind else { return };
+        if jobs < postgres::ANALYZE_AFTER_JOBS {
+            return;
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            if let Err(error) = sqlx::query("ANALYZE jobs").execute(&pool).await {
+                tracing::warn!(%error, "updating the planner's statistics of the jobs");
+            }
+        });
+    }
+
     /// The database, for messages: its file, or PostgreSQL's host, port, name and user.
     pub fn describe(&self) -> String {
         match &self.kind {
@@ -205,7 +223,12 @@ impl Db {
     /// Moves what it can of the WAL into the database without blocking readers or the writer;
     /// returns the WAL's size in pages (0 on PostgreSQL, which keeps its own log).
     pub async fn checkpoint(&self) -> sqlx::Result<i64> {
-        let Kind::Sqlite { checkpointer, .. } = &self.kind else { return Ok(0) };
+        let checkpointer = match &self.kind {
+            Kind::Sqlite { checkpointer, .. } => checkpointer,
+            // PostgreSQL writes its own log to disk; what is folded after writes there is the
+            // count moves (`sweeps::fold_count_moves`).
+            Kind::Postgres { pool } => return sweeps::fold_count_moves(pool).await.map(|_| 0),
+        };
         let (_busy, wal_pages, _copied): (i64, i64, i64) =
             sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(checkpointer).await?;
         Ok(wal_pages)

@@ -14,6 +14,9 @@ use sqlx::{Connection, PgConnection, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Jobs added at once after which the jobs table's statistics are updated (`Db::jobs_added`).
+pub const ANALYZE_AFTER_JOBS: u64 = 1000;
+
 /// How long connecting may take before start-up fails with the reason.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 

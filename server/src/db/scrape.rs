@@ -16,10 +16,11 @@ pub struct SweepDepth {
 pub async fn queue_depth(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<SweepDepth>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(
-            "SELECT s.name AS sweep, c.status, c.jobs FROM sweep_counts c JOIN sweeps s ON s.id = c.sweep_id
-         ORDER BY s.name, c.status",
-        )
+        let rows = sqlx::query(&format!(
+            "SELECT s.name AS sweep, c.status, c.jobs FROM {} c JOIN sweeps s ON s.id = c.sweep_id
+             ORDER BY s.name, c.status",
+            super::sweeps::counted(engine)
+        ))
         .fetch_all(pool)
         .await?;
         rows.iter()

@@ -83,12 +83,13 @@ pub struct OpenSearch {
 pub async fn open_searches(conn: impl Into<Conn<'_>>) -> sqlx::Result<Vec<OpenSearch>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "SELECT q.sweep_id, q.run_cap, q.proposed, q.fallback, coalesce(c.jobs, 0) AS queued
-         FROM sweep_search q
-         LEFT JOIN sweep_counts c ON c.sweep_id = q.sweep_id AND c.status = 'queued'
-         WHERE q.open = 1 ORDER BY q.sweep_id",
-        )
+             FROM sweep_search q
+             LEFT JOIN {} c ON c.sweep_id = q.sweep_id AND c.status = 'queued'
+             WHERE q.open = 1 ORDER BY q.sweep_id",
+            super::sweeps::counted(engine)
+        ))
         .fetch_all(&mut *conn)
         .await?;
         rows.iter()

@@ -212,13 +212,47 @@ pub async fn find(pool: impl Into<PoolRef<'_>>, key: &str) -> anyhow::Result<Opt
     })
 }
 
+/// The jobs of each sweep by status, as a relation `(sweep_id, status, jobs)`: on SQLite the
+/// count rows; on PostgreSQL the count rows plus the moves not folded into them yet
+/// (migrations-postgres/0008).
+pub fn counted(engine: super::backend::Engine) -> &'static str {
+    engine.pick(
+        "sweep_counts",
+        "(SELECT sweep_id, status, CAST(sum(jobs) AS BIGINT) AS jobs FROM (
+              SELECT sweep_id, status, jobs FROM sweep_counts
+              UNION ALL SELECT sweep_id, status, jobs FROM sweep_count_moves) AS moved
+          GROUP BY sweep_id, status)",
+    )
+}
+
+/// Folds PostgreSQL's count moves into the count rows, in one transaction (readers see the
+/// same sums before and after); returns the moves folded. Replicas may fold at once: a move
+/// one of them deletes is skipped by the other.
+pub async fn fold_count_moves(pool: &sqlx::PgPool) -> sqlx::Result<u64> {
+    let folded = sqlx::query(
+        "WITH moved AS (DELETE FROM sweep_count_moves RETURNING sweep_id, status, jobs),
+              summed AS (SELECT sweep_id, status, sum(jobs) AS jobs, count(*) AS moves FROM moved
+                         GROUP BY sweep_id, status),
+              upserted AS (
+                  INSERT INTO sweep_counts AS c (sweep_id, status, jobs)
+                  SELECT sweep_id, status, jobs FROM summed ORDER BY sweep_id, status
+                  ON CONFLICT (sweep_id, status) DO UPDATE SET jobs = c.jobs + excluded.jobs)
+         SELECT CAST(coalesce(sum(moves), 0) AS BIGINT) FROM summed",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(sqlx::Row::try_get::<i64, _>(&folded, 0)? as u64)
+}
+
 /// Newest first.
 pub async fn list(pool: impl Into<PoolRef<'_>>) -> anyhow::Result<Vec<SweepInfo>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         let rows = sqlx::query("SELECT * FROM sweeps ORDER BY id DESC").fetch_all(pool).await?;
         let mut sweeps = rows.iter().map(info_from_row).collect::<sqlx::Result<Vec<_>>>()?;
-        let per_sweep = sqlx::query("SELECT sweep_id, status, jobs AS n FROM sweep_counts").fetch_all(pool).await?;
+        let per_sweep = sqlx::query(&format!("SELECT sweep_id, status, jobs AS n FROM {} AS c", counted(engine)))
+            .fetch_all(pool)
+            .await?;
         for row in per_sweep {
             let sweep_id = SweepId::new(row.get_as("sweep_id")?);
             let status: String = row.get_as("status")?;
@@ -238,15 +272,17 @@ pub async fn counts(pool: impl Into<PoolRef<'_>>, sweep_id: Option<SweepId>) -> 
         // Kept current by the transition trigger and the job inserts (migrations/0004).
         let rows = match sweep_id {
             Some(id) => {
-                sqlx::query("SELECT status, jobs AS n FROM sweep_counts WHERE sweep_id = $1")
+                sqlx::query(&format!("SELECT status, jobs AS n FROM {} AS c WHERE sweep_id = $1", counted(engine)))
                     .bind(id.get())
                     .fetch_all(pool)
                     .await?
             }
             None => {
-                sqlx::query("SELECT status, CAST(sum(jobs) AS BIGINT) AS n FROM sweep_counts GROUP BY status")
-                    .fetch_all(pool)
-                    .await?
+                let sql = format!(
+                    "SELECT status, CAST(sum(jobs) AS BIGINT) AS n FROM {} AS c GROUP BY status",
+                    counted(engine)
+                );
+                sqlx::query(&sql).fetch_all(pool).await?
             }
         };
         let mut counts = StatusCounts::default();

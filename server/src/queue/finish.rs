@@ -89,7 +89,7 @@ impl Queue {
         // as a fast unit on the writer's own connection (`fast`); the guarded UPDATE checks that
         // state, and the full path below takes over if it changed in between.
         let may_be_quick = is_bare(&request)
-            && self.writer.has_fast_lane()
+            && (self.writer.has_fast_lane() || self.writer.has_bulk_lane())
             && !self.search.may_be_open()
             && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
         let snapshot = match may_be_quick {
@@ -116,6 +116,10 @@ impl Queue {
         });
         let tried = snapshot.is_some();
         let fast = match snapshot {
+            Some(snapshot) if self.writer.has_bulk_lane() => {
+                let record = request.result.as_ref().map(|result| result.record.clone());
+                self.bulk(at, (&request.outcome, record), snapshot, &requests).await?
+            }
             Some(snapshot) => {
                 let lane = self.lane();
                 let outcome = request.outcome.clone();
@@ -258,6 +262,56 @@ fn fast(
     // The sweep has no `metric.target` (the caller checked), so nothing follows the success.
     super::reports::settle(tx, attempt, &decision, true)?;
     Ok(Some((decision.status, jobs)))
+}
+
+impl Queue {
+    /// A bare finish decided on `snapshot` and applied with the worker's next plain claim in
+    /// PostgreSQL's bulk lane: the group's finishes and claims as set statements (`db::bulk`).
+    /// `None` (nothing written) when it does not apply as it is, as for [`fast`].
+    async fn bulk(
+        &self,
+        at: WorkerAttempt,
+        (outcome, record): (&shared::job::Outcome, Option<shared::api::AttemptRecord>),
+        (seen, source): (db::jobs::JobState, db::jobs::ResultSource),
+        requests: &[(WorkerId, Capacity)],
+    ) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>)>> {
+        let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+        let Ok(decision) = super::reports::decide(&seen, attempt, at.worker, outcome) else { return Ok(None) };
+        if record.is_some() && source.has_metrics {
+            return Ok(None);
+        }
+        let now = now_ms();
+        let claim = match requests.is_empty() {
+            true => None,
+            false => match super::claims::plain_claim(requests, now + self.config.lease.as_millis() as i64, now) {
+                Some(claim) => Some(claim),
+                None => return Ok(None),
+            },
+        };
+        let version = match record {
+            Some(record) => Some(version(at, source, Vec::new(), record, Default::default())?),
+            None => None,
+        };
+        let step = db::bulk::Step { seen, worker_id: at.worker, decision: decision.clone(), now, version, claim };
+        let lane = self.lane();
+        self.writer
+            .bulk(step, move |tx, done| {
+                Box::pin(async move {
+                    if !done.applied {
+                        return Ok(None);
+                    }
+                    let caches = (&lane.names, &lane.workspaces, &*lane.views);
+                    let jobs = super::claims::claimed_plain(tx, done.claimed, caches).await?;
+                    if done.stored {
+                        tx.note(Change::Page);
+                    }
+                    // The sweep has no `metric.target` (the caller checked): nothing follows.
+                    super::reports::settle(tx, attempt, &decision, true)?;
+                    Ok(Some((decision.status, jobs)))
+                })
+            })
+            .await
+    }
 }
 
 /// After a finish sent with its plain claim: the transition settled (a refused one is a 409

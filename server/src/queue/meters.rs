@@ -34,7 +34,8 @@ struct PathLabel {
 /// How the writer applied a finish (`queue::finish`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishPath {
-    /// On the writer's own connection, decided on a reader's view, in one step.
+    /// Decided on a reader's view and applied in one step: on the writer's own connection
+    /// (SQLite) or with the other finishes waiting as set statements (PostgreSQL's bulk lane).
     Fast,
     /// On the general path, after the fast lane declined (the job changed since the view, a
     /// claimed job's sweep was not cached yet).

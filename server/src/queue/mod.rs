@@ -37,7 +37,7 @@ pub use jobs::no_job;
 pub use leases::LeaseExpiry;
 pub use logs::LogStore;
 pub use search::preview as search_preview;
-pub use sessions::same_worker;
+pub use sessions::{same_worker, SHARED_SESSION_TTL};
 pub use writer::{FastTx, Note, Tx};
 
 use crate::config::ServerConfig;

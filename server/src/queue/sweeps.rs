@@ -57,6 +57,7 @@ impl Queue {
             names.insert(submitted.sweep_id, (submitted.name.clone(), form));
         }
         self.meters.submitted(submitted.count);
+        self.db().jobs_added(submitted.count);
         // Replaces whatever a removed sweep that had this id left.
         if let Ok(mut workspaces) = self.workspaces.write() {
             workspaces.insert(submitted.sweep_id, workspace);

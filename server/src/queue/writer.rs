@@ -11,6 +11,14 @@
 //! closed after a failure may still be closing in the background: the next `BEGIN IMMEDIATE`
 //! waits for it in the busy handler).
 //!
+//! On PostgreSQL there is no fast lane; the bare finishes take the *bulk* lane instead: a unit
+//! is a step (data: the finish as decided, its record, its worker's next claim) and a
+//! conclusion. The steps waiting together run as a handful of set statements (`db::bulk`),
+//! five round trips for the group instead of a dozen per unit, then each unit concludes on the
+//! group's connection. A group has no savepoints: a guard that refuses a step changes nothing
+//! of it, and a failure after that abandons the whole group (every unit answered "retry"). A
+//! group the database gives up on (a deadlock with another replica) runs again.
+//!
 //! A unit is a closure over a [`Tx`]; it reads what it decides on and writes through the same
 //! connection, so decide-then-apply needs no retry loop, and notes the [`Change`]s it made.
 //! Units of one group run one after another, each inside its own savepoint when the group has
@@ -28,6 +36,8 @@
 
 use super::events::{Change, Events};
 use crate::db::backend::{Conn, Engine};
+use crate::db::bulk;
+use crate::db::plain_claims::Finished;
 use crate::db::WriterPool;
 use crate::error::{ApiError, ApiResult};
 use futures_util::future::BoxFuture;
@@ -166,12 +176,32 @@ impl<T: Send> Settle for Pending<T> {
 
 type RunUnit = Box<dyn for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, Box<dyn Settle>> + Send>;
 type FastUnit = Box<dyn for<'a, 'c> FnOnce(&'a mut FastTx<'c>) -> Box<dyn Settle> + Send>;
+/// What follows a bulk step: its conclusion on the group's connection, given what the step
+/// did, or only the answer when the group failed.
+type BulkThen = Box<dyn for<'c> FnOnce(BulkRun<'c>) -> BoxFuture<'c, Box<dyn Settle>> + Send>;
+
+/// How a bulk unit's group went.
+enum BulkRun<'c> {
+    /// The steps ran; the unit concludes inside the group's transaction.
+    Done(&'c mut Tx, Finished),
+    /// The group could not run: the unit answers this error.
+    Failed(ApiError),
+}
+
+/// A bare finish for PostgreSQL's bulk lane: its step, run with the group's others as set
+/// statements (`db::bulk`), then its own conclusion on the group's connection.
+pub struct BulkUnit {
+    step: bulk::Step,
+    then: BulkThen,
+}
 
 enum Work {
     /// Runs inside the group's transaction.
     Unit(RunUnit),
     /// Runs inside the group's transaction on the writer's own connection.
     Fast(FastUnit),
+    /// Runs inside the group's transaction, its step with the group's others (PostgreSQL).
+    Bulk(Box<BulkUnit>),
     /// Runs alone, with no transaction open on the writer (a WAL restart must see no open
     /// write transaction, else it waits for itself).
     Outside(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>),
@@ -183,6 +213,8 @@ pub struct Writer {
     sender: mpsc::Sender<Work>,
     /// Whether [`Writer::fast`] may be used (SQLite only).
     fast_lane: bool,
+    /// Whether [`Writer::bulk`] may be used (PostgreSQL only).
+    bulk_lane: bool,
     /// Why the last units were dropped unrun (the database could not be opened for writing,
     /// or a transaction could not begin).
     refused: Arc<Mutex<Option<ApiError>>>,
@@ -233,6 +265,35 @@ impl Writer {
             Box::new(Pending { result, reply }) as Box<dyn Settle>
         });
         self.sender.send(Work::Fast(run)).await.map_err(|_| ApiError::ShuttingDown)?;
+        answer.await.map_err(|_| self.unanswered())?
+    }
+
+    /// Whether bulk units run here (PostgreSQL).
+    pub fn has_bulk_lane(&self) -> bool {
+        self.bulk_lane
+    }
+
+    /// Runs `step` with the other bulk steps waiting (`db::bulk`), then `then` with what it did,
+    /// inside the group's transaction; answers once the group committed. A group the database
+    /// gives up on (a deadlock with another replica) is run again, up to [`BULK_TRIES`] times.
+    /// Only where [`Writer::has_bulk_lane`]. `then` must not fail once the step applied: the
+    /// group has no savepoints, so its error abandons the whole group.
+    pub async fn bulk<T, F>(&self, step: bulk::Step, then: F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut Tx, Finished) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let then: BulkThen = Box::new(move |run| {
+            Box::pin(async move {
+                let result = match run {
+                    BulkRun::Done(tx, done) => then(tx, done).await,
+                    BulkRun::Failed(error) => Err(error),
+                };
+                Box::new(Pending { result, reply }) as Box<dyn Settle>
+            })
+        });
+        self.sender.send(Work::Bulk(Box::new(BulkUnit { step, then }))).await.map_err(|_| ApiError::ShuttingDown)?;
         answer.await.map_err(|_| self.unanswered())?
     }
 
@@ -295,6 +356,7 @@ pub fn start(pool: WriterPool, events: Events) -> (Writer, oneshot::Receiver<()>
     let refused = Arc::new(Mutex::new(None));
     let (ended, ends) = oneshot::channel();
     let fast_lane = matches!(pool, WriterPool::Sqlite(..));
+    let bulk_lane = matches!(pool, WriterPool::Postgres(..));
     let state = Thread { handle: Handle::current(), pool, events, refused: refused.clone() };
     std::thread::Builder::new()
         .name("app-writer".into())
@@ -306,7 +368,7 @@ pub fn start(pool: WriterPool, events: Events) -> (Writer, oneshot::Receiver<()>
             let _ = ended.send(());
         })
         .expect("starting the writer thread");
-    (Writer { sender, refused, fast_lane }, ends)
+    (Writer { sender, refused, fast_lane, bulk_lane }, ends)
 }
 
 /// What the writer thread works with.
@@ -357,6 +419,15 @@ impl Thread {
                     }
                     fast = self.run_fast(fast.take(), group);
                 }
+                Some(Work::Bulk(unit)) => {
+                    let mut group = VecDeque::from([*unit]);
+                    while let Some(Work::Bulk(_)) = waiting.front() {
+                        if let Some(Work::Bulk(unit)) = waiting.pop_front() {
+                            group.push_back(*unit);
+                        }
+                    }
+                    connection = self.handle.block_on(self.run_bulk(connection.take(), group));
+                }
                 None => {}
             }
         }
@@ -392,6 +463,32 @@ impl Thread {
             let (kept, rest) = run_group(conn, &mut group, &self.events).await;
             connection = kept;
             group = rest;
+        }
+        connection
+    }
+
+    /// Runs bulk units until all are done, opening the connection again as needed. A job's
+    /// second finish in one group waits for the next (it is decided on a state the first may
+    /// change).
+    async fn run_bulk(&self, mut connection: Option<WriterConn>, mut group: VecDeque<BulkUnit>) -> Option<WriterConn> {
+        while !group.is_empty() {
+            let mut jobs = std::collections::HashSet::new();
+            let (now, later): (Vec<BulkUnit>, Vec<BulkUnit>) =
+                std::mem::take(&mut group).into_iter().partition(|unit| jobs.insert(unit.step.seen.id));
+            group = later.into();
+            let conn = match connection.take() {
+                Some(conn) => conn,
+                None => match WriterConn::acquire(&self.pool).await {
+                    Ok(conn) => conn,
+                    Err(error) => {
+                        // Dropped unrun: their senders read why.
+                        self.cannot_open(ApiError::from(error));
+                        return None;
+                    }
+                },
+            };
+            self.refuse(None);
+            connection = run_bulk_group(conn, now, &self.events).await;
         }
         connection
     }
@@ -555,6 +652,85 @@ fn answer_abandoned(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, why: &str) {
     for (outcome, _) in ran {
         outcome.settle(Err(&cause));
     }
+}
+
+/// Times a bulk group is run when the database gives it up (a deadlock or a serialization
+/// failure between replicas) before its units are answered "retry".
+const BULK_TRIES: u32 = 3;
+
+/// Runs a group of bulk units in one transaction: their steps together (`db::bulk`), then each
+/// unit's conclusion in turn; returns the connection if it is still sound. A group the database
+/// gives up on is rolled back and run again; any other failure (or a conclusion that fails:
+/// there are no savepoints to undo one unit alone) abandons the group, every unit answered
+/// "retry", nothing of theirs committed.
+async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Events) -> Option<WriterConn> {
+    let (steps, thens): (Vec<bulk::Step>, Vec<BulkThen>) = group.into_iter().map(|unit| (unit.step, unit.then)).unzip();
+    let refs: Vec<&bulk::Step> = steps.iter().collect();
+    let mut tries = 0;
+    let done = loop {
+        tries += 1;
+        let ran = match conn.execute("BEGIN").await {
+            Ok(()) => match &mut conn {
+                WriterConn::Postgres(pg) => bulk::finish_and_claim(pg, &refs).await,
+                WriterConn::Sqlite(_) => Err(anyhow::anyhow!("bulk units run on PostgreSQL only")),
+            },
+            Err(error) => Err(error.into()),
+        };
+        match ran {
+            Ok(done) => break done,
+            Err(error) if tries < BULK_TRIES && is_given_up(&error) && conn.execute("ROLLBACK").await.is_ok() => {
+                tracing::debug!(error = %error, tries, "the database gave a bulk group up; running it again");
+            }
+            Err(error) => {
+                let error = ApiError::from(error);
+                tracing::error!(error = ?error, units = thens.len(), "a bulk group failed; it was abandoned");
+                let cause = error.retry_copy();
+                for then in thens {
+                    then(BulkRun::Failed(cause.retry_copy())).await.settle(Ok(()));
+                }
+                close(conn);
+                return None;
+            }
+        }
+    };
+    let mut tx = Tx { conn, changes: Vec::new(), pending: None, begun: true };
+    let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
+    for (then, done) in thens.into_iter().zip(done) {
+        let outcome = match AssertUnwindSafe(then(BulkRun::Done(&mut tx, done))).catch_unwind().await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::error!("a write unit panicked; its group is rolled back");
+                let mut none = VecDeque::new();
+                return abandon(tx, ran, &mut none, "a write failed inside the server").0;
+            }
+        };
+        let changes = std::mem::take(&mut tx.changes);
+        let failed = outcome.failed().is_some();
+        ran.push((outcome, changes));
+        if failed {
+            // Its step may have written: without a savepoint, only the whole group is undone.
+            let mut none = VecDeque::new();
+            return abandon(tx, ran, &mut none, "a write failed while it was concluded").0;
+        }
+    }
+    match execute(&mut tx, "COMMIT").await {
+        Ok(()) => {
+            answer_committed(ran, events);
+            Some(tx.conn)
+        }
+        Err(error) => {
+            answer_failed_commit(ran, ApiError::from(error));
+            close(tx.conn);
+            None
+        }
+    }
+}
+
+/// Whether the database gave the transaction up rather than refusing it: a deadlock or a
+/// serialization failure, which the same transaction run again may pass.
+fn is_given_up(error: &anyhow::Error) -> bool {
+    let Some(sqlx::Error::Database(database)) = error.downcast_ref::<sqlx::Error>() else { return false };
+    matches!(database.code().as_deref(), Some("40P01" | "40001"))
 }
 
 /// Runs fast units from `group` in one transaction on the writer's own connection, each in a

@@ -5,6 +5,7 @@
 mod pg_server;
 
 use pg_server::PgServer;
+use server::db::backend::Engine;
 use server::db::postgres;
 use sqlx::{PgPool, Row, SqlitePool};
 use std::collections::{BTreeMap, BTreeSet};
@@ -270,7 +271,6 @@ const SCRIPT: &str = "
     UPDATE jobs SET status = 'failed', exit_code = 2, reason = 'exit code 2' WHERE id = 2;
     INSERT INTO checkpoints (job_id, attempt, size, sha256, uploaded_at) VALUES (1, 2, 1, 'a', 0), (2, 1, 1, 'b', 0);
     DELETE FROM job_events WHERE job_id = 2;
-    DELETE FROM sweep_counts WHERE status = 'failed';
     DELETE FROM jobs WHERE id = 2;
 ";
 
@@ -279,7 +279,11 @@ type Event = (i64, Option<String>, String, i64, Option<i64>, Option<String>, Opt
 const EVENTS: &str =
     "SELECT job_id, from_status, to_status, attempt, worker_id, reason, gpu_ids, exit_code FROM job_events ORDER BY id";
 const JOBS: &str = "SELECT id, status, reason FROM jobs ORDER BY id";
-const COUNTS: &str = "SELECT status, jobs FROM sweep_counts ORDER BY status";
+/// The counts by status, as the server reads them on `engine` (on PostgreSQL, the count rows
+/// and the moves not folded into them yet).
+fn counts_sql(engine: Engine) -> String {
+    format!("SELECT status, jobs FROM {} AS c ORDER BY status", server::db::sweeps::counted(engine))
+}
 const CHECKPOINTS: &str = "SELECT job_id FROM checkpoints ORDER BY job_id";
 const TIMES: &str = "SELECT min(at), max(at) FROM job_events";
 
@@ -309,9 +313,22 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
         sqlx::query_as(JOBS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
     assert_eq!(jobs, vec![(1, "cancelled".to_string(), Some("stopped early at step 10".to_string()))]);
     assert_eq!(jobs, sqlx::query_as::<_, (i64, String, Option<String>)>(JOBS).fetch_all(&opened.pool).await.unwrap());
-    let counts: Vec<(String, i64)> = sqlx::query_as(COUNTS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
-    assert_eq!(counts, [("cancelled", 1), ("queued", 0), ("running", 0)].map(|(s, n)| (s.to_string(), n)));
-    assert_eq!(counts, sqlx::query_as::<_, (String, i64)>(COUNTS).fetch_all(&opened.pool).await.unwrap());
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as(&counts_sql(Engine::Sqlite)).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
+    assert_eq!(
+        counts,
+        [("cancelled", 1), ("failed", 1), ("queued", 0), ("running", 0)].map(|(s, n)| (s.to_string(), n))
+    );
+    let on_postgres = || async {
+        sqlx::query_as::<_, (String, i64)>(&counts_sql(Engine::Postgres)).fetch_all(&opened.pool).await.unwrap()
+    };
+    assert_eq!(counts, on_postgres().await);
+    // Folded into the count rows, the sums are the same and no move is left.
+    let folded = server::db::sweeps::fold_count_moves(&opened.pool).await.unwrap();
+    assert_eq!(folded, 12, "six transitions, each a move out of one status and into another");
+    assert_eq!(counts, on_postgres().await);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sweep_count_moves").fetch_one(&opened.pool).await.unwrap();
+    assert_eq!(left, 0);
     let kept: Vec<i64> = sqlx::query_scalar(CHECKPOINTS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
     assert_eq!(kept, vec![1], "a deleted job's checkpoint goes with it");
     assert_eq!(kept, sqlx::query_scalar::<_, i64>(CHECKPOINTS).fetch_all(&opened.pool).await.unwrap());
@@ -389,7 +406,7 @@ async fn an_unreachable_server_or_a_missing_database_is_named_with_its_cause() {
 }
 
 #[tokio::test]
-async fn two_transactions_changing_one_sweep_wait_for_each_other_instead_of_deadlocking() {
+async fn two_transactions_moving_jobs_of_one_sweep_neither_wait_nor_deadlock() {
     let pg = PgServer::start();
     let opened = postgres::open(&pg.url).await.unwrap();
     sqlx::raw_sql(
@@ -403,27 +420,22 @@ async fn two_transactions_changing_one_sweep_wait_for_each_other_instead_of_dead
     .await
     .unwrap();
     // A finish with its claim (running -> succeeded, then queued -> running) against a plain
-    // claim (queued -> running): in opposite orders over the same two count rows.
+    // claim (queued -> running), over the same sweep's counts: with count rows locked per
+    // transition, the claim waited for the finish's end (or, locked in the other order, they
+    // deadlocked). Counted as moves, the claim commits while the finish is still open.
     let mut finish = opened.pool.begin().await.unwrap();
     sqlx::query("UPDATE jobs SET status = 'succeeded' WHERE id = 1").execute(&mut *finish).await.unwrap();
-    let pool = opened.pool.clone();
-    let claim = tokio::spawn(async move {
-        let mut claim = pool.begin().await.unwrap();
-        sqlx::query("UPDATE jobs SET status = 'running', attempt = 1 WHERE id = 3").execute(&mut *claim).await?;
-        claim.commit().await
-    });
-    // The claim is waiting (on the count rows) before the finish goes on.
-    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE jobs%'";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&opened.pool).await.unwrap() == 0 {
-        assert!(std::time::Instant::now() < deadline, "the claim never waited");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let mut claim = opened.pool.begin().await.unwrap();
+    let claimed = sqlx::query("UPDATE jobs SET status = 'running', attempt = 1 WHERE id = 3").execute(&mut *claim);
+    tokio::time::timeout(std::time::Duration::from_secs(10), claimed)
+        .await
+        .expect("the claim did not wait for the open finish")
+        .unwrap();
+    claim.commit().await.unwrap();
     sqlx::query("UPDATE jobs SET status = 'running', attempt = 1 WHERE id = 2").execute(&mut *finish).await.unwrap();
     finish.commit().await.unwrap();
-    claim.await.unwrap().expect("the claim went on after the finish, without a deadlock");
     let counts: Vec<(String, i64)> =
-        sqlx::query_as("SELECT status, jobs FROM sweep_counts ORDER BY status").fetch_all(&opened.pool).await.unwrap();
+        sqlx::query_as(&counts_sql(Engine::Postgres)).fetch_all(&opened.pool).await.unwrap();
     assert_eq!(counts, [("queued", 0), ("running", 2), ("succeeded", 1)].map(|(s, n)| (s.to_string(), n)));
 }
 
@@ -472,8 +484,8 @@ async fn a_plain_claim_takes_its_slots_in_dispatch_order_and_two_at_once_never_t
     sqlx::raw_sql(QUEUED).execute(&opened.pool).await.unwrap();
     let ids = |rows: &[server::db::plain_claims::ClaimedRow]| rows.iter().map(|row| row.id.get()).collect::<Vec<_>>();
     // One transaction holds the job it claimed while another claims: the second skips it
-    // (SKIP LOCKED) and takes the next in dispatch order. (It then waits for the first to
-    // commit, on the sweep's count rows, which the count trigger locks: counts stay exact.)
+    // (SKIP LOCKED), takes the next in dispatch order and commits without waiting for the first
+    // (the counts are moves, not rows both would lock).
     let mut first = opened.pool.begin().await.unwrap();
     let claimed = server::db::plain_claims::claim(&mut *first, plain(1, 1)).await.unwrap();
     assert_eq!(ids(&claimed), [2], "one slot, the job of the highest priority");
@@ -484,17 +496,12 @@ async fn a_plain_claim_takes_its_slots_in_dispatch_order_and_two_at_once_never_t
         second.commit().await.unwrap();
         rows
     });
-    // The second claim is under way (its transaction waits on the count rows) before the
-    // first commits.
-    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&opened.pool).await.unwrap() == 0 {
-        assert!(std::time::Instant::now() < deadline, "the second claim never reached the first one's rows");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    first.commit().await.unwrap();
-    let other = tokio::time::timeout(std::time::Duration::from_secs(10), second).await.expect("in time").unwrap();
+    let other = tokio::time::timeout(std::time::Duration::from_secs(10), second)
+        .await
+        .expect("the second claim did not wait for the first")
+        .unwrap();
     assert_eq!(ids(&other), [1], "the next job, not the one the first claim held");
+    first.commit().await.unwrap();
     let rest = server::db::plain_claims::claim(&mut *opened.pool.acquire().await.unwrap(), plain(1, 5)).await.unwrap();
     assert_eq!(ids(&rest), [3], "what is left, and no more");
     let running: Vec<(i64, i64)> =
@@ -533,6 +540,7 @@ async fn a_replica_whose_data_directory_is_not_the_shared_one_is_refused_naming_
 /// A server replica on `url` serving `data_dir` on a loopback port, stopped when dropped.
 struct Replica {
     client: client::Client,
+    address: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -557,7 +565,7 @@ impl Replica {
             assert!(std::time::Instant::now() < deadline, "the replica never answered");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        Replica { client, stop: Some(stop), task: Some(task) }
+        Replica { client, address, stop: Some(stop), task: Some(task) }
     }
 
     async fn stop(mut self) {
@@ -665,4 +673,216 @@ async fn an_adaptive_sweep_submitted_on_one_replica_gets_runs_claimed_on_another
     assert!(jobs.iter().all(|job| job.sweep == "adaptive"), "{jobs:?}");
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_replaced_on_one_replica_is_refused_on_another_within_its_time_to_live() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let a = Replica::start(&pg.url, shared.path()).await;
+    let b = Replica::start(&pg.url, shared.path()).await;
+    let request = shared::api::RegisterRequest {
+        name: "w".into(),
+        protocol: shared::PROTOCOL_VERSION,
+        key: None,
+        capacity: cpu(1),
+        holding: Vec::new(),
+    };
+    let first = a.client.register(&request).await.unwrap();
+    let old = b.client.with_session(&first).unwrap();
+    let heartbeat = shared::api::HeartbeatRequest::default();
+    old.heartbeat(first.worker_id, &heartbeat).await.expect("B reads the session A made, and keeps it");
+    // The worker registers again on A (a restart): a new secret replaces the old one.
+    let second = a.client.register(&request).await.unwrap();
+    assert_eq!(second.worker_id, first.worker_id);
+    let new = b.client.with_session(&second).unwrap();
+    new.heartbeat(second.worker_id, &heartbeat).await.expect("the new session is good on B at once");
+    // B trusted the old digest for a while; once its time is up, the old secret is refused.
+    let started = std::time::Instant::now();
+    loop {
+        match old.heartbeat(first.worker_id, &heartbeat).await {
+            Ok(_) => {
+                let waited = started.elapsed();
+                assert!(
+                    waited < server::queue::SHARED_SESSION_TTL + std::time::Duration::from_secs(5),
+                    "the replaced session still works on B after {waited:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(error) => {
+                assert_eq!(error.status(), Some(401), "{error}");
+                break;
+            }
+        }
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The value of the counter line starting with `name` in `/metrics` of `replica`.
+async fn counter(replica: &Replica, name: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", replica.address)).await.unwrap().text().await.unwrap();
+    let line = text.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_finishes_on_postgres_go_as_set_statements_and_each_claims_its_own_next_job() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let a = Replica::start(&pg.url, shared.path()).await;
+    let values = (0..60).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    let yaml = format!("name: bulk\ncommand: 'true'\ngrid:\n  i: [{values}]\n");
+    a.client.submit(&yaml, &shared::api::SubmitQuery::default()).await.unwrap();
+    let claim = shared::api::ClaimRequest { capacity: cpu(1), wait_ms: 0, reserve: 0 };
+    let mut workers = Vec::new();
+    for number in 0..16 {
+        let request = shared::api::RegisterRequest {
+            name: format!("w{number}"),
+            protocol: shared::PROTOCOL_VERSION,
+            key: None,
+            capacity: cpu(1),
+            holding: Vec::new(),
+        };
+        let registered = a.client.register(&request).await.unwrap();
+        let client = a.client.with_session(&registered).unwrap();
+        let jobs = client.claim(registered.worker_id, &claim).await.unwrap().jobs;
+        assert_eq!(jobs.len(), 1);
+        workers.push((client, registered.worker_id, jobs[0].clone()));
+    }
+    let finish = |job: &shared::api::ClaimedJob, attempt: u32| shared::api::FinishRequest {
+        job_id: job.id,
+        attempt,
+        outcome: shared::job::Outcome::Exited { code: 0 },
+        log: None,
+        metrics: None,
+        result: Some(shared::api::InlineResult {
+            files: Vec::new(),
+            streamed: Vec::new(),
+            record: shared::api::AttemptRecord::default(),
+        }),
+        notes: Vec::new(),
+        claim: Some(claim.clone()),
+    };
+    let mut finished = std::collections::BTreeSet::new();
+    for round in 0..2 {
+        // Every worker finishes at once, each asking for its next job; one stale finish (of an
+        // attempt its job never had) goes with them.
+        let stale = {
+            let (client, worker, job) = &workers[0];
+            let (client, worker, request) = (client.clone(), *worker, finish(job, job.attempt + 1));
+            tokio::spawn(async move { client.finish(worker, &request).await })
+        };
+        let mut sent = Vec::new();
+        for (client, worker, job) in &workers {
+            let (client, worker, request) = (client.clone(), *worker, finish(job, job.attempt));
+            sent.push(tokio::spawn(async move { client.finish(worker, &request).await }));
+        }
+        let error = stale.await.unwrap().unwrap_err();
+        assert_eq!(error.status(), Some(409), "round {round}: {error}");
+        for ((_, _, job), answer) in workers.iter_mut().zip(sent) {
+            let answer = answer.await.unwrap().unwrap();
+            assert_eq!(answer.status, shared::job::JobStatus::Succeeded, "round {round}");
+            assert!(finished.insert(job.id), "job {} finished twice", job.id);
+            assert_eq!(answer.jobs.len(), 1, "round {round}: each finish claims the worker's next job");
+            *job = answer.jobs[0].clone();
+        }
+        let next: std::collections::BTreeSet<_> = workers.iter().map(|(_, _, job)| job.id).collect();
+        assert_eq!(next.len(), workers.len(), "round {round}: no job handed to two workers");
+        assert!(next.is_disjoint(&finished), "round {round}: a finished job handed out again");
+    }
+    // Once the sweep's settings are cached (its first finishes), bare finishes take the bulk
+    // lane: at least the whole second round did.
+    let fast = counter(&a, "app_finishes_total{path=\"fast\"}").await;
+    assert!(fast >= 16.0, "{fast} finishes in the bulk lane");
+    let sweep = a.client.sweep("bulk").await.unwrap();
+    assert_eq!((sweep.info.counts.succeeded, sweep.info.counts.running, sweep.info.counts.queued), (32, 16, 12));
+    for (_, worker, job) in &workers {
+        let stored = a.client.job(job.id).await.unwrap();
+        assert_eq!(
+            (stored.status, stored.worker_id, stored.attempt),
+            (shared::job::JobStatus::Running, Some(*worker), job.attempt)
+        );
+    }
+    for job in &finished {
+        let versions = a.client.results(*job).await.unwrap();
+        assert_eq!(versions.len(), 1, "job {job}: its record stored once");
+    }
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn a_bulk_finish_applies_only_as_its_unit_saw_the_job_and_stores_a_record_only_with_its_finish() {
+    use server::db::bulk::Step;
+    use shared::api::{JobId, SweepId, WorkerId};
+    use shared::job::{Finish, JobStatus};
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 's', 'native', 'x', 4, 0);
+         INSERT INTO workers (id, name, capacity, registered_at, last_seen_at) VALUES (1, 'w', '{}', 0, 0);
+         INSERT INTO jobs (id, sweep_id, idx, params, command, created_at, status, attempt, worker_id, needs_trainer)
+             VALUES (1, 1, 0, '{}', 'true', 0, 'running', 1, 1, 0), (2, 1, 1, '{}', 'true', 0, 'running', 1, 1, 0),
+                    (3, 1, 2, '{}', 'true', 0, 'queued', 0, NULL, 0), (4, 1, 3, '{}', 'true', 0, 'queued', 0, NULL, 1);
+         INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES (1, 'queued', 2), (1, 'running', 2);
+         INSERT INTO job_metric_summaries (job_id, name, attempt, last_value, min_value, max_value, point_count)
+             VALUES (2, 'loss', 1, 0.5, 0.5, 0.5, 1);",
+    )
+    .execute(&opened.pool)
+    .await
+    .unwrap();
+    let seen = |id: i64| server::db::jobs::JobState {
+        id: JobId::new(id),
+        sweep_id: SweepId::new(1),
+        status: JobStatus::Running,
+        attempt: 1,
+        worker_id: Some(WorkerId::new(1)),
+        retries_left: 0,
+        crash_count: 0,
+        cancel_requested: false,
+    };
+    let version = |id: i64| shared::api::ResultVersion {
+        job_id: JobId::new(id),
+        attempt: 1,
+        path: format!("s/{id}/v1"),
+        files: Vec::new(),
+        record: shared::api::AttemptRecord::default(),
+        params: serde_json::json!({}),
+        metrics: Default::default(),
+        stored_at: 7,
+    };
+    let step = |id: i64| Step {
+        seen: seen(id),
+        worker_id: WorkerId::new(1),
+        decision: Finish { status: JobStatus::Succeeded, retries_left: 0, exit_code: Some(0), reason: None },
+        now: 5,
+        version: Some(version(id)),
+        claim: Some(plain(1, 2)),
+    };
+    // Job 1 as its unit saw it; job 2 has metric summaries its record was made without; job 3
+    // is not running at all.
+    let steps = [step(1), step(2), step(3)];
+    let mut conn = opened.pool.begin().await.unwrap();
+    let done = server::db::bulk::finish_and_claim(&mut conn, &steps.iter().collect::<Vec<_>>()).await.unwrap();
+    conn.commit().await.unwrap();
+    let seen_done: Vec<(bool, bool, Vec<i64>)> = done
+        .iter()
+        .map(|done| (done.applied, done.stored, done.claimed.iter().map(|row| row.id.get()).collect()))
+        .collect();
+    assert_eq!(
+        seen_done,
+        [(true, true, vec![3]), (false, false, vec![]), (false, false, vec![])],
+        "only job 1's finish applies, with its record, and its claim takes the one job without the trainer"
+    );
+    let jobs: Vec<(i64, String)> =
+        sqlx::query_as("SELECT id, status FROM jobs ORDER BY id").fetch_all(&opened.pool).await.unwrap();
+    assert_eq!(
+        jobs,
+        [(1, "succeeded"), (2, "running"), (3, "running"), (4, "queued")].map(|(id, s)| (id, s.to_string()))
+    );
+    let stored: Vec<i64> = sqlx::query_scalar("SELECT job_id FROM results").fetch_all(&opened.pool).await.unwrap();
+    assert_eq!(stored, [1]);
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as(&counts_sql(Engine::Postgres)).fetch_all(&opened.pool).await.unwrap();
+    assert_eq!(counts, [("queued", 1), ("running", 2), ("succeeded", 1)].map(|(s, n)| (s.to_string(), n)));
 }
