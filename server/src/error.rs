@@ -53,11 +53,41 @@ impl From<sqlx::Error> for ApiError {
     /// A full disk is a 507 and an unwritable or failing database a 503, each saying so; other
     /// database errors are internal (500, logged, not shown).
     fn from(error: sqlx::Error) -> ApiError {
-        let code = match &error {
-            sqlx::Error::Database(database) => database.code().and_then(|code| code.parse::<i32>().ok()),
+        let mapped = match &error {
+            sqlx::Error::Database(database) => match database.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                Some(postgres) => postgres_failure(postgres.code(), &error),
+                None => disk_failure(database.code().and_then(|code| code.parse::<i32>().ok()), &error),
+            },
+            sqlx::Error::PoolTimedOut => Some(ApiError::Unavailable(
+                "the database is busy (no connection to it came free in time); retry".into(),
+            )),
+            sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
+                Some(ApiError::Unavailable(format!("the connection to the database failed: {error}; retry")))
+            }
             _ => None,
         };
-        disk_failure(code, &error).unwrap_or(ApiError::Sqlx(error))
+        mapped.unwrap_or(ApiError::Sqlx(error))
+    }
+}
+
+/// The error for a PostgreSQL SQLSTATE that says the database server, not the request, is the
+/// problem: its disk full, its resources out, it shutting down, read-only (a standby), the
+/// connection gone, or the transaction given up in a conflict with another one (a replica's).
+fn postgres_failure(sqlstate: &str, error: &dyn std::fmt::Display) -> Option<ApiError> {
+    match sqlstate {
+        "53100" => Some(ApiError::InsufficientStorage(format!(
+            "the database server's disk is full: {error}; free space there and retry"
+        ))),
+        "40001" | "40P01" => Some(ApiError::Unavailable(format!(
+            "the database gave the write up in a conflict with another one ({error}); retry"
+        ))),
+        "25006" => Some(ApiError::Unavailable(format!(
+            "the database is read-only (a standby, or default_transaction_read_only is on): {error}"
+        ))),
+        code if code.starts_with("53") || code.starts_with("57P") || code.starts_with("08") => {
+            Some(ApiError::Unavailable(format!("the database cannot serve this now: {error}; retry")))
+        }
+        _ => None,
     }
 }
 

@@ -53,10 +53,20 @@ pub async fn run(
     let config = Arc::new(config);
     let (queue, tasks) = Queue::start(db.clone(), config.clone(), instance, shutting_down.clone());
     // While the server was down no worker could heartbeat; give them a lease to reconnect
-    // before their jobs count as lost.
-    let extended = queue.extend_all_leases().await.map_err(|error| anyhow::anyhow!("{error}"))?;
-    if extended > 0 {
-        tracing::info!(jobs = extended, "running jobs keep their leases while workers reconnect");
+    // before their jobs count as lost. Not when another replica of the database is running
+    // (it runs the reaper): the workers could reach it meanwhile, and every restart of a
+    // replica would hold off the reaping of jobs truly lost.
+    let others_serve = match db.postgres_pool() {
+        Some(pool) => crate::db::postgres::reaper_is_led(pool).await.context("looking for other replicas")?,
+        None => false,
+    };
+    if others_serve {
+        tracing::info!("another replica runs the reaper; running jobs keep the leases they have");
+    } else {
+        let extended = queue.extend_all_leases().await.map_err(|error| anyhow::anyhow!("{error}"))?;
+        if extended > 0 {
+            tracing::info!(jobs = extended, "running jobs keep their leases while workers reconnect");
+        }
     }
     let state = AppState { queue: queue.clone(), config, shutting_down: shutting_down.clone() };
     let reaper = tokio::spawn(crate::reaper::run(queue.clone(), shutting_down.clone()));

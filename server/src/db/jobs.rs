@@ -274,6 +274,22 @@ pub async fn state(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::Result<Optio
     })
 }
 
+/// [`state`], the row locked until the transaction ends on PostgreSQL (where replicas write
+/// side by side; SQLite's single writer needs no lock): a unit that decides on it, such as a
+/// batch of metrics checking its offset, is not raced by the same batch sent to another
+/// replica, which waits and then reads what this one wrote.
+pub async fn state_for_update(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::Result<Option<JobState>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let lock = engine.pick("", " FOR NO KEY UPDATE");
+        let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = $1{lock}"))
+            .bind(id.get())
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.as_ref().map(state_from_row).transpose()
+    })
+}
+
 /// Running jobs whose lease ran out before `now`.
 pub async fn expired(conn: impl Into<Conn<'_>>, now: i64) -> anyhow::Result<Vec<JobState>> {
     let mut conn = conn.into();

@@ -173,23 +173,62 @@ pub struct Leadership {
     leading: bool,
 }
 
+/// Settings of the connection that holds the reaper's lock: the database server probes a
+/// silent client after 5 s, every 2 s, and gives up after 3 unanswered probes, so a leader
+/// whose host vanished (no FIN, no RST) loses the lock within about 11 s instead of the
+/// system's TCP timeout (hours), and another replica takes over the reaping.
+const LEADER_KEEPALIVES: [&str; 3] =
+    ["SET tcp_keepalives_idle = 5", "SET tcp_keepalives_interval = 2", "SET tcp_keepalives_count = 3"];
+
+/// How long the leader's check of its connection may take before it steps down (a database
+/// it cannot reach in that time is one its reaping could not write to anyway).
+const LEADER_CHECK: Duration = Duration::from_secs(5);
+
+/// Whether some server runs the reaper on this database now: its advisory lock is held. A
+/// server starting beside a running replica leaves the leases as they are (the workers could
+/// heartbeat meanwhile); the first of them to start extends them.
+pub async fn reaper_is_led(pool: &PgPool) -> sqlx::Result<bool> {
+    let mut conn = pool.acquire().await?;
+    let free: bool =
+        sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(REAPER_LOCK).fetch_one(&mut *conn).await?;
+    if free {
+        sqlx::query("SELECT pg_advisory_unlock($1)").bind(REAPER_LOCK).execute(&mut *conn).await?;
+    }
+    Ok(!free)
+}
+
 impl Leadership {
     pub fn new(pool: PgPool) -> Leadership {
         Leadership { pool, conn: None, leading: false }
+    }
+
+    async fn connect(&self) -> Option<PgConnection> {
+        let mut conn = PgConnection::connect_with(&self.pool.connect_options()).await.ok()?;
+        for setting in LEADER_KEEPALIVES {
+            // Boxed: see `backend::on_conn!`.
+            let set: futures_util::future::BoxFuture<'_, sqlx::Result<sqlx::postgres::PgQueryResult>> =
+                Box::pin(sqlx::query(setting).execute(&mut conn));
+            set.await.ok()?;
+        }
+        Some(conn)
     }
 
     /// Whether this replica leads now: keeps the lock while its connection answers, else tries
     /// to take it (without waiting).
     pub async fn lead(&mut self) -> bool {
         if self.conn.is_none() {
-            self.conn = PgConnection::connect_with(&self.pool.connect_options()).await.ok();
+            self.conn = self.connect().await;
         }
         let Some(conn) = self.conn.as_mut() else { return false };
-        let answer = match self.leading {
-            true => sqlx::query_scalar("SELECT true").fetch_one(&mut *conn).await,
-            false => {
-                sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(REAPER_LOCK).fetch_one(&mut *conn).await
-            }
+        let query = match self.leading {
+            true => sqlx::query_scalar("SELECT true"),
+            false => sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(REAPER_LOCK),
+        };
+        // Boxed: see `backend::on_conn!` (the reaper's future must be Send for every lifetime).
+        let fetch: futures_util::future::BoxFuture<'_, sqlx::Result<bool>> = Box::pin(query.fetch_one(&mut *conn));
+        let answer = match tokio::time::timeout(LEADER_CHECK, fetch).await {
+            Ok(answer) => answer,
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
         };
         match answer {
             Ok(leading) => {

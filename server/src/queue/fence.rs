@@ -10,8 +10,12 @@ use shared::api::{JobId, WorkerId};
 use shared::job::JobStatus;
 
 /// The job's state, if `worker` holds its running `attempt`; 404 for no job, 409 otherwise.
+/// Inside a write unit on PostgreSQL the job's row stays locked until the unit's group ends
+/// (`db::jobs::state_for_update`): what the unit decides on it (an offset, a seal) holds
+/// against the same request sent to another replica meanwhile.
 pub async fn holder(conn: Conn<'_>, job: JobId, attempt: u32, worker: WorkerId, what: &str) -> ApiResult<JobState> {
-    let current = db::jobs::state(conn, job).await?.ok_or_else(|| ApiError::NotFound(format!("no job {job}")))?;
+    let current =
+        db::jobs::state_for_update(conn, job).await?.ok_or_else(|| ApiError::NotFound(format!("no job {job}")))?;
     check(&current, attempt, worker, what)?;
     Ok(current)
 }

@@ -886,3 +886,128 @@ async fn a_bulk_finish_applies_only_as_its_unit_saw_the_job_and_stores_a_record_
         sqlx::query_as(&counts_sql(Engine::Postgres)).fetch_all(&opened.pool).await.unwrap();
     assert_eq!(counts, [("queued", 1), ("running", 2), ("succeeded", 1)].map(|(s, n)| (s.to_string(), n)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_turned_read_only_is_a_503_saying_so_and_the_replica_keeps_serving() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let a = Replica::start(&pg.url, shared.path()).await;
+    let queue_db: sqlx::postgres::PgConnectOptions = pg.url.parse().unwrap();
+    let database = queue_db.get_database().unwrap().to_string();
+    // From another database of the server: what is done to the queue's does not reach it.
+    let admin = PgPool::connect_with(queue_db.database("postgres")).await.unwrap();
+    // Every connection from now on starts read-only (as on a standby); the replica's open ones
+    // are ended, so it reconnects into that.
+    let turn = |on: bool| {
+        let (admin, database) = (admin.clone(), database.clone());
+        async move {
+            sqlx::query(&format!("ALTER DATABASE \"{database}\" SET default_transaction_read_only = {on}"))
+                .execute(&admin)
+                .await
+                .unwrap();
+            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+                .bind(&database)
+                .execute(&admin)
+                .await
+                .unwrap();
+        }
+    };
+    turn(true).await;
+    let query = shared::api::SubmitQuery::default();
+    let submit = || a.client.submit("name: ro\ncommand: 'true'\n", &query);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let error = loop {
+        let error = submit().await.expect_err("nothing can be written");
+        // The first request after the connections ended may meet one of them closing.
+        if error.to_string().contains("read-only") || std::time::Instant::now() > deadline {
+            break error;
+        }
+    };
+    assert_eq!(error.status(), Some(503), "{error}");
+    assert!(error.to_string().contains("read-only"), "{error}");
+    a.client.sweeps().await.expect("reads are still served");
+    turn(false).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while submit().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "writes never came back");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(a.client.sweep("ro").await.unwrap().info.counts.queued, 1, "the write after it, once, complete");
+    admin.close().await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_batch_sent_to_two_replicas_at_once_is_stored_once() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let a = Replica::start(&pg.url, shared.path()).await;
+    let b = Replica::start(&pg.url, shared.path()).await;
+    a.client.submit("name: curves\ncommand: 'true'\n", &shared::api::SubmitQuery::default()).await.unwrap();
+    let registered = a
+        .client
+        .register(&shared::api::RegisterRequest {
+            name: "w".into(),
+            protocol: shared::PROTOCOL_VERSION,
+            key: None,
+            capacity: cpu(1),
+            holding: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let (on_a, on_b) = (a.client.with_session(&registered).unwrap(), b.client.with_session(&registered).unwrap());
+    let claim = shared::api::ClaimRequest { capacity: cpu(1), wait_ms: 0, reserve: 0 };
+    let job = on_a.claim(registered.worker_id, &claim).await.unwrap().jobs.remove(0);
+    // A worker that got no answer sends its batch again, here to the other replica while the
+    // first is still being written: the offset makes the second one a no-op.
+    let batches = 30;
+    for offset in 1..=batches {
+        let batch = shared::api::MetricsBatch {
+            worker_id: registered.worker_id,
+            attempt: job.attempt,
+            offset,
+            points: vec![shared::api::MetricPoint { step: Some(offset as i64), name: "loss".into(), value: 0.5 }],
+        };
+        let (first, second) = tokio::join!(on_a.send_metrics(job.id, &batch), on_b.send_metrics(job.id, &batch));
+        assert_eq!((first.unwrap().offset, second.unwrap().offset), (offset, offset));
+    }
+    let series = a.client.metrics(job.id).await.unwrap();
+    let points: usize = series.iter().map(|series| series.values.len()).sum();
+    assert_eq!(points, batches as usize, "each batch's point once");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starting_beside_a_running_one_leaves_the_leases_and_a_first_start_extends_them() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let admin = PgPool::connect(&pg.url).await.unwrap();
+    let a = Replica::start(&pg.url, shared.path()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !postgres::reaper_is_led(&admin).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "the first replica never took the reaper's lock");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    a.client.submit("name: leased\ncommand: 'true'\n", &shared::api::SubmitQuery::default()).await.unwrap();
+    let worker = register(&a.client, 1).await;
+    let claim = shared::api::ClaimRequest { capacity: cpu(1), wait_ms: 0, reserve: 0 };
+    assert_eq!(a.client.claim(worker, &claim).await.unwrap().jobs.len(), 1);
+    let lease = || async {
+        sqlx::query_scalar::<_, i64>("SELECT lease_expires_at FROM jobs WHERE status = 'running'")
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+    };
+    let claimed = lease().await;
+    let b = Replica::start(&pg.url, shared.path()).await;
+    assert_eq!(lease().await, claimed, "a second replica's start extends nothing");
+    b.stop().await;
+    a.stop().await;
+    // Nobody serves the database now: a start gives the workers a lease to come back.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let c = Replica::start(&pg.url, shared.path()).await;
+    assert!(lease().await > claimed, "the first start after all stopped extends the leases");
+    c.stop().await;
+    admin.close().await;
+}
