@@ -666,19 +666,24 @@ const BULK_TRIES: u32 = 3;
 async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Events) -> Option<WriterConn> {
     let (steps, thens): (Vec<bulk::Step>, Vec<BulkThen>) = group.into_iter().map(|unit| (unit.step, unit.then)).unzip();
     let refs: Vec<&bulk::Step> = steps.iter().collect();
+    // One statement, its own transaction, when it can be; else a transaction of several.
+    let at_once = bulk::fits_one_statement(&refs);
     let mut tries = 0;
     let done = loop {
         tries += 1;
-        let ran = match conn.execute("BEGIN").await {
-            Ok(()) => match &mut conn {
-                WriterConn::Postgres(pg) => bulk::finish_and_claim(pg, &refs).await,
-                WriterConn::Sqlite(_) => Err(anyhow::anyhow!("bulk units run on PostgreSQL only")),
+        let ran = match (&mut conn, at_once) {
+            (WriterConn::Postgres(pg), true) => bulk::finish_and_claim_at_once(pg, &refs).await,
+            (WriterConn::Postgres(pg), false) => match sqlx::query("BEGIN").execute(&mut **pg).await {
+                Ok(_) => bulk::finish_and_claim(pg, &refs).await,
+                Err(error) => Err(error.into()),
             },
-            Err(error) => Err(error.into()),
+            (WriterConn::Sqlite(_), _) => Err(anyhow::anyhow!("bulk units run on PostgreSQL only")),
         };
         match ran {
             Ok(done) => break done,
-            Err(error) if tries < BULK_TRIES && is_given_up(&error) && conn.execute("ROLLBACK").await.is_ok() => {
+            Err(error)
+                if tries < BULK_TRIES && is_given_up(&error) && (at_once || conn.execute("ROLLBACK").await.is_ok()) =>
+            {
                 tracing::debug!(error = %error, tries, "the database gave a bulk group up; running it again");
             }
             Err(error) => {
@@ -693,11 +698,16 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
             }
         }
     };
-    let mut tx = Tx { conn, changes: Vec::new(), pending: None, begun: true };
+    let mut tx = Tx { conn, changes: Vec::new(), pending: None, begun: !at_once };
     let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
     for (then, done) in thens.into_iter().zip(done) {
         let outcome = match AssertUnwindSafe(then(BulkRun::Done(&mut tx, done))).catch_unwind().await {
             Ok(outcome) => outcome,
+            Err(_) if at_once => {
+                // Committed already: the others are answered; this one's sender is gone.
+                tracing::error!("a write unit panicked after its group was committed");
+                continue;
+            }
             Err(_) => {
                 tracing::error!("a write unit panicked; its group is rolled back");
                 let mut none = VecDeque::new();
@@ -707,11 +717,18 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
         let changes = std::mem::take(&mut tx.changes);
         let failed = outcome.failed().is_some();
         ran.push((outcome, changes));
-        if failed {
+        if failed && !at_once {
             // Its step may have written: without a savepoint, only the whole group is undone.
             let mut none = VecDeque::new();
             return abandon(tx, ran, &mut none, "a write failed while it was concluded").0;
         }
+        // Once committed, a conclusion that fails (a sweep's name that could not be read) is
+        // that unit's answer alone, as a lost answer would be: the worker sends its finish
+        // again and is told the attempt is over.
+    }
+    if at_once {
+        answer_committed(ran, events);
+        return Some(tx.conn);
     }
     match execute(&mut tx, "COMMIT").await {
         Ok(()) => {

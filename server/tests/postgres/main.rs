@@ -813,6 +813,16 @@ async fn bare_finishes_on_postgres_go_as_set_statements_and_each_claims_its_own_
 
 #[tokio::test]
 async fn a_bulk_finish_applies_only_as_its_unit_saw_the_job_and_stores_a_record_only_with_its_finish() {
+    bulk_finishes(true).await;
+}
+
+#[tokio::test]
+async fn bulk_finishes_in_a_transaction_of_several_statements_do_the_same() {
+    bulk_finishes(false).await;
+}
+
+/// A group of three finishes, as one statement (`at_once`) or as several in a transaction.
+async fn bulk_finishes(at_once: bool) {
     use server::db::bulk::Step;
     use shared::api::{JobId, SweepId, WorkerId};
     use shared::job::{Finish, JobStatus};
@@ -862,9 +872,24 @@ async fn a_bulk_finish_applies_only_as_its_unit_saw_the_job_and_stores_a_record_
     // Job 1 as its unit saw it; job 2 has metric summaries its record was made without; job 3
     // is not running at all.
     let steps = [step(1), step(2), step(3)];
-    let mut conn = opened.pool.begin().await.unwrap();
-    let done = server::db::bulk::finish_and_claim(&mut conn, &steps.iter().collect::<Vec<_>>()).await.unwrap();
-    conn.commit().await.unwrap();
+    let steps: Vec<&Step> = steps.iter().collect();
+    assert!(server::db::bulk::fits_one_statement(&steps), "the claims all ask without the trainer");
+    let mut with_trainer = step(9);
+    with_trainer.claim = Some(server::db::plain_claims::PlainClaim { trainer: true, ..plain(1, 1) });
+    let mixed = [steps[0], &with_trainer];
+    assert!(!server::db::bulk::fits_one_statement(&mixed), "a claim with the trainer and one without");
+    let done = match at_once {
+        true => {
+            let mut conn = opened.pool.acquire().await.unwrap();
+            server::db::bulk::finish_and_claim_at_once(&mut conn, &steps).await.unwrap()
+        }
+        false => {
+            let mut conn = opened.pool.begin().await.unwrap();
+            let done = server::db::bulk::finish_and_claim(&mut conn, &steps).await.unwrap();
+            conn.commit().await.unwrap();
+            done
+        }
+    };
     let seen_done: Vec<(bool, bool, Vec<i64>)> = done
         .iter()
         .map(|done| (done.applied, done.stored, done.claimed.iter().map(|row| row.id.get()).collect()))
@@ -882,6 +907,21 @@ async fn a_bulk_finish_applies_only_as_its_unit_saw_the_job_and_stores_a_record_
     );
     let stored: Vec<i64> = sqlx::query_scalar("SELECT job_id FROM results").fetch_all(&opened.pool).await.unwrap();
     assert_eq!(stored, [1]);
+    // Both transitions recorded once, the finish's and the claim's, though one statement made both.
+    let events: Vec<(i64, String, String, i64)> =
+        sqlx::query_as("SELECT job_id, from_status, to_status, attempt FROM job_events ORDER BY job_id")
+            .fetch_all(&opened.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        events,
+        [(1, "running", "succeeded", 1), (3, "queued", "running", 1)].map(|(id, from, to, attempt)| (
+            id,
+            from.to_string(),
+            to.to_string(),
+            attempt
+        ))
+    );
     let counts: Vec<(String, i64)> =
         sqlx::query_as(&counts_sql(Engine::Postgres)).fetch_all(&opened.pool).await.unwrap();
     assert_eq!(counts, [("queued", 1), ("running", 2), ("succeeded", 1)].map(|(s, n)| (s.to_string(), n)));
