@@ -333,6 +333,26 @@ pub async fn running_on(conn: impl Into<Conn<'_>>, worker_id: WorkerId) -> anyho
     })
 }
 
+/// [`running_on`], only the attempts started before `started_before`.
+pub async fn running_on_since(
+    conn: impl Into<Conn<'_>>,
+    worker_id: WorkerId,
+    started_before: i64,
+) -> anyhow::Result<Vec<JobState>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let hint = engine.pick(" INDEXED BY jobs_running_by_worker", "");
+        let rows = sqlx::query(&format!(
+            "SELECT {STATE_COLUMNS} FROM jobs{hint} WHERE status = 'running' AND worker_id = $1 AND started_at < $2"
+        ))
+        .bind(worker_id.get())
+        .bind(started_before)
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.iter().map(state_from_row).collect()
+    })
+}
+
 /// A queued job the claim may hand out.
 pub struct Candidate {
     pub id: JobId,

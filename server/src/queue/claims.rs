@@ -11,7 +11,7 @@ use super::{Change, Queue, Tx};
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use shared::api::{ClaimedJob, JobAttempt, JobId, SweepId, WorkerId};
-use shared::job::{self, JobStatus, Outcome};
+use shared::job::JobStatus;
 use shared::placement::{place, Capacity, Placement};
 use shared::sweep::SweepForm;
 use std::collections::HashMap;
@@ -135,12 +135,8 @@ impl Queue {
                         if !still_ours {
                             continue;
                         }
-                        let decision = job::finish(&Outcome::Abandoned, current.retries_left, current.cancel_requested);
-                        if db::jobs::finish(tx.conn().await?, &current, worker_id, &decision, now_ms()).await? {
-                            tracing::info!(job = %attempt.job_id, "claimed for a worker that hung up; back in the queue");
-                            tx.note(Change::Job(attempt.job_id));
-                            tx.note(Change::Claimable);
-                        }
+                        super::workers::hand_back(tx, &current, worker_id, "its worker hung up before the answer")
+                            .await?;
                     }
                     Ok(())
                 })

@@ -129,14 +129,29 @@ impl Queue {
 
     /// Marks the worker alive, extends the leases of the attempts it really holds, stores its
     /// telemetry; answers which attempts to cancel and which are no longer its own.
+    ///
+    /// Jobs the database has running on the worker that it does not list, claimed more than
+    /// two heartbeats ago, go back to the queue (no crash counted): the answer that handed them
+    /// out never reached it. That happens when a server commits a finish with its next claim and
+    /// dies before answering (a replica killed): the worker sends its finish again elsewhere,
+    /// is told the attempt is over, and never learns of the claimed job, which waited for its
+    /// lease (30 s in the failover benchmark) instead of a heartbeat or two.
     pub async fn heartbeat(&self, worker: WorkerId, request: HeartbeatRequest) -> ApiResult<HeartbeatResponse> {
         let lease = self.config.lease;
+        let grace = self.config.heartbeat.saturating_mul(2);
         self.write(move |tx| {
             Box::pin(async move {
                 let now = now_ms();
                 let lease_expires_at = now + lease.as_millis() as i64;
                 if !db::workers::touch(tx.conn().await?, worker, now).await? {
                     return Err(unknown_worker(worker));
+                }
+                let reported: HashSet<JobAttempt> = request.running.iter().copied().collect();
+                let started_before = now - grace.as_millis() as i64;
+                for job in db::jobs::running_on_since(tx.conn().await?, worker, started_before).await? {
+                    if !reported.contains(&JobAttempt { job_id: job.id, attempt: job.attempt }) {
+                        hand_back(tx, &job, worker, "never reached its worker").await?;
+                    }
                 }
                 let held =
                     db::jobs::extend_leases(tx.conn().await?, worker, &request.running, lease_expires_at).await?;
@@ -160,4 +175,21 @@ impl Queue {
         let (heartbeat, lease) = (self.config.heartbeat.as_millis() as u64, self.config.lease.as_millis() as u64);
         Ok(db::workers::list(self.reader(), now_ms(), heartbeat, lease).await?)
     }
+}
+
+/// Puts `job`, running on `worker` but never started there, back in the queue as abandoned
+/// (no crash counted), guarded by the state read.
+pub(super) async fn hand_back(
+    tx: &mut super::Tx,
+    job: &db::jobs::JobState,
+    worker: WorkerId,
+    why: &str,
+) -> ApiResult<()> {
+    let decision = shared::job::finish(&shared::job::Outcome::Abandoned, job.retries_left, job.cancel_requested);
+    if db::jobs::finish(tx.conn().await?, job, worker, &decision, now_ms()).await? {
+        tracing::warn!(job = %job.id, attempt = job.attempt, worker = %worker, "claimed but {why}; back in the queue");
+        tx.note(Change::Job(job.id));
+        tx.note(Change::Claimable);
+    }
+    Ok(())
 }

@@ -114,6 +114,32 @@ async fn heartbeats_keep_leases_alive_carry_cancels_and_name_unknown_attempts() 
 }
 
 #[tokio::test]
+async fn a_job_claimed_for_a_worker_that_never_lists_it_goes_back_to_the_queue_after_two_heartbeats() {
+    // As when a server commits a finish with the worker's next claim and dies before it
+    // answers: the job is running on the worker in the database, and the worker never heard.
+    let app = TestApp::spawn_with(|config| config.heartbeat = Duration::from_millis(200)).await;
+    app.submit(&sweep_of("unheard", 2)).await;
+    let worker = app.register("w", 2).await;
+    let jobs = app.claim(worker, 2).await;
+    let (held, unheard) = (JobAttempt { job_id: jobs[0].id, attempt: jobs[0].attempt }, jobs[1].id);
+    let beat = HeartbeatRequest { running: vec![held], ..HeartbeatRequest::default() };
+    app.client.heartbeat(worker, &beat).await.unwrap();
+    assert_eq!(app.client.job(unheard).await.unwrap().status, JobStatus::Running, "an answer may still be on its way");
+    let requeued = wait_until("the unheard job back in the queue", Duration::from_secs(10), || async {
+        app.client.heartbeat(worker, &beat).await.unwrap();
+        let job = app.client.job(unheard).await.unwrap();
+        (job.status == JobStatus::Queued).then_some(job)
+    })
+    .await;
+    assert_eq!(requeued.crash_count, 0, "it never ran: no crash is counted");
+    let kept = app.client.job(held.job_id).await.unwrap();
+    assert_eq!((kept.status, kept.attempt), (JobStatus::Running, held.attempt), "the job it lists stays its own");
+    // Claimed again, it runs as its next attempt.
+    let again = app.claim(worker, 1).await;
+    assert_eq!(again.iter().map(|job| job.id).collect::<Vec<_>>(), [unheard]);
+}
+
+#[tokio::test]
 async fn cancelling_a_sweep_cancels_queued_jobs_now_and_flags_running_ones() {
     let app = TestApp::spawn().await;
     app.submit(&sweep_of("stop-me", 5)).await;
