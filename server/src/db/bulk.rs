@@ -170,23 +170,13 @@ pub async fn finish_and_claim_at_once(conn: &mut PgConnection, steps: &[&Step]) 
         .filter_map(|step| step.version.as_ref())
         .map(|version| Ok((version, VersionColumns::of(version)?)))
         .collect::<serde_json::Result<_>>()?;
-    let texts =
-        |pick: &dyn Fn(&(&ResultVersion, VersionColumns)) -> String| versions.iter().map(pick).collect::<Vec<_>>();
     let asking: Vec<(usize, PlainClaim)> = steps
         .iter()
         .enumerate()
         .filter_map(|(index, step)| step.claim.filter(|claim| claim.slots > 0).map(|claim| (index, claim)))
         .collect();
     let trainer = asking.first().is_some_and(|(_, claim)| claim.trainer);
-    let query = bind_finishes(sqlx::query(one_statement_sql()), steps)
-        .bind(versions.iter().map(|(version, _)| version.job_id.get()).collect::<Vec<i64>>())
-        .bind(versions.iter().map(|(version, _)| i64::from(version.attempt)).collect::<Vec<i64>>())
-        .bind(texts(&|(version, _)| version.path.clone()))
-        .bind(texts(&|(_, columns)| columns.manifest.clone()))
-        .bind(texts(&|(_, columns)| columns.record.clone()))
-        .bind(texts(&|(_, columns)| columns.params.clone()))
-        .bind(texts(&|(_, columns)| columns.metrics.clone()))
-        .bind(versions.iter().map(|(version, _)| version.stored_at).collect::<Vec<i64>>())
+    let query = bind_versions(bind_finishes(sqlx::query(one_statement_sql()), steps), &versions)
         .bind(asking.iter().map(|(index, _)| steps[*index].seen.id.get()).collect::<Vec<i64>>())
         .bind(asking.iter().map(|(_, claim)| claim.worker_id.get()).collect::<Vec<i64>>())
         .bind(asking.iter().map(|(_, claim)| i64::from(claim.slots)).collect::<Vec<i64>>())
@@ -214,6 +204,24 @@ pub async fn finish_and_claim_at_once(conn: &mut PgConnection, steps: &[&Step]) 
         done[*index].claimed.push(ClaimedRow::from_row(row)?);
     }
     Ok(done)
+}
+
+/// Binds `versions` as eight arrays, in the order of the `results` columns.
+fn bind_versions<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    versions: &[(&ResultVersion, VersionColumns)],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let texts =
+        |pick: &dyn Fn(&(&ResultVersion, VersionColumns)) -> String| versions.iter().map(pick).collect::<Vec<_>>();
+    query
+        .bind(versions.iter().map(|(version, _)| version.job_id.get()).collect::<Vec<i64>>())
+        .bind(versions.iter().map(|(version, _)| i64::from(version.attempt)).collect::<Vec<i64>>())
+        .bind(texts(&|(version, _)| version.path.clone()))
+        .bind(texts(&|(_, columns)| columns.manifest.clone()))
+        .bind(texts(&|(_, columns)| columns.record.clone()))
+        .bind(texts(&|(_, columns)| columns.params.clone()))
+        .bind(texts(&|(_, columns)| columns.metrics.clone()))
+        .bind(versions.iter().map(|(version, _)| version.stored_at).collect::<Vec<i64>>())
 }
 
 /// Binds the finishes of `steps` to `$1`-`$12` of [`FINISH_SQL`].
@@ -268,19 +276,7 @@ async fn store_versions(conn: &mut PgConnection, steps: &[&Step], done: &mut [Fi
     if versions.is_empty() {
         return Ok(());
     }
-    let texts =
-        |pick: &dyn Fn(&(&ResultVersion, VersionColumns)) -> String| versions.iter().map(pick).collect::<Vec<_>>();
-    let rows = sqlx::query(VERSIONS_SQL)
-        .bind(versions.iter().map(|(version, _)| version.job_id.get()).collect::<Vec<i64>>())
-        .bind(versions.iter().map(|(version, _)| i64::from(version.attempt)).collect::<Vec<i64>>())
-        .bind(texts(&|(version, _)| version.path.clone()))
-        .bind(texts(&|(_, columns)| columns.manifest.clone()))
-        .bind(texts(&|(_, columns)| columns.record.clone()))
-        .bind(texts(&|(_, columns)| columns.params.clone()))
-        .bind(texts(&|(_, columns)| columns.metrics.clone()))
-        .bind(versions.iter().map(|(version, _)| version.stored_at).collect::<Vec<i64>>())
-        .fetch_all(&mut *conn)
-        .await?;
+    let rows = bind_versions(sqlx::query(VERSIONS_SQL), &versions).fetch_all(&mut *conn).await?;
     let stored: HashSet<i64> = rows.iter().map(|row| row.try_get::<i64, _>(0)).collect::<Result<_, _>>()?;
     for (step, done) in steps.iter().zip(done.iter_mut()) {
         done.stored = done.applied && step.version.is_some() && stored.contains(&step.seen.id.get());

@@ -203,6 +203,49 @@ struct Lane {
     search: std::sync::Arc<super::search::Controller>,
 }
 
+/// What a bare finish decided on a reader's view writes when it goes quickly.
+struct QuickStep {
+    decision: Finish,
+    now: i64,
+    /// The worker's next claim, made only if the finish applies.
+    claim: Option<db::plain_claims::PlainClaim>,
+    /// The record, as a version without files or metric summaries.
+    version: Option<ResultVersion>,
+}
+
+/// The step of a bare finish decided on `seen` (a reader's view), for the fast or the bulk
+/// lane; `None` when it cannot go that way: the attempt is not held as the view says, the
+/// attempt has metric summaries its record would miss, or the claim is not a plain one.
+fn quick_step(
+    lease: Duration,
+    at: WorkerAttempt,
+    (outcome, record): (&shared::job::Outcome, Option<shared::api::AttemptRecord>),
+    (seen, source): (&db::jobs::JobState, db::jobs::ResultSource),
+    requests: &[(WorkerId, Capacity)],
+) -> ApiResult<Option<QuickStep>> {
+    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
+    if super::fence::check(seen, at.attempt, at.worker, "finish").is_err() {
+        return Ok(None);
+    }
+    let Ok(decision) = super::reports::decide(seen, attempt, at.worker, outcome) else { return Ok(None) };
+    if record.is_some() && source.has_metrics {
+        return Ok(None);
+    }
+    let now = now_ms();
+    let claim = match requests.is_empty() {
+        true => None,
+        false => match super::claims::plain_claim(requests, now + lease.as_millis() as i64, now) {
+            Some(claim) => Some(claim),
+            None => return Ok(None),
+        },
+    };
+    let version = match record {
+        Some(record) => Some(version(at, source, Vec::new(), record, Default::default())?),
+        None => None,
+    };
+    Ok(Some(QuickStep { decision, now, claim, version }))
+}
+
 /// A bare finish decided on `snapshot` (a reader's view) and applied with the worker's next
 /// plain claim on the writer's own connection (`db::fast`), with no hand-off per statement.
 /// `None` (and nothing written) when it does not apply as it is: the attempt is not (or no
@@ -218,24 +261,13 @@ fn fast(
     requests: &[(WorkerId, Capacity)],
 ) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>)>> {
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
-    if super::fence::check(&seen, at.attempt, at.worker, "finish").is_err() {
+    if lane.search.may_be_open() {
         return Ok(None);
     }
-    let Ok(decision) = super::reports::decide(&seen, attempt, at.worker, outcome) else { return Ok(None) };
-    if (record.is_some() && source.has_metrics) || lane.search.may_be_open() {
+    let Some(QuickStep { decision, now, claim, version }) =
+        quick_step(lane.lease, at, (outcome, record), (&seen, source), requests)?
+    else {
         return Ok(None);
-    }
-    let now = now_ms();
-    let claim = match requests.is_empty() {
-        true => None,
-        false => match super::claims::plain_claim(requests, now + lane.lease.as_millis() as i64, now) {
-            Some(claim) => Some(claim),
-            None => return Ok(None),
-        },
-    };
-    let version = match record {
-        Some(record) => Some(version(at, source, Vec::new(), record, Default::default())?),
-        None => None,
     };
     let step = db::plain_claims::FinishStep {
         pending: None,
@@ -276,21 +308,10 @@ impl Queue {
         requests: &[(WorkerId, Capacity)],
     ) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>)>> {
         let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
-        let Ok(decision) = super::reports::decide(&seen, attempt, at.worker, outcome) else { return Ok(None) };
-        if record.is_some() && source.has_metrics {
+        let Some(QuickStep { decision, now, claim, version }) =
+            quick_step(self.config.lease, at, (outcome, record), (&seen, source), requests)?
+        else {
             return Ok(None);
-        }
-        let now = now_ms();
-        let claim = match requests.is_empty() {
-            true => None,
-            false => match super::claims::plain_claim(requests, now + self.config.lease.as_millis() as i64, now) {
-                Some(claim) => Some(claim),
-                None => return Ok(None),
-            },
-        };
-        let version = match record {
-            Some(record) => Some(version(at, source, Vec::new(), record, Default::default())?),
-            None => None,
         };
         let step = db::bulk::Step { seen, worker_id: at.worker, decision: decision.clone(), now, version, claim };
         let lane = self.lane();

@@ -445,21 +445,27 @@ impl Thread {
         self.refuse(Some(ApiError::Unavailable(format!("the database cannot be opened for writing: {error}; retry"))));
     }
 
+    /// `connection`, or a new one; `None` when none can be had (said to the senders).
+    async fn connection(&self, connection: Option<WriterConn>) -> Option<WriterConn> {
+        let conn = match connection {
+            Some(conn) => conn,
+            None => match WriterConn::acquire(&self.pool).await {
+                Ok(conn) => conn,
+                Err(error) => {
+                    self.cannot_open(ApiError::from(error));
+                    return None;
+                }
+            },
+        };
+        self.refuse(None);
+        Some(conn)
+    }
+
     /// Runs async units until all are done, opening the connection again as needed.
     async fn run_units(&self, mut connection: Option<WriterConn>, mut group: VecDeque<RunUnit>) -> Option<WriterConn> {
         while !group.is_empty() {
-            let conn = match connection.take() {
-                Some(conn) => conn,
-                None => match WriterConn::acquire(&self.pool).await {
-                    Ok(conn) => conn,
-                    Err(error) => {
-                        // Dropped unrun: their senders read why.
-                        self.cannot_open(ApiError::from(error));
-                        return None;
-                    }
-                },
-            };
-            self.refuse(None);
+            // Dropped unrun when none can be had: their senders read why.
+            let conn = self.connection(connection.take()).await?;
             let (kept, rest) = run_group(conn, &mut group, &self.events).await;
             connection = kept;
             group = rest;
@@ -476,18 +482,8 @@ impl Thread {
             let (now, later): (Vec<BulkUnit>, Vec<BulkUnit>) =
                 std::mem::take(&mut group).into_iter().partition(|unit| jobs.insert(unit.step.seen.id));
             group = later.into();
-            let conn = match connection.take() {
-                Some(conn) => conn,
-                None => match WriterConn::acquire(&self.pool).await {
-                    Ok(conn) => conn,
-                    Err(error) => {
-                        // Dropped unrun: their senders read why.
-                        self.cannot_open(ApiError::from(error));
-                        return None;
-                    }
-                },
-            };
-            self.refuse(None);
+            // Dropped unrun when none can be had: their senders read why.
+            let conn = self.connection(connection.take()).await?;
             connection = run_bulk_group(conn, now, &self.events).await;
         }
         connection
