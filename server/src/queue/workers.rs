@@ -130,15 +130,17 @@ impl Queue {
     /// Marks the worker alive, extends the leases of the attempts it really holds, stores its
     /// telemetry; answers which attempts to cancel and which are no longer its own.
     ///
-    /// Jobs the database has running on the worker that it does not list, claimed more than
-    /// two heartbeats ago, go back to the queue (no crash counted): the answer that handed them
-    /// out never reached it. That happens when a server commits a finish with its next claim and
+    /// Jobs the database has running on the worker that it does not list, claimed longer ago
+    /// than [`unheard_after`], are lost as if their lease had run out (a crash counted, so a
+    /// job whose finish is refused every time fails after `max_crashes` instead of going round
+    /// for ever): the answer that handed them out never reached the worker, or the worker
+    /// dropped them. The first happens when a server commits a finish with its next claim and
     /// dies before answering (a replica killed): the worker sends its finish again elsewhere,
     /// is told the attempt is over, and never learns of the claimed job, which waited for its
-    /// lease (30 s in the failover benchmark) instead of a heartbeat or two.
+    /// whole lease (30 s in the failover benchmark).
     pub async fn heartbeat(&self, worker: WorkerId, request: HeartbeatRequest) -> ApiResult<HeartbeatResponse> {
-        let lease = self.config.lease;
-        let grace = self.config.heartbeat.saturating_mul(2);
+        let (lease, max_crashes) = (self.config.lease, self.config.max_crashes);
+        let grace = unheard_after(&self.config);
         self.write(move |tx| {
             Box::pin(async move {
                 let now = now_ms();
@@ -148,11 +150,12 @@ impl Queue {
                 }
                 let reported: HashSet<JobAttempt> = request.running.iter().copied().collect();
                 let started_before = now - grace.as_millis() as i64;
-                for job in db::jobs::running_on_since(tx.conn().await?, worker, started_before).await? {
-                    if !reported.contains(&JobAttempt { job_id: job.id, attempt: job.attempt }) {
-                        hand_back(tx, &job, worker, "never reached its worker").await?;
-                    }
-                }
+                let unheard: Vec<_> = db::jobs::running_on_since(tx.conn().await?, worker, started_before)
+                    .await?
+                    .into_iter()
+                    .filter(|job| !reported.contains(&JobAttempt { job_id: job.id, attempt: job.attempt }))
+                    .collect();
+                lose(tx, &unheard, max_crashes, now).await?;
                 let held =
                     db::jobs::extend_leases(tx.conn().await?, worker, &request.running, lease_expires_at).await?;
                 if !request.gpus.is_empty() {
@@ -192,4 +195,12 @@ pub(super) async fn hand_back(
         tx.note(Change::Claimable);
     }
     Ok(())
+}
+
+/// How long after its claim a job the worker's heartbeats do not list counts as lost: two
+/// heartbeats, and at least half a lease, so that a heartbeat built just before an answer
+/// arrived and delivered late (sent on to another replica after a 5xx) does not take a job the
+/// worker has just started.
+fn unheard_after(config: &crate::config::ServerConfig) -> std::time::Duration {
+    config.heartbeat.saturating_mul(2).max(config.lease / 2)
 }

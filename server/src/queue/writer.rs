@@ -696,7 +696,8 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
     };
     let mut tx = Tx { conn, changes: Vec::new(), pending: None, begun: !at_once };
     let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
-    for (then, done) in thens.into_iter().zip(done) {
+    let mut concluding = thens.into_iter().zip(done);
+    while let Some((then, done)) = concluding.next() {
         let outcome = match AssertUnwindSafe(then(BulkRun::Done(&mut tx, done))).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(_) if at_once => {
@@ -706,8 +707,9 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
             }
             Err(_) => {
                 tracing::error!("a write unit panicked; its group is rolled back");
-                let mut none = VecDeque::new();
-                return abandon(tx, ran, &mut none, "a write failed inside the server").0;
+                let why = "a write failed inside the server";
+                answer_unconcluded(concluding.map(|(then, _)| then), why).await;
+                return abandon(tx, ran, &mut VecDeque::new(), why).0;
             }
         };
         let changes = std::mem::take(&mut tx.changes);
@@ -715,8 +717,9 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
         ran.push((outcome, changes));
         if failed && !at_once {
             // Its step may have written: without a savepoint, only the whole group is undone.
-            let mut none = VecDeque::new();
-            return abandon(tx, ran, &mut none, "a write failed while it was concluded").0;
+            let why = "a write failed while it was concluded";
+            answer_unconcluded(concluding.map(|(then, _)| then), why).await;
+            return abandon(tx, ran, &mut VecDeque::new(), why).0;
         }
         // Once committed, a conclusion that fails (a sweep's name that could not be read) is
         // that unit's answer alone, as a lost answer would be: the worker sends its finish
@@ -736,6 +739,14 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
             close(tx.conn);
             None
         }
+    }
+}
+
+/// Answers the units of an abandoned bulk group that were not concluded yet: "retry", as
+/// the ones that were (nothing of theirs is committed).
+async fn answer_unconcluded(thens: impl Iterator<Item = BulkThen>, why: &str) {
+    for then in thens {
+        then(BulkRun::Failed(ApiError::Unavailable(format!("{why}; retry")))).await.settle(Ok(()));
     }
 }
 
