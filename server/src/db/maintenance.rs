@@ -122,7 +122,9 @@ pub async fn delete_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyho
             .bind(sweep_id.get())
             .fetch_all(&mut *conn)
             .await?;
-        for counts in ["sweep_counts", "sweep_count_moves"] {
+        // Moves first, then counts: the order `sweeps::fold_count_moves` takes them in, so the
+        // two never wait for each other in a cycle.
+        for counts in ["sweep_count_moves", "sweep_counts"] {
             sqlx::query(&format!("DELETE FROM {counts} WHERE sweep_id = $1"))
                 .bind(sweep_id.get())
                 .execute(&mut *conn)

@@ -208,7 +208,11 @@ impl Leadership {
             // Boxed: see `backend::on_conn!`.
             let set: futures_util::future::BoxFuture<'_, sqlx::Result<sqlx::postgres::PgQueryResult>> =
                 Box::pin(sqlx::query(setting).execute(&mut conn));
-            set.await.ok()?;
+            // Best effort (a pooler in between may refuse SET): leading without it is better
+            // than no replica leading.
+            if let Err(error) = set.await {
+                tracing::warn!(%error, setting, "the reaper's lock connection keeps the system's TCP keepalives");
+            }
         }
         Some(conn)
     }
