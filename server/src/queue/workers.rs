@@ -155,7 +155,7 @@ impl Queue {
                     .into_iter()
                     .filter(|job| !reported.contains(&JobAttempt { job_id: job.id, attempt: job.attempt }))
                     .collect();
-                lose(tx, &unheard, max_crashes, now).await?;
+                let lost = lose(tx, &unheard, max_crashes, now).await?;
                 let held =
                     db::jobs::extend_leases(tx.conn().await?, worker, &request.running, lease_expires_at).await?;
                 if !request.gpus.is_empty() {
@@ -163,14 +163,20 @@ impl Queue {
                     tx.note(Change::Page);
                 }
                 let known: HashSet<JobAttempt> = held.iter().map(|(attempt, _)| *attempt).collect();
-                Ok(HeartbeatResponse {
+                let response = HeartbeatResponse {
                     cancel: held.iter().filter(|(_, cancel)| *cancel).map(|(attempt, _)| *attempt).collect(),
                     unknown: request.running.iter().filter(|attempt| !known.contains(attempt)).copied().collect(),
                     lease_expires_at,
-                })
+                };
+                Ok((response, lost))
             })
         })
         .await
+        // Lost as a lease that ran out is, and counted with them.
+        .map(|(response, lost)| {
+            self.meters.leases_expired(&lost);
+            response
+        })
     }
 
     /// Every worker, with its state judged by this server's heartbeat interval and lease.
