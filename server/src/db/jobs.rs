@@ -264,14 +264,7 @@ fn state_from_row(row: &impl DbRow) -> anyhow::Result<JobState> {
 const STATE_COLUMNS: &str = "id, sweep_id, status, attempt, worker_id, retries_left, crash_count, cancel_requested";
 
 pub async fn state(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::Result<Option<JobState>> {
-    let mut conn = conn.into();
-    on_conn!(conn, |conn, engine| {
-        let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = $1"))
-            .bind(id.get())
-            .fetch_optional(&mut *conn)
-            .await?;
-        row.as_ref().map(state_from_row).transpose()
-    })
+    read_state(conn.into(), id, false).await
 }
 
 /// [`state`], the row locked until the transaction ends on PostgreSQL (where replicas write
@@ -279,9 +272,12 @@ pub async fn state(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::Result<Optio
 /// batch of metrics checking its offset, is not raced by the same batch sent to another
 /// replica, which waits and then reads what this one wrote.
 pub async fn state_for_update(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::Result<Option<JobState>> {
-    let mut conn = conn.into();
+    read_state(conn.into(), id, true).await
+}
+
+async fn read_state(mut conn: Conn<'_>, id: JobId, lock: bool) -> anyhow::Result<Option<JobState>> {
     on_conn!(conn, |conn, engine| {
-        let lock = engine.pick("", " FOR NO KEY UPDATE");
+        let lock = if lock { engine.pick("", " FOR NO KEY UPDATE") } else { "" };
         let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = $1{lock}"))
             .bind(id.get())
             .fetch_optional(&mut *conn)
@@ -321,16 +317,7 @@ pub async fn earliest_lease(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Option
 
 /// Running jobs the server believes `worker_id` holds.
 pub async fn running_on(conn: impl Into<Conn<'_>>, worker_id: WorkerId) -> anyhow::Result<Vec<JobState>> {
-    let mut conn = conn.into();
-    on_conn!(conn, |conn, engine| {
-        let hint = engine.pick(" INDEXED BY jobs_running_by_worker", "");
-        let rows =
-            sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs{hint} WHERE status = 'running' AND worker_id = $1"))
-                .bind(worker_id.get())
-                .fetch_all(&mut *conn)
-                .await?;
-        rows.iter().map(state_from_row).collect()
-    })
+    read_running_on(conn.into(), worker_id, None).await
 }
 
 /// [`running_on`], only the attempts started before `started_before`.
@@ -339,16 +326,23 @@ pub async fn running_on_since(
     worker_id: WorkerId,
     started_before: i64,
 ) -> anyhow::Result<Vec<JobState>> {
-    let mut conn = conn.into();
+    read_running_on(conn.into(), worker_id, Some(started_before)).await
+}
+
+async fn read_running_on(
+    mut conn: Conn<'_>,
+    worker_id: WorkerId,
+    started_before: Option<i64>,
+) -> anyhow::Result<Vec<JobState>> {
     on_conn!(conn, |conn, engine| {
         let hint = engine.pick(" INDEXED BY jobs_running_by_worker", "");
-        let rows = sqlx::query(&format!(
-            "SELECT {STATE_COLUMNS} FROM jobs{hint} WHERE status = 'running' AND worker_id = $1 AND started_at < $2"
-        ))
-        .bind(worker_id.get())
-        .bind(started_before)
-        .fetch_all(&mut *conn)
-        .await?;
+        let since = if started_before.is_some() { " AND started_at < $2" } else { "" };
+        let sql = format!("SELECT {STATE_COLUMNS} FROM jobs{hint} WHERE status = 'running' AND worker_id = $1{since}");
+        let mut query = sqlx::query(&sql).bind(worker_id.get());
+        if let Some(before) = started_before {
+            query = query.bind(before);
+        }
+        let rows = query.fetch_all(&mut *conn).await?;
         rows.iter().map(state_from_row).collect()
     })
 }
