@@ -43,7 +43,7 @@ use crate::error::{ApiError, ApiResult};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use sqlx::pool::PoolConnection;
-use sqlx::{Postgres, Sqlite, SqliteConnection};
+use sqlx::{PgConnection, Postgres, Sqlite, SqliteConnection};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -383,6 +383,7 @@ impl Thread {
     fn run(&self, mut receiver: mpsc::Receiver<Work>) {
         let mut connection: Option<WriterConn> = None;
         let mut fast: Option<rusqlite::Connection> = None;
+        let mut lane: Option<PgConnection> = None;
         let mut waiting: VecDeque<Work> = VecDeque::new();
         loop {
             if waiting.is_empty() {
@@ -426,7 +427,7 @@ impl Thread {
                             group.push_back(*unit);
                         }
                     }
-                    connection = self.handle.block_on(self.run_bulk(connection.take(), group));
+                    connection = self.handle.block_on(self.run_bulk(connection.take(), &mut lane, group));
                 }
                 None => {}
             }
@@ -473,10 +474,15 @@ impl Thread {
         connection
     }
 
-    /// Runs bulk units until all are done, opening the connection again as needed. A job's
-    /// second finish in one group waits for the next (it is decided on a state the first may
-    /// change).
-    async fn run_bulk(&self, mut connection: Option<WriterConn>, mut group: VecDeque<BulkUnit>) -> Option<WriterConn> {
+    /// Runs bulk units until all are done, opening the connections again as needed (`lane`:
+    /// the one-statement groups', `db::bulk::open_lane`). A job's second finish in one group
+    /// waits for the next (it is decided on a state the first may change).
+    async fn run_bulk(
+        &self,
+        mut connection: Option<WriterConn>,
+        lane: &mut Option<PgConnection>,
+        mut group: VecDeque<BulkUnit>,
+    ) -> Option<WriterConn> {
         while !group.is_empty() {
             let mut jobs = std::collections::HashSet::new();
             let (now, later): (Vec<BulkUnit>, Vec<BulkUnit>) =
@@ -484,7 +490,7 @@ impl Thread {
             group = later.into();
             // Dropped unrun when none can be had: their senders read why.
             let conn = self.connection(connection.take()).await?;
-            connection = run_bulk_group(conn, now, &self.events).await;
+            connection = run_bulk_group(conn, lane, &self.pool, now, &self.events).await;
         }
         connection
     }
@@ -655,11 +661,18 @@ fn answer_abandoned(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, why: &str) {
 const BULK_TRIES: u32 = 3;
 
 /// Runs a group of bulk units in one transaction: their steps together (`db::bulk`), then each
-/// unit's conclusion in turn; returns the connection if it is still sound. A group the database
-/// gives up on is rolled back and run again; any other failure (or a conclusion that fails:
-/// there are no savepoints to undo one unit alone) abandons the group, every unit answered
-/// "retry", nothing of theirs committed.
-async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Events) -> Option<WriterConn> {
+/// unit's conclusion in turn; returns the connection if it is still sound. A group that fits
+/// one statement runs it on `lane` (opened as needed), its own transaction, and is concluded
+/// on `conn` once committed. A group the database gives up on is rolled back and run again;
+/// any other failure (or a conclusion that fails: there are no savepoints to undo one unit
+/// alone) abandons the group, every unit answered "retry", nothing of theirs committed.
+async fn run_bulk_group(
+    mut conn: WriterConn,
+    lane: &mut Option<PgConnection>,
+    pool: &WriterPool,
+    group: Vec<BulkUnit>,
+    events: &Events,
+) -> Option<WriterConn> {
     let (steps, thens): (Vec<bulk::Step>, Vec<BulkThen>) = group.into_iter().map(|unit| (unit.step, unit.then)).unzip();
     let refs: Vec<&bulk::Step> = steps.iter().collect();
     // One statement, its own transaction, when it can be; else a transaction of several.
@@ -668,7 +681,7 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
     let done = loop {
         tries += 1;
         let ran = match (&mut conn, at_once) {
-            (WriterConn::Postgres(pg), true) => bulk::finish_and_claim_at_once(pg, &refs).await,
+            (_, true) => run_at_once(lane, pool, &refs).await,
             (WriterConn::Postgres(pg), false) => match sqlx::query("BEGIN").execute(&mut **pg).await {
                 Ok(_) => bulk::finish_and_claim(pg, &refs).await,
                 Err(error) => Err(error.into()),
@@ -688,6 +701,13 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
                 let cause = error.retry_copy();
                 for then in thens {
                     then(BulkRun::Failed(cause.retry_copy())).await.settle(Ok(()));
+                }
+                if at_once {
+                    // Nothing ran on the writer's connection; the lane's goes (it may be lost).
+                    if let Some(lane) = lane.take() {
+                        tokio::spawn(sqlx::Connection::close(lane));
+                    }
+                    return Some(conn);
                 }
                 close(conn);
                 return None;
@@ -740,6 +760,20 @@ async fn run_bulk_group(mut conn: WriterConn, group: Vec<BulkUnit>, events: &Eve
             None
         }
     }
+}
+
+/// Runs a group that fits one statement on `lane`, opening it first if it is not open.
+async fn run_at_once(
+    lane: &mut Option<PgConnection>,
+    pool: &WriterPool,
+    steps: &[&bulk::Step],
+) -> anyhow::Result<Vec<Finished>> {
+    let WriterPool::Postgres(pool) = pool else { anyhow::bail!("bulk units run on PostgreSQL only") };
+    let conn = match lane {
+        Some(conn) => conn,
+        None => lane.insert(bulk::open_lane(pool).await?),
+    };
+    bulk::finish_and_claim_at_once(conn, steps).await
 }
 
 /// Answers the units of an abandoned bulk group that were not concluded yet: "retry", as

@@ -821,6 +821,37 @@ async fn bulk_finishes_in_a_transaction_of_several_statements_do_the_same() {
     bulk_finishes(false).await;
 }
 
+#[tokio::test]
+async fn the_one_statement_group_has_a_generic_plan_that_never_scans_every_job() {
+    let pg = PgServer::start();
+    let opened = postgres::open(&pg.url).await.unwrap();
+    // Enough queued jobs, with statistics, that a scan of them all would be planned if any
+    // estimate allowed it (a parameter LIMIT is taken as a tenth of them).
+    sqlx::raw_sql(
+        "INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 's', 'native', 'x', 20000, 0);
+         INSERT INTO jobs (sweep_id, idx, params, command, created_at, status, attempt, needs_trainer)
+             SELECT 1, i, '{}', 'true', 0, 'queued', 0, 0 FROM generate_series(0, 19999) AS i;
+         ANALYZE jobs;",
+    )
+    .execute(&opened.pool)
+    .await
+    .unwrap();
+    let mut lane = server::db::bulk::open_lane(&opened.pool).await.unwrap();
+    sqlx::raw_sql(&format!("PREPARE at_once AS {}", server::db::bulk::at_once_sql())).execute(&mut lane).await.unwrap();
+    let nulls = vec!["NULL"; 27].join(", ");
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN (COSTS OFF) EXECUTE at_once({nulls})"))
+        .fetch_all(&mut lane)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Seq Scan on jobs"), "a scan of every job:\n{plan}");
+    assert!(plan.contains("jobs_queue"), "the queued jobs are picked through their index:\n{plan}");
+    // The slots and the ranks of the jobs picked are made once, not again for each row joined.
+    for cte in ["CTE Scan on slots", "CTE Scan on ranked"] {
+        assert!(plan.contains(cte), "no {cte}:\n{plan}");
+    }
+}
+
 /// A group of three finishes, as one statement (`at_once`) or as several in a transaction.
 async fn bulk_finishes(at_once: bool) {
     use server::db::bulk::Step;
@@ -880,7 +911,8 @@ async fn bulk_finishes(at_once: bool) {
     assert!(!server::db::bulk::fits_one_statement(&mixed), "a claim with the trainer and one without");
     let done = match at_once {
         true => {
-            let mut conn = opened.pool.acquire().await.unwrap();
+            // On the writer's lane: planned generic, as the writer runs it.
+            let mut conn = server::db::bulk::open_lane(&opened.pool).await.unwrap();
             server::db::bulk::finish_and_claim_at_once(&mut conn, &steps).await.unwrap()
         }
         false => {
