@@ -109,6 +109,12 @@ async fn own_data_dir(db: &Db, data_dir: &std::path::Path) -> anyhow::Result<Str
         // Replicas share one directory, marked by the server that made the database: any other
         // unmarked directory is not the shared one.
         let database = db.describe();
+        if db.created {
+            // The first server of a new database makes the shared directory (SQLite's
+            // `Db::open` makes its own); any other must find it made and marked.
+            std::fs::create_dir_all(data_dir)
+                .with_context(|| format!("creating data directory {}", data_dir.display()))?;
+        }
         crate::data_owner::check_shared(data_dir, &database, &instance, db.created)?;
         return Ok(instance);
     }
