@@ -97,7 +97,8 @@ impl Layout {
 
     /// Creates the staging area and empties `.incoming`: at start-up no upload is in flight,
     /// so anything there is left over from a crash. A directory replicas share (`shared`) may
-    /// hold the other replicas' uploads in flight: only files untouched for an hour go.
+    /// hold the other replicas' uploads in flight: the files no one holds locked go (a
+    /// killed replica's), and, where the file system has no locks, those untouched for an hour.
     pub async fn prepare(&self, shared: bool) -> io::Result<()> {
         let incoming = self.incoming();
         if !shared {
@@ -111,8 +112,9 @@ impl Layout {
         let stale = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
         let mut entries = tokio::fs::read_dir(&incoming).await?;
         while let Some(entry) = entries.next_entry().await? {
-            let modified = entry.metadata().await.and_then(|meta| meta.modified());
-            if modified.is_ok_and(|at| at < stale) {
+            let path = entry.path();
+            let abandoned = tokio::task::spawn_blocking(move || is_abandoned(&path, stale)).await.unwrap_or(false);
+            if abandoned {
                 let _ = tokio::fs::remove_file(entry.path()).await;
             }
         }
@@ -149,12 +151,30 @@ pub enum ReceiveError {
     Disk(#[from] io::Error),
 }
 
-/// A received file, not yet in place.
+/// A received file, not yet in place. Its file stays locked ([`InFlight`]) until the last
+/// copy of it is dropped, after it was placed or removed.
 #[derive(Debug, Clone)]
 pub struct Received {
     pub temp: PathBuf,
     pub size: u64,
     pub sha256: String,
+    _in_flight: std::sync::Arc<InFlight>,
+}
+
+/// An exclusive `flock` on an upload's file while it streams in and until it is placed: a
+/// server starting beside others on a shared directory removes the parts no one holds (their
+/// server died: the kernel dropped its locks) and leaves those in flight.
+#[derive(Debug)]
+struct InFlight {
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+}
+
+impl InFlight {
+    /// Locks `file` (a second handle of the one written); unlocked where the file system has
+    /// no locks, where parts are then removed by age alone.
+    fn lock(file: std::fs::File) -> InFlight {
+        InFlight { _lock: nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).ok() }
+    }
 }
 
 static UPLOADS: AtomicU64 = AtomicU64::new(0);
@@ -179,6 +199,26 @@ pub(crate) fn random_u64() -> u64 {
     hasher.finish()
 }
 
+/// Whether the upload file at `path` was left by a server that is gone: no one holds its lock
+/// (taken here, then dropped with the file once the caller removed it), or, on a file system
+/// without locks, it was last written before `stale`.
+fn is_abandoned(path: &Path, stale: std::time::SystemTime) -> bool {
+    use nix::errno::Errno;
+    use nix::fcntl::{Flock, FlockArg};
+    let modified_before =
+        |file: &std::fs::File| file.metadata().and_then(|meta| meta.modified()).is_ok_and(|at| at < stale);
+    if path.extension().is_some_and(|extension| extension == "new") {
+        // Named so only until it is locked: one still there is a crash's, or an hour's.
+        return std::fs::File::open(path).is_ok_and(|file| modified_before(&file));
+    }
+    let Ok(file) = std::fs::OpenOptions::new().read(true).open(path) else { return false };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(_unheld) => true,
+        Err((_, Errno::EWOULDBLOCK)) => false,
+        Err((file, _)) => modified_before(&file),
+    }
+}
+
 /// Streams `body` into a new file in `incoming`, hashing it on the way; at most `limit` bytes.
 /// On any failure the partial file is removed.
 pub async fn receive<S, B, E>(incoming: &Path, body: S, limit: u64) -> Result<Received, ReceiveError>
@@ -190,14 +230,21 @@ where
     tokio::fs::create_dir_all(incoming).await?;
     // Unique across the replicas sharing the directory too (in containers they are all PID 1),
     // and made new: a name taken is an error, never another upload's file truncated.
-    let temp = incoming.join(format!("{}-{}.part", process_token(), UPLOADS.fetch_add(1, Ordering::Relaxed)));
-    let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&temp).await?;
+    let name = format!("{}-{}", process_token(), UPLOADS.fetch_add(1, Ordering::Relaxed));
+    // Locked before it is a part: a server starting meanwhile never finds it unlocked.
+    let (new, temp) = (incoming.join(format!("{name}.new")), incoming.join(format!("{name}.part")));
+    let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&new).await?;
+    let in_flight = std::sync::Arc::new(InFlight::lock(file.try_clone().await?.into_std().await));
+    if let Err(error) = tokio::fs::rename(&new, &temp).await {
+        let _ = tokio::fs::remove_file(&new).await;
+        return Err(error.into());
+    }
     let outcome = write_hashed(body, file, limit).await;
     if outcome.is_err() {
         let _ = tokio::fs::remove_file(&temp).await;
     }
     let (size, sha256) = outcome?;
-    Ok(Received { temp, size, sha256 })
+    Ok(Received { temp, size, sha256, _in_flight: in_flight })
 }
 
 /// Copies `body` into `file` and syncs it; returns the size and the hex SHA-256.

@@ -145,3 +145,27 @@ fn room_reserved_by_an_upload_in_progress_counts_as_used_until_it_ends() {
     let _second = ensure_room(dir.path(), Some(half), || "the second".into()).expect("fits once the first ended");
     assert!(ensure_room(dir.path(), None, || "unknown".into()).is_ok(), "an undeclared length is not refused here");
 }
+
+#[tokio::test]
+async fn a_shared_directory_keeps_the_uploads_in_flight_and_drops_those_of_a_server_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::new(dir.path());
+    layout.prepare(true).await.unwrap();
+    // One upload received and not yet placed (its server alive), one part a killed server left.
+    let in_flight = receive(&layout.incoming(), chunks(&[b"kept"]), 10).await.unwrap();
+    let left = layout.incoming().join("gone-1.part");
+    std::fs::write(&left, b"half").unwrap();
+    layout.prepare(true).await.unwrap();
+    assert!(in_flight.temp.exists(), "an upload in flight is another server's to place");
+    assert!(!left.exists(), "a part no one holds is left over");
+    let names: Vec<String> = std::fs::read_dir(layout.incoming())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "only the one in flight, as a part: {names:?}");
+    // Once it is placed or given up, it is no one's.
+    let temp = in_flight.temp.clone();
+    drop(in_flight);
+    layout.prepare(true).await.unwrap();
+    assert!(!temp.exists());
+}
