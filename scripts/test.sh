@@ -27,9 +27,13 @@ if cargo nextest --version >/dev/null 2>&1; then
     # nextest does not run doctests; they go first so the run ends with nextest's summary.
     cargo test --workspace --doc --features torch
     cargo nextest run --workspace --all-targets --features torch --no-fail-fast
-    # The server's API suite again, on PostgreSQL (Debian's, started by the tests themselves).
-    APP_TEST_BACKEND=postgres cargo nextest run --workspace --all-targets --features torch --no-fail-fast -E 'binary(api)'
+    # Again on PostgreSQL (Debian's, started by the tests themselves): the server's API suite
+    # and the end-to-end suites of real server and worker processes (tests/replicas.rs runs
+    # on PostgreSQL either way).
+    APP_TEST_BACKEND=postgres cargo nextest run --workspace --all-targets --features torch --no-fail-fast \
+        -E 'binary(api) | (package(app) & kind(test) & !binary(replicas))'
 else
     cargo test --workspace --all-targets --features torch --no-fail-fast
     APP_TEST_BACKEND=postgres cargo test -p server --test api --no-fail-fast
+    APP_TEST_BACKEND=postgres cargo test -p app --tests --features torch --no-fail-fast
 fi

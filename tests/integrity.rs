@@ -71,7 +71,7 @@ async fn a_full_disk_answers_507_keeps_serving_and_every_acknowledged_write_surv
         }
     }
     std::fs::write(copy.path().join("server.toml"), "[server]\n").unwrap();
-    let restarted = ServerProcess::start_in_dir(copy);
+    let restarted = ServerProcess::start_on_sqlite_in_dir(copy);
     let stored: Vec<String> = restarted.client().sweeps().await.unwrap().into_iter().map(|sweep| sweep.name).collect();
     for name in &acknowledged {
         assert!(stored.contains(name), "acknowledged sweep {name} is missing after the restart: {stored:?}");

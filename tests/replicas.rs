@@ -3,10 +3,8 @@
 //! job succeeds once (issue 15's failover, end to end).
 
 mod common;
-#[path = "../server/tests/postgres/pg_server.rs"]
-mod pg_server;
 
-use common::{app, free_port, wait_until, WorkerProcess};
+use common::{app, free_port, pg_server, wait_until, WorkerProcess};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod disk;
+#[path = "../../server/tests/postgres/pg_server.rs"]
+pub mod pg_server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -77,12 +79,16 @@ where
     }
 }
 
-/// `app --server-only` on a fixed loopback port with short leases and heartbeats.
+/// `app --server-only` on a fixed loopback port with short leases and heartbeats; with
+/// `APP_TEST_BACKEND=postgres`, on a fresh database of the test process's own PostgreSQL
+/// (`pg_server::test_database`), else on the SQLite file in its data directory.
 pub struct ServerProcess {
     pub child: Child,
     pub port: u16,
     pub url: String,
     pub dir: tempfile::TempDir,
+    /// The PostgreSQL database it runs on, kept across restarts.
+    pub database: Option<String>,
 }
 
 impl ServerProcess {
@@ -103,19 +109,26 @@ impl ServerProcess {
     fn start_at(port: u16, settings: &str) -> ServerProcess {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("server.toml"), format!("[server]\n{settings}")).unwrap();
-        let child = Self::spawn(dir.path(), port);
-        let server = ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir };
+        Self::start_in_dir_on(dir, port, pg_server::test_database())
+    }
+
+    fn start_in_dir_on(dir: tempfile::TempDir, port: u16, database: Option<String>) -> ServerProcess {
+        let child = Self::spawn(dir.path(), port, database.as_deref());
+        let server = ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir, database };
         server.wait_listening();
         server
     }
 
-    fn spawn(dir: &Path, port: u16) -> Child {
-        app()
-            .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
+    fn spawn(dir: &Path, port: u16, database: Option<&str>) -> Child {
+        let mut app = app();
+        app.args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
             .arg(dir.join("server.toml"))
             .arg("--data-dir")
-            .arg(dir.join("data"))
-            .stdout(Stdio::null())
+            .arg(dir.join("data"));
+        if let Some(database) = database {
+            app.args(["--database-url", database]);
+        }
+        app.stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join(format!("server-{}.log", now_nanos()))).unwrap())
             .spawn()
             .unwrap()
@@ -156,16 +169,18 @@ impl ServerProcess {
 
     /// On a directory prepared beforehand (its `server.toml` and `data/`).
     pub fn start_in_dir(dir: tempfile::TempDir) -> ServerProcess {
-        let port = free_port();
-        let child = Self::spawn(dir.path(), port);
-        let server = ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir };
-        server.wait_listening();
-        server
+        Self::start_in_dir_on(dir, free_port(), pg_server::test_database())
+    }
+
+    /// On a directory prepared beforehand with a `data/queue.db`: SQLite on either backend.
+    pub fn start_on_sqlite_in_dir(dir: tempfile::TempDir) -> ServerProcess {
+        Self::start_in_dir_on(dir, free_port(), None)
     }
 
     /// `app --server-only` whose data directory is a tmpfs of `mib` MiB in its own mount
-    /// namespace, so that its disk fills up without touching the machine's. Outside, the data
-    /// directory is seen through `/proc/<pid>/root` ([`ServerProcess::outside`]).
+    /// namespace, so that its disk fills up without touching the machine's; SQLite on either
+    /// backend (the database file is what fills up). Outside, the data directory is seen
+    /// through `/proc/<pid>/root` ([`ServerProcess::outside`]).
     pub fn on_small_disk(mib: u64) -> ServerProcess {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -192,7 +207,7 @@ impl ServerProcess {
             std::thread::sleep(Duration::from_millis(25));
         }
         disk::assert_own_tmpfs(child.id(), &data);
-        ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir }
+        ServerProcess { child, port, url: format!("http://127.0.0.1:{port}"), dir, database: None }
     }
 
     /// `path` as this server sees it (in its own mount namespace, for `on_small_disk`).
@@ -202,7 +217,7 @@ impl ServerProcess {
 
     /// Starts it again on the same port and data directory.
     pub fn restart(&mut self) {
-        self.child = Self::spawn(self.dir.path(), self.port);
+        self.child = Self::spawn(self.dir.path(), self.port, self.database.as_deref());
         self.wait_listening();
     }
 }

@@ -11,36 +11,7 @@ use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// With `APP_TEST_BACKEND=postgres`, a fresh database on this test binary's own PostgreSQL
-/// server (Debian's, started once, gone with the process) for each server the tests start;
-/// otherwise `None`: the server's SQLite file in its data directory.
-pub fn test_database() -> Option<String> {
-    static SERVER: std::sync::OnceLock<crate::pg_server::PgServer> = std::sync::OnceLock::new();
-    on_postgres().then(|| {
-        // Started from a thread that lives as long as the process: the server's parent-death
-        // signal follows the thread that started it, and a test's thread ends with the test.
-        let server = SERVER.get_or_init(|| {
-            let (sender, started) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let _ = sender.send(crate::pg_server::PgServer::start());
-                loop {
-                    std::thread::park();
-                }
-            });
-            started.recv().expect("the PostgreSQL server started")
-        });
-        server.fresh_database()
-    })
-}
-
-/// Whether the tests run against PostgreSQL (`APP_TEST_BACKEND=postgres`).
-pub fn on_postgres() -> bool {
-    match std::env::var("APP_TEST_BACKEND").as_deref() {
-        Ok("postgres") => true,
-        Ok("sqlite") | Err(_) => false,
-        Ok(other) => panic!("APP_TEST_BACKEND is sqlite or postgres, not {other}"),
-    }
-}
+pub use crate::pg_server::{on_postgres, test_database};
 
 pub struct TestApp {
     pub client: Client,

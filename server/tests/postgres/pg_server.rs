@@ -114,6 +114,39 @@ impl PgServer {
     }
 }
 
+/// With `APP_TEST_BACKEND=postgres`, a fresh database on this test binary's own PostgreSQL
+/// server (Debian's, started once, gone with the process) for each server the tests start;
+/// otherwise `None`: the server's SQLite file in its data directory.
+#[allow(dead_code)]
+pub fn test_database() -> Option<String> {
+    static SERVER: std::sync::OnceLock<PgServer> = std::sync::OnceLock::new();
+    on_postgres().then(|| {
+        // Started from a thread that lives as long as the process: the server's parent-death
+        // signal follows the thread that started it, and a test's thread ends with the test.
+        let server = SERVER.get_or_init(|| {
+            let (sender, started) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = sender.send(PgServer::start());
+                loop {
+                    std::thread::park();
+                }
+            });
+            started.recv().expect("the PostgreSQL server started")
+        });
+        server.fresh_database()
+    })
+}
+
+/// Whether the tests run against PostgreSQL (`APP_TEST_BACKEND=postgres`).
+#[allow(dead_code)]
+pub fn on_postgres() -> bool {
+    match std::env::var("APP_TEST_BACKEND").as_deref() {
+        Ok("postgres") => true,
+        Ok("sqlite") | Err(_) => false,
+        Ok(other) => panic!("APP_TEST_BACKEND is sqlite or postgres, not {other}"),
+    }
+}
+
 /// Waits (bounded) until the server on `port` accepts connections.
 fn wait_ready(child: &mut Child, bin: &Path, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
