@@ -64,6 +64,14 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
             if let Err(error) = remove_abandoned_staging(&queue).await {
                 tracing::error!(error = ?error, "removing staged uploads of ended attempts");
             }
+            if leadership.is_some() {
+                // A shared directory: a killed replica's uploads in flight are left behind.
+                match queue.layout().remove_abandoned_parts().await {
+                    Ok(0) => {}
+                    Ok(parts) => tracing::info!(parts, "removed the uploads a server that is gone left unfinished"),
+                    Err(error) => tracing::error!(error = ?error, "removing abandoned uploads"),
+                }
+            }
         }
         planned = next_pass(&queue, upkeep_every).await;
         tokio::select! {

@@ -109,16 +109,27 @@ impl Layout {
             return tokio::fs::create_dir_all(&incoming).await;
         }
         tokio::fs::create_dir_all(&incoming).await?;
+        self.remove_abandoned_parts().await.map(|_| ())
+    }
+
+    /// Removes the upload files in `.incoming` of servers that are gone (the reaper's leader
+    /// does so in its upkeep on a shared directory, so a killed replica's parts do not wait for
+    /// a restart); how many went.
+    pub async fn remove_abandoned_parts(&self) -> io::Result<usize> {
         let stale = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
-        let mut entries = tokio::fs::read_dir(&incoming).await?;
+        let mut entries = match tokio::fs::read_dir(self.incoming()).await {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(0),
+            entries => entries?,
+        };
+        let mut removed = 0;
         while let Some(entry) = entries.next_entry().await? {
             let path = entry.path();
             let abandoned = tokio::task::spawn_blocking(move || is_abandoned(&path, stale)).await.unwrap_or(false);
-            if abandoned {
-                let _ = tokio::fs::remove_file(entry.path()).await;
+            if abandoned && tokio::fs::remove_file(entry.path()).await.is_ok() {
+                removed += 1;
             }
         }
-        Ok(())
+        Ok(removed)
     }
 
     /// The attempts that have a staging directory.
