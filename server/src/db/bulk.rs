@@ -158,7 +158,8 @@ fn pick_sql(trainer: &str, total: &str, columns: &[String]) -> String {
 /// plan is the custom one: the CTEs joined are materialized (inlined, they were run again for
 /// each row joined), and the claimed jobs are found through the array of those picked, so no
 /// estimate of how many were picked can turn the claim into a scan of every job.
-/// `generic_plan_never_scans_the_jobs` (server/tests/postgres) reads the plan.
+/// `the_one_statement_group_has_a_generic_plan_that_never_scans_every_job` (server/tests/postgres)
+/// reads the plan.
 pub async fn open_lane(pool: &sqlx::PgPool) -> sqlx::Result<PgConnection> {
     let mut conn = pool.acquire().await?.detach();
     sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await?;
