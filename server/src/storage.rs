@@ -97,8 +97,8 @@ impl Layout {
 
     /// Creates the staging area and empties `.incoming`: at start-up no upload is in flight,
     /// so anything there is left over from a crash. A directory replicas share (`shared`) may
-    /// hold the other replicas' uploads in flight: the files no one holds locked go (a
-    /// killed replica's), and, where the file system has no locks, those untouched for an hour.
+    /// hold the other replicas' uploads in flight: the parts no one holds locked go (a killed
+    /// replica's; see [`is_abandoned`] for those written on other hosts and unlocked files).
     pub async fn prepare(&self, shared: bool) -> io::Result<()> {
         let incoming = self.incoming();
         if !shared {
@@ -116,7 +116,7 @@ impl Layout {
     /// does so in its upkeep on a shared directory, so a killed replica's parts do not wait for
     /// a restart); how many went.
     pub async fn remove_abandoned_parts(&self) -> io::Result<usize> {
-        let stale = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let now = std::time::SystemTime::now();
         let mut entries = match tokio::fs::read_dir(self.incoming()).await {
             Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(0),
             entries => entries?,
@@ -124,7 +124,7 @@ impl Layout {
         let mut removed = 0;
         while let Some(entry) = entries.next_entry().await? {
             let path = entry.path();
-            let abandoned = tokio::task::spawn_blocking(move || is_abandoned(&path, stale)).await.unwrap_or(false);
+            let abandoned = tokio::task::spawn_blocking(move || is_abandoned(&path, now)).await.unwrap_or(false);
             if abandoned && tokio::fs::remove_file(entry.path()).await.is_ok() {
                 removed += 1;
             }
@@ -180,12 +180,20 @@ struct InFlight {
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
-impl InFlight {
-    /// Locks `file` (a second handle of the one written); unlocked where the file system has
-    /// no locks, where parts are then removed by age alone.
-    fn lock(file: std::fs::File) -> InFlight {
-        InFlight { _lock: nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).ok() }
-    }
+/// A part no one holds, written on another host, is removed only once it was left untouched
+/// this long: a lock taken there may be invisible here (NFS without its lock manager, FUSE
+/// file systems that keep locks local), and an upload in flight writes at least every MiB.
+const FOREIGN_PART_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+/// Upload files that could not be locked, or are not parts, are removed after this long.
+const UNLOCKED_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// This host's name as upload file names carry it (after `@`): letters, digits, `.` and `-`.
+fn this_host() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let name = nix::unistd::gethostname().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
+    })
 }
 
 static UPLOADS: AtomicU64 = AtomicU64::new(0);
@@ -210,23 +218,33 @@ pub(crate) fn random_u64() -> u64 {
     hasher.finish()
 }
 
-/// Whether the upload file at `path` was left by a server that is gone: no one holds its lock
-/// (taken here, then dropped with the file once the caller removed it), or, on a file system
-/// without locks, it was last written before `stale`.
-fn is_abandoned(path: &Path, stale: std::time::SystemTime) -> bool {
+/// Whether the upload file at `path` was left by a server that is gone. A part (`.part`,
+/// locked by its server while in flight) that no one holds is, if this host wrote it (the lock
+/// is then this kernel's, which drops it when its holder dies), or else once it is
+/// [`FOREIGN_PART_AGE`] old; anything else once it is [`UNLOCKED_AGE`] old. The lock taken to
+/// look is dropped before the caller removes the file (names are never reused).
+fn is_abandoned(path: &Path, now: std::time::SystemTime) -> bool {
     use nix::errno::Errno;
     use nix::fcntl::{Flock, FlockArg};
-    let modified_before =
-        |file: &std::fs::File| file.metadata().and_then(|meta| meta.modified()).is_ok_and(|at| at < stale);
-    if path.extension().is_some_and(|extension| extension == "new") {
-        // Named so only until it is locked: one still there is a crash's, or an hour's.
-        return std::fs::File::open(path).is_ok_and(|file| modified_before(&file));
+    let older_than = |file: &std::fs::File, age: std::time::Duration| {
+        file.metadata().and_then(|meta| meta.modified()).is_ok_and(|at| at + age < now)
+    };
+    if path.extension().is_none_or(|extension| extension != "part") {
+        return std::fs::File::open(path).is_ok_and(|file| older_than(&file, UNLOCKED_AGE));
     }
-    let Ok(file) = std::fs::OpenOptions::new().read(true).open(path) else { return false };
+    // Open for writing: NFS grants an exclusive lock only on a file open for writing.
+    let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(path) else { return false };
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(_unheld) => true,
         Err((_, Errno::EWOULDBLOCK)) => false,
-        Err((file, _)) => modified_before(&file),
+        Ok(unheld) => {
+            let written_here = path
+                .file_stem()
+                .and_then(|stem| stem.to_str())
+                .and_then(|stem| stem.rsplit_once('@'))
+                .is_some_and(|(_, host)| host == this_host());
+            written_here || older_than(&unheld, FOREIGN_PART_AGE)
+        }
+        Err((file, _)) => older_than(&file, UNLOCKED_AGE),
     }
 }
 
@@ -241,15 +259,30 @@ where
     tokio::fs::create_dir_all(incoming).await?;
     // Unique across the replicas sharing the directory too (in containers they are all PID 1),
     // and made new: a name taken is an error, never another upload's file truncated.
-    let name = format!("{}-{}", process_token(), UPLOADS.fetch_add(1, Ordering::Relaxed));
-    // Locked before it is a part: a server starting meanwhile never finds it unlocked.
-    let (new, temp) = (incoming.join(format!("{name}.new")), incoming.join(format!("{name}.part")));
+    let name = format!("{}-{}@{}", process_token(), UPLOADS.fetch_add(1, Ordering::Relaxed), this_host());
+    // Locked before it is a part, so no server finds a part of this host unlocked while it is
+    // in flight; where it cannot be locked it stays `.new`, and only its age counts.
+    let new = incoming.join(format!("{name}.new"));
     let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&new).await?;
-    let in_flight = std::sync::Arc::new(InFlight::lock(file.try_clone().await?.into_std().await));
-    if let Err(error) = tokio::fs::rename(&new, &temp).await {
-        let _ = tokio::fs::remove_file(&new).await;
-        return Err(error.into());
-    }
+    let lock = match file.try_clone().await {
+        Ok(second) => nix::fcntl::Flock::lock(second.into_std().await, nix::fcntl::FlockArg::LockExclusiveNonblock),
+        Err(error) => {
+            let _ = tokio::fs::remove_file(&new).await;
+            return Err(error.into());
+        }
+    };
+    let (temp, in_flight) = match lock {
+        Ok(lock) => {
+            let temp = incoming.join(format!("{name}.part"));
+            if let Err(error) = tokio::fs::rename(&new, &temp).await {
+                let _ = tokio::fs::remove_file(&new).await;
+                return Err(error.into());
+            }
+            (temp, InFlight { _lock: Some(lock) })
+        }
+        Err(_) => (new, InFlight { _lock: None }),
+    };
+    let in_flight = std::sync::Arc::new(in_flight);
     let outcome = write_hashed(body, file, limit).await;
     if outcome.is_err() {
         let _ = tokio::fs::remove_file(&temp).await;

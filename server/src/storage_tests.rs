@@ -151,21 +151,27 @@ async fn a_shared_directory_keeps_the_uploads_in_flight_and_drops_those_of_a_ser
     let dir = tempfile::tempdir().unwrap();
     let layout = Layout::new(dir.path());
     layout.prepare(true).await.unwrap();
-    // One upload received and not yet placed (its server alive), one part a killed server left.
+    // One upload received and not yet placed (its server alive), one part a killed server of
+    // this host left, and two parts of another host's server, whose locks may not be seen
+    // here: one written a minute ago (maybe in flight), one left for eleven.
     let in_flight = receive(&layout.incoming(), chunks(&[b"kept"]), 10).await.unwrap();
-    let left = layout.incoming().join("gone-1.part");
-    std::fs::write(&left, b"half").unwrap();
+    assert_eq!(in_flight.temp.extension().unwrap(), "part");
+    let left = layout.incoming().join(format!("gone-1@{}.part", this_host()));
+    let (recent, old) = (layout.incoming().join("a-1@elsewhere.part"), layout.incoming().join("a-2@elsewhere.part"));
+    for (path, age) in [(&left, 0), (&recent, 60), (&old, 660)] {
+        std::fs::write(path, b"half").unwrap();
+        let written = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+        std::fs::File::options().write(true).open(path).unwrap().set_modified(written).unwrap();
+    }
     layout.prepare(true).await.unwrap();
     assert!(in_flight.temp.exists(), "an upload in flight is another server's to place");
-    assert!(!left.exists(), "a part no one holds is left over");
-    let names: Vec<String> = std::fs::read_dir(layout.incoming())
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(names.len(), 1, "only the one in flight, as a part: {names:?}");
+    assert!(!left.exists(), "a part of this host no one holds is left over");
+    assert!(recent.exists(), "another host's lock may be invisible here: its part waits");
+    assert!(!old.exists(), "another host's part untouched for ten minutes is left over");
     // Once it is placed or given up, it is no one's.
     let temp = in_flight.temp.clone();
     drop(in_flight);
-    layout.prepare(true).await.unwrap();
+    assert_eq!(layout.remove_abandoned_parts().await.unwrap(), 1);
     assert!(!temp.exists());
+    assert!(recent.exists());
 }
