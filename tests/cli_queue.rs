@@ -38,7 +38,12 @@ impl Embedded {
             work = dir.path().join("work").display(),
         );
         std::fs::write(dir.path().join("both.toml"), config).unwrap();
-        let child = app()
+        let mut app = app();
+        // With APP_TEST_BACKEND=postgres, on a fresh database of the test process's PostgreSQL.
+        if let Some(database) = common::pg_server::test_database() {
+            app.args(["--database-url", &database]);
+        }
+        let child = app
             .arg("--config")
             .arg(dir.path().join("both.toml"))
             .env_remove("APP_BIND")
