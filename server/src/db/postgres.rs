@@ -163,6 +163,33 @@ pub async fn listen(pool: &PgPool) -> sqlx::Result<sqlx::postgres::PgListener> {
 /// The advisory lock one replica holds while it runs the reaper.
 const REAPER_LOCK: i64 = 0x6170_705f_7265_6170; // "app_reap"
 
+/// The first key of the advisory locks over one job's checkpoints (the second is the job's
+/// id; ids past 2^31 share a lock with a smaller one, which only serialises them).
+const CHECKPOINT_LOCKS: i32 = 0x6170_636b; // "apck"
+
+/// Holds the lock over `job`'s checkpoint files until the returned transaction ends (it is
+/// never committed: dropped, it rolls back and the lock goes with it, even when the task
+/// holding it is cancelled). Replicas place and prune one job's checkpoints one at a time, as
+/// the threads of one server do (`Queue::checkpoint_lock`): else a replica pruning the files
+/// that are not current could remove the one another has just placed and not yet recorded.
+pub async fn lock_checkpoints(
+    pool: &PgPool,
+    job: shared::api::JobId,
+) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let pool = pool.clone();
+    let locked: futures_util::future::BoxFuture<'static, sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>>> =
+        Box::pin(async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+                .bind(CHECKPOINT_LOCKS)
+                .bind(job.get() as i32)
+                .execute(&mut *tx)
+                .await?;
+            Ok(tx)
+        });
+    locked.await
+}
+
 /// Whether this replica runs the reaper: it holds the reaper's advisory lock on a connection of
 /// its own. The lock goes with the connection, so a replica that dies (or loses its
 /// connection) hands it on: another takes it at its next try.

@@ -5,8 +5,8 @@
 //! Files are `<data_dir>/checkpoints/<job>/<sha256>.tar.zst`, immutable once placed; the
 //! `checkpoints` row says which one is current. A new upload is received outside any lock, then
 //! placed, recorded (still fenced, in a write unit) and the job's other files removed, one job's
-//! placement at a time, so a stale attempt's late upload can neither replace nor remove the
-//! current one.
+//! placement at a time (across replicas too: `db::postgres::lock_checkpoints`), so a stale
+//! attempt's late upload can neither replace nor remove the current one.
 
 use super::{Change, Queue, WorkerAttempt};
 use crate::db::{self, now_ms};
@@ -64,9 +64,23 @@ impl Queue {
             uploaded_at: now_ms(),
         };
         let _one_at_a_time = self.checkpoint_lock.lock().await;
-        let placed = self.place_checkpoint(at, &received.temp, &info).await;
+        let placed = async {
+            // Replicas on one database: one of them at a time, too.
+            let across_replicas = match self.db().postgres_pool() {
+                Some(pool) => Some(db::postgres::lock_checkpoints(pool, job).await?),
+                None => None,
+            };
+            let placed = self.place_checkpoint(at, &received.temp, &info).await;
+            self.prune_checkpoints(job).await;
+            if let Some(held) = across_replicas {
+                // Let go now (a transaction dropped unfinished rolls back only when its
+                // connection is next used).
+                let _ = held.rollback().await;
+            }
+            placed
+        }
+        .await;
         let _ = tokio::fs::remove_file(&received.temp).await;
-        self.prune_checkpoints(job).await;
         placed?;
         tracing::debug!(%job, attempt, bytes = info.size, "checkpoint stored");
         Ok(info)

@@ -1083,3 +1083,36 @@ async fn a_replica_starting_beside_a_running_one_leaves_the_leases_and_a_first_s
     c.stop().await;
     admin.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_jobs_checkpoints_are_placed_by_one_replica_at_a_time() {
+    use server::db::postgres::lock_checkpoints;
+    use shared::api::JobId;
+    use std::time::Duration;
+    let pg = PgServer::start();
+    let a = postgres::open(&pg.url).await.unwrap();
+    let b = postgres::open(&pg.url).await.unwrap();
+    let held = lock_checkpoints(&a.pool, JobId::new(7)).await.unwrap();
+    let other_job = tokio::time::timeout(Duration::from_secs(10), lock_checkpoints(&b.pool, JobId::new(8)))
+        .await
+        .expect("another job's checkpoints are not held up")
+        .unwrap();
+    other_job.rollback().await.unwrap();
+    let pool = b.pool.clone();
+    let waiting = tokio::spawn(async move { lock_checkpoints(&pool, JobId::new(7)).await.map(drop) });
+    // The other replica waits for the lock (PostgreSQL shows it waiting), and goes on once the
+    // first lets go.
+    let waiting_seen = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>(waiting_seen).fetch_one(&a.pool).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the second replica never waited for the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!waiting.is_finished(), "taken while the first replica holds it");
+    held.rollback().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("taken once the first replica let go")
+        .unwrap()
+        .unwrap();
+}
