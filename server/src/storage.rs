@@ -162,22 +162,17 @@ pub enum ReceiveError {
     Disk(#[from] io::Error),
 }
 
-/// A received file, not yet in place. Its file stays locked ([`InFlight`]) until the last
-/// copy of it is dropped, after it was placed or removed.
+/// A received file, not yet in place.
 #[derive(Debug, Clone)]
 pub struct Received {
     pub temp: PathBuf,
     pub size: u64,
     pub sha256: String,
-    _in_flight: std::sync::Arc<InFlight>,
-}
-
-/// An exclusive `flock` on an upload's file while it streams in and until it is placed: a
-/// server starting beside others on a shared directory removes the parts no one holds (their
-/// server died: the kernel dropped its locks) and leaves those in flight.
-#[derive(Debug)]
-struct InFlight {
-    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// An exclusive `flock` on the file while it streams in and until the last copy of this is
+    /// dropped, after it was placed or removed: a server starting beside others on a shared
+    /// directory removes the parts no one holds (their server died: the kernel dropped its
+    /// locks) and leaves those in flight. `None` where the file system has no locks.
+    _in_flight: std::sync::Arc<Option<nix::fcntl::Flock<std::fs::File>>>,
 }
 
 /// A part no one holds, written on another host, is removed only once it was left untouched
@@ -278,9 +273,9 @@ where
                 let _ = tokio::fs::remove_file(&new).await;
                 return Err(error.into());
             }
-            (temp, InFlight { _lock: Some(lock) })
+            (temp, Some(lock))
         }
-        Err(_) => (new, InFlight { _lock: None }),
+        Err(_) => (new, None),
     };
     let in_flight = std::sync::Arc::new(in_flight);
     let outcome = write_hashed(body, file, limit).await;

@@ -96,7 +96,7 @@ fn claim_sql() -> &'static str {
 /// every queued job: 1,790 cycles/s against 7,800). It runs on a lane of generic plans
 /// ([`open_lane`]), where no parameter's value shapes the plan. One row always; the claimed
 /// jobs' columns are NULL when nothing was claimed.
-fn one_statement_sql() -> &'static str {
+pub fn at_once_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         let columns: Vec<String> = CLAIMED_COLUMNS.split(',').map(|column| format!("jobs.{}", column.trim())).collect();
@@ -166,11 +166,6 @@ pub async fn open_lane(pool: &sqlx::PgPool) -> sqlx::Result<PgConnection> {
     Ok(conn)
 }
 
-/// The statement [`finish_and_claim_at_once`] runs, for tests that read its plan.
-pub fn at_once_sql() -> &'static str {
-    one_statement_sql()
-}
-
 /// Whether `steps` go as one statement ([`finish_and_claim_at_once`]): their claims all ask
 /// with the trainer or all without (a mix takes [`finish_and_claim`], inside a transaction).
 pub fn fits_one_statement(steps: &[&Step]) -> bool {
@@ -198,7 +193,7 @@ pub async fn finish_and_claim_at_once(conn: &mut PgConnection, steps: &[&Step]) 
         .filter_map(|(index, step)| step.claim.filter(|claim| claim.slots > 0).map(|claim| (index, claim)))
         .collect();
     let trainer = asking.first().is_some_and(|(_, claim)| claim.trainer);
-    let query = bind_versions(bind_finishes(sqlx::query(one_statement_sql()), steps), &versions)
+    let query = bind_versions(bind_finishes(sqlx::query(at_once_sql()), steps), &versions)
         .bind(asking.iter().map(|(index, _)| steps[*index].seen.id.get()).collect::<Vec<i64>>())
         .bind(asking.iter().map(|(_, claim)| claim.worker_id.get()).collect::<Vec<i64>>())
         .bind(asking.iter().map(|(_, claim)| i64::from(claim.slots)).collect::<Vec<i64>>())
