@@ -1,6 +1,7 @@
-//! Two server replicas on one PostgreSQL database, as processes: one is killed with SIGKILL in
-//! the middle of a sweep, and the workers, given both URLs, go on through the other; every
-//! job succeeds once (issue 15's failover, end to end).
+//! Two server replicas on one PostgreSQL database, as processes: one is killed with SIGKILL, or
+//! stopped with SIGSTOP (it hangs: connections are accepted, nothing is answered), in the
+//! middle of a sweep, and the workers, given both URLs, go on through the other; every job
+//! succeeds once (issue 15's failover, end to end).
 
 mod common;
 
@@ -9,8 +10,17 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 fn replica(port: u16, data_dir: &std::path::Path, database: &str, log: &std::path::Path) -> Child {
+    replica_with(port, data_dir, database, log, "")
+}
+
+/// A replica with `settings` (lines of its settings file's `[server]` table).
+fn replica_with(port: u16, data_dir: &std::path::Path, database: &str, log: &std::path::Path, settings: &str) -> Child {
+    let config = log.with_extension("toml");
+    std::fs::write(&config, format!("[server]\n{settings}")).unwrap();
     let child = app()
-        .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
+        .arg(&config)
+        .arg("--data-dir")
         .arg(data_dir)
         .args(["--database-url", database])
         .stdout(Stdio::null())
@@ -76,6 +86,106 @@ async fn a_replica_killed_mid_sweep_loses_nothing_and_the_workers_go_on_through_
     for (index, count) in runs.iter().enumerate() {
         assert_eq!(*count, 1, "job {index} ran {count} times");
     }
+    let _ = b.kill();
+    let _ = b.wait();
+}
+
+/// A replica that hangs (SIGSTOP: the kernel still accepts connections, nothing answers) must
+/// not keep its workers' heartbeats waiting past their leases: before, a worker's request
+/// waited 60 s against a 30 s lease, the other replica's reaper took its running jobs back,
+/// and they ran twice. Now a registered worker gives a request a quarter of the lease (at
+/// least 5 s) and its next one starts at the other URL. B starts first, so B holds the
+/// reaper's lock (a stopped A would hold it, and nothing would expire at all); the worker is
+/// seen heartbeating through A (A's request counts) before A stops.
+/// Whether heartbeats answered by the replica on `port` (its /metrics; no tokens here) rise by
+/// two within `within`: a worker sticks to one URL, so then it is there.
+async fn heartbeats_through(port: u16, within: Duration) -> bool {
+    let count = || async move {
+        let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.ok()?.text().await.ok()?;
+        text.lines()
+            .filter(|line| {
+                line.starts_with("app_http_request_duration_seconds_count")
+                    && line.contains("route=\"/api/workers/{id}/heartbeat\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .reduce(|a, b| a + b)
+    };
+    let before = count().await.unwrap_or(0.0);
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if count().await.is_some_and(|now| now >= before + 2.0) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
+    const JOBS: usize = 24;
+    let pg = pg_server::PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let settings = "lease_secs = 20\nheartbeat_secs = 1\n";
+    let (a_port, b_port) = (free_port(), free_port());
+    let mut b = replica_with(b_port, shared.path(), &pg.url, &logs.path().join("b.log"), settings);
+    let mut a = replica_with(a_port, shared.path(), &pg.url, &logs.path().join("a.log"), settings);
+    let urls = format!("http://127.0.0.1:{a_port},http://127.0.0.1:{b_port}");
+    let worker = WorkerProcess::start(&urls, "w0", &["--max-jobs", "4"]);
+    let on_b = client::Client::new(&format!("http://127.0.0.1:{b_port}")).unwrap();
+    let values: Vec<String> = (0..JOBS).map(|i| i.to_string()).collect();
+    let ran = logs.path().join("ran");
+    // Jobs long enough that the worker holds running jobs (and their leases) while A hangs.
+    let yaml = format!(
+        "name: hang\ncommand: \"sh -c 'echo {{i}} >> {}; sleep 1'\"\ngrid:\n  i: [{}]\n",
+        ran.display(),
+        values.join(", ")
+    );
+    on_b.submit(&yaml, &shared::api::SubmitQuery::default()).await.unwrap();
+    let succeeded = || async {
+        let sweep = on_b.sweep("hang").await.ok()?;
+        Some(sweep.info.counts.succeeded as usize)
+    };
+    wait_until("the first jobs succeeded", Duration::from_secs(60), || async {
+        succeeded().await.filter(|done| *done >= 4)
+    })
+    .await;
+    // The worker sticks to the URL that answered last; it can start on B (an answer from A
+    // it did not wait for sends it there). Then B hangs until the worker's requests go back to
+    // A, and goes on (its reaper's lock is still its own).
+    if !heartbeats_through(a_port, Duration::from_secs(10)).await {
+        let b_pid = nix::unistd::Pid::from_raw(b.id() as i32);
+        nix::sys::signal::kill(b_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        let back = heartbeats_through(a_port, Duration::from_secs(30)).await;
+        nix::sys::signal::kill(b_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        assert!(back, "the worker does not heartbeat through A:\n{}", worker.log());
+    }
+    let a_pid = nix::unistd::Pid::from_raw(a.id() as i32);
+    nix::sys::signal::kill(a_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // Past the leases the worker held when A stopped: with requests waiting 60 s on A, B's
+    // reaper would have taken its jobs back by then.
+    wait_until("the whole sweep succeeded through the other replica", Duration::from_secs(120), || async {
+        succeeded().await.filter(|done| *done == JOBS)
+    })
+    .await;
+    let query = shared::api::JobQuery { sweep: Some("hang".into()), limit: Some(JOBS as u32), ..Default::default() };
+    let jobs = on_b.jobs(&query).await.unwrap().jobs;
+    assert_eq!(jobs.len(), JOBS);
+    for job in &jobs {
+        assert_eq!(job.status, shared::job::JobStatus::Succeeded, "{job:?}");
+        assert_eq!(job.attempt, 1, "job {} was handed out again: {job:?}", job.id);
+    }
+    let lines = std::fs::read_to_string(&ran).unwrap();
+    let mut runs = [0; JOBS];
+    for line in lines.lines() {
+        runs[line.trim().parse::<usize>().unwrap()] += 1;
+    }
+    for (index, count) in runs.iter().enumerate() {
+        assert_eq!(*count, 1, "job {index} ran {count} times");
+    }
+    let _ = a.kill(); // SIGKILL ends a stopped process too
+    let _ = a.wait();
     let _ = b.kill();
     let _ = b.wait();
 }

@@ -53,6 +53,18 @@ pub type ClientResult<T> = Result<T, ClientError>;
 
 /// Time allowed for an ordinary request; a claim adds its long-poll wait.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shortest time a registered worker allows a request (see [`worker_timeout`]).
+const WORKER_TIMEOUT_MIN: Duration = Duration::from_secs(5);
+
+/// Time a registered worker allows one request, for a lease of `lease_ms`: a quarter of the
+/// lease (at least [`WORKER_TIMEOUT_MIN`], at most [`REQUEST_TIMEOUT`]). A server that hangs
+/// (stopped, swapping, its database stalled) must not hold a heartbeat for longer than the
+/// leases it renews: at 60 s against a 30 s lease, another replica took the worker's jobs
+/// back and ran them a second time while the worker waited. Timed out, a request's retry
+/// starts at the next URL.
+pub fn worker_timeout(lease_ms: u64) -> Duration {
+    Duration::from_millis(lease_ms / 4).clamp(WORKER_TIMEOUT_MIN, REQUEST_TIMEOUT)
+}
 /// Time allowed for one file upload or download.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -112,6 +124,9 @@ pub struct Client {
     /// that speaks for several workers through one client (a load test) relies on it; the
     /// worker daemon sets its session explicitly, per registration.
     registered: Arc<Mutex<HashMap<WorkerId, Arc<Session>>>>,
+    /// Time allowed for one request (a long poll adds its wait): [`REQUEST_TIMEOUT`], or a
+    /// registered worker's [`worker_timeout`].
+    timeout: Duration,
 }
 
 /// `SESSION_HEADER` and `INSTANCE_HEADER` of one registration.
@@ -164,7 +179,13 @@ impl Client {
         let http = builder
             .build()
             .map_err(|error| ClientError::Unreachable { url: servers.urls().join(", "), reason: error.to_string() })?;
-        Ok(Client { servers: Arc::new(servers), http, session: None, registered: Arc::default() })
+        Ok(Client {
+            servers: Arc::new(servers),
+            http,
+            session: None,
+            registered: Arc::default(),
+            timeout: REQUEST_TIMEOUT,
+        })
     }
 
     /// The server requests go to now: the one that answered last (the first, before any).
@@ -178,10 +199,15 @@ impl Client {
     }
 
     /// This client speaking as the registered worker `response` describes: every request
-    /// carries its session and the server instance it registered with. Clones made before
-    /// keep their own (an attempt started under an old registration stays under it).
+    /// carries its session and the server instance it registered with, and is allowed
+    /// [`worker_timeout`] of the registration's lease. Clones made before keep their own (an
+    /// attempt started under an old registration stays under it).
     pub fn with_session(&self, response: &RegisterResponse) -> ClientResult<Client> {
-        Ok(Client { session: Some(Arc::new(self.session_of(response)?)), ..self.clone() })
+        Ok(Client {
+            session: Some(Arc::new(self.session_of(response)?)),
+            timeout: worker_timeout(response.lease_ms),
+            ..self.clone()
+        })
     }
 
     fn session_of(&self, response: &RegisterResponse) -> ClientResult<Session> {
@@ -198,7 +224,7 @@ impl Client {
 
     /// A request to `url`; a worker's carries its session.
     fn start(&self, method: Method, url: &str, worker: Option<WorkerId>) -> RequestBuilder {
-        let builder = self.http.request(method, url).timeout(REQUEST_TIMEOUT);
+        let builder = self.http.request(method, url).timeout(self.timeout);
         let Some(worker) = worker else { return builder };
         let remembered = || self.registered.lock().ok()?.get(&worker).cloned();
         match self.session.clone().or_else(remembered) {
@@ -397,7 +423,7 @@ impl Client {
     /// Asks for work; the server answers at once when something fits, otherwise waits up to
     /// `request.wait_ms` for a job to arrive.
     pub async fn claim(&self, worker: WorkerId, request: &ClaimRequest) -> ClientResult<ClaimResponse> {
-        let timeout = REQUEST_TIMEOUT + Duration::from_millis(request.wait_ms);
+        let timeout = self.timeout + Duration::from_millis(request.wait_ms);
         let path = format!("/api/workers/{worker}/claim");
         self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
     }
@@ -410,7 +436,7 @@ impl Client {
     /// request asks, claims the next jobs. A 409 means the attempt is stale: nothing was applied.
     pub async fn finish(&self, worker: WorkerId, request: &FinishRequest) -> ClientResult<FinishResponse> {
         let wait = request.claim.as_ref().map_or(0, |claim| claim.wait_ms);
-        let timeout = REQUEST_TIMEOUT + Duration::from_millis(wait);
+        let timeout = self.timeout + Duration::from_millis(wait);
         let path = format!("/api/workers/{worker}/finish");
         self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
     }
@@ -440,7 +466,7 @@ impl Client {
 
     /// Reads an attempt's log from an offset, waiting up to `query.wait_ms` for new bytes.
     pub async fn log(&self, job: JobId, query: &LogQuery) -> ClientResult<LogChunk> {
-        let timeout = REQUEST_TIMEOUT + Duration::from_millis(query.wait_ms);
+        let timeout = self.timeout + Duration::from_millis(query.wait_ms);
         let path = format!("/api/jobs/{job}/log");
         self.send(Method::GET, &path, None, |builder| builder.timeout(timeout).query(query)).await
     }
@@ -694,4 +720,17 @@ async fn save(url: String, mut response: reqwest::Response, destination: &std::p
         let _ = tokio::fs::remove_file(destination).await;
     }
     copied.map(|()| written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_waits_a_quarter_of_its_lease_for_an_answer_within_bounds() {
+        assert_eq!(worker_timeout(30_000), Duration::from_millis(7_500));
+        assert_eq!(worker_timeout(3_000), WORKER_TIMEOUT_MIN);
+        assert_eq!(worker_timeout(3_600_000), REQUEST_TIMEOUT);
+        assert!(worker_timeout(30_000) < Duration::from_secs(15), "a heartbeat must time out well within the lease");
+    }
 }
