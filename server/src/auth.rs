@@ -124,7 +124,7 @@ pub fn access_for(method: &Method, path: &str) -> Access {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let worker = Access::Only(Role::Worker);
     match (method.as_str(), segments.as_slice()) {
-        ("GET" | "HEAD", [""] | ["assets", ..] | ["api", "health"]) => Access::Public,
+        ("GET" | "HEAD", [""] | ["assets", ..] | ["api", "health"] | ["api", "ready"]) => Access::Public,
         // The page's sign-in checks the token it is given itself.
         ("POST" | "DELETE", ["api", "session"]) => Access::Public,
         ("POST", ["api", "workers"]) => worker,
@@ -263,7 +263,7 @@ mod tests {
     fn public_paths_need_nothing_and_the_rest_needs_a_token() {
         let tokens = tokens();
         let none = HeaderMap::new();
-        for path in ["/", "/assets/app.js", "/assets/vendor/uPlot.min.css", "/api/health"] {
+        for path in ["/", "/assets/app.js", "/assets/vendor/uPlot.min.css", "/api/health", "/api/ready"] {
             assert_eq!(status(check(&tokens, &Method::GET, path, None, &none)), 200, "{path}");
         }
         assert_eq!(status(check(&tokens, &Method::GET, "/api/jobs", None, &none)), 401);

@@ -137,6 +137,14 @@ impl Pool {
         })
     }
 
+    /// One trivial query: whether the database answers at all.
+    pub async fn ping(&self) -> sqlx::Result<()> {
+        match self {
+            Pool::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+            Pool::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+        }
+    }
+
     pub async fn close(&self) {
         match self {
             Pool::Sqlite(pool) => pool.close().await,

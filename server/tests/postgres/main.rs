@@ -598,6 +598,74 @@ fn cpu(job_slots: u32) -> shared::placement::Capacity {
     shared::placement::Capacity { job_slots, gpus: Vec::new(), ..shared::placement::Capacity::default() }
 }
 
+/// A CA and a certificate it signed for 127.0.0.1, as PEM: (certificate, key, CA).
+fn certificates() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "app test database CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
+    (cert.pem(), key.serialize_pem(), ca.pem())
+}
+
+/// Whether the pool's connection is encrypted, as the server sees it.
+async fn over_tls(pool: &PgPool) -> bool {
+    sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetch_one(pool).await.unwrap()
+}
+
+/// A database reached over TLS, as a managed PostgreSQL asks: `sslmode=require` encrypts,
+/// `verify-full` with `sslrootcert` also checks the server's certificate against that CA, and
+/// `verify-full` without it is refused with a reason naming the certificate (the public roots
+/// do not know a private CA), before any table is made.
+#[tokio::test]
+async fn a_database_is_reached_over_tls_and_its_certificate_checked_when_asked() {
+    let (cert, key, ca) = certificates();
+    let pg = PgServer::start_with_tls(&cert, &key);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let plain = postgres::open(&format!("{}?sslmode=disable", pg.url)).await.unwrap();
+    assert!(!over_tls(&plain.pool).await, "sslmode=disable stays in the clear");
+    let required = postgres::open(&format!("{}?sslmode=require", pg.url)).await.unwrap();
+    assert!(over_tls(&required.pool).await);
+    let verified =
+        postgres::open(&format!("{}?sslmode=verify-full&sslrootcert={}", pg.url, ca_file.display())).await.unwrap();
+    assert!(over_tls(&verified.pool).await);
+    let Err(refused) = postgres::open(&format!("{}?sslmode=verify-full", pg.url)).await else {
+        panic!("a server certificate of an unknown CA is accepted");
+    };
+    let message = format!("{refused:#}");
+    assert!(message.contains("127.0.0.1") && message.to_lowercase().contains("certificate"), "{message}");
+}
+
+/// `/api/ready` is a readiness probe: it answers 200 while the database answers and 503,
+/// naming the database, once PostgreSQL is gone, while `/api/health` (liveness) stays 200: a
+/// replica whose database is down is taken out of rotation, not restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_follows_the_database_and_health_follows_the_process() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let replica = Replica::start(&pg.url, shared.path()).await;
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        let (http, url) = (http.clone(), format!("{}{path}", replica.address));
+        async move {
+            let response = http.get(url).send().await.unwrap();
+            (response.status().as_u16(), response.json::<shared::api::Health>().await.unwrap().status)
+        }
+    };
+    assert_eq!(get("/api/ready").await, (200, "ok".to_string()));
+    drop(pg); // PostgreSQL's fast shutdown
+    let (status, said) = get("/api/ready").await;
+    assert_eq!(status, 503, "{said}");
+    assert!(said.contains("database"), "{said}");
+    assert_eq!(get("/api/health").await, (200, "ok".to_string()));
+    drop(replica);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_waiting_on_one_replica_wakes_for_a_sweep_submitted_on_another() {
     let pg = PgServer::start();

@@ -42,6 +42,17 @@ const NOBODY: u32 = 65534;
 
 impl PgServer {
     pub fn start() -> PgServer {
+        PgServer::start_with(None)
+    }
+
+    /// A server that also takes TLS connections (`ssl=on`), with `cert_pem` as its certificate
+    /// and `key_pem` as its key (PEM; PostgreSQL's default file names in its data directory).
+    #[allow(dead_code)]
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> PgServer {
+        PgServer::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> PgServer {
         let bin = bin_dir();
         remove_orphans();
         let dir = tempfile::Builder::new().prefix(PREFIX).tempdir().expect("a temporary directory");
@@ -59,6 +70,19 @@ impl PgServer {
             .output()
             .expect("running initdb (scripts/install-test-deps.sh installs PostgreSQL)");
         assert!(initdb.status.success(), "initdb failed: {}", String::from_utf8_lossy(&initdb.stderr));
+        let mut settings: Vec<String> = Vec::new();
+        if let Some((cert, key)) = tls {
+            // PostgreSQL reads its key only if no one else may: the cluster's user, mode 0600.
+            for (name, pem) in [("server.crt", cert), ("server.key", key)] {
+                let file = data.join(name);
+                std::fs::write(&file, pem).expect("the TLS files");
+                std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+                if as_root {
+                    std::os::unix::fs::chown(&file, Some(NOBODY), Some(NOBODY)).unwrap();
+                }
+            }
+            settings.extend(["-c", "ssl=on"].map(String::from));
+        }
         // A port found free may be taken again before postgres binds it: a few tries.
         let mut tries = 0;
         let (port, child) = loop {
@@ -73,6 +97,7 @@ impl PgServer {
                 // Loopback only; durability is not what these tests are about.
                 .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off"])
                 .args(["-c", "synchronous_commit=off", "-c", "max_connections=100"])
+                .args(&settings)
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
