@@ -443,6 +443,9 @@ impl Thread {
     /// Says why the units waiting are dropped unrun: their connection cannot be opened.
     fn cannot_open(&self, error: ApiError) {
         tracing::error!(error = ?error, "opening the database for writing");
+        // The database's own errors (ApiError::Unavailable) already end in "; retry".
+        let error = error.to_string();
+        let error = error.strip_suffix("; retry").unwrap_or(&error);
         self.refuse(Some(ApiError::Unavailable(format!("the database cannot be opened for writing: {error}; retry"))));
     }
 

@@ -2,10 +2,13 @@
 //! 3 replicas, in one run: a 100,000-job submission and claim+finish cycles/s of simulated
 //! workers spread over the replicas. Each PostgreSQL configuration gets a new database on the
 //! server `--database-url` names (`scripts/bench-replicas.sh` starts one). The replicas run
-//! in this process, on one shared data directory. Prints figures; asserts nothing.
+//! in this process, on one shared data directory. Prints figures, with the CPU time spent per
+//! cycle by this process (servers and simulated workers) and by the local `postgres`
+//! processes; asserts nothing.
 
 use super::bench_queue::{claim_throughput_retried, grid_yaml, timed_submit};
 use super::bench_server::BenchServer;
+use super::bench_worker::cpu_ticks;
 use clap::Args;
 use client::Client;
 use std::time::Duration;
@@ -32,9 +35,18 @@ pub struct BenchReplicasArgs {
     pub rounds: u32,
 }
 
-/// One configuration's figures: submission ms, claim+finish cycles/s, requests answered
-/// "retry" (and sent again) per second.
-type Figures = (f64, f64, f64);
+/// One configuration's figures in one round.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    submit_ms: f64,
+    cycles_per_s: f64,
+    /// Requests answered "retry" (and sent again) per second.
+    retried_per_s: f64,
+    /// CPU µs per cycle of this process: the servers and the simulated workers.
+    app_us: f64,
+    /// CPU µs per cycle of the `postgres` processes of this machine (0 on SQLite).
+    postgres_us: f64,
+}
 
 pub async fn run(args: BenchReplicasArgs) -> anyhow::Result<()> {
     let mut configurations: Vec<Option<u32>> = vec![None];
@@ -59,11 +71,13 @@ pub async fn run(args: BenchReplicasArgs) -> anyhow::Result<()> {
                 }
             };
             println!(
-                "round {} {}: submit {:.0} ms, {:.0} cycles/s",
+                "round {} {}: submit {:.0} ms, {:.0} cycles/s, CPU per cycle: app {:.0} us, PostgreSQL {:.0} us",
                 round + 1,
                 name(configurations[index]),
-                measured.0,
-                measured.1
+                measured.submit_ms,
+                measured.cycles_per_s,
+                measured.app_us,
+                measured.postgres_us
             );
             figures[index].push(measured);
         }
@@ -72,20 +86,24 @@ pub async fn run(args: BenchReplicasArgs) -> anyhow::Result<()> {
         "\n{} jobs submitted, {} workers claiming and finishing for {} s; median of {} rounds\n",
         args.jobs, args.workers, args.seconds, args.rounds
     );
-    println!("| queue | submit {} jobs | claim+finish/s | vs SQLite | retried/s |", args.jobs);
-    println!("|---|---|---|---|---|");
-    let sqlite = median(figures[0].iter().map(|figure| figure.1).collect());
+    println!(
+        "| queue | submit {} jobs | claim+finish/s | vs SQLite | retried/s | CPU µs/cycle: app | PostgreSQL |",
+        args.jobs
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let sqlite = median(figures[0].iter().map(|figure| figure.cycles_per_s).collect());
     for (configuration, measured) in configurations.iter().zip(&figures) {
-        let submit = median(measured.iter().map(|figure| figure.0).collect());
-        let cycles = median(measured.iter().map(|figure| figure.1).collect());
-        let retries = median(measured.iter().map(|figure| figure.2).collect());
+        let of = |field: fn(&Figures) -> f64| median(measured.iter().map(field).collect());
+        let cycles = of(|figure| figure.cycles_per_s);
         println!(
-            "| {} | {:.2} s | {:.0} | {:.2}x | {:.0} |",
+            "| {} | {:.2} s | {:.0} | {:.2}x | {:.0} | {:.0} | {:.0} |",
             name(*configuration),
-            submit / 1e3,
+            of(|figure| figure.submit_ms) / 1e3,
             cycles,
             cycles / sqlite,
-            retries
+            of(|figure| figure.retried_per_s),
+            of(|figure| figure.app_us),
+            of(|figure| figure.postgres_us)
         );
     }
     Ok(())
@@ -138,12 +156,34 @@ async fn measure(args: &BenchReplicasArgs, urls: &[String]) -> anyhow::Result<Fi
     let (submit_ms, _, count) = timed_submit(&http, &urls[0], grid_yaml("grid", args.jobs)).await?;
     anyhow::ensure!(count == args.jobs, "submitted {count} jobs, not {}", args.jobs);
     let clients = urls.iter().map(|url| Client::new(url)).collect::<Result<Vec<_>, _>>()?;
+    let before = (cpu_ticks(std::process::id())?, postgres_ticks());
     let (cycles, retried) = claim_throughput_retried(&clients, args.workers, Duration::from_secs(args.seconds)).await?;
+    let after = (cpu_ticks(std::process::id())?, postgres_ticks());
     if cycles >= args.jobs {
         println!("(the queue ran dry: the rate below is a floor; give more --jobs or fewer --seconds)");
     }
     let seconds = args.seconds as f64;
-    Ok((submit_ms, cycles as f64 / seconds, retried as f64 / seconds))
+    // A tick is 1/100 s: 10,000 µs.
+    let per_cycle = |ticks: u64| ticks as f64 * 10_000.0 / cycles.max(1) as f64;
+    Ok(Figures {
+        submit_ms,
+        cycles_per_s: cycles as f64 / seconds,
+        retried_per_s: retried as f64 / seconds,
+        app_us: per_cycle(after.0.saturating_sub(before.0)),
+        postgres_us: per_cycle(after.1.saturating_sub(before.1)),
+    })
+}
+
+/// CPU ticks of every live process of this machine named `postgres` (the server's backends
+/// and its helpers); a backend that ends during the window takes its ticks with it, which the
+/// benchmark's, living as long as their replicas, do not.
+fn postgres_ticks() -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres"))
+        .filter_map(|pid| cpu_ticks(pid).ok())
+        .sum()
 }
 
 /// Makes database `name` on the server of `admin` (a URL to any of its databases); its URL.

@@ -169,7 +169,8 @@ async fn idle_usage(url: &str, scratch: &std::path::Path, watch: Duration) -> an
     Ok((cpu, rss))
 }
 
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+/// CPU time (user and system, every thread) process `pid` has used, in clock ticks of 1/100 s.
+pub(super) fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let fields: Vec<&str> = stat.rsplit_once(')').context("stat")?.1.split_whitespace().collect();
     // utime and stime are fields 14 and 15; after the command name they are at 11 and 12.
