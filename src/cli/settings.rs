@@ -19,7 +19,7 @@ pub const DEFAULT_BIND: &str = "127.0.0.1:8000";
 /// Flags of the serving modes; without a verb, `app` runs these.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Run only the head node: HTTP API, SQLite queue and web page, no local worker.
+    /// Run only the head node: HTTP API, queue (SQLite, or PostgreSQL with --database-url) and web page, no local worker.
     #[arg(long, conflicts_with_all = ["client_only", "WorkerFlags"])]
     pub server_only: bool,
     /// Run only a worker daemon against --url.
@@ -87,7 +87,8 @@ pub struct WorkerFlags {
     /// Use only these GPUs, e.g. --gpus 0,1
     #[arg(long, value_delimiter = ',')]
     pub gpus: Option<Vec<u32>>,
-    /// Run at most this many jobs at once (default: 4 per GPU, or one per core)
+    /// Run at most this many jobs at once (default: 4 per GPU, or one per core; a CPU box running
+    /// jobs shorter than 0.25 s also holds the next ones, listed running, for up to 1 s)
     #[arg(long, value_name = "N")]
     pub max_jobs: Option<u32>,
     /// Where attempts get their fresh directories (default ./app-work) [env: APP_WORK_DIR]
