@@ -44,7 +44,7 @@ async fn a_replica_killed_mid_sweep_loses_nothing_and_the_workers_go_on_through_
     let mut b = replica(b_port, shared.path(), &pg.url, &logs.path().join("b.log"));
     // Workers try the URLs in order: they start on A.
     let urls = format!("http://127.0.0.1:{a_port},http://127.0.0.1:{b_port}");
-    let _workers: Vec<WorkerProcess> =
+    let workers: Vec<WorkerProcess> =
         (0..2).map(|n| WorkerProcess::start(&urls, &format!("w{n}"), &["--max-jobs", "2"])).collect();
     let on_b = client::Client::new(&format!("http://127.0.0.1:{b_port}")).unwrap();
     let values: Vec<String> = (0..JOBS).map(|i| i.to_string()).collect();
@@ -85,6 +85,11 @@ async fn a_replica_killed_mid_sweep_loses_nothing_and_the_workers_go_on_through_
     }
     for (index, count) in runs.iter().enumerate() {
         assert_eq!(*count, 1, "job {index} ran {count} times");
+    }
+    // Each worker says that it moved on (both were on A): at the request that found B, or at
+    // the one that got no answer from A and was not sent again.
+    for worker in &workers {
+        assert!(worker.log().contains("next server URL"), "{}", worker.log());
     }
     let _ = b.kill();
     let _ = b.wait();

@@ -248,12 +248,16 @@ impl Client {
         replayable: bool,
         mut shape: impl FnMut(RequestBuilder) -> RequestBuilder,
     ) -> ClientResult<(String, reqwest::Response)> {
-        let mut failures = Vec::new();
+        let mut failures: Vec<(usize, ClientError)> = Vec::new();
         for index in self.servers.order() {
             let url = format!("{}{path}", self.servers.url(index));
             let (kind, error) = match shape(self.start(method.clone(), &url, worker)).send().await {
                 Ok(response) if !response.status().is_server_error() => {
                     self.servers.answered(index);
+                    if let Some((_, first)) = failures.first() {
+                        // Requests now start here; said once per move.
+                        tracing::warn!(to = %self.servers.url(index), error = %first, "went on to the next server URL");
+                    }
                     return Ok((url, response));
                 }
                 Ok(response) => {
@@ -266,11 +270,15 @@ impl Client {
                     (kind, ClientError::Unreachable { url, reason: describe(&error) })
                 }
             };
-            failures.push((index, error));
             if !replayable || !try_next(kind, &method) {
                 self.servers.failed(index);
+                if self.servers.urls().len() > 1 {
+                    tracing::warn!(%error, "not sent again now; the next request starts at the next server URL");
+                }
+                failures.push((index, error));
                 break;
             }
+            failures.push((index, error));
         }
         Err(self.all_failed(failures))
     }

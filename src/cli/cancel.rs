@@ -100,7 +100,8 @@ pub async fn retry(args: RetryArgs) -> anyhow::Result<()> {
         id_list(&jobs)
     );
     if args.failed && sweeps.is_empty() {
-        let all = client.sweeps().await.with_context(|| format!("listing sweeps at {}", client.base_url()))?;
+        let at = client.base_url().to_string();
+        let all = client.sweeps().await.with_context(|| format!("listing sweeps at {at}"))?;
         sweeps = all.into_iter().filter(|sweep| sweep.counts.failed > 0).map(|sweep| sweep.name).collect();
         if sweeps.is_empty() {
             println!("no failed jobs");

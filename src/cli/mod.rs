@@ -113,7 +113,9 @@ pub enum Command {
 pub fn init_tracing(cli: &Cli) {
     use std::io::IsTerminal;
     // Daemons log at info by default; one-shot verbs stay quiet unless asked.
-    let default = if cli.command.is_none() { "info" } else { "warn" };
+    // PostgreSQL's notices (a replica's migrator finding its table there: "already exists,
+    // skipping") are not news.
+    let default = if cli.command.is_none() { "info,sqlx::postgres::notice=warn" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // Colours only on a terminal: a log redirected to a file stays plain text.

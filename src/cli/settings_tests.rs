@@ -185,6 +185,16 @@ fn a_bad_worker_name_is_refused_by_name() {
 }
 
 #[test]
+fn a_worker_that_may_run_no_job_is_refused() {
+    for (file, flags) in
+        [(file("[worker]\nmax_jobs = 0\n"), Layer::default()), (Layer::default(), flags(&["--max-jobs", "0"]))]
+    {
+        let error = assemble(Mode::Embedded, file, Layer::default(), flags, false).unwrap_err();
+        assert!(format!("{error:#}").contains("must be at least 1"), "{error:#}");
+    }
+}
+
+#[test]
 fn metrics_are_public_only_when_the_file_or_the_flag_says_so() {
     let none = Layer::default;
     assert!(!settings(Mode::ServerOnly, none(), none(), none()).server.metrics_public);

@@ -36,7 +36,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let now = format::now_ms();
     let (metric, query) = match (&args.sweep, args.status) {
         (None, None) => {
-            let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {}", client.base_url()))?;
+            let at = client.base_url().to_string();
+            let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {at}"))?;
             if args.json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&sweeps)?)?;
             } else if sweeps.is_empty() {

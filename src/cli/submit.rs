@@ -86,6 +86,8 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // Named before the request: a failover moves the client on to the next URL.
+    let target = client.base_url().to_string();
     let request = client.submit(&source, &query);
     tokio::pin!(request);
     // A spinner only when the server takes more than a moment (a large grid).
@@ -100,7 +102,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
             response
         }
     }
-    .with_context(|| format!("submitting {} to {}", args.file.display(), client.base_url()))?;
+    .with_context(|| format!("submitting {} to {target}", args.file.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut answer = serde_json::to_value(&response)?;

@@ -45,7 +45,8 @@ pub async fn run(command: SweepsCommand) -> anyhow::Result<()> {
 
 async fn list(args: LsArgs) -> anyhow::Result<()> {
     let client = super::client(&args.url)?;
-    let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {}", client.base_url()))?;
+    let at = client.base_url().to_string();
+    let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {at}"))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&sweeps)?)?;

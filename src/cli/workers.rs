@@ -18,7 +18,8 @@ pub struct WorkersArgs {
 
 pub async fn run(args: WorkersArgs) -> anyhow::Result<()> {
     let client = super::client(&args.url)?;
-    let workers = client.workers().await.with_context(|| format!("listing workers at {}", client.base_url()))?;
+    let at = client.base_url().to_string();
+    let workers = client.workers().await.with_context(|| format!("listing workers at {at}"))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&workers)?)?;

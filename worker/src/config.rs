@@ -154,6 +154,7 @@ impl WorkerFile {
             config.gpus = Some(gpus.clone());
         }
         if let Some(max_jobs) = self.max_jobs {
+            anyhow::ensure!(max_jobs >= 1, "`max_jobs` (--max-jobs) must be at least 1: a worker that may run no job");
             config.max_jobs = Some(max_jobs);
         }
         if let Some(dir) = &self.work_dir {
