@@ -95,13 +95,6 @@ async fn a_replica_killed_mid_sweep_loses_nothing_and_the_workers_go_on_through_
     let _ = b.wait();
 }
 
-/// A replica that hangs (SIGSTOP: the kernel still accepts connections, nothing answers) must
-/// not keep its workers' heartbeats waiting past their leases: before, a worker's request
-/// waited 60 s against a 30 s lease, the other replica's reaper took its running jobs back,
-/// and they ran twice. Now a registered worker gives a request a quarter of the lease (at
-/// least 5 s) and its next one starts at the other URL. B starts first, so B holds the
-/// reaper's lock (a stopped A would hold it, and nothing would expire at all); the worker is
-/// seen heartbeating through A (A's request counts) before A stops.
 /// Whether heartbeats answered by the replica on `port` (its /metrics; no tokens here) rise by
 /// two within `within`: a worker sticks to one URL, so then it is there.
 async fn heartbeats_through(port: u16, within: Duration) -> bool {
@@ -126,6 +119,14 @@ async fn heartbeats_through(port: u16, within: Duration) -> bool {
     false
 }
 
+/// A replica that hangs (SIGSTOP: the kernel still accepts connections, nothing answers) must
+/// not keep its workers' heartbeats waiting past their leases: before, a worker's request
+/// waited 60 s against a 30 s lease, the other replica's reaper took its running jobs back,
+/// and they ran twice. Now a registered worker gives a heartbeat a quarter of the lease (at
+/// least 5 s) and its next request starts at the other URL (a finish stuck on A waits its
+/// 60 s, then goes to B). B starts first, so B holds the
+/// reaper's lock (a stopped A would hold it, and nothing would expire at all); the worker is
+/// seen heartbeating through A (A's request counts) before A stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
     const JOBS: usize = 24;
@@ -170,7 +171,7 @@ async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
     nix::sys::signal::kill(a_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     // Past the leases the worker held when A stopped: with requests waiting 60 s on A, B's
     // reaper would have taken its jobs back by then.
-    wait_until("the whole sweep succeeded through the other replica", Duration::from_secs(120), || async {
+    wait_until("the whole sweep succeeded through the other replica", Duration::from_secs(150), || async {
         succeeded().await.filter(|done| *done == JOBS)
     })
     .await;

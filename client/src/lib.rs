@@ -56,12 +56,13 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The shortest time a registered worker allows a request (see [`worker_timeout`]).
 const WORKER_TIMEOUT_MIN: Duration = Duration::from_secs(5);
 
-/// Time a registered worker allows one request, for a lease of `lease_ms`: a quarter of the
+/// Time a registered worker allows a heartbeat, for a lease of `lease_ms`: a quarter of the
 /// lease (at least [`WORKER_TIMEOUT_MIN`], at most [`REQUEST_TIMEOUT`]). A server that hangs
 /// (stopped, swapping, its database stalled) must not hold a heartbeat for longer than the
 /// leases it renews: at 60 s against a 30 s lease, another replica took the worker's jobs
-/// back and ran them a second time while the worker waited. Timed out, a request's retry
-/// starts at the next URL.
+/// back and ran them a second time while the worker waited. Timed out, the next request
+/// starts at the next URL. Other requests keep [`REQUEST_TIMEOUT`]: a finish may carry a
+/// megabyte and wait on a busy writer, and one timed out after it applied costs its claim.
 pub fn worker_timeout(lease_ms: u64) -> Duration {
     Duration::from_millis(lease_ms / 4).clamp(WORKER_TIMEOUT_MIN, REQUEST_TIMEOUT)
 }
@@ -124,9 +125,11 @@ pub struct Client {
     /// that speaks for several workers through one client (a load test) relies on it; the
     /// worker daemon sets its session explicitly, per registration.
     registered: Arc<Mutex<HashMap<WorkerId, Arc<Session>>>>,
-    /// Time allowed for one request (a long poll adds its wait): [`REQUEST_TIMEOUT`], or a
-    /// registered worker's [`worker_timeout`].
+    /// Time allowed for one request (a long poll adds its wait).
     timeout: Duration,
+    /// Time allowed for a heartbeat: [`REQUEST_TIMEOUT`], or a registered worker's
+    /// [`worker_timeout`].
+    heartbeat_timeout: Duration,
 }
 
 /// `SESSION_HEADER` and `INSTANCE_HEADER` of one registration.
@@ -185,6 +188,7 @@ impl Client {
             session: None,
             registered: Arc::default(),
             timeout: REQUEST_TIMEOUT,
+            heartbeat_timeout: REQUEST_TIMEOUT,
         })
     }
 
@@ -199,13 +203,13 @@ impl Client {
     }
 
     /// This client speaking as the registered worker `response` describes: every request
-    /// carries its session and the server instance it registered with, and is allowed
-    /// [`worker_timeout`] of the registration's lease. Clones made before keep their own (an
+    /// carries its session and the server instance it registered with, and a heartbeat is
+    /// allowed [`worker_timeout`] of the registration's lease. Clones made before keep their own (an
     /// attempt started under an old registration stays under it).
     pub fn with_session(&self, response: &RegisterResponse) -> ClientResult<Client> {
         Ok(Client {
             session: Some(Arc::new(self.session_of(response)?)),
-            timeout: worker_timeout(response.lease_ms),
+            heartbeat_timeout: worker_timeout(response.lease_ms),
             ..self.clone()
         })
     }
@@ -249,13 +253,15 @@ impl Client {
         mut shape: impl FnMut(RequestBuilder) -> RequestBuilder,
     ) -> ClientResult<(String, reqwest::Response)> {
         let mut failures: Vec<(usize, ClientError)> = Vec::new();
+        let started_at = self.servers.current();
         for index in self.servers.order() {
             let url = format!("{}{path}", self.servers.url(index));
             let (kind, error) = match shape(self.start(method.clone(), &url, worker)).send().await {
                 Ok(response) if !response.status().is_server_error() => {
                     self.servers.answered(index);
-                    if let Some((_, first)) = failures.first() {
-                        // Requests now start here; said once per move.
+                    if let Some((_, first)) = failures.first().filter(|_| index != started_at) {
+                        // Requests now start here: said once per move (a 503 of one request
+                        // that the next URL took moves nothing when this was already current).
                         tracing::warn!(to = %self.servers.url(index), error = %first, "went on to the next server URL");
                     }
                     return Ok((url, response));
@@ -272,7 +278,7 @@ impl Client {
             };
             if !replayable || !try_next(kind, &method) {
                 self.servers.failed(index);
-                if self.servers.urls().len() > 1 {
+                if self.servers.current() != started_at {
                     tracing::warn!(%error, "not sent again now; the next request starts at the next server URL");
                 }
                 failures.push((index, error));
@@ -437,7 +443,9 @@ impl Client {
     }
 
     pub async fn heartbeat(&self, worker: WorkerId, request: &HeartbeatRequest) -> ClientResult<HeartbeatResponse> {
-        self.worker_post(worker, &format!("/api/workers/{worker}/heartbeat"), request).await
+        let path = format!("/api/workers/{worker}/heartbeat");
+        let timeout = self.heartbeat_timeout;
+        self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
     }
 
     /// Ends an attempt in one request (log tail, metrics, result, outcome) and, when the

@@ -30,7 +30,9 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
     match tokio::time::timeout(READY_WAIT, state.queue.reader().ping()).await {
         Ok(Ok(())) => (StatusCode::OK, Json(answer("ok"))),
         Ok(Err(error)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, Json(answer(format!("the database does not answer: {error}"))))
+            // Public: the cause (hosts, users, certificates) goes to the log, not to the caller.
+            tracing::warn!(%error, "readiness: the database does not answer");
+            (StatusCode::SERVICE_UNAVAILABLE, Json(answer("the database does not answer (see the server log)")))
         }
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
