@@ -48,6 +48,8 @@ pub struct ServerConfig {
     /// A request's headers must arrive within this, and an idle keep-alive connection is
     /// closed after it (hyper measures both with one timer).
     pub header_timeout: Duration,
+    /// A request body that stops arriving for this long is cut (the request fails with 400).
+    pub body_idle_timeout: Duration,
     /// Open connections at most (`None`: what the descriptor limit allows, less a reserve).
     pub max_connections: Option<usize>,
     /// Open connections per client address at most.
@@ -83,6 +85,7 @@ impl Default for ServerConfig {
             tokens: crate::auth::Tokens::default(),
             tls: None,
             header_timeout: Duration::from_secs(20),
+            body_idle_timeout: Duration::from_secs(30),
             max_connections: None,
             max_connections_per_address: 256,
             metrics_public: false,
@@ -115,6 +118,7 @@ pub struct ServerFile {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub header_timeout_secs: Option<f64>,
+    pub body_idle_secs: Option<f64>,
     pub max_connections: Option<usize>,
     pub max_connections_per_address: Option<usize>,
     pub metrics_public: Option<bool>,
@@ -157,6 +161,7 @@ impl ServerFile {
             user_token: self.user_token.or(lower.user_token),
             worker_token: self.worker_token.or(lower.worker_token),
             header_timeout_secs: self.header_timeout_secs.or(lower.header_timeout_secs),
+            body_idle_secs: self.body_idle_secs.or(lower.body_idle_secs),
             max_connections: self.max_connections.or(lower.max_connections),
             max_connections_per_address: self.max_connections_per_address.or(lower.max_connections_per_address),
             metrics_public: self.metrics_public.or(lower.metrics_public),
@@ -206,6 +211,9 @@ impl ServerConfig {
         }
         if let Some(value) = file.header_timeout_secs {
             self.header_timeout = seconds(value, "header_timeout_secs")?;
+        }
+        if let Some(value) = file.body_idle_secs {
+            self.body_idle_timeout = seconds(value, "body_idle_secs")?;
         }
         if let Some(value) = file.max_connections {
             anyhow::ensure!(value >= 1, "`max_connections` must be at least 1");

@@ -80,6 +80,7 @@ pub async fn run(
     let descriptors = crate::serve::raise_descriptor_limit();
     let limits = crate::serve::ConnectionLimits {
         header_timeout: state.config.header_timeout,
+        body_idle_timeout: state.config.body_idle_timeout,
         max_connections: state.config.max_connections.unwrap_or(crate::serve::default_max_connections(descriptors)),
         max_per_address: state.config.max_connections_per_address,
     };

@@ -142,6 +142,19 @@ impl ServerProcess {
         }
     }
 
+    /// What the server logged, every start of it in order.
+    pub fn log(&self) -> String {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| path.file_name().is_some_and(|name| name.to_string_lossy().starts_with("server-")))
+            .collect();
+        logs.sort();
+        logs.iter().map(|path| std::fs::read_to_string(path).unwrap_or_default()).collect()
+    }
+
     pub fn client(&self) -> client::Client {
         client::Client::new(&self.url).unwrap()
     }

@@ -1,0 +1,280 @@
+//! What each open connection is doing, and which one goes when the server must make room.
+//!
+//! A connection is *busy* while a request it delivered is being answered (a long poll, an
+//! event stream, a download), *idle* while it has no request in flight (nothing sent yet, half
+//! a request head, an HTTP/2 preface, a keep-alive pause) and *unfinished* while its request
+//! waits for a body that is not arriving. Idle and unfinished connections are what a client
+//! can hold without using them: they are closed after a timeout, and evicted, oldest activity
+//! first, when the server or one address is at its cap. Busy connections are never evicted.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// What a connection is doing, for the eviction choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    Busy,
+    /// Idle or unfinished, with its last activity (milliseconds since the registry began).
+    Holding {
+        since_ms: u64,
+    },
+}
+
+/// The connection to evict among `candidates`: the one holding without use the longest.
+pub fn oldest_holding(candidates: impl IntoIterator<Item = (u64, Standing)>) -> Option<u64> {
+    candidates
+        .into_iter()
+        .filter_map(|(id, standing)| match standing {
+            Standing::Busy => None,
+            Standing::Holding { since_ms } => Some((since_ms, id)),
+        })
+        .min()
+        .map(|(_, id)| id)
+}
+
+/// One open connection.
+pub struct Tracker {
+    pub id: u64,
+    pub address: Option<IpAddr>,
+    epoch: Instant,
+    in_flight: AtomicUsize,
+    open_bodies: AtomicUsize,
+    /// The last activity: the end of the last request, or the last piece of a body.
+    since_ms: AtomicU64,
+    evicted: AtomicBool,
+    changed: Notify,
+}
+
+impl Tracker {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub fn standing(&self) -> Standing {
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        let waiting_for_body = self.open_bodies.load(Ordering::Acquire) > 0;
+        if in_flight > 0 && !waiting_for_body {
+            Standing::Busy
+        } else {
+            Standing::Holding { since_ms: self.since_ms.load(Ordering::Acquire) }
+        }
+    }
+
+    /// A request head arrived; the guard ends the request when the answer is done or dropped.
+    pub fn begin_request(self: &Arc<Self>) -> RequestGuard {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        RequestGuard(self.clone())
+    }
+
+    /// A request body that has not fully arrived; the guard says when it has (or is dropped).
+    pub fn body_opened(self: &Arc<Self>) -> BodyGuard {
+        self.open_bodies.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        BodyGuard(self.clone())
+    }
+
+    /// Some of a body arrived.
+    pub fn touch(&self) {
+        self.since_ms.store(self.now_ms(), Ordering::Release);
+    }
+
+    /// Asks the connection's task to close it now.
+    pub fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Completes when the connection must be closed: evicted, or with no request in flight for
+    /// `idle_limit` (which covers a connection that never sent a whole request head, whatever
+    /// it sent, and a keep-alive connection that stays silent).
+    pub async fn expired(&self, idle_limit: Duration) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.evicted.load(Ordering::Acquire) {
+                return;
+            }
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                changed.await;
+                continue;
+            }
+            let deadline = self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Acquire)) + idle_limit;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = changed => {}
+            }
+        }
+    }
+}
+
+/// A request in flight on a connection.
+pub struct RequestGuard(Arc<Tracker>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let tracker = &self.0;
+        // The idle time starts when the last request in flight ends.
+        tracker.touch();
+        tracker.in_flight.fetch_sub(1, Ordering::AcqRel);
+        tracker.changed.notify_waiters();
+    }
+}
+
+/// A request body still arriving.
+pub struct BodyGuard(Arc<Tracker>);
+
+impl BodyGuard {
+    pub fn progress(&self) {
+        self.0.touch();
+    }
+}
+
+impl Drop for BodyGuard {
+    fn drop(&mut self) {
+        self.0.open_bodies.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Every open connection, by id, with counts per client address.
+pub struct Registry {
+    epoch: Instant,
+    next_id: AtomicU64,
+    open: Mutex<HashMap<u64, Arc<Tracker>>>,
+    per_address: Mutex<HashMap<IpAddr, usize>>,
+    /// Told each time a connection closes.
+    pub closed: Notify,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            epoch: Instant::now(),
+            next_id: AtomicU64::new(0),
+            open: Mutex::default(),
+            per_address: Mutex::default(),
+            closed: Notify::new(),
+        }
+    }
+}
+
+impl Registry {
+    /// A new connection from `address`.
+    pub fn open(&self, address: Option<IpAddr>) -> Arc<Tracker> {
+        let epoch = self.epoch;
+        let tracker = Arc::new(Tracker {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            address,
+            epoch,
+            in_flight: AtomicUsize::new(0),
+            open_bodies: AtomicUsize::new(0),
+            since_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+            evicted: AtomicBool::new(false),
+            changed: Notify::new(),
+        });
+        if let Some(address) = address {
+            *lock(&self.per_address).entry(address).or_insert(0) += 1;
+        }
+        lock(&self.open).insert(tracker.id, tracker.clone());
+        tracker
+    }
+
+    pub fn close(&self, tracker: &Tracker) {
+        lock(&self.open).remove(&tracker.id);
+        if let Some(address) = tracker.address {
+            let mut counts = lock(&self.per_address);
+            if let Some(count) = counts.get_mut(&address) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.remove(&address);
+                }
+            }
+        }
+        self.closed.notify_waiters();
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.open).len()
+    }
+
+    /// Open connections from `address`.
+    pub fn count(&self, address: IpAddr) -> usize {
+        lock(&self.per_address).get(&address).copied().unwrap_or(0)
+    }
+
+    /// Evicts the connection (of `address`, when given) that has held without use the longest;
+    /// false when every candidate is busy.
+    pub fn evict_oldest(&self, address: Option<IpAddr>) -> bool {
+        let open = lock(&self.open);
+        let candidates = open
+            .values()
+            .filter(|tracker| address.is_none() || tracker.address == address)
+            .filter(|tracker| !tracker.evicted.load(Ordering::Acquire))
+            .map(|tracker| (tracker.id, tracker.standing()));
+        match oldest_holding(candidates).and_then(|id| open.get(&id)) {
+            Some(victim) => {
+                victim.evict();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A poisoned lock only means another connection's task panicked; the table is still right.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_holding_without_use_longest_goes_and_busy_ones_never() {
+        let holding = |since_ms| Standing::Holding { since_ms };
+        assert_eq!(oldest_holding([(1, holding(50)), (2, holding(10)), (3, Standing::Busy)]), Some(2));
+        assert_eq!(oldest_holding([(1, Standing::Busy), (2, Standing::Busy)]), None);
+        assert_eq!(oldest_holding([]), None);
+    }
+
+    #[tokio::test]
+    async fn a_connection_expires_after_its_idle_time_unless_a_request_is_in_flight() {
+        let registry = Registry::default();
+        let tracker = registry.open(None);
+        let limit = Duration::from_millis(200);
+        // Nothing sent: it expires after the limit.
+        let started = Instant::now();
+        tracker.expired(limit).await;
+        assert!(started.elapsed() >= limit);
+        // A request in flight (a long poll) holds it open past the limit; the idle time starts
+        // again when the answer is done.
+        let request = tracker.begin_request();
+        assert_eq!(tracker.standing(), Standing::Busy);
+        let waited = tokio::time::timeout(limit * 3, tracker.expired(limit)).await;
+        assert!(waited.is_err(), "expired with a request in flight");
+        drop(request);
+        let ended = Instant::now();
+        tracker.expired(limit).await;
+        assert!(ended.elapsed() >= limit);
+        // A request waiting for its body holds without use, and is evicted at once.
+        let _request = tracker.begin_request();
+        let _body = tracker.body_opened();
+        assert!(matches!(tracker.standing(), Standing::Holding { .. }));
+        assert!(registry.evict_oldest(None));
+        tokio::time::timeout(Duration::from_secs(5), tracker.expired(Duration::from_secs(3600)))
+            .await
+            .expect("evicted at once");
+        registry.close(&tracker);
+        assert_eq!(registry.len(), 0);
+    }
+}
