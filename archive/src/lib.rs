@@ -9,12 +9,15 @@
 //!
 //! - [`pack`]: a list of files under a root → the tar stream, hashed, optionally compressed;
 //! - [`unpack`]: a compressed stream → files in a directory, hashed on the way;
+//! - [`entries`]: what an archive may hold (checked on receipt and at every unpack);
 //! - [`links`]: which symlinks stay inside a root (the others are never followed or stored).
 
+pub mod entries;
 pub mod links;
 pub mod pack;
 pub mod unpack;
 
+pub use entries::UnsafeEntry;
 pub use pack::{digest_of, list_tree, pack_to, Packed, Skipped};
 pub use unpack::{unpack_verified, verify, UnpackError, Verified};
 

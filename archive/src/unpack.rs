@@ -3,6 +3,7 @@
 //! path is unpacked inside the destination (the `tar` crate refuses `..`, absolute paths and
 //! writes through links); times are the unpacking time, modes the archive's.
 
+use crate::entries::{self, UnsafeEntry};
 use sha2::{Digest, Sha256};
 use std::io::{self, Read};
 use std::path::Path;
@@ -18,6 +19,8 @@ pub enum UnpackError {
     TooLarge {
         limit: u64,
     },
+    /// An entry no snapshot may hold: a path leaving the root, a link out, a device, ...
+    Unsafe(UnsafeEntry),
     Io(io::Error),
 }
 
@@ -28,6 +31,7 @@ impl std::fmt::Display for UnpackError {
                 write!(f, "the archive's digest is {found}, not {expected}: it is corrupted")
             }
             UnpackError::TooLarge { limit } => write!(f, "the archive unpacks to more than {limit} bytes"),
+            UnpackError::Unsafe(entry) => write!(f, "the archive has an unsafe {entry}"),
             UnpackError::Io(error) => write!(f, "{error}"),
         }
     }
@@ -43,17 +47,18 @@ pub struct Verified {
     pub tar_bytes: u64,
 }
 
-/// Decompresses `compressed` and hashes its tar stream (at most `limit` bytes of it) without
-/// writing anything.
+/// Decompresses `compressed`, checks every entry and hashes its tar stream (at most `limit`
+/// bytes of it) without writing anything.
 pub fn verify<R: Read>(compressed: R, limit: u64) -> Result<Verified, UnpackError> {
-    let mut reader = HashReader::new(zstd::Decoder::new(compressed).map_err(UnpackError::Io)?, limit);
-    let copied = io::copy(&mut reader, &mut io::sink());
-    reader.finish(copied.map(|_| ()))
+    let reader = HashReader::new(zstd::Decoder::new(compressed).map_err(UnpackError::Io)?, limit);
+    let mut archive = tar::Archive::new(reader);
+    let walked = walk(&mut archive, |_| Ok(()));
+    finish(archive, walked)
 }
 
 /// Unpacks `compressed` into `destination` and checks that the tar stream it read has the
 /// digest `expected` (when given). On any error, what was unpacked is left for the caller to
-/// remove: nothing from a mismatched archive may be run.
+/// remove: nothing from a mismatched or refused archive may be run.
 pub fn unpack_verified<R: Read>(
     compressed: R,
     expected: Option<&str>,
@@ -66,17 +71,55 @@ pub fn unpack_verified<R: Read>(
     archive.set_preserve_mtime(false);
     archive.set_overwrite(true);
     archive.set_unpack_xattrs(false);
-    let unpacked = archive.unpack(destination);
-    let mut reader = archive.into_inner();
-    // The end-of-archive blocks (and anything after them) are part of what the digest names.
-    let rest = unpacked.and_then(|()| io::copy(&mut reader, &mut io::sink()).map(|_| ()));
-    let verified = reader.finish(rest)?;
+    let walked = walk(&mut archive, |entry| {
+        // Checked first, so `unpack_in` never meets a path it would skip or re-root.
+        if !entry.unpack_in(destination)? {
+            return Err(io::Error::other(format!("`{}` was not unpacked", entry.path_bytes().escape_ascii())));
+        }
+        Ok(())
+    });
+    let verified = finish(archive, walked)?;
     match expected {
         Some(expected) if expected != verified.digest => {
             Err(UnpackError::Mismatch { expected: expected.to_string(), found: verified.digest })
         }
         _ => Ok(verified),
     }
+}
+
+/// Each entry of `archive`, checked, handed to `each`; the first refusal or error ends it.
+fn walk<R: Read>(
+    archive: &mut tar::Archive<R>,
+    mut each: impl FnMut(&mut tar::Entry<'_, R>) -> io::Result<()>,
+) -> Result<(), UnpackError> {
+    for entry in archive.entries().map_err(UnpackError::Io)? {
+        let mut entry = entry.map_err(UnpackError::Io)?;
+        if entries::check(&entry).map_err(UnpackError::Unsafe)? {
+            each(&mut entry).map_err(UnpackError::Io)?;
+        }
+    }
+    Ok(())
+}
+
+/// The digest of the whole tar stream once the entries were walked: the end-of-archive blocks
+/// (and anything after them) are part of what the digest names. Past the limit is `TooLarge`
+/// whatever else failed on the way.
+fn finish<R: Read>(
+    archive: tar::Archive<HashReader<R>>,
+    walked: Result<(), UnpackError>,
+) -> Result<Verified, UnpackError> {
+    let mut reader = archive.into_inner();
+    let rest = match walked {
+        Ok(()) => io::copy(&mut reader, &mut io::sink()).map(|_| ()),
+        Err(UnpackError::Io(error)) => Err(error),
+        Err(refused) => {
+            return match reader.finish(Ok(())) {
+                Err(too_large @ UnpackError::TooLarge { .. }) => Err(too_large),
+                _ => Err(refused),
+            }
+        }
+    };
+    reader.finish(rest)
 }
 
 /// Hashes and counts what is read through it, refusing to read past `limit` bytes.

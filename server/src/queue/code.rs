@@ -101,6 +101,9 @@ impl Queue {
             Err(archive::UnpackError::TooLarge { limit }) => {
                 return Err(ApiError::PayloadTooLarge(format!("the code snapshot unpacks to more than {limit} bytes")))
             }
+            Err(archive::UnpackError::Unsafe(entry)) => {
+                return Err(ApiError::BadRequest(format!("the code snapshot was refused, nothing stored: {entry}")))
+            }
             Err(error) => {
                 return Err(ApiError::BadRequest(format!("the upload is not a zstd-compressed code snapshot: {error}")))
             }

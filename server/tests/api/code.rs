@@ -183,3 +183,62 @@ async fn a_removed_sweep_takes_its_jobs_checkpoint_files_with_it() {
     assert!(!files.exists(), "no checkpoint file outlives its job");
     assert_eq!(app.client.checkpoint_info(job.id).await.unwrap_err().status(), Some(404));
 }
+
+/// One raw tar entry: path, type, link target, data.
+type RawEntry<'a> = (&'a str, tar::EntryType, &'a str, &'a [u8]);
+
+/// A compressed tar stream of raw entries, written byte by byte so that it may hold what no
+/// honest packer writes.
+fn hostile_archive(entries: &[RawEntry]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, kind, target, data) in entries {
+        let mut header = tar::Header::new_gnu();
+        let bytes = header.as_old_mut();
+        bytes.name[..path.len()].copy_from_slice(path.as_bytes());
+        bytes.linkname[..target.len()].copy_from_slice(target.as_bytes());
+        header.set_entry_type(*kind);
+        header.set_mode(0o644);
+        header.set_size(data.len() as u64);
+        header.set_cksum();
+        builder.append(&header, *data).unwrap();
+    }
+    zstd::encode_all(&builder.into_inner().unwrap()[..], 3).unwrap()
+}
+
+#[tokio::test]
+async fn a_snapshot_with_an_entry_leaving_the_project_is_refused_by_name_and_nothing_is_stored() {
+    use tar::EntryType::{Block, Char, Fifo, Link, Regular, Symlink};
+    let app = TestApp::spawn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fine: RawEntry = ("train.py", Regular, "", b"print(1)\n");
+    let cases: [(RawEntry, &str); 9] = [
+        (("../escape.py", Regular, "", b"x"), "`..`"),
+        (("src/../../escape.py", Regular, "", b"x"), "`..`"),
+        (("/etc/cron.d/evil", Regular, "", b"x"), "absolute path"),
+        (("passwd", Symlink, "/etc/passwd", b""), "absolute path"),
+        (("up", Symlink, "../../outside", b""), "leading outside"),
+        (("hard", Link, "/etc/shadow", b""), "hard link"),
+        (("pipe", Fifo, "", b""), "FIFO"),
+        (("null", Char, "", b""), "device"),
+        (("disk", Block, "", b""), "device"),
+    ];
+    for (hostile, reason) in cases {
+        let path = dir.path().join("hostile.tar.zst");
+        std::fs::write(&path, hostile_archive(&[fine, hostile])).unwrap();
+        let refused = app.client.upload_code(open(&path).await).await.unwrap_err();
+        assert_eq!(refused.status(), Some(400), "{}: {refused}", hostile.0);
+        let message = refused.to_string();
+        assert!(message.contains(&format!("`{}`", hostile.0)), "names the entry: {message}");
+        assert!(message.contains(reason), "says why ({reason}): {message}");
+        assert!(stored_snapshots(&app).is_empty(), "{} was stored", hostile.0);
+    }
+    // Links inside the project and the same files without the hostile entry are fine.
+    let path = dir.path().join("fine.tar.zst");
+    std::fs::write(&path, hostile_archive(&[fine, ("src/data", Symlink, "../train.py", b"")])).unwrap();
+    let stored = app.client.upload_code(open(&path).await).await.unwrap();
+    assert_eq!(stored_snapshots(&app), [format!("{}.tar.zst", stored.digest)]);
+    // Nothing was left behind by the refusals either: no received upload remains.
+    let incoming = app.data_path().join("results/.staging/.incoming");
+    let left: Vec<_> = std::fs::read_dir(&incoming).into_iter().flatten().flatten().map(|entry| entry.path()).collect();
+    assert!(left.is_empty(), "{left:?}");
+}
