@@ -9,6 +9,12 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(&args);
+    if args.command.is_none() {
+        // Before any thread: what keeps the tokens out of the jobs' reach (cli::secrets, which
+        // may start the binary again, and worker::hardening).
+        cli::secrets::take_out_of_environment();
+        worker::hardening::keep_credentials_from_jobs(!args.serve.server_only);
+    }
     // The worker daemon alone waits on its jobs, the server and a few files: one thread does
     // that, and a short job's cost on a worker was mostly hand-offs between the runtime's
     // threads (2,000 `true` jobs: CPU per job 0.94 -> 0.72 ms). Its blocking work (hashing,

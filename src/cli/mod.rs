@@ -12,6 +12,7 @@ mod files;
 mod format;
 mod logs;
 mod results;
+pub mod secrets;
 mod serve;
 mod settings;
 mod snapshot;

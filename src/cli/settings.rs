@@ -267,7 +267,7 @@ pub struct Settings {
 
 /// Reads the config file (once) and the environment, and assembles the settings.
 pub fn load(args: &ServeArgs) -> anyhow::Result<Settings> {
-    let variable = |name: &str| std::env::var(name).ok();
+    let variable = super::secrets::variable;
     let path =
         args.config.clone().or_else(|| variable("APP_CONFIG_FILE").filter(|path| !path.is_empty()).map(PathBuf::from));
     let file = match &path {

@@ -54,6 +54,10 @@ pub struct AttemptContext {
     pub in_git_tree: bool,
     /// Kills the jobs should the worker die.
     pub guard: Arc<Guard>,
+    /// Ends what leaves a job's process group.
+    pub containment: Arc<crate::containment::Containment>,
+    /// The user jobs run as, when not the worker's.
+    pub run_as: Option<Arc<crate::run_as::RunAs>>,
     /// The worker's environment without `APP_*`, read once.
     pub inherited: Arc<Vec<(OsString, OsString)>>,
     /// The attempt directories to use again.
@@ -139,6 +143,17 @@ pub async fn run(
         Err(error) => Err(format!("preparing {}: {error}", dirs.root.display())),
         Ok(log) => workspace::prepare(&context, &job, &dirs).await.map(|prepared| (log, prepared)),
     };
+    let prepared = match (prepared, context.run_as.clone()) {
+        (Ok(prepared), Some(user)) => {
+            let handed = dirs.clone();
+            match tokio::task::spawn_blocking(move || user.hand_over(&handed)).await {
+                Ok(Ok(())) => Ok(prepared),
+                Ok(Err(error)) => Err(format!("giving the attempt's files to the run_as user: {error}")),
+                Err(error) => Err(format!("giving the attempt's files to the run_as user: {error}")),
+            }
+        }
+        (prepared, _) => prepared,
+    };
     let resumed_from = prepared.as_ref().ok().and_then(|(_, prepared)| prepared.resumed_from);
     let mut checkpoints = None;
     let ended = match prepared {
@@ -146,6 +161,7 @@ pub async fn run(
         Ok((log, prepared)) => {
             let port = if indices.len() > 1 { executor::free_port() } else { None };
             let mut env = executor::environment(&job, &dirs, &indices, port);
+            env.push(context.containment.variable());
             // First, so that whatever the job's own environment sets later wins.
             if let Some(threads) = context.cpu_threads.filter(|_| indices.is_empty()) {
                 env.insert(0, ("OMP_NUM_THREADS".to_string(), threads.to_string()));
@@ -173,6 +189,7 @@ pub async fn run(
                 let (command, dirs, grace, written) =
                     (job.command.clone(), dirs.clone(), config.kill_grace, written.clone());
                 let (guard, inherited) = (context.guard.clone(), context.inherited.clone());
+                let (containment, run_as) = (context.containment.clone(), context.run_as.clone());
                 let (setup, cwd) = (job.workspace.setup.clone(), prepared.cwd);
                 async move {
                     let launch = Launch {
@@ -185,6 +202,10 @@ pub async fn run(
                         timeout,
                         grace,
                         guard: &guard,
+                        containment: &containment,
+                        attempt,
+                        slot,
+                        run_as: run_as.as_deref(),
                     };
                     executor::run(launch, log, stop, written).await
                 }

@@ -44,6 +44,11 @@ pub struct WorkerConfig {
     /// What this worker's `app` binary can run (the trainer), told to the server with every
     /// capacity; the binary fills it in (the worker library cannot know its features).
     pub capabilities: shared::capabilities::Capabilities,
+    /// Keep each job's processes in a cgroup of their own where the worker may make one
+    /// (`containment`); false: the subreaper alone.
+    pub cgroups: bool,
+    /// Run jobs as this user (a name or uid; the worker must be root).
+    pub run_as: Option<String>,
 }
 
 impl WorkerConfig {
@@ -65,6 +70,8 @@ impl WorkerConfig {
             code_cache_bytes: 5 << 30,
             connection: client::ClientOptions::default(),
             capabilities: shared::capabilities::Capabilities::default(),
+            cgroups: true,
+            run_as: None,
         }
     }
 }
@@ -100,6 +107,10 @@ pub struct WorkerFile {
     pub checkpoint_max_size: Option<String>,
     /// Code snapshots kept on this worker, e.g. `5GiB` (the default).
     pub code_cache_size: Option<String>,
+    /// Keep each job's processes in a cgroup v2 of their own where possible (default true).
+    pub cgroups: Option<bool>,
+    /// Run jobs as this user (name or uid); the worker must run as root.
+    pub run_as: Option<String>,
     /// A file holding the worker token (first non-comment line).
     pub token_file: Option<PathBuf>,
     /// PEM certificate(s) of a private CA that signed the server's certificate.
@@ -132,6 +143,8 @@ impl WorkerFile {
             checkpoint_secs: self.checkpoint_secs.or(lower.checkpoint_secs),
             checkpoint_max_size: self.checkpoint_max_size.or(lower.checkpoint_max_size),
             code_cache_size: self.code_cache_size.or(lower.code_cache_size),
+            cgroups: self.cgroups.or(lower.cgroups),
+            run_as: self.run_as.or(lower.run_as),
             token_file,
             ca_file: self.ca_file.or(lower.ca_file),
             token,
@@ -168,6 +181,13 @@ impl WorkerFile {
         }
         if let Some(keep) = self.keep_work_dirs {
             config.keep_work_dirs = keep;
+        }
+        if let Some(cgroups) = self.cgroups {
+            config.cgroups = cgroups;
+        }
+        if let Some(user) = &self.run_as {
+            anyhow::ensure!(!user.trim().is_empty(), "`run_as` must name a user");
+            config.run_as = Some(user.trim().to_string());
         }
         if let Some(value) = self.kill_grace_secs {
             config.kill_grace = seconds(value, "kill_grace_secs")?;

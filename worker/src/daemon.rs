@@ -7,10 +7,12 @@
 use crate::accounting::Accounting;
 use crate::attempt::{self, AttemptContext, AttemptEvent};
 use crate::config::WorkerConfig;
+use crate::containment::Containment;
 use crate::executor::Stop;
 use crate::guard::Guard;
 use crate::inventory::GpuInventory;
 use crate::reservations::{cpu_threads_per_job, default_max_jobs, Reservations};
+use crate::run_as::RunAs;
 use anyhow::Context;
 use client::{Client, ClientError, ClientResult};
 use shared::api::{
@@ -73,6 +75,8 @@ struct Daemon {
     hostname: String,
     in_git_tree: bool,
     guard: Arc<Guard>,
+    containment: Arc<Containment>,
+    run_as: Option<Arc<RunAs>>,
     inherited: Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
     slots: Arc<crate::slots::Slots>,
     code: Arc<crate::code::CodeCache>,
@@ -116,7 +120,16 @@ pub async fn run(
         .await
         .with_context(|| format!("resolving the work directory {}", config.work_dir.display()))?;
     let identity = crate::identity::take(&config.work_dir)?;
-    let guard = Guard::start().context("starting the guard that ends jobs with their worker")?;
+    let run_as = config.run_as.as_deref().map(RunAs::resolve).transpose()?.map(Arc::new);
+    let containment = Containment::start(config.cgroups);
+    let guard =
+        Guard::start(containment.cgroup_dir()).context("starting the guard that ends jobs with their worker")?;
+    tracing::info!(
+        processes = %containment.describe(),
+        run_as = run_as.as_ref().map_or("the worker's user", |user| user.name.as_str()),
+        jobs_may_trace = crate::hardening::jobs_may_trace(),
+        "jobs are kept"
+    );
     let max_jobs = config.max_jobs.unwrap_or_else(|| default_max_jobs(inventory.sample().len())).max(1);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let cpu_threads = cpu_threads_per_job(cores, max_jobs).filter(|_| std::env::var_os("OMP_NUM_THREADS").is_none());
@@ -141,6 +154,8 @@ pub async fn run(
         hostname: crate::config::default_name(),
         in_git_tree: false,
         guard: Arc::new(guard),
+        containment: Arc::new(containment),
+        run_as,
         inherited: Arc::new(crate::executor::inherited_environment()),
         slots: Arc::default(),
         code: Arc::new(crate::code::CodeCache::new(&config_work_dir, config_code_cache)),
@@ -258,6 +273,9 @@ pub async fn run(
                 let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
                 let gpus = if telemetry_due { last_telemetry = Some(Instant::now()); daemon.inventory.sample() } else { Vec::new() };
                 let request = HeartbeatRequest { running: daemon.held(), gpus };
+                // Processes that left jobs which have ended: killed, their zombies reaped.
+                let (containment, running) = (daemon.containment.clone(), daemon.running.keys().copied().collect());
+                tokio::spawn(async move { containment.sweep(&running).await });
                 let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
                 beat = Some(tokio::spawn(async move { client.heartbeat(worker_id, &request).await }));
             }
@@ -529,6 +547,8 @@ impl Daemon {
             config: self.config.clone(),
             in_git_tree: self.in_git_tree,
             guard: self.guard.clone(),
+            containment: self.containment.clone(),
+            run_as: self.run_as.clone(),
             inherited: self.inherited.clone(),
             slots: self.slots.clone(),
             code: self.code.clone(),

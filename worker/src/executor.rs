@@ -7,10 +7,12 @@
 //! setup succeeded before the command starts, so a setup that fails, or exits the shell, fails
 //! the attempt as "setup failed".
 
+use crate::containment::Containment;
 use crate::guard::Guard;
+use crate::run_as::RunAs;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use shared::api::ClaimedJob;
+use shared::api::{ClaimedJob, JobAttempt};
 use shared::job::Outcome;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -32,7 +34,9 @@ pub struct AttemptDirs {
     pub checkpoint: PathBuf,
     /// Where a checkpoint is packed before its upload, and downloaded before it is restored.
     pub checkpoint_archive: PathBuf,
-    /// Written by the job's shell once its `setup:` line succeeded.
+    /// The job's own marks: a directory it may write (its `run_as` user owns it).
+    pub state: PathBuf,
+    /// Written by the job's shell, in `state`, once its `setup:` line succeeded.
     pub setup_done: PathBuf,
     /// `APP_OUTPUT_DIR`: uploaded as the attempt's results.
     pub output: PathBuf,
@@ -63,7 +67,8 @@ impl AttemptDirs {
             cwd: root.join("work"),
             checkpoint: root.join("checkpoint"),
             checkpoint_archive: root.join("checkpoint.tar.zst"),
-            setup_done: root.join("setup-done"),
+            state: root.join("state"),
+            setup_done: root.join("state").join("setup-done"),
             output: root.join("output"),
             config: root.join("config.yaml"),
             metrics: root.join("metrics.jsonl"),
@@ -112,6 +117,7 @@ impl AttemptDirs {
                 crate::slots::empty(dir)?;
                 std::fs::create_dir_all(dir)?;
             }
+            std::fs::create_dir_all(&dirs.state)?;
             remove_if_there(&dirs.setup_done)?;
             remove_if_there(&dirs.wandb_params)?;
             reuse_file(&dirs.config, config.as_bytes(), false, false)?;
@@ -318,6 +324,13 @@ pub struct Launch<'a> {
     pub timeout: Option<Duration>,
     pub grace: Duration,
     pub guard: &'a Guard,
+    /// Keeps the processes that leave the job's group (`containment`).
+    pub containment: &'a Containment,
+    pub attempt: JobAttempt,
+    /// The attempt's slot: its cgroup, where the worker has them.
+    pub slot: usize,
+    /// The user the job runs as, when not the worker's.
+    pub run_as: Option<&'a RunAs>,
 }
 
 /// How a job's process ended, and what is worth knowing beyond that.
@@ -336,7 +349,8 @@ pub async fn run(
     mut stop: mpsc::Receiver<Stop>,
     log_written: Arc<Notify>,
 ) -> Ended {
-    let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard } = launch;
+    let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard, containment, attempt, slot, run_as } =
+        launch;
     let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, notes: Vec::new() };
     let script = setup.map(|setup| setup_script(setup, &dirs.setup_done, command));
     let shell = if setup.is_some() && Path::new(SETUP_SHELL).exists() { SETUP_SHELL } else { SHELL };
@@ -369,8 +383,12 @@ pub async fn run(
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
+            .process_group(0);
+        if let Some(user) = run_as {
+            // The standard library also drops the supplementary groups when it sets a uid.
+            launcher.uid(user.uid.as_raw()).gid(user.gid.as_raw()).envs(user.environment());
+        }
+        launcher.spawn()
     };
     let spawned = match spawn(direct.as_ref()) {
         // A program found earlier and gone since: the shell says what is wrong, as it would.
@@ -385,6 +403,7 @@ pub async fn run(
     if let Some(group) = group {
         guard.watch(group.as_raw());
     }
+    let cgroup = child.id().and_then(|pid| containment.enter(slot, pid));
     let (chunks, received) = mpsc::channel::<Vec<u8>>(64);
     let pipes = [
         child.stdout.take().map(|out| tokio::spawn(forward(out, chunks.clone()))),
@@ -436,6 +455,9 @@ pub async fn run(
         let _ = killpg(group, Signal::SIGKILL);
         guard.forget(group.as_raw());
     }
+    // And what left the group: its cgroup at once; the processes it left to the worker at
+    // once when the job was stopped, else at the next heartbeat's sweep.
+    containment.end(attempt, cgroup.as_deref(), stopped.is_some()).await;
     let status = match waited {
         Some(status) => status,
         None => child.wait().await,
@@ -724,7 +746,8 @@ mod tests {
         let dirs = AttemptDirs::at(root.join("attempt"));
         std::fs::create_dir_all(&dirs.cwd).unwrap();
         let log = std::fs::File::create(root.join("log")).unwrap();
-        let guard = Guard::start().unwrap();
+        let guard = Guard::start(None).unwrap();
+        let containment = Containment::start(false);
         let (_stop, stopped) = mpsc::channel(1);
         let launch = Launch {
             command,
@@ -736,6 +759,10 @@ mod tests {
             timeout: Some(Duration::from_secs(60)),
             grace: Duration::from_secs(5),
             guard: &guard,
+            containment: &containment,
+            attempt: JobAttempt { job_id: shared::api::JobId::new(1), attempt: 1 },
+            slot: 0,
+            run_as: None,
         };
         run(launch, log, stopped, Arc::new(Notify::new())).await
     }

@@ -8,12 +8,18 @@
 //! dies, however it dies, the kernel closes the pipe; the guard reads end-of-file and kills
 //! every group still listed. The guard costs one idle process and two short pipe writes per
 //! job.
+//!
+//! Processes that left their job's group (`setsid`) go too: the guard kills the jobs' cgroup
+//! tree when the worker had one, and every process whose environment names the dead worker
+//! (`APP_WORKER_PID`, see `containment`) that it may read.
 
 use std::io::Write;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
 
-/// The guard's loop: keeps the list of live groups, kills them all at end-of-file.
+/// The guard's loop: keeps the list of live groups, kills them all at end-of-file, then the
+/// jobs' cgroup tree (`$1`, when there is one) and the processes carrying `APP_WORKER_PID`
+/// of its worker (`$PPID`).
 const SCRIPT: &str = r#"
 groups=""
 while IFS= read -r line; do
@@ -25,6 +31,21 @@ while IFS= read -r line; do
     esac
 done
 for group in $groups; do kill -9 "-$group" 2>/dev/null; done
+[ -n "$1" ] && [ -e "$1/cgroup.kill" ] && echo 1 > "$1/cgroup.kill" 2>/dev/null
+for environ in /proc/[0-9]*/environ; do
+    if tr '\0' '\n' < "$environ" 2>/dev/null | grep -qx "APP_WORKER_PID=$PPID"; then
+        pid=${environ#/proc/}
+        kill -9 "${pid%/environ}" 2>/dev/null
+    fi
+done
+# The emptied cgroups go too (a cgroup is removed only once its processes are gone).
+if [ -n "$1" ]; then
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        for slot in "$1"/slot-*; do [ -d "$slot" ] && rmdir "$slot" 2>/dev/null; done
+        rmdir "$1" 2>/dev/null && break
+        sleep 0.2
+    done
+fi
 "#;
 
 pub struct Guard {
@@ -33,11 +54,15 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Starts the guard process.
-    pub fn start() -> std::io::Result<Guard> {
+    /// Starts the guard process; `cgroup` is the jobs' cgroup tree, when the worker has one.
+    pub fn start(cgroup: Option<&std::path::Path>) -> std::io::Result<Guard> {
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(crate::executor::SHELL)
-            .args(["-c", SCRIPT])
+            .args(["-c", SCRIPT, "guard"])
+            .arg(cgroup.map(|dir| dir.as_os_str()).unwrap_or_default())
+            // Not the worker's credentials: jobs can read a same-user process's environment.
+            .env_clear()
+            .envs(crate::executor::inherited_environment())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -101,7 +126,7 @@ mod tests {
     #[test]
     fn groups_still_listed_die_when_the_guard_loses_its_worker() {
         use std::os::unix::process::CommandExt;
-        let guard = Guard::start().unwrap();
+        let guard = Guard::start(None).unwrap();
         let spawn = || Command::new("sleep").arg("1000").process_group(0).spawn().unwrap();
         let (mut kept, mut forgotten) = (spawn(), spawn());
         let (kept_pid, forgotten_pid) = (kept.id() as i32, forgotten.id() as i32);
