@@ -128,8 +128,9 @@ async fn heartbeats_through(port: u16, within: Duration) -> bool {
 /// not keep its workers' heartbeats waiting past their leases: before, a worker's request
 /// waited 60 s against a 30 s lease, the other replica's reaper took its running jobs back,
 /// and they ran twice. Now a registered worker gives a heartbeat a quarter of the lease (at
-/// least 5 s) and its next request starts at the other URL (a finish stuck on A waits its
-/// 60 s, then goes to B). B starts first, so B holds the
+/// least 5 s) and its next request starts at the other URL; so is a finish or a claim, and a
+/// finish goes to B at once. The worker's stall (the longest pause between two job starts
+/// after A stopped) is measured: a minute when finishes waited 60 s on A, seconds now. B starts first, so B holds the
 /// reaper's lock (a stopped A would hold it, and nothing would expire at all); the worker is
 /// seen heartbeating through A (A's request counts) before A stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,9 +148,11 @@ async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
     let on_b = client::Client::new(&format!("http://127.0.0.1:{b_port}")).unwrap();
     let values: Vec<String> = (0..JOBS).map(|i| i.to_string()).collect();
     let ran = logs.path().join("ran");
+    let starts = logs.path().join("starts");
     // Jobs long enough that the worker holds running jobs (and their leases) while A hangs.
     let yaml = format!(
-        "name: hang\ncommand: \"sh -c 'echo {{i}} >> {}; sleep 1'\"\ngrid:\n  i: [{}]\n",
+        "name: hang\ncommand: \"sh -c 'date +%s.%N >> {}; echo {{i}} >> {}; sleep 1'\"\ngrid:\n  i: [{}]\n",
+        starts.display(),
         ran.display(),
         values.join(", ")
     );
@@ -174,6 +177,7 @@ async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
     }
     let a_pid = nix::unistd::Pid::from_raw(a.id() as i32);
     nix::sys::signal::kill(a_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     // Past the leases the worker held when A stopped: with heartbeats waiting 60 s on A, B's
     // reaper would have taken its running jobs back by then, and they would run again. (A
     // claim A committed and never answered is handed out again, unrun: attempt 2 is allowed,
@@ -189,6 +193,24 @@ async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
         assert_eq!(job.status, shared::job::JobStatus::Succeeded, "{job:?}");
     }
     assert_each_ran_once(&ran, JOBS);
+    // The stall: from A's stop, the longest wait for the next job start. Every finish and
+    // claim the worker had sent to A was stuck there; they time out after a quarter of the
+    // 20 s lease (5 s) and a finish goes on to B at once.
+    let mut times: Vec<f64> = std::fs::read_to_string(&starts)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .filter(|time| *time >= stopped_at)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let stall = std::iter::once(stopped_at)
+        .chain(times.iter().copied())
+        .zip(times.iter().copied())
+        .map(|(before, after)| after - before)
+        .fold(0.0, f64::max);
+    eprintln!("a hung replica stalled the worker for {stall:.1} s ({} job starts after it stopped)", times.len());
+    assert!(!times.is_empty(), "no job started after A stopped");
+    assert!(stall < 15.0, "a hung replica stalled the worker for {stall:.1} s");
     let _ = a.kill(); // SIGKILL ends a stopped process too
     let _ = a.wait();
     let _ = b.kill();

@@ -12,7 +12,7 @@ mod servers;
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use servers::{try_next, Servers, TryFailure};
+use servers::{try_next, Replay, Servers, TryFailure};
 use shared::api::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -56,13 +56,16 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The shortest time a registered worker allows a request (see [`worker_timeout`]).
 const WORKER_TIMEOUT_MIN: Duration = Duration::from_secs(5);
 
-/// Time a registered worker allows a heartbeat, for a lease of `lease_ms`: a quarter of the
-/// lease (at least [`WORKER_TIMEOUT_MIN`], at most [`REQUEST_TIMEOUT`]). A server that hangs
-/// (stopped, swapping, its database stalled) must not hold a heartbeat for longer than the
-/// leases it renews: at 60 s against a 30 s lease, another replica took the worker's jobs
-/// back and ran them a second time while the worker waited. Timed out, the next request
-/// starts at the next URL. Other requests keep [`REQUEST_TIMEOUT`]: a finish may carry a
-/// megabyte and wait on a busy writer, and one timed out after it applied costs its claim.
+/// Time a registered worker allows a heartbeat, a claim (beyond its long-poll wait) and a
+/// finish, for a lease of `lease_ms`: a quarter of the lease (at least [`WORKER_TIMEOUT_MIN`],
+/// at most [`REQUEST_TIMEOUT`]). A server that hangs (stopped, swapping, its database stalled)
+/// must not hold a heartbeat for longer than the leases it renews: at 60 s against a 30 s
+/// lease, another replica took the worker's jobs back and ran them a second time while the
+/// worker waited; nor a finish or claim for a minute, which stalled a worker for 60 s while
+/// the other replica was fine. Timed out, a finish goes on to the next URL at once (it is
+/// fenced: a copy the hung server applies later changes nothing), other requests start there
+/// next time. What it costs: a finish or claim the hung server did apply hands out jobs this
+/// worker never hears of; they go back to the queue once its heartbeats do not hold them.
 pub fn worker_timeout(lease_ms: u64) -> Duration {
     Duration::from_millis(lease_ms / 4).clamp(WORKER_TIMEOUT_MIN, REQUEST_TIMEOUT)
 }
@@ -127,9 +130,9 @@ pub struct Client {
     registered: Arc<Mutex<HashMap<WorkerId, Arc<Session>>>>,
     /// Time allowed for one request (a long poll adds its wait).
     timeout: Duration,
-    /// Time allowed for a heartbeat: [`REQUEST_TIMEOUT`], or a registered worker's
-    /// [`worker_timeout`].
-    heartbeat_timeout: Duration,
+    /// Time allowed for a heartbeat, a claim or a finish (beyond a long-poll wait):
+    /// [`REQUEST_TIMEOUT`], or a registered worker's [`worker_timeout`].
+    lease_timeout: Duration,
 }
 
 /// `SESSION_HEADER` and `INSTANCE_HEADER` of one registration.
@@ -188,7 +191,7 @@ impl Client {
             session: None,
             registered: Arc::default(),
             timeout: REQUEST_TIMEOUT,
-            heartbeat_timeout: REQUEST_TIMEOUT,
+            lease_timeout: REQUEST_TIMEOUT,
         })
     }
 
@@ -203,13 +206,13 @@ impl Client {
     }
 
     /// This client speaking as the registered worker `response` describes: every request
-    /// carries its session and the server instance it registered with, and a heartbeat is
-    /// allowed [`worker_timeout`] of the registration's lease. Clones made before keep their own (an
+    /// carries its session and the server instance it registered with, and a heartbeat, claim or
+    /// finish is allowed [`worker_timeout`] of the registration's lease. Clones made before keep their own (an
     /// attempt started under an old registration stays under it).
     pub fn with_session(&self, response: &RegisterResponse) -> ClientResult<Client> {
         Ok(Client {
             session: Some(Arc::new(self.session_of(response)?)),
-            heartbeat_timeout: worker_timeout(response.lease_ms),
+            lease_timeout: worker_timeout(response.lease_ms),
             ..self.clone()
         })
     }
@@ -242,14 +245,14 @@ impl Client {
     /// Sends `method path` (shaped by `shape`: query, body, timeout) to the servers in turn
     /// until one answers with anything but 5xx, and returns that answer with its URL. With
     /// several servers, an error lists every one tried. A request whose body cannot be made
-    /// twice (`replayable` false: a streamed file) is tried at the current server only; if it
+    /// twice (`Replay::Never`: a streamed file) is tried at the current server only; if it
     /// fails there, the caller's retry starts at the next.
     async fn exchange(
         &self,
         method: Method,
         path: &str,
         worker: Option<WorkerId>,
-        replayable: bool,
+        replay: Replay,
         mut shape: impl FnMut(RequestBuilder) -> RequestBuilder,
     ) -> ClientResult<(String, reqwest::Response)> {
         let mut failures: Vec<(usize, ClientError)> = Vec::new();
@@ -276,7 +279,7 @@ impl Client {
                     (kind, ClientError::Unreachable { url, reason: describe(&error) })
                 }
             };
-            if !replayable || !try_next(kind, &method) {
+            if !try_next(kind, &method, replay) {
                 self.servers.failed(index);
                 if self.servers.current() != started_at {
                     tracing::warn!(%error, "not sent again now; the next request starts at the next server URL");
@@ -330,7 +333,19 @@ impl Client {
         worker: Option<WorkerId>,
         shape: impl FnMut(RequestBuilder) -> RequestBuilder,
     ) -> ClientResult<T> {
-        let (url, response) = self.exchange(method, path, worker, true, shape).await?;
+        self.send_replaying(method, path, worker, Replay::ByMethod, shape).await
+    }
+
+    /// [`Client::send`] for a request that may go to another server as `replay` says.
+    async fn send_replaying<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        worker: Option<WorkerId>,
+        replay: Replay,
+        shape: impl FnMut(RequestBuilder) -> RequestBuilder,
+    ) -> ClientResult<T> {
+        let (url, response) = self.exchange(method, path, worker, replay, shape).await?;
         decode(url, response).await
     }
 
@@ -437,24 +452,28 @@ impl Client {
     /// Asks for work; the server answers at once when something fits, otherwise waits up to
     /// `request.wait_ms` for a job to arrive.
     pub async fn claim(&self, worker: WorkerId, request: &ClaimRequest) -> ClientResult<ClaimResponse> {
-        let timeout = self.timeout + Duration::from_millis(request.wait_ms);
+        let timeout = self.lease_timeout + Duration::from_millis(request.wait_ms);
         let path = format!("/api/workers/{worker}/claim");
         self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
     }
 
     pub async fn heartbeat(&self, worker: WorkerId, request: &HeartbeatRequest) -> ClientResult<HeartbeatResponse> {
         let path = format!("/api/workers/{worker}/heartbeat");
-        let timeout = self.heartbeat_timeout;
+        let timeout = self.lease_timeout;
         self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
     }
 
     /// Ends an attempt in one request (log tail, metrics, result, outcome) and, when the
     /// request asks, claims the next jobs. A 409 means the attempt is stale: nothing was applied.
+    /// Fenced by its attempt, it goes on to the next server when one does not answer.
     pub async fn finish(&self, worker: WorkerId, request: &FinishRequest) -> ClientResult<FinishResponse> {
         let wait = request.claim.as_ref().map_or(0, |claim| claim.wait_ms);
-        let timeout = self.timeout + Duration::from_millis(wait);
+        let timeout = self.lease_timeout + Duration::from_millis(wait);
         let path = format!("/api/workers/{worker}/finish");
-        self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
+        self.send_replaying(Method::POST, &path, Some(worker), Replay::Fenced, |builder| {
+            builder.timeout(timeout).json(request)
+        })
+        .await
     }
 
     /// Tells the server this worker takes no more jobs: its parked claim returns at once.
@@ -539,8 +558,9 @@ impl Client {
         worker: Option<WorkerId>,
         shape: impl Fn(RequestBuilder) -> RequestBuilder,
     ) -> ClientResult<(String, reqwest::Response)> {
-        let (url, response) =
-            self.exchange(Method::GET, route, worker, true, |builder| shape(builder.timeout(UPLOAD_TIMEOUT))).await?;
+        let (url, response) = self
+            .exchange(Method::GET, route, worker, Replay::ByMethod, |builder| shape(builder.timeout(UPLOAD_TIMEOUT)))
+            .await?;
         if response.status().is_success() {
             return Ok((url, response));
         }
@@ -562,7 +582,7 @@ impl Client {
         let length = file.metadata().await.map(|metadata| metadata.len()).ok();
         let mut file = Some(file);
         let (url, response) = self
-            .exchange(method, route, worker, false, |builder| {
+            .exchange(method, route, worker, Replay::Never, |builder| {
                 let mut builder = shape(builder.timeout(UPLOAD_TIMEOUT));
                 if let Some(length) = length {
                     builder = builder.header(reqwest::header::CONTENT_LENGTH, length);
@@ -586,7 +606,8 @@ impl Client {
     pub async fn summary_csv(&self, sweep: &str, top: Option<u32>) -> ClientResult<String> {
         let query = SummaryQuery { top, format: Some("csv".into()) };
         let path = format!("/api/sweeps/{}/summary", encode(sweep));
-        let (url, response) = self.exchange(Method::GET, &path, None, true, |builder| builder.query(&query)).await?;
+        let (url, response) =
+            self.exchange(Method::GET, &path, None, Replay::ByMethod, |builder| builder.query(&query)).await?;
         let status = response.status();
         let text = response
             .text()

@@ -29,9 +29,26 @@ pub enum TryFailure {
     ServerError(u16),
 }
 
+/// Whether a request may be sent to another server after one may have applied it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Its body cannot be made twice (a streamed file): the caller's retry sends it again.
+    Never,
+    /// As its method says: GET, HEAD, PUT, DELETE and OPTIONS are idempotent.
+    ByMethod,
+    /// Fenced by the attempt it reports on: a second copy changes nothing (a worker's finish).
+    Fenced,
+}
+
 /// Whether a request that failed this way should be sent to the next server now.
-pub fn try_next(failure: TryFailure, method: &Method) -> bool {
-    let idempotent = matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS);
+pub fn try_next(failure: TryFailure, method: &Method, replay: Replay) -> bool {
+    let idempotent = match replay {
+        Replay::Never => return false,
+        Replay::Fenced => true,
+        Replay::ByMethod => {
+            matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS)
+        }
+    };
     match failure {
         TryFailure::NotSent => true,
         // A gateway that timed out may have passed the request on: like no answer.
@@ -129,13 +146,17 @@ mod tests {
     #[test]
     fn only_requests_that_cannot_have_been_applied_are_sent_again() {
         for method in [Method::GET, Method::POST, Method::PUT] {
-            assert!(try_next(TryFailure::NotSent, &method), "{method}");
-            assert!(try_next(TryFailure::ServerError(503), &method), "{method}");
-            assert!(try_next(TryFailure::ServerError(500), &method), "{method}");
+            assert!(try_next(TryFailure::NotSent, &method, Replay::ByMethod), "{method}");
+            assert!(try_next(TryFailure::ServerError(503), &method, Replay::ByMethod), "{method}");
+            assert!(try_next(TryFailure::ServerError(500), &method, Replay::ByMethod), "{method}");
         }
-        assert!(try_next(TryFailure::NoAnswer, &Method::GET));
-        assert!(!try_next(TryFailure::NoAnswer, &Method::POST));
-        assert!(!try_next(TryFailure::ServerError(504), &Method::POST));
-        assert!(try_next(TryFailure::ServerError(504), &Method::DELETE));
+        assert!(try_next(TryFailure::NoAnswer, &Method::GET, Replay::ByMethod));
+        assert!(!try_next(TryFailure::NoAnswer, &Method::POST, Replay::ByMethod));
+        assert!(!try_next(TryFailure::ServerError(504), &Method::POST, Replay::ByMethod));
+        assert!(try_next(TryFailure::ServerError(504), &Method::DELETE, Replay::ByMethod));
+        // A fenced report goes on after no answer (a second copy changes nothing); a streamed
+        // body never does.
+        assert!(try_next(TryFailure::NoAnswer, &Method::POST, Replay::Fenced));
+        assert!(!try_next(TryFailure::NotSent, &Method::GET, Replay::Never));
     }
 }
