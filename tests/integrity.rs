@@ -161,6 +161,88 @@ async fn a_server_reset_under_a_running_worker_never_takes_the_old_jobs_report_f
     wait_until_sync("the old job's process is gone", LONG, || !alive(old));
 }
 
+/// An HTTP/1.1 proxy on loopback in front of the server at `target`, which holds each claim's
+/// answer for `hold` before passing it on (bodies by Content-Length, as the worker's requests
+/// and their answers have them). Returns its port.
+async fn proxy_holding_claims(target: u16, hold: Duration) -> u16 {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    /// One message (head and body) from `from`, or None at the end of the stream.
+    async fn message(from: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> Option<(String, Vec<u8>)> {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            if from.read_line(&mut line).await.ok()? == 0 {
+                return None;
+            }
+            head.push_str(&line);
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let length = head
+            .lines()
+            .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(|n| n.trim().to_string()))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        from.read_exact(&mut body).await.ok()?;
+        Some((head, body))
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else { return };
+                let (client_read, mut client_write) = client.into_split();
+                let (server_read, mut server_write) = server.into_split();
+                let (mut client_read, mut server_read) = (BufReader::new(client_read), BufReader::new(server_read));
+                while let Some((head, body)) = message(&mut client_read).await {
+                    let claim = head.lines().next().is_some_and(|line| line.contains("/claim "));
+                    if server_write.write_all(head.as_bytes()).await.is_err()
+                        || server_write.write_all(&body).await.is_err()
+                    {
+                        return;
+                    }
+                    let Some((head, body)) = message(&mut server_read).await else { return };
+                    if claim {
+                        tokio::time::sleep(hold).await;
+                    }
+                    if client_write.write_all(head.as_bytes()).await.is_err()
+                        || client_write.write_all(&body).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_answering_an_earlier_registration_does_not_make_the_worker_register_twice() {
+    // Claims are held 1.5 s (of a 3 s lease) on their way back: a claim sent just after the server was reset is
+    // refused (401) only after a heartbeat's refusal made the worker register again.
+    let port = common::free_port();
+    let first = ServerProcess::start_on(port);
+    let proxy = proxy_holding_claims(port, Duration::from_millis(1500)).await;
+    let worker = WorkerProcess::start(&format!("http://127.0.0.1:{proxy}"), "steady", &["--max-jobs", "1"]);
+    wait_until("the worker registered", LONG, || async {
+        (!first.client().workers().await.ok()?.is_empty()).then_some(())
+    })
+    .await;
+    drop(first);
+    let second = ServerProcess::start_on(port);
+    second.submit("name: after\ncommand: 'sleep 6'\n").await;
+    let job = finished_job(&second, "after").await;
+    // The job started under the worker's second registration ran to its end at attempt 1: a
+    // third registration (holding nothing) would have stopped it and handed it back.
+    assert_eq!((job.status, job.attempt), (JobStatus::Succeeded, 1), "{job:#?}\n{}", worker.log());
+    let registrations = worker.log().matches("registered with the server").count();
+    assert_eq!(registrations, 2, "{}", worker.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_live_workers_with_one_name_get_their_own_ids_and_leave_each_others_jobs_alone() {
     let server = ServerProcess::start();

@@ -42,6 +42,15 @@ const RESERVE_SHORT: Duration = Duration::from_millis(250);
 /// server's heartbeat interval is, so that a reserved job starts well within its lease.
 const RESERVE_HOLD: Duration = Duration::from_secs(1);
 
+/// Requests that can hand out jobs, in flight: each with the job slots it asked for and the
+/// registration it was sent under.
+type ClaimTasks = JoinSet<(Claimed, u32, Generation)>;
+
+/// Counts registrations: a 401 answering a request sent under an earlier one says nothing
+/// about the current one (the worker registered again meanwhile) and is ignored; acting on it
+/// would stop the attempts the new registration just started.
+type Generation = u64;
+
 /// What a request that can hand out jobs brought back.
 enum Claimed {
     Claim(ClientResult<ClaimResponse>),
@@ -60,6 +69,8 @@ struct Daemon {
     worker_id: WorkerId,
     /// The server instance of the current registration.
     instance: String,
+    /// The current registration's number (see [`Generation`]).
+    generation: Generation,
     name: String,
     key: String,
     heartbeat: Duration,
@@ -146,6 +157,7 @@ pub async fn run(
         max_jobs,
         worker_id: WorkerId::new(0),
         instance: String::new(),
+        generation: 0,
         heartbeat: Duration::from_secs(5),
         reservations,
         running: HashMap::new(),
@@ -173,10 +185,10 @@ pub async fn run(
     // Requests that can hand out jobs, with the job slots each asked for. One at a time on a
     // box with GPUs (placement needs the answer of one before the next); on a CPU-only box the
     // finishes of several attempts may each claim, for the slots nobody asked for yet.
-    let mut claims: JoinSet<(Claimed, u32)> = JoinSet::new();
+    let mut claims: ClaimTasks = JoinSet::new();
     let mut claim_not_before = Instant::now();
     let mut claim_failures = 0u32;
-    let mut beat: Option<JoinHandle<ClientResult<HeartbeatResponse>>> = None;
+    let mut beat: Option<(Generation, JoinHandle<ClientResult<HeartbeatResponse>>)> = None;
     let mut beat_tick = tokio::time::interval(daemon.heartbeat);
     beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_telemetry: Option<Instant> = None;
@@ -202,8 +214,10 @@ pub async fn run(
         }
         tokio::select! {
             Some(finished) = claims.join_next(), if !claims.is_empty() => {
-                let finished = finished.map(|(claimed, asked)| {
+                let mut sent_under = daemon.generation;
+                let finished = finished.map(|(claimed, asked, generation)| {
                     daemon.slots_in_flight = daemon.slots_in_flight.saturating_sub(asked);
+                    sent_under = generation;
                     claimed
                 });
                 if claims.is_empty() {
@@ -231,7 +245,7 @@ pub async fn run(
                             if daemon.draining { daemon.give_back(job) } else { daemon.start(job) }
                         }
                     }
-                    Err(error) if error.status() == Some(401) => daemon.register_again(&error).await?,
+                    Err(error) if error.status() == Some(401) => daemon.unknown_session(&error, sent_under).await?,
                     Err(error) => {
                         claim_failures += 1;
                         let delay = backoff(claim_failures);
@@ -277,10 +291,10 @@ pub async fn run(
                 let (containment, running) = (daemon.containment.clone(), daemon.running.keys().copied().collect());
                 tokio::spawn(async move { containment.sweep(&running).await });
                 let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
-                beat = Some(tokio::spawn(async move { client.heartbeat(worker_id, &request).await }));
+                beat = Some((daemon.generation, tokio::spawn(async move { client.heartbeat(worker_id, &request).await })));
             }
-            answered = async { beat.as_mut().expect("guarded").await }, if beat.is_some() => {
-                beat = None;
+            answered = async { (&mut beat.as_mut().expect("guarded").1).await }, if beat.is_some() => {
+                let sent_under = beat.take().map_or(daemon.generation, |(generation, _)| generation);
                 match answered {
                     Ok(Ok(response)) => {
                         if beat_failures > 0 {
@@ -289,7 +303,7 @@ pub async fn run(
                         beat_failures = 0;
                         daemon.apply(&response);
                     }
-                    Ok(Err(error)) if matches!(error.status(), Some(401 | 404)) => daemon.register_again(&error).await?,
+                    Ok(Err(error)) if matches!(error.status(), Some(401 | 404)) => daemon.unknown_session(&error, sent_under).await?,
                     Ok(Err(error)) => {
                         beat_failures += 1;
                         if beat_failures == 1 || beat_failures.is_multiple_of(12) {
@@ -377,6 +391,7 @@ impl Daemon {
             match self.base.register(&request).await {
                 Ok(response) => {
                     self.client = self.base.with_session(&response).context("registering with the server")?;
+                    self.generation += 1;
                     self.worker_id = response.worker_id;
                     self.instance = response.instance.clone();
                     self.name = response.name.clone();
@@ -405,6 +420,16 @@ impl Daemon {
                 Err(error) => return Err(error).context("registering with the server"),
             }
         }
+    }
+
+    /// A request sent under registration `sent_under` was refused as unknown: registers again
+    /// when that is the current registration; an earlier one's refusal is stale.
+    async fn unknown_session(&mut self, error: &ClientError, sent_under: Generation) -> anyhow::Result<()> {
+        if sent_under != self.generation {
+            tracing::debug!(%error, "a refusal answering an earlier registration; this one stands");
+            return Ok(());
+        }
+        self.register_again(error).await
     }
 
     /// The server no longer knows this registration (it is another instance, on a new
@@ -479,7 +504,7 @@ impl Daemon {
         }
     }
 
-    fn start_claim(&mut self, claims: &mut JoinSet<(Claimed, u32)>) {
+    fn start_claim(&mut self, claims: &mut ClaimTasks) {
         let (capacity, _) = self.free_capacity(false);
         if capacity.job_slots == 0 {
             return;
@@ -490,7 +515,8 @@ impl Daemon {
         self.slots_in_flight += asked;
         let request = ClaimRequest { capacity, wait_ms: wait.as_millis() as u64, reserve: 0 };
         let (client, worker_id) = (self.client.clone(), self.worker_id);
-        claims.spawn(async move { (Claimed::Claim(client.claim(worker_id, &request).await), asked) });
+        let generation = self.generation;
+        claims.spawn(async move { (Claimed::Claim(client.claim(worker_id, &request).await), asked, generation) });
     }
 
     /// Sends an attempt's finish with a claim of what fits now (without waiting for new work),
@@ -500,7 +526,7 @@ impl Daemon {
         mut request: FinishRequest,
         reply: oneshot::Sender<ClientResult<FinishResponse>>,
         short: bool,
-        claims: &mut JoinSet<(Claimed, u32)>,
+        claims: &mut ClaimTasks,
     ) {
         let (capacity, reserve) = self.free_capacity(short);
         let asked = capacity.job_slots + reserve;
@@ -509,7 +535,10 @@ impl Daemon {
         }
         self.slots_in_flight += asked;
         let (client, worker_id) = (self.client.clone(), self.worker_id);
-        claims.spawn(async move { (Claimed::Finish(client.finish(worker_id, &request).await, reply), asked) });
+        let generation = self.generation;
+        claims.spawn(
+            async move { (Claimed::Finish(client.finish(worker_id, &request).await, reply), asked, generation) },
+        );
     }
 
     /// Places a claimed job on this worker's GPUs and starts it.
