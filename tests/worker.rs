@@ -325,6 +325,19 @@ async fn sigterm_drains_running_jobs_then_the_worker_exits_zero() {
     assert!(status.success(), "{status:?}\n{}", worker.log());
     assert_eq!(server.jobs_of("drain").await[0].status, JobStatus::Succeeded);
     assert_eq!(server.jobs_of("not-taken").await[0].status, JobStatus::Queued, "a draining worker claims nothing");
+    // It said it left: shown as `left`, also once its lease (3 s) has long passed, not `lost`.
+    let state = || async { server.client().workers().await.unwrap().remove(0).state };
+    assert_eq!(state().await, shared::api::WorkerState::Left);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(state().await, shared::api::WorkerState::Left);
+    let overview = server.client().overview().await.unwrap();
+    assert_eq!((overview.workers.left, overview.workers.lost), (1, 0));
+    // Started again, it is healthy again.
+    let _again = WorkerProcess::start(&server.url, "drainer", &[]);
+    wait_until("the worker is back", LONG, || async {
+        (state().await == shared::api::WorkerState::Healthy).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -340,6 +353,7 @@ async fn a_second_sigterm_kills_the_jobs_and_hands_them_back() {
     assert!(status.success(), "{status:?}\n{}", worker.log());
     let job = server.jobs_of("handed-back").await.remove(0);
     assert_eq!((job.status, job.crash_count), (JobStatus::Queued, 0), "requeued at once, not counted as a crash");
+    assert_eq!(server.client().workers().await.unwrap()[0].state, shared::api::WorkerState::Left);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

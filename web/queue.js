@@ -122,9 +122,9 @@ export function mount(root, route) {
     }, h('span.n', {}, counts ? count(counts[status]) : '—'), h('span.what', {}, status)));
     const workers = data.overview?.workers;
     if (workers) {
-      cards.push(h('a.count-card', { href: links.workers(), title: 'workers: healthy / stale / lost' },
+      cards.push(h('a.count-card', { href: links.workers(), title: 'workers: healthy / stale / lost / left' },
         h('span.n', {}, count(workers.healthy)),
-        h('span.what', {}, `healthy worker${workers.healthy === 1 ? '' : 's'}${workers.stale ? `, ${workers.stale} stale` : ''}${workers.lost ? `, ${workers.lost} lost` : ''}`)));
+        h('span.what', {}, `healthy worker${workers.healthy === 1 ? '' : 's'}${workers.stale ? `, ${workers.stale} stale` : ''}${workers.lost ? `, ${workers.lost} lost` : ''}${workers.left ? `, ${workers.left} left` : ''}`)));
     }
     fill(countsBox, cards);
   }

@@ -44,6 +44,11 @@ export function mount(root) {
     render(workers, telemetry, holdings);
   }
 
+  /** 0 for a working worker, 1 for a lost one, 2 for one that left. */
+  function away(state) {
+    return state === 'lost' ? 1 : state === 'left' ? 2 : 0;
+  }
+
   function render(workers, telemetry, holdings) {
     if (!workers.length) {
       fill(listBox, message('No worker has registered yet. Start one with `app --client-only --url URL`, or run `app` for a server with a local worker.'));
@@ -52,7 +57,8 @@ export function mount(root) {
     const seen = new Set();
     const cards = workers
       .slice()
-      .sort((a, b) => (a.state === 'lost') - (b.state === 'lost') || a.name.localeCompare(b.name))
+      // Working workers first, then lost ones, then those that left.
+      .sort((a, b) => away(a.state) - away(b.state) || a.name.localeCompare(b.name))
       .map((worker) => {
         const at = workers.indexOf(worker);
         const readings = telemetry[at];
@@ -81,10 +87,13 @@ export function mount(root) {
       seen.add(key);
       return gpuRow(key, gpu, jobs.filter((job) => job.gpus.includes(gpu.index)));
     });
-    return h('section.panel.worker-card', { class: state === 'lost' ? 'lost' : '', dataset: { worker: worker.name, state } },
+    return h('section.panel.worker-card', { class: away(state) ? state : '', dataset: { worker: worker.name, state } },
       h('h2', {}, worker.name, badge(state)),
       state === 'lost'
         ? h('p.muted', {}, 'No heartbeat for longer than a lease: its jobs went back to the queue. It shows here again when it reconnects.')
+        : null,
+      state === 'left'
+        ? h('p.muted', {}, 'Stopped cleanly (drained or stopped by its operator). It shows here again when it is started.')
         : null,
       h('div.facts', {},
         h('span', {}, 'last seen ', timeAgo(worker.last_seen_at)),

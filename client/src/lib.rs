@@ -481,6 +481,11 @@ impl Client {
         self.worker_post(worker, &format!("/api/workers/{worker}/drain"), &serde_json::json!({})).await
     }
 
+    /// Tells the server this worker stopped cleanly: it shows as `left`, not `lost`.
+    pub async fn leave(&self, worker: WorkerId) -> ClientResult<serde_json::Value> {
+        self.worker_post(worker, &format!("/api/workers/{worker}/leave"), &serde_json::json!({})).await
+    }
+
     /// Reports how an attempt ended. A 409 means the attempt is stale (the lease was lost and
     /// the job requeued): the report changed nothing and should be dropped.
     pub async fn report(&self, job: JobId, request: &ReportRequest) -> ClientResult<ReportResponse> {

@@ -36,6 +36,7 @@ fn state_word(state: WorkerState) -> &'static str {
         WorkerState::Healthy => "healthy",
         WorkerState::Stale => "stale",
         WorkerState::Lost => "lost",
+        WorkerState::Left => "left",
     }
 }
 

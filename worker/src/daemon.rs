@@ -199,6 +199,7 @@ pub async fn run(
     loop {
         if daemon.draining && daemon.running.is_empty() && claims.is_empty() && daemon.reserve.is_empty() {
             tracing::info!("drained: every job finished and reported");
+            daemon.leave().await;
             return Ok(());
         }
         if abort_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -419,6 +420,15 @@ impl Daemon {
                 }
                 Err(error) => return Err(error).context("registering with the server"),
             }
+        }
+    }
+
+    /// Tells the server this worker stops cleanly (shown as `left`, not `lost`); a server that
+    /// does not answer within two seconds is not waited for.
+    async fn leave(&self) {
+        let said = tokio::time::timeout(Duration::from_secs(2), self.client.leave(self.worker_id)).await;
+        if let Ok(Err(error)) = said {
+            tracing::debug!(%error, "telling the server this worker left");
         }
     }
 

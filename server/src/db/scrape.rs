@@ -31,10 +31,10 @@ pub async fn queue_depth(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<Sweep
     })
 }
 
-/// When each worker was last heard from (unix ms).
-pub async fn workers_last_seen(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<i64>> {
+/// When each worker was last heard from (unix ms), and when it left, if it did.
+pub async fn workers_last_seen(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<(i64, Option<i64>)>> {
     let pool = pool.into();
-    on_pool!(pool, |pool, engine| sqlx::query_scalar("SELECT last_seen_at FROM workers").fetch_all(pool).await)
+    on_pool!(pool, |pool, engine| sqlx::query_as("SELECT last_seen_at, left_at FROM workers").fetch_all(pool).await)
 }
 
 /// Each worker's latest GPU readings (the GPUs of its last heartbeat with telemetry), by

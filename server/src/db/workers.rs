@@ -75,7 +75,8 @@ pub async fn renew(
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         sqlx::query(
-            "UPDATE workers SET capacity = $1, registered_at = $2, last_seen_at = $3, key_hash = $4, session_hash = $5
+            "UPDATE workers SET capacity = $1, registered_at = $2, last_seen_at = $3, key_hash = $4, session_hash = $5,
+                left_at = NULL
          WHERE id = $6",
         )
         .bind(serde_json::to_string(capacity)?)
@@ -110,11 +111,11 @@ pub async fn instance(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<String> {
     })
 }
 
-/// Marks the worker alive; false when no such worker is registered.
+/// Marks the worker alive (and not left); false when no such worker is registered.
 pub async fn touch(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sqlx::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query("UPDATE workers SET last_seen_at = $1 WHERE id = $2")
+        let done = sqlx::query("UPDATE workers SET last_seen_at = $1, left_at = NULL WHERE id = $2")
             .bind(now)
             .bind(id.get())
             .execute(&mut *conn)
@@ -140,6 +141,19 @@ pub async fn id_by_name(pool: impl Into<PoolRef<'_>>, name: &str) -> sqlx::Resul
         let id: Option<i64> =
             sqlx::query_scalar("SELECT id FROM workers WHERE name = $1").bind(name).fetch_optional(pool).await?;
         Ok(id.map(WorkerId::new))
+    })
+}
+
+/// The worker stopped cleanly (it said so): `left` until it registers or heartbeats again.
+pub async fn leave(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sqlx::Result<bool> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let done = sqlx::query("UPDATE workers SET left_at = $1, last_seen_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(id.get())
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     })
 }
 
@@ -169,6 +183,7 @@ pub async fn list(
                 let capacity: String = row.get_as("capacity")?;
                 let running_jobs: Vec<JobId> = serde_json::from_str(&row.get_as::<String>("running_jobs")?)?;
                 let last_seen_at = row.get_as("last_seen_at")?;
+                let left_at: Option<i64> = row.get_as("left_at")?;
                 Ok(WorkerInfo {
                     id: WorkerId::new(row.get_as("id")?),
                     name: row.get_as("name")?,
@@ -176,7 +191,10 @@ pub async fn list(
                     registered_at: row.get_as("registered_at")?,
                     last_seen_at,
                     running: running_jobs.len() as u64,
-                    state: WorkerState::of(last_seen_at, now, heartbeat_ms, lease_ms),
+                    state: match left_at {
+                        Some(_) => WorkerState::Left,
+                        None => WorkerState::of(last_seen_at, now, heartbeat_ms, lease_ms),
+                    },
                     running_jobs,
                 })
             })

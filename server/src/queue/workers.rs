@@ -113,6 +113,23 @@ impl Queue {
         self.events.work().notify_waiters();
     }
 
+    /// A worker stopped cleanly: it shows as `left` (not `lost`) until it registers again.
+    /// Jobs still leased to it are not touched here: their leases end as usual.
+    pub async fn leave(&self, worker: WorkerId) -> ApiResult<()> {
+        self.write(move |tx| {
+            Box::pin(async move {
+                if !db::workers::leave(tx.conn().await?, worker, now_ms()).await? {
+                    return Err(unknown_worker(worker));
+                }
+                tx.note(Change::Page);
+                Ok(())
+            })
+        })
+        .await?;
+        tracing::info!(worker = %worker, "worker left (stopped cleanly)");
+        Ok(())
+    }
+
     fn set_draining(&self, worker: WorkerId, draining: bool) {
         if let Ok(mut set) = self.draining.lock() {
             if draining {

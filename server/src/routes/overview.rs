@@ -21,6 +21,7 @@ async fn overview(State(state): State<AppState>) -> ApiResult<Json<Overview>> {
             WorkerState::Healthy => overview.workers.healthy += 1,
             WorkerState::Stale => overview.workers.stale += 1,
             WorkerState::Lost => overview.workers.lost += 1,
+            WorkerState::Left => overview.workers.left += 1,
         }
     }
     Ok(Json(overview))

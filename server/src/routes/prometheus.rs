@@ -83,17 +83,19 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> ApiResult
     registry.register("app_queue_jobs", "Jobs by sweep and status", jobs);
     let workers = Family::<StateLabel, Gauge>::default();
     let (heartbeat, lease) = (config.heartbeat.as_millis() as u64, config.lease.as_millis() as u64);
-    for state in ["healthy", "stale", "lost"] {
+    for state in ["healthy", "stale", "lost", "left"] {
         let _ = workers.get_or_create(&StateLabel { state: state.into() });
     }
-    for seen in last_seen {
-        workers
-            .get_or_create(&StateLabel { state: state_name(WorkerState::of(seen, now, heartbeat, lease)).into() })
-            .inc();
+    for (seen, left) in last_seen {
+        let state = match left {
+            Some(_) => WorkerState::Left,
+            None => WorkerState::of(seen, now, heartbeat, lease),
+        };
+        workers.get_or_create(&StateLabel { state: state_name(state).into() }).inc();
     }
     registry.register(
         "app_workers",
-        "Workers by state (healthy, stale: late heartbeat, lost: past the lease)",
+        "Workers by state (healthy, stale: late heartbeat, lost: past the lease, left: stopped cleanly)",
         workers,
     );
     register_gpus(&mut registry, &gpus);
@@ -110,6 +112,7 @@ fn state_name(state: WorkerState) -> &'static str {
         WorkerState::Healthy => "healthy",
         WorkerState::Stale => "stale",
         WorkerState::Lost => "lost",
+        WorkerState::Left => "left",
     }
 }
 

@@ -19,6 +19,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/workers/{id}/claim", post(claim))
         .route("/api/workers/{id}/heartbeat", post(heartbeat))
         .route("/api/workers/{id}/drain", post(drain))
+        .route("/api/workers/{id}/leave", post(leave))
         .route("/api/workers/{id}/finish", post(finish))
 }
 
@@ -50,6 +51,16 @@ async fn drain(
 ) -> ApiResult<Json<serde_json::Value>> {
     state.queue.drain(session.check(id)?);
     Ok(Json(serde_json::json!({ "draining": true })))
+}
+
+/// The worker stopped cleanly: `left` until it registers again.
+async fn leave(
+    State(state): State<AppState>,
+    session: SessionWorker,
+    ApiPath(id): ApiPath<WorkerId>,
+) -> ApiResult<Json<serde_json::Value>> {
+    state.queue.leave(session.check(id)?).await?;
+    Ok(Json(serde_json::json!({ "left": true })))
 }
 
 /// Hands out the jobs that fit the worker's capacity, waiting up to `wait_ms` for one.

@@ -276,16 +276,21 @@ pub struct WorkerCounts {
     pub healthy: u64,
     pub stale: u64,
     pub lost: u64,
+    /// Stopped cleanly (they said so).
+    #[serde(default)]
+    pub left: u64,
 }
 
 /// How recently a worker was heard from: `healthy` within two heartbeats, `stale` within its
-/// lease, `lost` after (its jobs are requeued by then).
+/// lease, `lost` after (its jobs are requeued by then); `left` once it said it stopped cleanly
+/// (until it registers again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerState {
     Healthy,
     Stale,
     Lost,
+    Left,
 }
 
 impl WorkerState {
