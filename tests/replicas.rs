@@ -216,3 +216,64 @@ async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
     let _ = b.kill();
     let _ = b.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_another_lease_than_the_running_ones_is_refused_naming_both() {
+    let pg = pg_server::PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let mut a = replica_with(free_port(), shared.path(), &pg.url, &logs.path().join("a.log"), "lease_secs = 20\n");
+    // Another lease: refused at start, saying both.
+    let config = logs.path().join("b.toml");
+    std::fs::write(&config, "[server]\nlease_secs = 30\n").unwrap();
+    let refused = app()
+        .args(["--server-only", "--bind", &format!("127.0.0.1:{}", free_port()), "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(shared.path())
+        .args(["--database-url", &pg.url])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("runs with lease_secs = 20, this one with lease_secs = 30"), "{said}");
+    // The same lease is fine.
+    let mut c = replica_with(free_port(), shared.path(), &pg.url, &logs.path().join("c.log"), "lease_secs = 20\n");
+    assert!(c.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(logs.path().join("c.log")).unwrap());
+    // With every replica gone, a new lease may start.
+    for replica in [&mut a, &mut c] {
+        let _ = replica.kill();
+        let _ = replica.wait();
+    }
+    // (PostgreSQL ends the killed replicas' sessions as it reads their closed sockets: a start
+    // in that moment may still see them, so a refused start is tried again.)
+    let config = logs.path().join("d.toml");
+    std::fs::write(&config, "[server]\nlease_secs = 30\n").unwrap();
+    let port = free_port();
+    let mut said = String::new();
+    for _ in 0..20 {
+        let mut d = app()
+            .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(shared.path())
+            .args(["--database-url", &pg.url])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() && d.try_wait().unwrap().is_none() {
+            assert!(std::time::Instant::now() < deadline, "the replica neither listened nor ended");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        if d.try_wait().unwrap().is_none() {
+            let _ = d.kill();
+            let _ = d.wait();
+            return;
+        }
+        said = String::from_utf8_lossy(&d.wait_with_output().unwrap().stderr).into_owned();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("a replica with a new lease never started once the others were gone: {said}");
+}

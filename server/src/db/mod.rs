@@ -118,10 +118,10 @@ impl Db {
         })
     }
 
-    /// Opens the PostgreSQL database at `url` and brings its schema up to date (see
-    /// [`postgres::open`]).
-    pub async fn open_postgres(url: &str) -> anyhow::Result<Db> {
-        let opened = postgres::open(url).await?;
+    /// Opens the PostgreSQL database at `url` as a replica with a lease of `lease_ms` and
+    /// brings its schema up to date (see [`postgres::open`]).
+    pub async fn open_postgres(url: &str, lease_ms: u64) -> anyhow::Result<Db> {
+        let opened = postgres::open(url, lease_ms).await?;
         Ok(Db {
             reader: backend::Pool::Postgres(opened.pool.clone()),
             kind: Kind::Postgres { pool: opened.pool },

@@ -20,6 +20,25 @@ pub const ANALYZE_AFTER_JOBS: u64 = 1000;
 /// How long connecting may take before start-up fails with the reason.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What every session of a replica names itself, followed by the replica's lease in ms: the
+/// replicas of one database must agree on it, and a starting one reads the others' names from
+/// `pg_stat_activity` (see [`open`]).
+const REPLICA_NAME: &str = "app replica, lease_ms=";
+
+/// The limits every session of a replica runs under. A replica stopped (SIGSTOP, swapping)
+/// inside a transaction would keep its row locks for as long as it stays stopped: PostgreSQL
+/// ends such a session after `idle_in_transaction_session_timeout`, releasing them; and a
+/// statement waiting on a lock gives up after `lock_timeout` (its unit is answered "retry")
+/// instead of holding a writer. Both are far longer than anything a healthy replica does inside
+/// a transaction (milliseconds), and shorter than a lease.
+pub const SESSION_LIMITS: [(&str, &str); 2] = [("idle_in_transaction_session_timeout", "15s"), ("lock_timeout", "10s")];
+
+/// The options of a replica's sessions at `url`: its name with its lease, and
+/// [`SESSION_LIMITS`].
+pub fn replica_options(url: &str, lease_ms: u64) -> anyhow::Result<PgConnectOptions> {
+    Ok(options(url)?.application_name(&format!("{REPLICA_NAME}{lease_ms}")).options(SESSION_LIMITS))
+}
+
 /// An open PostgreSQL database with its schema up to date.
 #[derive(Debug, Clone)]
 pub struct Postgres {
@@ -56,11 +75,12 @@ pub fn options(url: &str) -> anyhow::Result<PgConnectOptions> {
     })
 }
 
-/// Connects to the database at `url`, refuses a schema newer than this build's, and applies
-/// the migrations it lacks, under an advisory lock: replicas that start together check and
-/// migrate one after the other.
-pub async fn open(url: &str) -> anyhow::Result<Postgres> {
-    let options = options(url)?;
+/// Connects to the database at `url` as a replica with a lease of `lease_ms`, refuses a schema
+/// newer than this build's and a lease other running replicas do not share, and applies the
+/// migrations it lacks, under an advisory lock: replicas that start together check and migrate
+/// one after the other.
+pub async fn open(url: &str, lease_ms: u64) -> anyhow::Result<Postgres> {
+    let options = replica_options(url, lease_ms)?;
     let place = describe(&options);
     // One connection first, for its error: the pool would retry a refused connection until its
     // timeout and then say only that it timed out.
@@ -81,13 +101,20 @@ pub async fn open(url: &str) -> anyhow::Result<Postgres> {
     // Replicas starting together look and migrate one at a time, so exactly one of them finds
     // the database new. (sqlx's migrator takes a lock of its own, under another key.)
     let mut lock = pool.acquire().await.map_err(|error| cannot(cause(&error)))?;
+    // Another replica's migration may take longer than the session's lock_timeout.
+    sqlx::query("SET lock_timeout = 0").execute(&mut *lock).await?;
     sqlx::query("SELECT pg_advisory_lock($1)")
         .bind(START_LOCK)
         .execute(&mut *lock)
         .await
         .with_context(|| format!("waiting for the start-up lock of {place}"))?;
-    let migrated = migrate(&pool, &mut lock, &place).await;
+    let agreed = agree_on_lease(&mut lock, lease_ms).await;
+    let migrated = match agreed {
+        Ok(()) => migrate(&pool, &mut lock, &place).await,
+        Err(error) => Err(error),
+    };
     let _ = sqlx::query("SELECT pg_advisory_unlock($1)").bind(START_LOCK).execute(&mut *lock).await;
+    let _ = sqlx::query("RESET lock_timeout").execute(&mut *lock).await;
     drop(lock);
     match migrated {
         Ok(created) => Ok(Postgres { pool, created }),
@@ -96,6 +123,34 @@ pub async fn open(url: &str) -> anyhow::Result<Postgres> {
             Err(error)
         }
     }
+}
+
+/// Refuses to start beside running replicas of this database whose lease is not `lease_ms`: the
+/// reaper of one would take back the jobs of workers heartbeating at the pace of the other.
+async fn agree_on_lease(connection: &mut PgConnection, lease_ms: u64) -> anyhow::Result<()> {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT application_name FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name LIKE $1",
+    )
+    .bind(format!("{REPLICA_NAME}%"))
+    .fetch_all(&mut *connection)
+    .await
+    .context("looking for the other replicas of this database")?;
+    let others: Vec<u64> = names
+        .iter()
+        .filter_map(|name| name.strip_prefix(REPLICA_NAME)?.parse().ok())
+        .filter(|lease| *lease != lease_ms)
+        .collect();
+    if let Some(other) = others.first() {
+        anyhow::bail!(
+            "another replica of this database runs with lease_secs = {}, this one with lease_secs = {}: \
+             replicas must agree on the lease (set lease_secs = {0} here, or stop every replica and \
+             start them all with the new value)",
+            *other as f64 / 1000.0,
+            lease_ms as f64 / 1000.0
+        );
+    }
+    Ok(())
 }
 
 /// The advisory lock held while a replica checks and migrates the schema at start-up.

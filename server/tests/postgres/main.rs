@@ -229,7 +229,7 @@ async fn postgres_schema(pool: &PgPool) -> BTreeMap<String, Table> {
 #[tokio::test]
 async fn the_postgres_schema_is_the_sqlite_schema_version_for_version() {
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     assert!(opened.created, "a new database's schema is made by this start");
     let directory = tempfile::tempdir().unwrap();
     let sqlite = server::db::Db::open(directory.path()).await.unwrap();
@@ -290,7 +290,7 @@ const TIMES: &str = "SELECT min(at), max(at) FROM job_events";
 #[tokio::test]
 async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     let directory = tempfile::tempdir().unwrap();
     let sqlite = server::db::Db::open(directory.path()).await.unwrap();
     let before = server::db::now_ms();
@@ -344,7 +344,8 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
 #[tokio::test]
 async fn replicas_opening_one_new_database_together_migrate_it_once() {
     let pg = PgServer::start();
-    let (a, b, c) = tokio::join!(postgres::open(&pg.url), postgres::open(&pg.url), postgres::open(&pg.url));
+    let (a, b, c) =
+        tokio::join!(postgres::open(&pg.url, 30_000), postgres::open(&pg.url, 30_000), postgres::open(&pg.url, 30_000));
     let opened = [a.unwrap(), b.unwrap(), c.unwrap()];
     let made: Vec<bool> = opened.iter().map(|opened| opened.created).collect();
     assert_eq!(made.iter().filter(|created| **created).count(), 1, "one replica made the schema: {made:?}");
@@ -358,14 +359,14 @@ async fn replicas_opening_one_new_database_together_migrate_it_once() {
         sqlx::query_scalar("SELECT count(*) FROM server_instance").fetch_one(&opened[0].pool).await.unwrap();
     assert_eq!(instances, 1, "one server identity, whichever replica made the schema");
     // Opening a database that is up to date changes nothing.
-    let again = postgres::open(&pg.url).await.unwrap();
+    let again = postgres::open(&pg.url, 30_000).await.unwrap();
     assert!(!again.created);
 }
 
 #[tokio::test]
 async fn a_database_from_a_newer_build_is_refused_with_both_versions_and_left_as_it_was() {
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     let known = sqlx::migrate!("../migrations-postgres").iter().map(|migration| migration.version).max().unwrap();
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
@@ -375,7 +376,7 @@ async fn a_database_from_a_newer_build_is_refused_with_both_versions_and_left_as
     .execute(&opened.pool)
     .await
     .unwrap();
-    let refused = postgres::open(&pg.url).await.unwrap_err().to_string();
+    let refused = postgres::open(&pg.url, 30_000).await.unwrap_err().to_string();
     assert!(refused.contains(&format!("schema version {}", known + 5)), "{refused}");
     assert!(refused.contains(&format!("newer than this build's {known}")), "{refused}");
     assert!(refused.contains(&format!("127.0.0.1:{}", pg.port)), "the message names the server: {refused}");
@@ -383,7 +384,10 @@ async fn a_database_from_a_newer_build_is_refused_with_both_versions_and_left_as
         sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations").fetch_one(&opened.pool).await.unwrap();
     assert_eq!(recorded, known + 1, "nothing was applied or removed");
     sqlx::query("DELETE FROM _sqlx_migrations WHERE version > $1").bind(known).execute(&opened.pool).await.unwrap();
-    assert!(!postgres::open(&pg.url).await.unwrap().created, "with the newer one gone, this build opens it again");
+    assert!(
+        !postgres::open(&pg.url, 30_000).await.unwrap().created,
+        "with the newer one gone, this build opens it again"
+    );
 }
 
 #[tokio::test]
@@ -392,23 +396,25 @@ async fn an_unreachable_server_or_a_missing_database_is_named_with_its_cause() {
     // A port nothing listens on.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let started = std::time::Instant::now();
-    let refused =
-        postgres::open(&format!("postgres://app:hunter2@127.0.0.1:{closed}/app")).await.unwrap_err().to_string();
+    let refused = postgres::open(&format!("postgres://app:hunter2@127.0.0.1:{closed}/app"), 30_000)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(started.elapsed() < std::time::Duration::from_secs(15), "no endless retry: {:?}", started.elapsed());
     assert!(refused.contains(&format!("PostgreSQL at 127.0.0.1:{closed}")), "{refused}");
     assert!(refused.to_lowercase().contains("refused"), "the cause: {refused}");
     assert!(!refused.contains("hunter2"), "never the password: {refused}");
     let missing =
-        postgres::open(&format!("postgres://app@127.0.0.1:{}/nowhere", pg.port)).await.unwrap_err().to_string();
+        postgres::open(&format!("postgres://app@127.0.0.1:{}/nowhere", pg.port), 30_000).await.unwrap_err().to_string();
     assert!(missing.contains("database nowhere") && missing.contains("does not exist"), "{missing}");
-    let wrong = postgres::open("mysql://app@127.0.0.1/app").await.unwrap_err().to_string();
+    let wrong = postgres::open("mysql://app@127.0.0.1/app", 30_000).await.unwrap_err().to_string();
     assert!(wrong.contains("must start with postgres://"), "{wrong}");
 }
 
 #[tokio::test]
 async fn two_transactions_moving_jobs_of_one_sweep_neither_wait_nor_deadlock() {
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     sqlx::raw_sql(
         "INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 's', 'native', 'x', 3, 0);
          INSERT INTO jobs (id, sweep_id, idx, params, command, created_at, status, attempt)
@@ -444,7 +450,7 @@ async fn a_statement_with_numbered_parameters_is_one_text_for_both_backends() {
     // The port's premise (ARCHITECTURE.md, "A second backend, begun"): sqlx binds `$N` by its
     // number on SQLite as on PostgreSQL, whatever order and however often they appear.
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     let directory = tempfile::tempdir().unwrap();
     let sqlite = server::db::Db::open(directory.path()).await.unwrap();
     let sql = "INSERT INTO sweeps (name, form, source, job_count, created_at)
@@ -480,7 +486,7 @@ fn plain(worker: i64, slots: u32) -> server::db::plain_claims::PlainClaim {
 #[tokio::test]
 async fn a_plain_claim_takes_its_slots_in_dispatch_order_and_two_at_once_never_take_one_job_twice() {
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     sqlx::raw_sql(QUEUED).execute(&opened.pool).await.unwrap();
     let ids = |rows: &[server::db::plain_claims::ClaimedRow]| rows.iter().map(|row| row.id.get()).collect::<Vec<_>>();
     // One transaction holds the job it claimed while another claims: the second skips it
@@ -627,14 +633,15 @@ async fn a_database_is_reached_over_tls_and_its_certificate_checked_when_asked()
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
-    let plain = postgres::open(&format!("{}?sslmode=disable", pg.url)).await.unwrap();
+    let plain = postgres::open(&format!("{}?sslmode=disable", pg.url), 30_000).await.unwrap();
     assert!(!over_tls(&plain.pool).await, "sslmode=disable stays in the clear");
-    let required = postgres::open(&format!("{}?sslmode=require", pg.url)).await.unwrap();
+    let required = postgres::open(&format!("{}?sslmode=require", pg.url), 30_000).await.unwrap();
     assert!(over_tls(&required.pool).await);
-    let verified =
-        postgres::open(&format!("{}?sslmode=verify-full&sslrootcert={}", pg.url, ca_file.display())).await.unwrap();
+    let verified = postgres::open(&format!("{}?sslmode=verify-full&sslrootcert={}", pg.url, ca_file.display()), 30_000)
+        .await
+        .unwrap();
     assert!(over_tls(&verified.pool).await);
-    let Err(refused) = postgres::open(&format!("{}?sslmode=verify-full", pg.url)).await else {
+    let Err(refused) = postgres::open(&format!("{}?sslmode=verify-full", pg.url), 30_000).await else {
         panic!("a server certificate of an unknown CA is accepted");
     };
     let message = format!("{refused:#}");
@@ -701,7 +708,7 @@ async fn a_claim_waiting_on_one_replica_wakes_for_a_sweep_submitted_on_another()
 #[tokio::test]
 async fn one_replica_reaps_at_a_time_and_another_takes_over_when_it_goes() {
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     let mut first = postgres::Leadership::new(opened.pool.clone());
     let mut second = postgres::Leadership::new(opened.pool.clone());
     assert!(first.lead().await, "the first to try leads");
@@ -892,7 +899,7 @@ async fn bulk_finishes_in_a_transaction_of_several_statements_do_the_same() {
 #[tokio::test]
 async fn the_one_statement_group_has_a_generic_plan_that_never_scans_every_job() {
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     // Enough queued jobs, with statistics, that a scan of them all would be planned if any
     // estimate allowed it (a parameter LIMIT is taken as a tenth of them).
     sqlx::raw_sql(
@@ -926,7 +933,7 @@ async fn bulk_finishes(at_once: bool) {
     use shared::api::{JobId, SweepId, WorkerId};
     use shared::job::{Finish, JobStatus};
     let pg = PgServer::start();
-    let opened = postgres::open(&pg.url).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     sqlx::raw_sql(
         "INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 's', 'native', 'x', 4, 0);
          INSERT INTO workers (id, name, capacity, registered_at, last_seen_at) VALUES (1, 'w', '{}', 0, 0);
@@ -1158,8 +1165,8 @@ async fn one_jobs_checkpoints_are_placed_by_one_replica_at_a_time() {
     use shared::api::JobId;
     use std::time::Duration;
     let pg = PgServer::start();
-    let a = postgres::open(&pg.url).await.unwrap();
-    let b = postgres::open(&pg.url).await.unwrap();
+    let a = postgres::open(&pg.url, 30_000).await.unwrap();
+    let b = postgres::open(&pg.url, 30_000).await.unwrap();
     let held = lock_checkpoints(&a.pool, JobId::new(7)).await.unwrap();
     let other_job = tokio::time::timeout(Duration::from_secs(10), lock_checkpoints(&b.pool, JobId::new(8)))
         .await
@@ -1183,4 +1190,65 @@ async fn one_jobs_checkpoints_are_placed_by_one_replica_at_a_time() {
         .expect("taken once the first replica let go")
         .unwrap()
         .unwrap();
+}
+
+/// Set in the child process of the test below: the database it holds a row lock in.
+const HOLDER: &str = "APP_TEST_LOCK_HOLDER_URL";
+
+/// A replica stopped (SIGSTOP) inside a transaction keeps its row locks only for a while:
+/// every replica session has `idle_in_transaction_session_timeout` and `lock_timeout`
+/// (postgres::SESSION_LIMITS). A child process (this test binary, run again) opens a session
+/// as a replica does, locks a row in a transaction and is stopped; a second replica session
+/// waiting for that row gives up after the lock timeout instead of waiting for ever, and gets
+/// the row once PostgreSQL has ended the stopped session.
+#[tokio::test]
+async fn a_replica_stopped_inside_a_transaction_keeps_its_row_locks_only_for_a_while() {
+    use sqlx::Connection;
+    if let Ok(url) = std::env::var(HOLDER) {
+        // The child: lock the row, say so, and wait to be stopped and killed.
+        let mut held =
+            sqlx::PgConnection::connect_with(&postgres::replica_options(&url, 20_000).unwrap()).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut held).await.unwrap();
+        sqlx::query("SELECT id FROM held WHERE id = 1 FOR UPDATE").execute(&mut held).await.unwrap();
+        println!("locked");
+        tokio::time::sleep(std::time::Duration::from_secs(300)).await;
+        return;
+    }
+    let pg = PgServer::start();
+    let options = postgres::replica_options(&pg.url, 20_000).unwrap();
+    let mut waiting = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    sqlx::query("CREATE TABLE held (id INTEGER PRIMARY KEY)").execute(&mut waiting).await.unwrap();
+    sqlx::query("INSERT INTO held VALUES (1)").execute(&mut waiting).await.unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["a_replica_stopped_inside_a_transaction_keeps_its_row_locks_only_for_a_while", "--exact", "--nocapture"])
+        .env(HOLDER, &pg.url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    assert!(lines.any(|line| line.is_ok_and(|line| line == "locked")), "the child never locked the row");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = std::time::Instant::now();
+    let mut refusals = Vec::new();
+    loop {
+        let update = sqlx::query("UPDATE held SET id = 1 WHERE id = 1").execute(&mut waiting);
+        match tokio::time::timeout(std::time::Duration::from_secs(60), update).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(error)) => refusals.push((stopped.elapsed(), error.to_string())),
+            Err(_) => panic!("a wait for the stopped session's lock never ended"),
+        }
+        assert!(
+            stopped.elapsed() < std::time::Duration::from_secs(60),
+            "the stopped session kept its lock: {refusals:?}"
+        );
+    }
+    let got = stopped.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("the stopped session's lock was free after {got:?}; waits refused: {refusals:?}");
+    let (first_wait, first) = refusals.first().expect("the first wait gives up after the lock timeout");
+    assert!(first.contains("lock timeout"), "{first}");
+    assert!(*first_wait >= std::time::Duration::from_secs(9), "{first_wait:?}");
+    assert!(got >= std::time::Duration::from_secs(14) && got < std::time::Duration::from_secs(30), "{got:?}");
 }
