@@ -451,3 +451,21 @@ async fn a_full_disk_refuses_the_upload_keeps_serving_and_takes_it_once_space_is
     assert!(incoming_parts(&data).is_empty(), "no partial upload is left behind");
     assert!(alive(server.child.id()), "the server never went down");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn result_versions_set_aside_as_unrecorded_are_removed_after_their_retention() {
+    // Upkeep every second (a tenth of the telemetry retention); set-aside versions kept an hour.
+    let server = ServerProcess::start_with("telemetry_retention_secs = 10\nunrecorded_retention_secs = 3600\n");
+    let aside = server.data_dir().join("results").join(".unrecorded");
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    // Named as the server names them: when they were set aside, then where they were.
+    let old = aside.join(format!("{}-sweep_0_v1", now_ms - 2 * 3_600_000));
+    let recent = aside.join(format!("{}-sweep_1_v1", now_ms - 60_000));
+    for dir in [&old, &recent] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("result.json"), "{}").unwrap();
+    }
+    common::wait_until_sync("the version set aside two hours ago is removed", LONG, || !old.exists());
+    assert!(recent.join("result.json").exists(), "a version set aside a minute ago is kept");
+    assert!(server.log().contains("removed result versions set aside"), "{}", server.log());
+}

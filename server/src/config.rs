@@ -35,6 +35,9 @@ pub struct ServerConfig {
     pub max_log_bytes_per_job: u64,
     /// How long GPU telemetry is kept.
     pub telemetry_retention: Duration,
+    /// Result versions set aside in `results/.unrecorded/` (the database had no record of them)
+    /// are removed after this; `None`: kept for ever.
+    pub unrecorded_retention: Option<Duration>,
     /// The largest result file accepted, in bytes (uploads only; other bodies keep
     /// `max_body_bytes`).
     pub max_upload_bytes: u64,
@@ -80,6 +83,7 @@ impl Default for ServerConfig {
             max_long_poll: Duration::from_secs(25),
             max_log_bytes_per_job: 64 << 20,
             telemetry_retention: Duration::from_secs(3600),
+            unrecorded_retention: Some(Duration::from_secs(7 * 86_400)),
             max_upload_bytes: 10 << 30,
             max_attempt_upload_bytes: 50 << 30,
             tokens: crate::auth::Tokens::default(),
@@ -110,6 +114,7 @@ pub struct ServerFile {
     pub max_long_poll_secs: Option<f64>,
     pub max_log_bytes_per_job: Option<u64>,
     pub telemetry_retention_secs: Option<f64>,
+    pub unrecorded_retention_secs: Option<f64>,
     pub max_upload_bytes: Option<u64>,
     pub max_attempt_upload_bytes: Option<u64>,
     /// Files with one token per line (see `auth`).
@@ -152,6 +157,7 @@ impl ServerFile {
             max_long_poll_secs: self.max_long_poll_secs.or(lower.max_long_poll_secs),
             max_log_bytes_per_job: self.max_log_bytes_per_job.or(lower.max_log_bytes_per_job),
             telemetry_retention_secs: self.telemetry_retention_secs.or(lower.telemetry_retention_secs),
+            unrecorded_retention_secs: self.unrecorded_retention_secs.or(lower.unrecorded_retention_secs),
             max_upload_bytes: self.max_upload_bytes.or(lower.max_upload_bytes),
             max_attempt_upload_bytes: self.max_attempt_upload_bytes.or(lower.max_attempt_upload_bytes),
             user_token_file: self.user_token_file.or(lower.user_token_file),
@@ -233,6 +239,15 @@ impl ServerConfig {
             self.telemetry_retention = match Duration::try_from_secs_f64(value) {
                 Ok(duration) if !duration.is_zero() && duration <= Duration::from_secs(366 * 86_400) => duration,
                 _ => anyhow::bail!("`telemetry_retention_secs` must be above 0 and at most a year, not {value}"),
+            };
+        }
+        if let Some(value) = file.unrecorded_retention_secs {
+            self.unrecorded_retention = match Duration::try_from_secs_f64(value) {
+                Ok(duration) if duration.is_zero() => None,
+                Ok(duration) => Some(duration),
+                Err(_) => anyhow::bail!(
+                    "`unrecorded_retention_secs` must be a number of seconds (0: keep for ever), not {value}"
+                ),
             };
         }
         if let Some(value) = file.max_upload_bytes {

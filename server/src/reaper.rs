@@ -64,6 +64,20 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
             if let Err(error) = remove_abandoned_staging(&queue).await {
                 tracing::error!(error = ?error, "removing staged uploads of ended attempts");
             }
+            if let Some(retention) = config.unrecorded_retention {
+                let before = now_ms() - retention.as_millis() as i64;
+                match queue.layout().remove_unrecorded_before(before).await {
+                    Ok(0) => {}
+                    Ok(versions) => tracing::info!(
+                        versions,
+                        ?retention,
+                        "removed result versions set aside in results/.unrecorded/ longer than the retention"
+                    ),
+                    Err(error) => {
+                        tracing::error!(error = ?error, "removing old result versions from results/.unrecorded/")
+                    }
+                }
+            }
             if leadership.is_some() {
                 // A shared directory: a killed replica's uploads in flight are left behind.
                 match queue.layout().remove_abandoned_parts().await {

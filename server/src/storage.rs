@@ -90,6 +90,30 @@ impl Layout {
         self.data_dir.join("results").join(".unrecorded")
     }
 
+    /// Removes the result versions set aside in `.unrecorded/` before `before` (unix ms, the
+    /// prefix of their names); how many went.
+    pub async fn remove_unrecorded_before(&self, before: i64) -> io::Result<usize> {
+        let root = self.unrecorded_root();
+        tokio::task::spawn_blocking(move || {
+            let entries = match std::fs::read_dir(&root) {
+                Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(0),
+                entries => entries?,
+            };
+            let mut removed = 0;
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let set_aside: Option<i64> = name.to_str().and_then(|name| name.split('-').next()?.parse().ok());
+                if set_aside.is_some_and(|at| at < before) {
+                    std::fs::remove_dir_all(entry.path())?;
+                    removed += 1;
+                }
+            }
+            Ok(removed)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
     /// A path relative to the data dir (`version_path`, or a file under it), made absolute.
     pub fn absolute(&self, relative: &str) -> PathBuf {
         relative.split('/').fold(self.data_dir.clone(), |path, segment| path.join(segment))

@@ -229,7 +229,8 @@ impl Drop for SealLock {
 /// the attempt a 409 "already stored", and the job would succeed with no result. It is what a
 /// server killed between the rename and the record leaves behind (the same attempt's files,
 /// sent again), but also what a database restored from an older backup does not know: another
-/// run's results, which are kept there rather than deleted.
+/// run's results, which are kept there rather than deleted, for `unrecorded_retention` (the
+/// reaper's upkeep removes them after it).
 pub(super) async fn set_aside_unrecorded(layout: &Layout, target: &Path) -> io::Result<()> {
     if tokio::fs::symlink_metadata(target).await.is_err() {
         return Ok(());
