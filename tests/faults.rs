@@ -467,5 +467,7 @@ async fn result_versions_set_aside_as_unrecorded_are_removed_after_their_retenti
     }
     common::wait_until_sync("the version set aside two hours ago is removed", LONG, || !old.exists());
     assert!(recent.join("result.json").exists(), "a version set aside a minute ago is kept");
-    assert!(server.log().contains("removed result versions set aside"), "{}", server.log());
+    common::wait_until_sync("the removal is logged", LONG, || {
+        server.log().contains("removed result versions set aside")
+    });
 }

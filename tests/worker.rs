@@ -320,6 +320,9 @@ async fn sigterm_drains_running_jobs_then_the_worker_exits_zero() {
     server.submit("name: drain\ncommand: 'sleep 1.5; echo finished'\n").await;
     running_job(&server, "drain").await;
     worker.signal("TERM");
+    // Once the worker drains (a signal is handled when it is handled: on a loaded machine, a
+    // sweep submitted at once can reach a claim the worker made before it saw the signal).
+    common::wait_until_sync("the worker drains", LONG, || worker.log().contains("draining: no new jobs"));
     server.submit("name: not-taken\ncommand: 'true'\n").await;
     let status = worker.wait_exit(LONG);
     assert!(status.success(), "{status:?}\n{}", worker.log());
