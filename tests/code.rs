@@ -173,10 +173,18 @@ async fn a_damaged_snapshot_is_downloaded_again_and_one_damaged_on_the_server_ne
     std::fs::write(root.join("sweep.yaml"), "name: cached\ncommand: sh job.sh\ngrid:\n  i: [0]\n").unwrap();
     let first = submit_in(&root, &server.url, &["sweep.yaml", "--wait"]);
     assert!(first.status.success(), "{}", text(&first.stderr));
+    // The cache holds the snapshot unpacked, its tree; the archive went once it was checked.
     let cache = worker.dir.path().join("work/code-cache");
-    let cached = std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap().path();
+    let tree = std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap().path();
+    let digest = tree.file_name().unwrap().to_string_lossy().replace(".tree", "");
+    assert_eq!(tree.file_name().unwrap().to_string_lossy(), format!("{digest}.tree"));
+    let on_server = server.data_dir().join("code").join(format!("{digest}.tar.zst"));
 
-    // Damaged on the worker's disk: downloaded again, and the job runs on good code.
+    // A download damaged on the worker's disk before it was unpacked: downloaded again, and the
+    // job runs on good code.
+    std::fs::remove_dir_all(&tree).unwrap();
+    let cached = cache.join(format!("{digest}.tar.zst"));
+    std::fs::copy(&on_server, &cached).unwrap();
     flip_bytes(&cached);
     let second = submit_in(&root, &server.url, &["sweep.yaml", "--wait"]);
     assert!(second.status.success(), "{}{}", text(&second.stdout), text(&second.stderr));
@@ -186,9 +194,8 @@ async fn a_damaged_snapshot_is_downloaded_again_and_one_damaged_on_the_server_ne
     assert_eq!(std::fs::read_to_string(&ran).unwrap().lines().count(), 2);
 
     // Damaged on the server: downloaded again, still wrong: the job fails and never ran.
-    let digest = cached.file_name().unwrap().to_string_lossy().replace(".tar.zst", "");
-    flip_bytes(&server.data_dir().join("code").join(format!("{digest}.tar.zst")));
-    let _ = std::fs::remove_file(&cached);
+    flip_bytes(&on_server);
+    std::fs::remove_dir_all(&tree).unwrap();
     let third = submit_in(&root, &server.url, &["sweep.yaml", "--wait"]);
     assert!(!third.status.success());
     let job = finished(&server, "cached-3").await.remove(0);
@@ -283,4 +290,291 @@ async fn links_out_of_the_project_are_never_followed_and_unreadable_files_are_le
         assert!(!output.status.success());
         assert!(error.contains("cannot read") && error.contains("--no-code"), "{error}");
     }
+}
+
+/// `app` (server and local worker) started in `dir` with its defaults: its data in
+/// `dir/app-data`, its attempts in `dir/app-work`, as a new user runs it in their project.
+struct EmbeddedApp {
+    child: std::process::Child,
+    url: String,
+}
+
+impl EmbeddedApp {
+    fn start_in(dir: &Path) -> EmbeddedApp {
+        let port = common::free_port();
+        let child = app()
+            .current_dir(dir)
+            .args(["--bind", &format!("127.0.0.1:{port}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        common::wait_until_sync("app listens", LONG, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        EmbeddedApp { child, url: format!("http://127.0.0.1:{port}") }
+    }
+}
+
+impl Drop for EmbeddedApp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The paths in the code snapshot `digest` stored in `data_dir`.
+fn snapshot_paths(data_dir: &Path, digest: &str) -> Vec<String> {
+    let unpacked = tempfile::tempdir().unwrap();
+    let file = std::fs::File::open(data_dir.join("code").join(format!("{digest}.tar.zst"))).unwrap();
+    archive::unpack_verified(file, Some(digest), unpacked.path(), u64::MAX).unwrap();
+    let mut paths: Vec<String> =
+        archive::list_tree(unpacked.path()).unwrap().iter().map(|path| path.display().to_string()).collect();
+    paths.sort();
+    paths
+}
+
+/// Submits `sweep.yaml` in `dir` to `url` with `--json`; the snapshot's digest and what was
+/// left out, as `app submit --json` says.
+fn submit_json(dir: &Path, url: &str) -> (String, Vec<String>) {
+    let output = submit_in(dir, url, &["sweep.yaml", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let digest = answer["code"]["snapshot"]["digest"].as_str().unwrap().to_string();
+    let left_out = answer["code"]["left_out"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| format!("{} ({})", entry["path"].as_str().unwrap(), entry["why"].as_str().unwrap()))
+        .collect();
+    (digest, left_out)
+}
+
+/// The project `app` keeps its data in, submitted to three times: the first snapshot only is
+/// uploaded (app's files changing between the submissions change nothing), and none of app's
+/// files are in it; with git (`app-data/` untracked, not ignored) or without.
+async fn resubmitting_where_app_keeps_its_data_ships_the_same_code(with_git: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::write(root.join("train.py"), "print('trained', __import__('sys').argv[1])\n").unwrap();
+    std::fs::write(root.join("sweep.yaml"), "name: here\ncommand: python3 train.py {i}\ngrid:\n  i: [1, 2]\n").unwrap();
+    // The client's own files beside the code: a token file and an app config.
+    std::fs::write(root.join("worker-token"), "not-for-jobs-0123456789abcdef\n").unwrap();
+    std::fs::write(root.join("app.toml"), "[worker]\nmax_jobs = 2\n").unwrap();
+    if with_git {
+        git(&root, &["init", "-q"]);
+        git(&root, &["add", "train.py", "sweep.yaml"]);
+        git(&root, &["commit", "-q", "-m", "code"]);
+    }
+    let app_here = EmbeddedApp::start_in(&root);
+    let mut digests = Vec::new();
+    for round in 0..3 {
+        let output = app()
+            .current_dir(&root)
+            .args(["submit", "sweep.yaml", "--json", "--url", &app_here.url, "--token-file", "worker-token"])
+            .output()
+            .unwrap();
+        // No server token is needed here: the flag only names the client's token file.
+        assert!(output.status.success(), "round {round}: {}", text(&output.stderr));
+        let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        digests.push(answer["code"]["snapshot"]["digest"].as_str().unwrap().to_string());
+        let uploaded = &answer["code"]["uploaded_bytes"];
+        assert_eq!(uploaded.is_null(), round > 0, "round {round} uploads only the first time: {answer}");
+        let left: Vec<String> = answer["code"]["left_out"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| format!("{} ({})", entry["path"].as_str().unwrap(), entry["why"].as_str().unwrap()))
+            .collect();
+        if round > 0 {
+            // app-work exists once the local worker ran something.
+            assert!(left.contains(&"app-data/ (app's data)".to_string()), "{left:?}");
+            assert!(left.contains(&"app-work/ (attempt directories)".to_string()), "{left:?}");
+        }
+        assert!(left.contains(&"worker-token (app's token or config)".to_string()), "{left:?}");
+        assert!(left.contains(&"app.toml (app's config)".to_string()), "{left:?}");
+        // Each submission is a sweep of its own (here, here-2, ...).
+        let name = answer["name"].as_str().unwrap().to_string();
+        let jobs = wait_until("the sweep ran", LONG, || async {
+            let client = client::Client::new(&app_here.url).ok()?;
+            let query = JobQuery { sweep: Some(name.clone()), limit: Some(100), ..JobQuery::default() };
+            let jobs = client.jobs(&query).await.ok()?.jobs;
+            (jobs.len() == 2 && jobs.iter().all(|job| job.status.is_terminal())).then_some(jobs)
+        })
+        .await;
+        assert!(jobs.iter().all(|job| job.status == JobStatus::Succeeded), "{name}: {jobs:#?}");
+    }
+    assert!(digests.iter().all(|digest| *digest == digests[0]), "{digests:?}");
+    // (With git, app-data/ and app-work/ are untracked and not ignored: git would list them.)
+    let paths = snapshot_paths(&root.join("app-data"), &digests[0]);
+    assert_eq!(paths, ["sweep.yaml", "train.py"], "the snapshot holds the project's code only");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resubmitting_where_app_keeps_its_data_ships_the_first_snapshot_only_without_git() {
+    resubmitting_where_app_keeps_its_data_ships_the_same_code(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resubmitting_where_app_keeps_its_data_ships_the_first_snapshot_only_in_git() {
+    resubmitting_where_app_keeps_its_data_ships_the_same_code(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_outputs_stay_home_outside_git_unless_appignore_puts_them_back() {
+    let server = ServerProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::write(root.join("train.py"), "print(1)\n").unwrap();
+    std::fs::write(root.join("sweep.yaml"), "name: gen\ncommand: python3 train.py\n").unwrap();
+    for generated in [
+        "wandb/run-1",
+        "mlruns/0",
+        "lightning_logs/version_0",
+        "runs/exp",
+        "outputs/2026-11-27",
+        "multirun/x",
+        "pkg/__pycache__",
+        ".ipynb_checkpoints",
+    ] {
+        std::fs::create_dir_all(root.join(generated)).unwrap();
+        std::fs::write(root.join(generated).join("f"), "generated").unwrap();
+    }
+    std::fs::create_dir_all(root.join("pkg")).unwrap();
+    std::fs::write(root.join("pkg/model.py"), "layers = 2\n").unwrap();
+    std::fs::create_dir_all(root.join("venv/bin")).unwrap();
+    std::fs::write(root.join("venv/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+    std::fs::write(root.join("venv/bin/python"), "").unwrap();
+    std::fs::write(root.join("big.ckpt"), vec![0u8; 11 << 20]).unwrap();
+    std::fs::write(root.join("small.pt"), vec![0u8; 1 << 20]).unwrap();
+    let (digest, left_out) = submit_json(&root, &server.url);
+    for expected in [
+        "wandb/ (W&B run files)",
+        "mlruns/ (MLflow runs)",
+        "lightning_logs/ (Lightning logs)",
+        "runs/ (TensorBoard runs)",
+        "outputs/ (Hydra outputs)",
+        "multirun/ (Hydra multiruns)",
+        "pkg/__pycache__/ (Python caches)",
+        ".ipynb_checkpoints/ (notebook checkpoints)",
+        "venv/ (a virtual environment)",
+        "big.ckpt (11 MiB of weights)",
+    ] {
+        assert!(left_out.contains(&expected.to_string()), "{expected} not in {left_out:?}");
+    }
+    let paths = snapshot_paths(&server.data_dir(), &digest);
+    assert_eq!(paths, ["pkg/model.py", "small.pt", "sweep.yaml", "train.py"]);
+    // The line a person reads.
+    let output = submit_in(&root, &server.url, &["sweep.yaml", "--dry-run"]);
+    assert!(text(&output.stdout).contains("left out: "), "{}", text(&output.stdout));
+    // `!pattern` in .appignore puts them back.
+    std::fs::write(root.join(".appignore"), "!wandb/\n!venv/\n!big.ckpt\n").unwrap();
+    let (digest, left_out) = submit_json(&root, &server.url);
+    let paths = snapshot_paths(&server.data_dir(), &digest);
+    for back in ["wandb/run-1/f", "venv/pyvenv.cfg", "big.ckpt"] {
+        assert!(paths.contains(&back.to_string()), "{back} not put back: {paths:?}");
+    }
+    assert!(!left_out.iter().any(|entry| entry.starts_with("wandb/") || entry.starts_with("venv/")), "{left_out:?}");
+}
+
+#[test]
+fn a_project_that_is_apps_data_directory_is_refused_and_special_files_are_skipped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::write(root.join(".app-instance"), "0123\n").unwrap();
+    std::fs::write(root.join("sweep.yaml"), "name: x\ncommand: 'true'\n").unwrap();
+    let output = submit_in(&root, "http://127.0.0.1:9", &["sweep.yaml", "--dry-run"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("holds app's data, not a project's code"), "{}", text(&output.stderr));
+    // A FIFO in a project: skipped, said.
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path().canonicalize().unwrap();
+    std::fs::write(root.join("sweep.yaml"), "name: x\ncommand: 'true'\n").unwrap();
+    nix::unistd::mkfifo(&root.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let server = ServerProcess::start();
+    let output = submit_in(&root, &server.url, &["sweep.yaml"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("warning: not shipped: pipe (a FIFO)"), "{}", text(&output.stderr));
+}
+
+/// Every entry under `dir` with its mode, size, modification time and content: what a write
+/// through a shared file would change.
+fn tree_state(dir: &Path) -> Vec<(PathBuf, u32, u64, std::time::SystemTime, Vec<u8>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut state = Vec::new();
+    for path in archive::list_tree(dir).unwrap() {
+        let full = dir.join(&path);
+        let metadata = std::fs::symlink_metadata(&full).unwrap();
+        let content = if metadata.is_file() { std::fs::read(&full).unwrap() } else { Vec::new() };
+        state.push((path, metadata.permissions().mode(), metadata.len(), metadata.modified().unwrap(), content));
+    }
+    state
+}
+
+/// A job that rewrites, appends to, truncates, chmods and deletes files of its working copy,
+/// and adds one, under a worker laying copies out by `code_copy`: the cached tree is as it was
+/// (its digest too), and the next attempt sees the snapshot's files again.
+async fn a_jobs_writes_never_reach_the_cached_code(code_copy: &str) {
+    let server = ServerProcess::start();
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), format!("[worker]\ncode_copy = \"{code_copy}\"\n")).unwrap();
+    let worker =
+        WorkerProcess::start(&server.url, "cow", &["--max-jobs", "1", "--config", config.path().to_str().unwrap()]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    for name in ["rewrite.txt", "append.txt", "truncate.txt", "chmod.txt", "delete.txt"] {
+        std::fs::write(root.join(name), format!("{name} as shipped\n")).unwrap();
+    }
+    std::fs::create_dir_all(root.join("pkg")).unwrap();
+    std::fs::write(root.join("pkg/keep.py"), "x = 1\n").unwrap();
+    let script =
+        "cat rewrite.txt append.txt; echo rewritten > rewrite.txt; echo more >> append.txt; : > truncate.txt; \
+                  chmod 755 chmod.txt; rm delete.txt; echo new > new.txt; rm -r pkg; echo done";
+    std::fs::write(
+        root.join("sweep.yaml"),
+        format!("name: cow\ncommand: {}\ngrid:\n  i: [1, 2]\n", serde_json::to_string(script).unwrap()),
+    )
+    .unwrap();
+    let output = submit_in(&root, &server.url, &["sweep.yaml", "--json"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let digest = answer["code"]["snapshot"]["digest"].as_str().unwrap().to_string();
+    let jobs = finished(&server, "cow").await;
+    for job in &jobs {
+        assert_eq!(job.status, JobStatus::Succeeded, "{job:#?}");
+        // Each attempt saw the snapshot as shipped, whatever the one before did to its copy.
+        let log = log_of(&server, job).await;
+        assert!(log.contains("rewrite.txt as shipped") && log.contains("append.txt as shipped\ndone"), "{log}");
+    }
+    let tree = worker.dir.path().join("work").join("code-cache").join(format!("{digest}.tree"));
+    let paths = archive::list_tree(&tree).unwrap();
+    assert_eq!(archive::digest_of(&tree, &paths).unwrap().digest, digest, "the cached tree is the snapshot still");
+    let unpacked = tempfile::tempdir().unwrap();
+    let file = std::fs::File::open(server.data_dir().join("code").join(format!("{digest}.tar.zst"))).unwrap();
+    archive::unpack_verified(file, Some(&digest), unpacked.path(), u64::MAX).unwrap();
+    let cached: Vec<_> =
+        tree_state(&tree).into_iter().map(|(path, mode, size, _, content)| (path, mode, size, content)).collect();
+    let shipped: Vec<_> = tree_state(unpacked.path())
+        .into_iter()
+        .map(|(path, mode, size, _, content)| (path, mode, size, content))
+        .collect();
+    assert_eq!(cached, shipped, "the cached tree's files, modes and contents are the snapshot's");
+    assert!(
+        worker.log().contains(&format!("code_copy=\"{code_copy}\""))
+            || worker.log().contains(&format!("code_copy={code_copy}")),
+        "{}",
+        worker.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_writes_never_reach_the_cached_code_with_copies() {
+    a_jobs_writes_never_reach_the_cached_code("copy").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_writes_never_reach_the_cached_code_with_overlays() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: mounting overlays needs root");
+        return;
+    }
+    a_jobs_writes_never_reach_the_cached_code("overlay").await;
 }

@@ -110,7 +110,19 @@ fn append<W: Write>(builder: &mut tar::Builder<W>, root: &Path, relative: &Path)
         return Ok(Ok(0));
     }
     if !metadata.is_file() {
-        let kind = if metadata.is_dir() { "a directory" } else { "not a regular file" };
+        use std::os::unix::fs::FileTypeExt;
+        let kind = metadata.file_type();
+        let kind = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_block_device() || kind.is_char_device() {
+            "a device file"
+        } else {
+            "not a regular file"
+        };
         return Ok(Err(kind.into()));
     }
     let file = match std::fs::File::open(&path) {

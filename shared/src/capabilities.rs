@@ -20,6 +20,9 @@ pub struct Capabilities {
     /// The torch version of the libtorch the trainer loads (`2.11.0+cu128`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch: Option<String>,
+    /// How an attempt gets its copy of a code snapshot there (`overlay` or `copy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_copy: Option<String>,
 }
 
 /// Whether a job's command runs the built-in trainer: the word `app` (or a path ending in

@@ -69,6 +69,11 @@ pub struct UrlArg {
 }
 
 impl UrlArg {
+    /// The files this client was handed (its token file): never shipped with a project's code.
+    pub fn given_files(&self) -> Vec<PathBuf> {
+        self.token_file.iter().cloned().collect()
+    }
+
     /// The token (APP_TOKEN or --token-file) and CA to reach the server with.
     pub fn options(&self) -> anyhow::Result<client::ClientOptions> {
         client::ClientOptions::load(std::env::var("APP_TOKEN").ok(), self.token_file.as_deref(), self.ca.as_deref())

@@ -75,7 +75,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     let client = super::client(&args.url)?;
     let mut query = SubmitQuery { command: args.command.clone(), name: Some(default_name), ..SubmitQuery::default() };
     let shipped = if args.ships_code(&sweep) {
-        let shipped = super::snapshot::ship(&client, &args.file, cap)
+        let shipped = super::snapshot::ship(&client, &args.file, cap, &args.url.given_files())
             .await
             .with_context(|| format!("shipping the code of {} (--no-code ships none)", args.file.display()))?;
         query.code = Some(shipped.snapshot.digest.clone());
@@ -110,6 +110,7 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
             Some(shipped) => json!({
                 "root": shipped.root, "files": shipped.files, "bytes": shipped.bytes,
                 "snapshot": shipped.snapshot, "uploaded_bytes": shipped.uploaded,
+                "left_out": shipped.left_out.entries.iter().map(|(path, why)| json!({"path": path, "why": why})).collect::<Vec<_>>(),
             }),
             None => Value::Null,
         };
@@ -118,6 +119,9 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
         warn(&response.warnings);
         if let Some(shipped) = &shipped {
             writeln!(out, "{}", shipped.describe())?;
+            if let Some(line) = shipped.left_out.describe() {
+                writeln!(out, "{line}")?;
+            }
         }
         let id = response.sweep_id.map(|id| format!(" (id {id})")).unwrap_or_default();
         let runs = match response.search.as_ref().and_then(|search| search.adaptive.clone()) {
@@ -145,12 +149,12 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
     let name = sweep.name.clone().unwrap_or_else(|| default_name.to_string());
     // What would be shipped, listed and checked against the cap (nothing is read or sent).
     let project = match args.ships_code(&sweep) {
-        true => Some(super::snapshot::survey(&args.file, args.code_cap()?).await?),
+        true => Some(super::snapshot::survey(&args.file, args.code_cap()?, &args.url.given_files()).await?),
         false => None,
     };
     let code = project.as_ref().map(|project| {
         let dir = super::snapshot::start_dir(&project.root, &args.file);
-        (project.root.clone(), project.files.len(), project.bytes(), dir)
+        (project.root.clone(), project.files.len(), project.bytes(), dir, project.left_out.clone())
     });
     let plan = SearchPlan::of(&sweep);
     // An adaptive sweep's first runs are drawn before any result is in: they can be shown.
@@ -173,8 +177,11 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
                 Ok(entry)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let code =
-            code.map(|(root, files, bytes, dir)| json!({"root": root, "files": files, "bytes": bytes, "dir": dir}));
+        let code = code.map(|(root, files, bytes, dir, left_out)| {
+            let left_out: Vec<Value> =
+                left_out.entries.iter().map(|(path, why)| json!({"path": path, "why": why})).collect();
+            json!({"root": root, "files": files, "bytes": bytes, "dir": dir, "left_out": left_out})
+        });
         let mut output = json!({
             "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs,
             "code": code,
@@ -204,7 +211,7 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
     if sweep.count() > SHOWN_JOBS as u64 {
         writeln!(out, "  ... and {} more", sweep.count() - SHOWN_JOBS as u64)?;
     }
-    if let Some((root, files, bytes, dir)) = code {
+    if let Some((root, files, bytes, dir, left_out)) = code {
         let start = if dir.is_empty() { String::new() } else { format!(", jobs start in {dir}/") };
         writeln!(
             out,
@@ -212,6 +219,9 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
             super::format::bytes(bytes),
             root.display()
         )?;
+        if let Some(line) = left_out.describe() {
+            writeln!(out, "{line}")?;
+        }
     }
     match placeable {
         Some(Ok(None)) => writeln!(out, "the workers connected to {} can run these jobs", args.url.url)?,

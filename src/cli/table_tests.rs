@@ -146,7 +146,14 @@ fn workers_list() -> Vec<WorkerInfo> {
         WorkerInfo {
             id: WorkerId::new(1),
             name: "gpu-box-1".into(),
-            capacity: Capacity { job_slots: 8, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() },
+            capacity: Capacity {
+                job_slots: 8,
+                gpus: vec![gpu(0), gpu(1)],
+                capabilities: shared::capabilities::Capabilities {
+                    code_copy: Some("overlay".into()),
+                    ..Default::default()
+                },
+            },
             registered_at: NOW - 90 * MINUTE,
             last_seen_at: NOW - 2_000,
             running: 2,
@@ -160,7 +167,7 @@ fn workers_list() -> Vec<WorkerInfo> {
             registered_at: NOW - 600 * MINUTE,
             last_seen_at: NOW - 300 * MINUTE,
             running: 0,
-            state: WorkerState::Lost,
+            state: WorkerState::Left,
             running_jobs: Vec::new(),
         },
     ]

@@ -51,7 +51,7 @@ fn gpus(worker: &WorkerInfo) -> String {
 }
 
 pub fn workers_table(workers: &[WorkerInfo], now: i64, width: Option<u16>) -> Table {
-    let mut table = table::new(["worker", "state", "last seen", "gpus", "slots", "running", "jobs"], width);
+    let mut table = table::new(["worker", "state", "last seen", "gpus", "slots", "code", "running", "jobs"], width);
     for worker in workers {
         let jobs: Vec<String> = worker.running_jobs.iter().map(|id| id.to_string()).collect();
         table.add_row(vec![
@@ -60,10 +60,12 @@ pub fn workers_table(workers: &[WorkerInfo], now: i64, width: Option<u16>) -> Ta
             format::age(worker.last_seen_at, now),
             gpus(worker),
             worker.capacity.job_slots.to_string(),
+            // How attempts get their copy of the code there (overlay, copy).
+            worker.capacity.capabilities.code_copy.clone().unwrap_or_else(|| "-".into()),
             worker.running.to_string(),
             jobs.join(" "),
         ]);
     }
-    table::align_right(&mut table, &[2, 4, 5]);
+    table::align_right(&mut table, &[2, 4, 6]);
     table
 }

@@ -143,10 +143,13 @@ pub async fn run(
         Err(error) => Err(format!("preparing {}: {error}", dirs.root.display())),
         Ok(log) => workspace::prepare(&context, &job, &dirs).await.map(|prepared| (log, prepared)),
     };
+    let mut prepared = prepared;
+    let code = prepared.as_mut().ok().and_then(|(_, prepared)| prepared.code.take());
+    let overlay = code.as_ref().is_some_and(|code| code.is_overlay());
     let prepared = match (prepared, context.run_as.clone()) {
         (Ok(prepared), Some(user)) => {
             let handed = dirs.clone();
-            match tokio::task::spawn_blocking(move || user.hand_over(&handed)).await {
+            match tokio::task::spawn_blocking(move || user.hand_over(&handed, overlay)).await {
                 Ok(Ok(())) => Ok(prepared),
                 Ok(Err(error)) => Err(format!("giving the attempt's files to the run_as user: {error}")),
                 Err(error) => Err(format!("giving the attempt's files to the run_as user: {error}")),
@@ -252,15 +255,37 @@ pub async fn run(
         delivered =
             finish(&context, &job, &dirs, &mut shipper, (ended, accounted), &gpus, times, resumed_from, &events).await;
     }
-    release_slot(&context, &job, &dirs, slot, delivered).await;
+    release_slot(&context, &job, &dirs, (slot, code), delivered).await;
     let _ = events.send(AttemptEvent::Done(attempt)).await;
 }
 
 /// Gives the attempt's slot back. Everything a delivered attempt left is on the server now
 /// (log, metrics, outputs): its files would only fill the worker's disk, so they go. An
 /// undelivered attempt (or any, with `--keep-work-dirs`) stays for a look, moved out of the slot.
-async fn release_slot(context: &AttemptContext, job: &ClaimedJob, dirs: &AttemptDirs, slot: usize, delivered: bool) {
+async fn release_slot(
+    context: &AttemptContext,
+    job: &ClaimedJob,
+    dirs: &AttemptDirs,
+    (slot, code): (usize, Option<crate::code::LaidOutCode>),
+    delivered: bool,
+) {
     let keep = !delivered || context.config.keep_work_dirs;
+    if let Some(code) = code {
+        if keep && code.is_overlay() {
+            // A kept attempt keeps what its job saw: the overlay's view, copied out of it.
+            let (cwd, copy) = (dirs.cwd.clone(), dirs.root.join("work.kept"));
+            let copied = tokio::task::spawn_blocking(move || crate::code_copy::copy_tree(&cwd, &copy)).await;
+            if !matches!(copied, Ok(Ok(()))) {
+                tracing::warn!(job = %job.id, "copying a kept attempt's working copy out of its overlay failed");
+            }
+        }
+        context.code.release(code).await;
+        let kept_copy = dirs.root.join("work.kept");
+        if kept_copy.exists() {
+            let _ = tokio::fs::remove_dir(&dirs.cwd).await;
+            let _ = tokio::fs::rename(&kept_copy, &dirs.cwd).await;
+        }
+    }
     let (owned, kept) = (dirs.clone(), AttemptDirs::kept(&context.config.work_dir, job));
     let released = tokio::task::spawn_blocking(move || {
         if keep {

@@ -1,10 +1,11 @@
 //! Code snapshots on a worker. Each snapshot is downloaded once, into
-//! `<work_dir>/code-cache/<digest>.tar.zst`, and unpacked fresh into every attempt's `work/`,
-//! its digest checked on the bytes unpacked: a cached copy damaged on disk (or one that arrived
-//! damaged) is removed, downloaded again and unpacked again, and a job never starts on files
-//! that are not its snapshot. The job writes only into its own copy, never into the cache. The
-//! cache keeps at most `code_cache_bytes`; the snapshots used longest ago go first (the time of
-//! last use is the file's modification time).
+//! `<work_dir>/code-cache/<digest>.tar.zst`, and unpacked once, its digest checked on the bytes
+//! unpacked, into the tree `<digest>.tree/`: an archive damaged on disk (or one that arrived
+//! damaged) is removed, downloaded again and unpacked again, and no tree exists that is not its
+//! snapshot. Every attempt then gets a private, writable view of the tree in its `work/`
+//! (`code_copy`: an overlay, or a copy), so a job writes only into its own view, never into the
+//! cache. The cache keeps at most `code_cache_bytes` of trees; those used longest ago go first
+//! (the time of last use is the tree's modification time), never one an attempt is using.
 
 use client::Client;
 use shared::api::WorkerId;
@@ -20,51 +21,151 @@ const DOWNLOAD_PATIENCE: Duration = Duration::from_secs(120);
 pub struct CodeCache {
     dir: PathBuf,
     max_bytes: u64,
-    /// One download of a digest at a time; attempts wanting the same one wait for it.
+    /// One download and unpack of a digest at a time; attempts wanting the same one wait.
     downloads: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Trees attempts are using (overlays stand on them), with how many: never evicted.
+    in_use: std::sync::Mutex<HashMap<String, usize>>,
+    copier: Arc<crate::code_copy::Copier>,
+    /// The uid and gid that own the trees (a `run_as` user's, so that an overlay's view of the
+    /// tree is its own without a copy-up of every file); `None`: the worker's.
+    owner: Option<(u32, u32)>,
 }
 
-/// How a snapshot came to be unpacked (for the log and the benchmark).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a snapshot came to be laid out for an attempt (for the log and the benchmark).
+#[derive(Debug)]
 pub struct Unpacked {
     /// Downloaded for this attempt (not found in the cache, or found damaged).
     pub downloaded: bool,
     /// The cached copy failed its digest check and was replaced.
     pub replaced_damaged: bool,
     pub tar_bytes: u64,
+    /// The attempt's view of the tree, to take down with its slot ([`CodeCache::release`]).
+    pub laid_out: Option<LaidOutCode>,
+}
+
+/// An attempt's view of a cached tree: the tree stays in the cache while it exists.
+#[derive(Debug)]
+pub struct LaidOutCode {
+    digest: String,
+    view: crate::code_copy::LaidOut,
+}
+
+impl LaidOutCode {
+    pub fn is_overlay(&self) -> bool {
+        self.view.is_overlay()
+    }
 }
 
 impl CodeCache {
-    pub fn new(work_dir: &Path, max_bytes: u64) -> CodeCache {
-        CodeCache { dir: work_dir.join("code-cache"), max_bytes, downloads: Default::default() }
+    pub fn new(
+        work_dir: &Path,
+        max_bytes: u64,
+        copier: Arc<crate::code_copy::Copier>,
+        owner: Option<(u32, u32)>,
+    ) -> CodeCache {
+        CodeCache {
+            dir: work_dir.join("code-cache"),
+            max_bytes,
+            downloads: Default::default(),
+            in_use: Default::default(),
+            copier,
+            owner,
+        }
     }
 
     fn path(&self, digest: &str) -> PathBuf {
         self.dir.join(format!("{digest}.tar.zst"))
     }
 
-    /// Fills `destination` (empty) with snapshot `digest`.
+    fn tree(&self, digest: &str) -> PathBuf {
+        self.dir.join(format!("{digest}.tree"))
+    }
+
+    /// Gives `destination` (empty) a private, writable view of snapshot `digest`; `scratch` is
+    /// a directory of the attempt's slot for the view's own files.
     pub async fn unpack_into(
         &self,
         client: &Client,
         worker: WorkerId,
         digest: &str,
         destination: &Path,
+        scratch: &Path,
     ) -> Result<Unpacked, String> {
         if !archive::is_digest(digest) {
             return Err(format!("`{digest}` is not a code snapshot digest"));
         }
+        let (downloaded, replaced_damaged, tar_bytes) = self.ensure_tree(client, worker, digest).await?;
+        self.hold(digest);
+        let (copier, tree, at, scratch) =
+            (self.copier.clone(), self.tree(digest), destination.to_path_buf(), scratch.to_path_buf());
+        let laid = tokio::task::spawn_blocking(move || copier.lay_out(&tree, &at, &scratch))
+            .await
+            .map_err(|error| error.to_string())
+            .and_then(|laid| laid.map_err(|error| error.to_string()));
+        match laid {
+            Ok(view) => {
+                let laid_out = Some(LaidOutCode { digest: digest.to_string(), view });
+                Ok(Unpacked { downloaded, replaced_damaged, tar_bytes, laid_out })
+            }
+            Err(error) => {
+                self.release_tree(digest);
+                let emptied = destination.to_path_buf();
+                let _ = tokio::task::spawn_blocking(move || crate::slots::empty(&emptied)).await;
+                Err(format!("laying out code snapshot {digest} for the attempt: {error}"))
+            }
+        }
+    }
+
+    /// Takes down an attempt's view (before its slot's directories are emptied).
+    pub async fn release(&self, laid_out: LaidOutCode) {
+        let LaidOutCode { digest, view } = laid_out;
+        let _ = tokio::task::spawn_blocking(move || view.take_down()).await;
+        self.release_tree(&digest);
+    }
+
+    fn hold(&self, digest: &str) {
+        if let Ok(mut in_use) = self.in_use.lock() {
+            *in_use.entry(digest.to_string()).or_insert(0) += 1;
+        }
+        // The time of last use, for the eviction order.
+        if let Ok(file) = std::fs::File::open(self.tree(digest)) {
+            let _ = file.set_modified(SystemTime::now());
+        }
+    }
+
+    fn release_tree(&self, digest: &str) {
+        if let Ok(mut in_use) = self.in_use.lock() {
+            if let Some(count) = in_use.get_mut(digest) {
+                *count -= 1;
+                if *count == 0 {
+                    in_use.remove(digest);
+                }
+            }
+        }
+    }
+
+    /// Makes the tree of `digest` unless it is there: downloaded when not cached, unpacked and
+    /// checked, downloaded again once if the cached archive fails its check. Returns whether it
+    /// downloaded, whether it replaced a damaged archive, and the tar stream's size (0 when the
+    /// tree was there).
+    async fn ensure_tree(&self, client: &Client, worker: WorkerId, digest: &str) -> Result<(bool, bool, u64), String> {
+        let lock = self.downloads.lock().await.entry(digest.to_string()).or_default().clone();
+        let _one_at_a_time = lock.lock().await;
+        let tree = self.tree(digest);
+        if tokio::fs::metadata(&tree).await.is_ok() {
+            return Ok((false, false, 0));
+        }
         let mut downloaded = self.ensure_cached(client, worker, digest, false).await?;
         let mut replaced_damaged = false;
         loop {
-            match unpack(self.path(digest), digest.to_string(), destination.to_path_buf()).await {
+            match unpack_tree(self.path(digest), digest.to_string(), tree.clone(), self.owner).await {
                 Ok(tar_bytes) => {
-                    return Ok(Unpacked { downloaded, replaced_damaged, tar_bytes });
+                    // The tree is what attempts use; the archive is not needed any more.
+                    let _ = tokio::fs::remove_file(self.path(digest)).await;
+                    self.evict(digest).await;
+                    return Ok((downloaded, replaced_damaged, tar_bytes));
                 }
                 Err(error) => {
-                    // Nothing of a snapshot that failed its check may stay to be run.
-                    let emptied = destination.to_path_buf();
-                    let _ = tokio::task::spawn_blocking(move || crate::slots::empty(&emptied)).await;
                     if downloaded {
                         return Err(format!("code snapshot {digest} cannot be unpacked: {error}"));
                     }
@@ -84,8 +185,6 @@ impl CodeCache {
         digest: &str,
         replace: bool,
     ) -> Result<bool, String> {
-        let lock = self.downloads.lock().await.entry(digest.to_string()).or_default().clone();
-        let _one_download = lock.lock().await;
         let path = self.path(digest);
         if replace {
             let _ = tokio::fs::remove_file(&path).await;
@@ -105,7 +204,6 @@ impl CodeCache {
                         format!("storing code snapshot {digest} in {}: {error}", self.dir.display())
                     })?;
                     tracing::info!(%digest, bytes, "code snapshot downloaded");
-                    self.evict(digest).await;
                     return Ok(true);
                 }
                 Err(error) if error.is_retryable() && started.elapsed() < DOWNLOAD_PATIENCE => {
@@ -118,29 +216,33 @@ impl CodeCache {
         }
     }
 
-    /// Removes the snapshots used longest ago until the cache fits its cap (`keep` stays).
+    /// Removes the trees used longest ago until the cache fits its cap (`keep`, and trees in
+    /// use, stay). A tree's size is the sum of its files'.
     async fn evict(&self, keep: &str) {
-        let (dir, max_bytes, keep) = (self.dir.clone(), self.max_bytes, format!("{keep}.tar.zst"));
+        let mut kept: Vec<String> =
+            self.in_use.lock().map(|in_use| in_use.keys().cloned().collect()).unwrap_or_default();
+        kept.push(keep.to_string());
+        let (dir, max_bytes) = (self.dir.clone(), self.max_bytes);
         let _ = tokio::task::spawn_blocking(move || {
-            let mut cached: Vec<(SystemTime, u64, PathBuf)> = std::fs::read_dir(&dir)?
+            let mut cached: Vec<(SystemTime, u64, PathBuf, String)> = std::fs::read_dir(&dir)?
                 .filter_map(Result::ok)
-                .filter(|entry| entry.file_name().to_string_lossy().ends_with(".tar.zst"))
                 .filter_map(|entry| {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let digest = name.strip_suffix(".tree")?.to_string();
                     let metadata = entry.metadata().ok()?;
-                    Some((metadata.modified().ok()?, metadata.len(), entry.path()))
+                    Some((metadata.modified().ok()?, tree_bytes(&entry.path()), entry.path(), digest))
                 })
                 .collect();
-            let mut total: u64 = cached.iter().map(|(_, size, _)| size).sum();
+            let mut total: u64 = cached.iter().map(|(_, size, _, _)| size).sum();
             cached.sort();
-            for (_, size, path) in cached {
+            for (_, size, path, digest) in cached {
                 if total <= max_bytes {
                     break;
                 }
-                if path.file_name().is_some_and(|name| name.to_string_lossy() == keep) {
+                if kept.contains(&digest) {
                     continue;
                 }
-                // An attempt still unpacking it keeps reading its open file.
-                if std::fs::remove_file(&path).is_ok() {
+                if std::fs::remove_dir_all(&path).is_ok() {
                     tracing::info!(path = %path.display(), "code snapshot evicted from the cache");
                     total -= size;
                 }
@@ -151,18 +253,50 @@ impl CodeCache {
     }
 }
 
-/// Unpacks the cached archive into `destination`, checking its digest; the tar stream's size.
-async fn unpack(archive_path: PathBuf, digest: String, destination: PathBuf) -> Result<u64, String> {
+/// The bytes of the files under `dir`.
+fn tree_bytes(dir: &Path) -> u64 {
+    walkdir::WalkDir::new(dir)
+        .follow_links(false)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_type().is_file())
+        .filter_map(|entry| entry.metadata().ok().map(|metadata| metadata.len()))
+        .sum()
+}
+
+/// Unpacks the cached archive into the tree `tree` (by way of a scratch directory renamed
+/// into place once the digest checked out); the tar stream's size.
+async fn unpack_tree(
+    archive_path: PathBuf,
+    digest: String,
+    tree: PathBuf,
+    owner: Option<(u32, u32)>,
+) -> Result<u64, String> {
     tokio::task::spawn_blocking(move || {
-        let file = std::fs::File::open(&archive_path).map_err(|error| error.to_string())?;
-        let reader = std::io::BufReader::with_capacity(1 << 20, file);
-        let verified = archive::unpack_verified(reader, Some(&digest), &destination, u64::MAX)
-            .map_err(|error| error.to_string())?;
-        // The time of last use, for the eviction order.
-        if let Ok(file) = std::fs::File::options().write(true).open(&archive_path) {
-            let _ = file.set_modified(SystemTime::now());
+        let scratch = tree.with_extension(format!("unpacking-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).map_err(|error| error.to_string())?;
+        let unpacked = std::fs::File::open(&archive_path).map_err(|error| error.to_string()).and_then(|file| {
+            let reader = std::io::BufReader::with_capacity(1 << 20, file);
+            archive::unpack_verified(reader, Some(&digest), &scratch, u64::MAX).map_err(|error| error.to_string())
+        });
+        let owned = unpacked.and_then(|verified| match owner {
+            Some((uid, gid)) => {
+                crate::run_as::own_tree(&scratch, uid, gid).map(|()| verified).map_err(|error| error.to_string())
+            }
+            None => Ok(verified),
+        });
+        match owned {
+            Ok(verified) => {
+                std::fs::rename(&scratch, &tree).map_err(|error| error.to_string())?;
+                Ok(verified.tar_bytes)
+            }
+            Err(error) => {
+                // Nothing of a snapshot that failed its check may stay to be run.
+                let _ = std::fs::remove_dir_all(&scratch);
+                Err(error)
+            }
         }
-        Ok(verified.tar_bytes)
     })
     .await
     .map_err(|error| error.to_string())?

@@ -49,6 +49,8 @@ pub struct WorkerConfig {
     pub cgroups: bool,
     /// Run jobs as this user (a name or uid; the worker must be root).
     pub run_as: Option<String>,
+    /// How an attempt gets its copy of a cached code snapshot (`code_copy`).
+    pub code_copy: crate::code_copy::CodeCopy,
 }
 
 impl WorkerConfig {
@@ -72,6 +74,7 @@ impl WorkerConfig {
             capabilities: shared::capabilities::Capabilities::default(),
             cgroups: true,
             run_as: None,
+            code_copy: crate::code_copy::CodeCopy::Auto,
         }
     }
 }
@@ -111,6 +114,8 @@ pub struct WorkerFile {
     pub cgroups: Option<bool>,
     /// Run jobs as this user (name or uid); the worker must run as root.
     pub run_as: Option<String>,
+    /// `auto`, `overlay` or `copy`: how an attempt gets its copy of a cached code snapshot.
+    pub code_copy: Option<String>,
     /// A file holding the worker token (first non-comment line).
     pub token_file: Option<PathBuf>,
     /// PEM certificate(s) of a private CA that signed the server's certificate.
@@ -145,6 +150,7 @@ impl WorkerFile {
             code_cache_size: self.code_cache_size.or(lower.code_cache_size),
             cgroups: self.cgroups.or(lower.cgroups),
             run_as: self.run_as.or(lower.run_as),
+            code_copy: self.code_copy.or(lower.code_copy),
             token_file,
             ca_file: self.ca_file.or(lower.ca_file),
             token,
@@ -184,6 +190,9 @@ impl WorkerFile {
         }
         if let Some(cgroups) = self.cgroups {
             config.cgroups = cgroups;
+        }
+        if let Some(copy) = &self.code_copy {
+            config.code_copy = copy.parse().map_err(anyhow::Error::msg)?;
         }
         if let Some(user) = &self.run_as {
             anyhow::ensure!(!user.trim().is_empty(), "`run_as` must name a user");

@@ -36,6 +36,8 @@ pub struct AttemptDirs {
     pub checkpoint_archive: PathBuf,
     /// The job's own marks: a directory it may write (its `run_as` user owns it).
     pub state: PathBuf,
+    /// The layers of an overlay the job's code view is mounted from (`code_copy`).
+    pub code_layers: PathBuf,
     /// Written by the job's shell, in `state`, once its `setup:` line succeeded.
     pub setup_done: PathBuf,
     /// `APP_OUTPUT_DIR`: uploaded as the attempt's results.
@@ -68,6 +70,7 @@ impl AttemptDirs {
             checkpoint: root.join("checkpoint"),
             checkpoint_archive: root.join("checkpoint.tar.zst"),
             state: root.join("state"),
+            code_layers: root.join("code-layers"),
             setup_done: root.join("state").join("setup-done"),
             output: root.join("output"),
             config: root.join("config.yaml"),
@@ -746,7 +749,7 @@ mod tests {
         let dirs = AttemptDirs::at(root.join("attempt"));
         std::fs::create_dir_all(&dirs.cwd).unwrap();
         let log = std::fs::File::create(root.join("log")).unwrap();
-        let guard = Guard::start(None).unwrap();
+        let guard = Guard::start(None, None).unwrap();
         let containment = Containment::start(false);
         let (_stop, stopped) = mpsc::channel(1);
         let launch = Launch {

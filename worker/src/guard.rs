@@ -11,7 +11,8 @@
 //!
 //! Processes that left their job's group (`setsid`) go too: the guard kills the jobs' cgroup
 //! tree when the worker had one, and every process whose environment names the dead worker
-//! (`APP_WORKER_PID`, see `containment`) that it may read.
+//! (`APP_WORKER_PID`, see `containment`) that it may read; and it unmounts the attempts' code
+//! overlays (`code_copy`).
 
 use std::io::Write;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -38,6 +39,12 @@ for environ in /proc/[0-9]*/environ; do
         kill -9 "${pid%/environ}" 2>/dev/null
     fi
 done
+# The attempts' code overlays under the work directory (`$2`) are unmounted.
+if [ -n "$2" ]; then
+    while read -r _ _ _ _ point _; do
+        case "$point" in "$2"/*) umount -l "$point" 2>/dev/null ;; esac
+    done < /proc/self/mountinfo
+fi
 # The emptied cgroups go too (a cgroup is removed only once its processes are gone).
 if [ -n "$1" ]; then
     for _ in 1 2 3 4 5 6 7 8 9 10; do
@@ -54,12 +61,14 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// Starts the guard process; `cgroup` is the jobs' cgroup tree, when the worker has one.
-    pub fn start(cgroup: Option<&std::path::Path>) -> std::io::Result<Guard> {
+    /// Starts the guard process; `cgroup` is the jobs' cgroup tree, when the worker has one,
+    /// and `work_dir` the worker's (its attempts' code overlays are unmounted).
+    pub fn start(cgroup: Option<&std::path::Path>, work_dir: Option<&std::path::Path>) -> std::io::Result<Guard> {
         use std::os::unix::process::CommandExt;
         let mut child = Command::new(crate::executor::SHELL)
             .args(["-c", SCRIPT, "guard"])
             .arg(cgroup.map(|dir| dir.as_os_str()).unwrap_or_default())
+            .arg(work_dir.map(|dir| dir.as_os_str()).unwrap_or_default())
             // Not the worker's credentials: jobs can read a same-user process's environment.
             .env_clear()
             .envs(crate::executor::inherited_environment())
@@ -126,7 +135,7 @@ mod tests {
     #[test]
     fn groups_still_listed_die_when_the_guard_loses_its_worker() {
         use std::os::unix::process::CommandExt;
-        let guard = Guard::start(None).unwrap();
+        let guard = Guard::start(None, None).unwrap();
         let spawn = || Command::new("sleep").arg("1000").process_group(0).spawn().unwrap();
         let (mut kept, mut forgotten) = (spawn(), spawn());
         let (kept_pid, forgotten_pid) = (kept.id() as i32, forgotten.id() as i32);

@@ -10,6 +10,7 @@ pub mod accounting;
 mod attempt;
 mod checkpoints;
 pub mod code;
+pub mod code_copy;
 pub mod config;
 pub mod containment;
 mod daemon;

@@ -50,10 +50,17 @@ impl RunAs {
     }
 
     /// Gives the user what the job writes in `dirs` (and what is inside those directories: the
-    /// code copy, a restored checkpoint), and lets it read its config files.
-    pub fn hand_over(&self, dirs: &AttemptDirs) -> std::io::Result<()> {
-        for dir in [&dirs.cwd, &dirs.output, &dirs.checkpoint, &dirs.state] {
-            self.own_tree(dir)?;
+    /// code copy, a restored checkpoint), and lets it read its config files. A working copy that
+    /// is an overlay of a tree the user owns already (`code_overlay`) is given its top only: a
+    /// change of owner would copy every file up into the overlay.
+    pub fn hand_over(&self, dirs: &AttemptDirs, code_overlay: bool) -> std::io::Result<()> {
+        let (uid, gid) = (self.uid.as_raw(), self.gid.as_raw());
+        for dir in [&dirs.output, &dirs.checkpoint, &dirs.state] {
+            own_tree(dir, uid, gid)?;
+        }
+        match code_overlay {
+            true => std::os::unix::fs::lchown(&dirs.cwd, Some(uid), Some(gid))?,
+            false => own_tree(&dirs.cwd, uid, gid)?,
         }
         for file in [&dirs.metrics, &dirs.config, &dirs.wandb_params] {
             match std::os::unix::fs::lchown(file, Some(self.uid.as_raw()), Some(self.gid.as_raw())) {
@@ -64,13 +71,18 @@ impl RunAs {
         Ok(())
     }
 
-    /// `path` and everything under it, links themselves (never what they point to).
-    fn own_tree(&self, path: &Path) -> std::io::Result<()> {
-        let (uid, gid) = (Some(self.uid.as_raw()), Some(self.gid.as_raw()));
-        for entry in walkdir::WalkDir::new(path).follow_links(false) {
-            let entry = entry.map_err(std::io::Error::other)?;
-            std::os::unix::fs::lchown(entry.path(), uid, gid)?;
-        }
-        Ok(())
+    /// The uid and gid, raw.
+    pub fn ids(&self) -> (u32, u32) {
+        (self.uid.as_raw(), self.gid.as_raw())
     }
+}
+
+/// Gives `path` and everything under it to `uid`:`gid`, links themselves (never what they point
+/// to).
+pub fn own_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    for entry in walkdir::WalkDir::new(path).follow_links(false) {
+        let entry = entry.map_err(std::io::Error::other)?;
+        std::os::unix::fs::lchown(entry.path(), Some(uid), Some(gid))?;
+    }
+    Ok(())
 }

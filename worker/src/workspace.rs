@@ -11,7 +11,7 @@ use shared::api::{ClaimedJob, JobAttempt};
 use std::path::PathBuf;
 
 /// What the attempt gets beyond its directories.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Prepared {
     /// Where the job starts.
     pub cwd: PathBuf,
@@ -19,6 +19,8 @@ pub struct Prepared {
     pub resumed_from: Option<u32>,
     /// Variables for the job after the worker's: `APP_RESUMED_FROM` and the sweep's `env:`.
     pub env: Vec<(String, String)>,
+    /// The attempt's view of its code snapshot, taken down with its slot.
+    pub code: Option<crate::code::LaidOutCode>,
 }
 
 /// Makes the attempt's starting directory and restores its checkpoint; the reason the attempt
@@ -33,6 +35,7 @@ pub async fn prepare(context: &AttemptContext, job: &ClaimedJob, dirs: &AttemptD
 
 async fn prepare_quietly(context: &AttemptContext, job: &ClaimedJob, dirs: &AttemptDirs) -> Result<Prepared, String> {
     let workspace = &job.workspace;
+    let mut laid_out = None;
     let cwd = if let Some(workdir) = &workspace.workdir {
         match tokio::fs::metadata(workdir).await {
             Ok(metadata) if metadata.is_dir() => PathBuf::from(workdir),
@@ -43,7 +46,11 @@ async fn prepare_quietly(context: &AttemptContext, job: &ClaimedJob, dirs: &Atte
             Err(error) => return Err(format!("workdir `{workdir}` on worker {}: {error}", context.worker_name)),
         }
     } else if let Some(code) = &workspace.code {
-        let unpacked = context.code.unpack_into(&context.client, context.worker_id, &code.digest, &dirs.cwd).await?;
+        let mut unpacked = context
+            .code
+            .unpack_into(&context.client, context.worker_id, &code.digest, &dirs.cwd, &dirs.code_layers)
+            .await?;
+        laid_out = unpacked.laid_out.take();
         if unpacked.replaced_damaged {
             let line =
                 format!("[app] the cached copy of code snapshot {} was damaged; downloaded it again\n", code.digest);
@@ -52,7 +59,12 @@ async fn prepare_quietly(context: &AttemptContext, job: &ClaimedJob, dirs: &Atte
         let start =
             code.dir.split('/').filter(|part| !part.is_empty()).fold(dirs.cwd.clone(), |path, part| path.join(part));
         // The directory `app submit` ran in may hold no file of its own.
-        tokio::fs::create_dir_all(&start).await.map_err(|error| format!("creating {}: {error}", start.display()))?;
+        if let Err(error) = tokio::fs::create_dir_all(&start).await {
+            if let Some(laid_out) = laid_out {
+                context.code.release(laid_out).await;
+            }
+            return Err(format!("creating {}: {error}", start.display()));
+        }
         start
     } else {
         dirs.cwd.clone()
@@ -93,5 +105,5 @@ async fn prepare_quietly(context: &AttemptContext, job: &ClaimedJob, dirs: &Atte
         resumed_from.map(|from| ("APP_RESUMED_FROM".to_string(), from.to_string())).into_iter().collect();
     // The sweep file's parser refuses APP_* names; a job must never replace the worker's own.
     env.extend(workspace.env.iter().filter(|(name, _)| !name.to_ascii_uppercase().starts_with("APP_")).cloned());
-    Ok(Prepared { cwd, resumed_from, env })
+    Ok(Prepared { cwd, resumed_from, env, code: laid_out })
 }

@@ -7,6 +7,7 @@
 //! the directory `app submit` ran in, inside the snapshot (like pueue and task-spooler, which
 //! run where you submitted), or in the sweep file's directory when `app submit` ran elsewhere.
 
+pub mod left_out;
 pub mod project;
 
 use anyhow::Context;
@@ -27,6 +28,8 @@ pub struct Shipped {
     pub snapshot: CodeSnapshot,
     /// Compressed bytes uploaded, or `None`: the server had it.
     pub uploaded: Option<u64>,
+    /// What the snapshot left out that the user did not name.
+    pub left_out: left_out::LeftOut,
 }
 
 impl Shipped {
@@ -74,17 +77,18 @@ pub fn check_cap(project: &Project, cap: u64) -> anyhow::Result<()> {
     )
 }
 
-/// Lists the project of `sweep_file`, checks it against `cap`, and says what it left out.
-pub async fn survey(sweep_file: &Path, cap: u64) -> anyhow::Result<Project> {
-    let file = sweep_file.to_path_buf();
-    let project = tokio::task::spawn_blocking(move || project::find(&file)).await??;
+/// Lists the project of `sweep_file` (leaving out `given`, the client's own files), checks it
+/// against `cap`.
+pub async fn survey(sweep_file: &Path, cap: u64, given: &[PathBuf]) -> anyhow::Result<Project> {
+    let (file, given) = (sweep_file.to_path_buf(), given.to_vec());
+    let project = tokio::task::spawn_blocking(move || project::find(&file, &given)).await??;
     check_cap(&project, cap)?;
     Ok(project)
 }
 
 /// Packs and uploads the project of `sweep_file` unless the server has it.
-pub async fn ship(client: &Client, sweep_file: &Path, cap: u64) -> anyhow::Result<Shipped> {
-    let project = survey(sweep_file, cap).await?;
+pub async fn ship(client: &Client, sweep_file: &Path, cap: u64, given: &[PathBuf]) -> anyhow::Result<Shipped> {
+    let project = survey(sweep_file, cap, given).await?;
     let (root, paths) = (project.root.clone(), project.paths());
     let packed = tokio::task::spawn_blocking(move || archive::digest_of(&root, &paths))
         .await?
@@ -111,7 +115,14 @@ pub async fn ship(client: &Client, sweep_file: &Path, cap: u64) -> anyhow::Resul
         commit: project.commit.clone(),
         dirty: project.dirty,
     };
-    Ok(Shipped { root: project.root.clone(), files: packed.entries, bytes: packed.content_bytes, snapshot, uploaded })
+    Ok(Shipped {
+        root: project.root.clone(),
+        files: packed.entries,
+        bytes: packed.content_bytes,
+        snapshot,
+        uploaded,
+        left_out: project.left_out.clone(),
+    })
 }
 
 /// Packs the project into a temporary file and uploads it; the server names it.

@@ -4,11 +4,17 @@
 //! directory. In a work tree the files are git's own list, tracked plus untracked-not-ignored
 //! (`git ls-files -co --exclude-standard`, submodules listed the same way inside them), so the
 //! snapshot is what `git status` shows, never the ignored build outputs and data; outside git,
-//! every file under the root (without descending into `.git`). Either way, patterns in the
-//! root's `.appignore` (gitignore syntax) leave files out, and symlinks are never followed: a
-//! link leading out of the root is left out with a warning (see `archive::links`).
+//! every file under the root (without descending into `.git`). Either way, app's own state is
+//! left out (a server's data directory, a worker's work directory, the client's token and
+//! config files), and outside git so are generated outputs (see `left_out`); patterns in the
+//! root's `.appignore` (gitignore syntax) leave more out (or, with `!`, put generated outputs
+//! back); symlinks are never followed: a link leading out of the root is left out with a
+//! warning (see `archive::links`).
 
+use super::left_out::{self, LeftOut};
 use anyhow::Context;
+use ignore::gitignore::Gitignore;
+use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,6 +36,8 @@ pub struct Project {
     pub dirty: bool,
     /// Files and links to pack, relative to `root`, with their sizes (links count 0).
     pub files: Vec<(PathBuf, u64)>,
+    /// What was left out that the user did not name (app's state, generated outputs).
+    pub left_out: LeftOut,
 }
 
 impl Project {
@@ -42,8 +50,9 @@ impl Project {
     }
 }
 
-/// Finds the project of `sweep_file` and lists what it ships.
-pub fn find(sweep_file: &Path) -> anyhow::Result<Project> {
+/// Finds the project of `sweep_file` and lists what it ships; `given` are the files the client
+/// was handed (its token file), left out wherever they are.
+pub fn find(sweep_file: &Path, given: &[PathBuf]) -> anyhow::Result<Project> {
     let file = sweep_file.canonicalize().with_context(|| format!("resolving {}", sweep_file.display()))?;
     let dir = file.parent().unwrap_or(Path::new("/")).to_path_buf();
     std::fs::read_dir(&dir).with_context(|| {
@@ -60,32 +69,87 @@ pub fn find(sweep_file: &Path) -> anyhow::Result<Project> {
             "refusing to pack / as the project's code: keep the sweep file in its project, or pass --no-code"
         );
     }
+    if let Some(what) = left_out::app_state(&root) {
+        anyhow::bail!(
+            "{} holds {what}, not a project's code: keep the sweep file in your project's directory, or pass --no-code",
+            root.display()
+        );
+    }
+    let user = appignore(&root);
+    let mut left_out = LeftOut::default();
     let listed = match git_root {
-        Some(_) => list_git(&root, Path::new(""))?,
-        None => list_walking(&root)?,
+        Some(_) => leave_out_state(&root, list_git(&root, Path::new(""))?, &mut left_out),
+        None => list_walking(&root, &user, &mut left_out)?,
     };
-    let ignore = appignore(&root);
-    let files: Vec<(PathBuf, u64)> = listed
-        .into_iter()
-        .filter(|path| !ignore.matched_path_or_any_parents(path, false).is_ignore())
-        .map(|path| {
-            let size =
-                std::fs::symlink_metadata(root.join(&path))
-                    .map(|metadata| if metadata.is_file() { metadata.len() } else { 0 });
-            (path, size.unwrap_or(0))
-        })
-        .collect();
+    let mut given: Vec<PathBuf> = given.iter().filter_map(|path| path.canonicalize().ok()).collect();
+    given.extend(left_out::client_files());
+    let mut files = Vec::with_capacity(listed.len());
+    for path in listed {
+        if user.matched_path_or_any_parents(&path, false).is_ignore() {
+            continue;
+        }
+        let full = root.join(&path);
+        if given.contains(&full) {
+            left_out.add(&path, false, "app's token or config");
+            continue;
+        }
+        if left_out::app_config(&full) {
+            left_out.add(&path, false, "app's config");
+            continue;
+        }
+        let size = std::fs::symlink_metadata(&full).map(|metadata| if metadata.is_file() { metadata.len() } else { 0 });
+        let size = size.unwrap_or(0);
+        let put_back = || user.matched_path_or_any_parents(&path, false).is_whitelist();
+        if git_root.is_none() && left_out::large_weights(&path, size) && !put_back() {
+            left_out.add(&path, false, format!("{} of weights", crate::cli::format::bytes(size)));
+            continue;
+        }
+        files.push((path, size));
+    }
     let (commit, dirty) = if git_root.is_some() { git_state(&root) } else { (None, false) };
-    Ok(Project { root, commit, dirty, files })
+    Ok(Project { root, commit, dirty, files, left_out })
+}
+
+/// `listed` without what lies in app's own state directories (each said once in `left_out`).
+fn leave_out_state(root: &Path, listed: Vec<PathBuf>, left_out: &mut LeftOut) -> Vec<PathBuf> {
+    let mut state: HashMap<PathBuf, Option<&'static str>> = HashMap::new();
+    let mut kept = Vec::with_capacity(listed.len());
+    'files: for path in listed {
+        // From the top down, so that the outermost state directory is the one named.
+        let ancestors: Vec<&Path> = path.ancestors().skip(1).filter(|dir| !dir.as_os_str().is_empty()).collect();
+        for dir in ancestors.into_iter().rev() {
+            let known = state.contains_key(dir);
+            let what = *state.entry(dir.to_path_buf()).or_insert_with(|| left_out::app_state(&root.join(dir)));
+            if let Some(what) = what {
+                if !known {
+                    left_out.add(dir, true, what);
+                }
+                continue 'files;
+            }
+        }
+        kept.push(path);
+    }
+    kept
 }
 
 /// The root's `.appignore`, as a matcher of paths relative to the root.
-fn appignore(root: &Path) -> ignore::gitignore::Gitignore {
-    let (matcher, error) = ignore::gitignore::Gitignore::new(root.join(APPIGNORE));
+fn appignore(root: &Path) -> Gitignore {
+    let (matcher, error) = Gitignore::new(root.join(APPIGNORE));
     if let Some(error) = error.filter(|_| root.join(APPIGNORE).exists()) {
         eprintln!("warning: {APPIGNORE}: {error}");
     }
     matcher
+}
+
+/// [`left_out::GENERATED`] followed by the root's `.appignore`: a `!pattern` of the user's puts
+/// a generated directory back.
+fn generated_then_user(root: &Path) -> Gitignore {
+    let mut builder = ignore::gitignore::GitignoreBuilder::new(root);
+    for (pattern, _) in left_out::GENERATED {
+        let _ = builder.add_line(None, pattern);
+    }
+    let _ = builder.add(root.join(APPIGNORE));
+    builder.build().unwrap_or_else(|_| Gitignore::empty())
 }
 
 /// Git's list of the work tree at `root/prefix`: tracked and untracked-not-ignored files,
@@ -123,28 +187,43 @@ fn list_git(root: &Path, prefix: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Every file under `root` (links not followed, `.git` and what `.appignore` names not entered).
-fn list_walking(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let ignore = appignore(root);
+/// Every file under `root` (links not followed; `.git`, app's state, generated outputs and
+/// what `.appignore` names not entered).
+fn list_walking(root: &Path, user: &Gitignore, left_out: &mut LeftOut) -> anyhow::Result<Vec<PathBuf>> {
+    let generated = generated_then_user(root);
     let mut files = Vec::new();
-    let walk = walkdir::WalkDir::new(root).follow_links(false).min_depth(1).sort_by_file_name().into_iter();
-    let entries = walk.filter_entry(|entry| {
-        let Ok(relative) = entry.path().strip_prefix(root) else { return false };
-        let is_dir = entry.file_type().is_dir();
-        let git_dir = is_dir && entry.file_name() == ".git";
-        !(git_dir || ignore.matched(relative, is_dir).is_ignore())
-    });
-    for entry in entries {
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(error) => {
+    let mut walk = walkdir::WalkDir::new(root).follow_links(false).min_depth(1).sort_by_file_name().into_iter();
+    loop {
+        let entry = match walk.next() {
+            None => break,
+            Some(Ok(entry)) => entry,
+            Some(Err(error)) => {
                 // An unreadable directory is left out, as an unreadable file is.
                 let path = error.path().map(|path| path.display().to_string()).unwrap_or_default();
                 eprintln!("warning: not shipped: {path} ({error})");
                 continue;
             }
         };
+        let relative = entry.path().strip_prefix(root).context("walking the project")?.to_path_buf();
         if entry.file_type().is_dir() {
+            let skipped = if entry.file_name() == ".git" || user.matched(&relative, true).is_ignore() {
+                Some(None)
+            } else if let Some(what) = left_out::app_state(entry.path()) {
+                Some(Some(what.to_string()))
+            } else if let ignore::Match::Ignore(glob) = generated.matched(&relative, true) {
+                let what = left_out::GENERATED.iter().find(|(pattern, _)| *pattern == glob.original());
+                Some(Some(what.map_or("generated", |(_, what)| *what).to_string()))
+            } else if left_out::virtual_environment(entry.path()) && !user.matched(&relative, true).is_whitelist() {
+                Some(Some("a virtual environment".to_string()))
+            } else {
+                None
+            };
+            if let Some(why) = skipped {
+                if let Some(why) = why {
+                    left_out.add(&relative, true, why);
+                }
+                walk.skip_current_dir();
+            }
             continue;
         }
         if files.len() >= MAX_WALKED_ENTRIES {
@@ -154,7 +233,7 @@ fn list_walking(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 root.display()
             );
         }
-        files.push(entry.path().strip_prefix(root).context("walking the project")?.to_path_buf());
+        files.push(relative);
     }
     Ok(files)
 }
