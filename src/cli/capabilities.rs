@@ -57,7 +57,7 @@ pub fn probe() -> anyhow::Result<()> {
         Ok(count) => (Some(count > 0), None),
         Err(why) => (Some(false), Some(why)),
     };
-    let found = Capabilities { trainer: true, cuda, cuda_error, torch: torch_version() };
+    let found = Capabilities { trainer: true, cuda, cuda_error, torch: torch_version(), code_copy: None };
     println!("{}", serde_json::to_string(&found)?);
     Ok(())
 }

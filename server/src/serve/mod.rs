@@ -38,9 +38,10 @@ pub struct ConnectionLimits {
     /// Open connections at most; past it, the one holding without use the longest is evicted
     /// (when every one is answering a request, new ones wait in the listen backlog).
     pub max_connections: usize,
-    /// Connections per client address that may hold without use; past it, that address's
-    /// oldest such connection is evicted. Connections answering requests do not count against
-    /// it (hundreds of workers may share one address behind NAT or a load balancer).
+    /// Connections per client address that may hold without ever having completed a request;
+    /// past it, that address's oldest such connection is evicted. Connections that answered a
+    /// request, or are answering one, do not count against it (hundreds of workers may share
+    /// one address behind NAT or a load balancer).
     pub max_per_address: usize,
 }
 
@@ -88,8 +89,9 @@ where
     let mut warnings = Warnings::default();
     tokio::pin!(shutdown);
     loop {
-        // Over the cap with nothing to evict: every connection is answering a request. Wait
-        // for one to close before taking more.
+        // Over the cap with nothing evicted yet (every connection answering a request, or
+        // holding for less than the grace): evict as soon as one may be, or wait for one to
+        // close, before taking more.
         while registry.len() > max_connections {
             let closed = registry.closed.notified();
             tokio::pin!(closed);
@@ -97,8 +99,12 @@ where
             if registry.len() <= max_connections {
                 break;
             }
+            if registry.evict_oldest(None) {
+                warnings.server_at_cap(max_connections, true);
+            }
             tokio::select! {
                 () = closed => {}
+                () = tokio::time::sleep(tracker::EVICTION_GRACE / 2) => {}
                 () = &mut shutdown => return finish(listener, graceful).await,
             }
         }

@@ -5,7 +5,10 @@
 //! a request head, an HTTP/2 preface, a keep-alive pause) and *unfinished* while its request
 //! waits for a body that is not arriving. Idle and unfinished connections are what a client
 //! can hold without using them: they are closed after a timeout, and evicted, oldest activity
-//! first, when the server or one address is at its cap. Busy connections are never evicted.
+//! first, when the server is at its cap. One address's cap counts only the connections that
+//! never completed a request (silent, half a head, a first body that stalls): a keep-alive
+//! connection of a worker between two requests is one it uses, whoever shares its address.
+//! Busy connections are never evicted.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -25,17 +28,25 @@ pub enum Standing {
     },
 }
 
-/// The connection to evict among `candidates`: the one holding without use the longest.
-pub fn oldest_holding(candidates: impl IntoIterator<Item = (u64, Standing)>) -> Option<u64> {
+/// The connection to evict among `candidates`: the one holding without use the longest, and
+/// since `before_ms` at least (a connection just opened, or just done with a request, is on its
+/// way to its next request: a burst of a thousand workers connecting at once must not evict
+/// each other before they have sent a byte).
+pub fn oldest_holding(candidates: impl IntoIterator<Item = (u64, Standing)>, before_ms: u64) -> Option<u64> {
     candidates
         .into_iter()
         .filter_map(|(id, standing)| match standing {
-            Standing::Busy => None,
-            Standing::Holding { since_ms } => Some((since_ms, id)),
+            Standing::Holding { since_ms } if since_ms <= before_ms => Some((since_ms, id)),
+            _ => None,
         })
         .min()
         .map(|(_, id)| id)
 }
+
+/// How long a connection holds without use before it may be evicted: long enough for a
+/// connection's request head to follow its opening, short enough that a flood of silent
+/// connections delays others by no more than this.
+pub const EVICTION_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// One open connection.
 pub struct Tracker {
@@ -46,6 +57,8 @@ pub struct Tracker {
     open_bodies: AtomicUsize,
     /// The last activity: the end of the last request, or the last piece of a body.
     since_ms: AtomicU64,
+    /// A request on it was answered: the connection is used, not only held.
+    served: AtomicBool,
     evicted: AtomicBool,
     changed: Notify,
 }
@@ -125,6 +138,7 @@ impl Drop for RequestGuard {
         let tracker = &self.0;
         // The idle time starts when the last request in flight ends.
         tracker.touch();
+        tracker.served.store(true, Ordering::Release);
         tracker.in_flight.fetch_sub(1, Ordering::AcqRel);
         tracker.changed.notify_waiters();
     }
@@ -178,6 +192,7 @@ impl Registry {
             in_flight: AtomicUsize::new(0),
             open_bodies: AtomicUsize::new(0),
             since_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+            served: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
             changed: Notify::new(),
         });
@@ -206,21 +221,26 @@ impl Registry {
         lock(&self.open).len()
     }
 
-    /// Open connections from `address`.
+    /// Open connections from `address` (an upper bound of those that never completed a
+    /// request, which `evict_oldest` then looks for).
     pub fn count(&self, address: IpAddr) -> usize {
         lock(&self.per_address).get(&address).copied().unwrap_or(0)
     }
 
-    /// Evicts the connection (of `address`, when given) that has held without use the longest;
-    /// false when every candidate is busy.
+    /// Evicts the connection (of `address`, when given: among those that never completed a
+    /// request) that has held without use the longest, for [`EVICTION_GRACE`] at least; false
+    /// when there is none.
     pub fn evict_oldest(&self, address: Option<IpAddr>) -> bool {
+        let before_ms = (self.epoch.elapsed().saturating_sub(EVICTION_GRACE)).as_millis() as u64;
         let open = lock(&self.open);
         let candidates = open
             .values()
-            .filter(|tracker| address.is_none() || tracker.address == address)
+            .filter(|tracker| {
+                address.is_none() || (tracker.address == address && !tracker.served.load(Ordering::Acquire))
+            })
             .filter(|tracker| !tracker.evicted.load(Ordering::Acquire))
             .map(|tracker| (tracker.id, tracker.standing()));
-        match oldest_holding(candidates).and_then(|id| open.get(&id)) {
+        match oldest_holding(candidates, before_ms).and_then(|id| open.get(&id)) {
             Some(victim) => {
                 victim.evict();
                 true
@@ -242,9 +262,12 @@ mod tests {
     #[test]
     fn the_connection_holding_without_use_longest_goes_and_busy_ones_never() {
         let holding = |since_ms| Standing::Holding { since_ms };
-        assert_eq!(oldest_holding([(1, holding(50)), (2, holding(10)), (3, Standing::Busy)]), Some(2));
-        assert_eq!(oldest_holding([(1, Standing::Busy), (2, Standing::Busy)]), None);
-        assert_eq!(oldest_holding([]), None);
+        assert_eq!(oldest_holding([(1, holding(50)), (2, holding(10)), (3, Standing::Busy)], 100), Some(2));
+        assert_eq!(oldest_holding([(1, Standing::Busy), (2, Standing::Busy)], 100), None);
+        assert_eq!(oldest_holding([], 100), None);
+        // Holding since after the grace's bound: not yet.
+        assert_eq!(oldest_holding([(1, holding(150)), (2, holding(90))], 100), Some(2));
+        assert_eq!(oldest_holding([(1, holding(150))], 100), None);
     }
 
     #[tokio::test]
@@ -266,10 +289,13 @@ mod tests {
         let ended = Instant::now();
         tracker.expired(limit).await;
         assert!(ended.elapsed() >= limit);
-        // A request waiting for its body holds without use, and is evicted at once.
+        // A request waiting for its body holds without use, and is evicted once it has for the
+        // grace.
         let _request = tracker.begin_request();
         let _body = tracker.body_opened();
         assert!(matches!(tracker.standing(), Standing::Holding { .. }));
+        assert!(!registry.evict_oldest(None), "evicted before its grace");
+        tokio::time::sleep(EVICTION_GRACE + Duration::from_millis(50)).await;
         assert!(registry.evict_oldest(None));
         tokio::time::timeout(Duration::from_secs(5), tracker.expired(Duration::from_secs(3600)))
             .await

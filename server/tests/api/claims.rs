@@ -158,3 +158,57 @@ fn one_gpu(job_slots: u32, free_gib: u64, shared_jobs: u32) -> Capacity {
         ..Capacity::default()
     }
 }
+
+/// A thousand workers behind one address (NAT, an ingress): their long polls, each on a
+/// connection of its own, are all answered; the per-address cap (256) counts only connections
+/// that hold without use, never workers using theirs. Health answers meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_workers_behind_one_address_are_all_served() {
+    const WORKERS: usize = 1000;
+    let app = Arc::new(TestApp::spawn().await);
+    assert_eq!(app.config.max_connections_per_address, 256);
+    let mut workers = Vec::new();
+    for number in 0..WORKERS {
+        let worker = app.register(&format!("nat-{number}"), 1).await;
+        // A client of its own: a connection of its own, as a worker on another box has.
+        let client = client::Client::new(&app.url).unwrap();
+        let response = app.registered.lock().unwrap().last().unwrap().clone();
+        client.remember_session(&response).unwrap();
+        workers.push((worker, Arc::new(client)));
+    }
+    let claim_all = |wait_ms: u64| {
+        let mut claims = tokio::task::JoinSet::new();
+        for (worker, client) in &workers {
+            let (worker, client) = (*worker, client.clone());
+            claims.spawn(async move {
+                let request = ClaimRequest { capacity: crate::helpers::cpu(1), wait_ms, reserve: 0 };
+                client.claim(worker, &request).await
+            });
+        }
+        claims
+    };
+    // Every worker parked at once: 1,000 long polls from 127.0.0.1.
+    let started = Instant::now();
+    let mut parked = claim_all(2_000);
+    let asked = Instant::now();
+    assert_eq!(app.client.health().await.unwrap().status, "ok");
+    assert!(asked.elapsed() < Duration::from_secs(1), "health took {:?}", asked.elapsed());
+    let mut answered = 0;
+    while let Some(claim) = parked.join_next().await {
+        let response = claim.unwrap().expect("a long poll was refused or cut");
+        assert!(response.jobs.is_empty());
+        answered += 1;
+    }
+    assert_eq!(answered, WORKERS);
+    assert!(started.elapsed() < Duration::from_secs(30), "the long polls took {:?}", started.elapsed());
+    // And all at once again with work for each: 1,000 distinct jobs.
+    app.submit(&sweep_of("nat", WORKERS)).await;
+    let mut claims = claim_all(5_000);
+    let mut jobs = HashSet::new();
+    while let Some(claim) = claims.join_next().await {
+        for job in claim.unwrap().expect("a claim was refused or cut").jobs {
+            assert!(jobs.insert(job.id), "job {} handed out twice", job.id);
+        }
+    }
+    assert_eq!(jobs.len(), WORKERS);
+}
