@@ -1,4 +1,4 @@
-//! The head node of `app`: the HTTP API over a SQLite queue.
+//! The head node of `app`: the HTTP API over the job queue, kept in SQLite or PostgreSQL.
 //!
 //! [`run`] serves on a listener the caller bound (port 0 works) until the shutdown future
 //! completes. Only this crate touches the database, and only through [`db`].

@@ -1,5 +1,7 @@
-//! Setting a value by dotted key (`optim.lr`), with one rule for every caller: the native
-//! form's `grid` keys over a `train:` mapping, and the trainer's `--set key=value`.
+//! Setting a value by dotted key (`optim.lr`). Its one caller is the native sweep form, which
+//! puts each `grid` key into the `train:` mapping (`sweep/native.rs`). The trainer's `--set
+//! key=value` does not use it: `trainer/src/config.rs` (`apply_override`) keeps its own rule,
+//! which always descends at the dots, so there a literal dotted key never wins.
 //!
 //! The rule: a key that literally contains the dots, present at the top, wins (`flat.key: 1`
 //! is set as is); otherwise each dot descends one mapping, creating missing ones and replacing

@@ -108,7 +108,7 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Benchmark training settings: `app bench --config train.yaml --batch-sizes 256,1024 --amp bf16,off`.
     Bench(bench::BenchArgs),
-    /// Maintainers' tools: `app dev bench queue|worker|page|load`.
+    /// Maintainers' tools: `app dev bench queue|worker|page|load|search|code|replicas`.
     #[command(subcommand, hide = true)]
     Dev(dev::DevCommand),
     /// What the built-in trainer finds on this machine, as JSON (asked by the worker at start).

@@ -1,10 +1,18 @@
-//! The only place SQL lives. The database is opened here, once, with WAL, foreign keys and a
-//! busy timeout; migrations run at start-up.
+//! The only place SQL lives, for both backends: SQLite (`queue.db` in the data directory) and
+//! PostgreSQL (a database named by URL, shared by the replicas). The database is opened here,
+//! once, and its migrations run at start-up (`migrations/` or `migrations-postgres/`). Each
+//! function's statement is written once and compiled for both engines ([`backend`]).
 //!
-//! Writes go through a pool of exactly one connection: SQLite allows one writer at a time
-//! anyway, and queueing writers in the pool (fair, async) is far faster under contention than
-//! letting several connections collide and sleep in SQLite's busy handler. Reads use their
-//! own pool and never wait for writers (WAL).
+//! SQLite is opened with WAL, foreign keys and a busy timeout. Writes go through a pool of
+//! exactly one connection: SQLite allows one writer at a time anyway, and queueing writers in
+//! the pool (fair, async) is far faster under contention than letting several connections
+//! collide and sleep in SQLite's busy handler. Reads use their own pool and never wait for
+//! writers (WAL). The writer thread's own rusqlite connection for the hot path is in [`fast`].
+//!
+//! PostgreSQL has one pool for everything; the writer takes one connection of it for its
+//! transactions, and its bare finishes go through the one-statement lane in [`bulk`]. What
+//! only PostgreSQL has (the URL, notifications between replicas, the reaper's lock) is in
+//! [`postgres`].
 
 pub mod analysis;
 pub mod backend;

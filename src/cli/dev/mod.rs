@@ -1,7 +1,8 @@
-//! `app dev`: maintainers' tools, kept out of the user's verbs. `app dev bench NAME` measures
-//! the queue, the worker, the web page's endpoints, a load of simulated workers and code
-//! shipping, each against a server started in this process. (`app bench` is the trainer's
-//! benchmark, for users.)
+//! `app dev`: maintainers' tools, kept out of the user's verbs. `app dev bench NAME` runs one
+//! of seven benchmarks: `queue`, `worker`, `page` (the web page's endpoints), `load` (many
+//! simulated workers), `search` (TPE and early stopping against Optuna, hostile sweep files),
+//! `code` (code shipping) and `replicas` (SQLite against PostgreSQL replicas). Those that need
+//! a server start it in this process. (`app bench` is the trainer's benchmark, for users.)
 
 mod bench_code;
 mod bench_load;
