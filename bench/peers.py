@@ -8,18 +8,36 @@ running: the job writes the wall clock to a file); and the time to submit 100,00
 
 Like for like: every system runs the job's program directly (`true`, `sleep 0.01`; the latency
 job is the same `sh -c` line everywhere) at parallelism 2; GNU parallel gets SHELL=/bin/sh (dash, as the floor). The floors are two
-loops of `sh -c true` and of `true`, one process start per job.
+loops of `sh -c true` and of `true`, one process start per job, each loop in /bin/sh (dash), the
+shell jobs run under.
 
-    scripts/bench-peers.sh [--rounds 5] [--app target/release/app]
+Each measurement runs in a fresh Python process (`--one`), so no system inherits another's
+state: HyperQueue's later rounds in one process took twice as long as its first. HyperQueue is
+run as its users run it from Python (the PyPI wheel ships no `hq` binary): one job of N tasks
+of one program, on a local cluster with one worker of 2 cores; its end is taken precisely, at
+the close of the last task's stdout file (inotify), not from `wait_for_jobs`, which polls once
+a second. Every system's directories (app's data and work directories, task-spooler's output,
+HyperQueue's server and task directories) are under `--dir`: the tables are printed for a
+directory on the disk and for one on a tmpfs, because a disk that just deleted thousands of
+files slows the peers that create a file per job more than app, which keeps its files. `--check`
+runs the independent harness instead: each system once on 10x the jobs, its end taken the way
+its own tools wait (app's CLI `submit --wait`, `tsp -w`, HyperQueue's `wait_for_jobs`), so
+their coarser clocks cost little.
+
+    scripts/bench-peers.sh [--rounds 5] [--app target/release/app] [--check]
 """
 
 import argparse
+import collections
+import ctypes
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,7 +74,7 @@ class App:
     """`app --server-only` and one `app --client-only --max-jobs 2` on loopback."""
 
     def __init__(self, binary, workers=True):
-        self.dir = tempfile.mkdtemp(prefix="bench-app-")
+        self.dir = tempfile.mkdtemp(prefix="bench-app-", dir=BASE)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("APP_")}
@@ -171,22 +189,53 @@ def run_hq(words, count):
         return run_hq_loud(words, count)
 
 
+IN_CLOSE_WRITE = 0x8
+
+
+def closed_files(fd):
+    """The names of the files an inotify descriptor saw closed after writing, since last asked."""
+    names = []
+    try:
+        data = os.read(fd, 1 << 20)
+    except BlockingIOError:
+        return names
+    at = 0
+    while at < len(data):
+        _, _, _, length = struct.unpack_from("iIII", data, at)
+        names.append(data[at + 16 : at + 16 + length].rstrip(b"\0").decode())
+        at += 16 + length
+    return names
+
+
 def run_hq_loud(words, count):
     from hyperqueue import Job
     from hyperqueue.cluster import LocalCluster, WorkerConfig
 
-    with tempfile.TemporaryDirectory(prefix="bench-hq-") as directory:
-        with LocalCluster(directory) as cluster:
+    libc = ctypes.CDLL(None, use_errno=True)
+    with tempfile.TemporaryDirectory(prefix="bench-hq-", dir=BASE) as directory:
+        tasks = os.path.join(directory, "tasks")
+        os.makedirs(tasks)
+        with LocalCluster(os.path.join(directory, "hq")) as cluster:
             cluster.start_worker(WorkerConfig(cores=PARALLEL))
             client = cluster.client()
             job = Job()
             for _ in range(count):
-                # Each task's stdout and stderr files go to its working directory.
-                job.program(words, cwd=directory)
+                # Each task's stdout and stderr files go to its working directory; the worker
+                # hands the task the files it opened, so each stdout file is closed for the
+                # last time (one IN_CLOSE_WRITE) when its task has ended.
+                job.program(words, cwd=tasks)
+            watch = libc.inotify_init1(os.O_NONBLOCK)
+            libc.inotify_add_watch(watch, tasks.encode(), IN_CLOSE_WRITE)
+            ended = set()
             started = time.perf_counter()
             submitted = client.submit(job)
+            while len(ended) < count:
+                select.select([watch], [], [], 1.0)
+                ended.update(name for name in closed_files(watch) if name.endswith(".stdout"))
+            elapsed = time.perf_counter() - started
+            os.close(watch)
             client.wait_for_jobs([submitted])
-            return time.perf_counter() - started, None
+            return elapsed, None
 
 
 def tsp(env, *args):
@@ -194,7 +243,7 @@ def tsp(env, *args):
 
 
 def run_tsp(words, count):
-    with tempfile.TemporaryDirectory(prefix="bench-tsp-") as directory:
+    with tempfile.TemporaryDirectory(prefix="bench-tsp-", dir=BASE) as directory:
         # TMPDIR: where tsp writes each job's output (ts-out.*), removed with the directory.
         env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_MAXFINISHED="10", TS_SAVELIST="", TMPDIR=directory)
         tsp(env, "-S", str(PARALLEL))
@@ -208,7 +257,7 @@ def run_tsp(words, count):
 
 
 def run_parallel(words, count):
-    env = dict(os.environ, SHELL="/bin/sh")
+    env = dict(os.environ, SHELL="/bin/sh", TMPDIR=BASE)
     started = time.perf_counter()
     subprocess.run(["parallel", f"-j{PARALLEL}", "-N0", *words, ":::", *map(str, range(count))], env=env,
                    check=True, stdout=subprocess.DEVNULL)
@@ -316,35 +365,143 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
+BASE = None
+SYSTEMS = ["app", "HyperQueue", "task-spooler", "GNU parallel", "`sh -c` floor", "exec floor"]
+
+
+def measure(system, binary, words, count):
+    """One measurement of `system`: (seconds, app's (server, worker) CPU seconds or None)."""
+    if system == "app":
+        return run_app(binary, words, count)
+    if system == "HyperQueue":
+        return run_hq(words, count)
+    if system == "task-spooler":
+        return run_tsp(words, count)
+    if system == "GNU parallel":
+        return run_parallel(words, count)
+    if system == "`sh -c` floor":
+        return run_floor(["/bin/sh", "-c", "'" + " ".join(words) + "'"], [], count)
+    return run_floor([], words, count)
+
+
+def in_fresh_process(args, system, workload, check=False):
+    """Runs one measurement in a new Python process; its (seconds, cpu)."""
+    command = [sys.executable, __file__, "--app", args.app, "--dir", BASE, "--one", system, str(workload)]
+    if check:
+        command.append("--check")
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def check_one(system, binary, words, count):
+    """The independent harness: each system's own waiting, on many jobs."""
+    if system == "app":
+        app = App(binary)
+        try:
+            values = ", ".join(str(i) for i in range(count))
+            sweep = os.path.join(app.dir, "check.yaml")
+            with open(sweep, "w") as file:
+                file.write(f"name: check\ncommand: {json.dumps(' '.join(words))}\ngrid: {{i: [{values}]}}\n")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("APP_")}
+            started = time.perf_counter()
+            subprocess.run([binary, "submit", sweep, "--no-code", "--wait", "--url", app.url], env=env, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return time.perf_counter() - started, None
+        finally:
+            app.stop()
+    if system == "HyperQueue":
+        from hyperqueue import Job
+        from hyperqueue.cluster import LocalCluster, WorkerConfig
+
+        with Quiet(), tempfile.TemporaryDirectory(prefix="bench-hq-", dir=BASE) as directory:
+            with LocalCluster(os.path.join(directory, "hq")) as cluster:
+                cluster.start_worker(WorkerConfig(cores=PARALLEL))
+                client = cluster.client()
+                job = Job()
+                for _ in range(count):
+                    job.program(words, cwd=directory)
+                started = time.perf_counter()
+                client.wait_for_jobs([client.submit(job)])
+                return time.perf_counter() - started, None
+    if system == "task-spooler":
+        with tempfile.TemporaryDirectory(prefix="bench-tsp-", dir=BASE) as directory:
+            env = dict(os.environ, TS_SOCKET=f"{directory}/socket", TS_MAXFINISHED="10", TS_SAVELIST="",
+                       TMPDIR=directory)
+            tsp(env, "-S", str(PARALLEL))
+            started = time.perf_counter()
+            for _ in range(count):
+                tsp(env, *words)
+            # `tsp -w` with no job waits for the last one queued.
+            subprocess.run(["tsp", "-w"], env=env, capture_output=True)
+            elapsed = time.perf_counter() - started
+            subprocess.run(["tsp", "-K"], env=env, capture_output=True)
+            return elapsed, None
+    raise ValueError(system)
+
+
 def main():
+    global BASE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--app", default="target/release/app")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--latency-samples", type=int, default=30)
+    parser.add_argument("--dir", help="where every system keeps its files (default: both /var/tmp and /dev/shm)")
+    parser.add_argument("--check", action="store_true", help="the independent harness (10x the jobs)")
+    parser.add_argument("--one", nargs=2, metavar=("SYSTEM", "WORKLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    binary = str(Path(args.app).resolve())
-    systems = {
-        "app": lambda words, count: run_app(binary, words, count),
-        "HyperQueue": run_hq,
-        "task-spooler": run_tsp,
-        "GNU parallel": run_parallel,
-        "`sh -c` floor": lambda words, count: run_floor(["/bin/sh", "-c", "'" + " ".join(words) + "'"], [], count),
-        "exec floor": lambda words, count: run_floor([], words, count),
-    }
-    names = list(systems)
+    args.app = str(Path(args.app).resolve())
+    if args.one:
+        BASE = args.dir
+        system, workload = args.one[0], int(args.one[1])
+        _, words, count = WORKLOADS[workload]
+        if args.check:
+            elapsed, cpu = check_one(system, args.app, words, count * 10)
+        else:
+            elapsed, cpu = measure(system, args.app, words, count)
+        print(json.dumps([elapsed, cpu]))
+        return
+    places = [args.dir] if args.dir else ["/var/tmp", "/dev/shm"]
+    for place in places:
+        BASE = tempfile.mkdtemp(prefix="bench-peers-", dir=place)
+        try:
+            if args.check:
+                report_check(args, place)
+            else:
+                report(args, place)
+        finally:
+            shutil.rmtree(BASE, ignore_errors=True)
+    BASE = None
+    print("Dispatch latency, submission to the job running (ms)\n")
+    print("| system | p50 | p99 |")
+    print("|---|---|---|")
+    for system in ["app", "hq", "tsp"]:
+        latencies = dispatch_latencies(system, args.app, args.latency_samples)
+        print(f"| {system} | {percentile(latencies, 0.5):.1f} | {percentile(latencies, 0.99):.1f} |")
+    print("\nSubmitting 100,000 jobs (s, median of 3, alternating)\n")
+    times = {"app": [], "hq": []}
+    for _ in range(3):
+        for system in times:
+            times[system].append(submit_100k(system, args.app))
+    for system, values in times.items():
+        print(f"- {system}: {statistics.median(values):.3f} s")
+
+
+def report(args, place):
+    names = SYSTEMS
     rates = {(name, workload): [] for name in names for workload, _, _ in WORKLOADS}
     app_cpu = {workload: [] for workload, _, _ in WORKLOADS}
     for round_number in range(args.rounds):
         order = names[round_number % len(names):] + names[: round_number % len(names)]
-        for workload, words, count in WORKLOADS:
+        for index, (workload, _, count) in enumerate(WORKLOADS):
             for name in order:
-                elapsed, cpu = systems[name](words, count)
+                elapsed, cpu = in_fresh_process(args, name, index)
                 rates[(name, workload)].append(count / elapsed)
                 if cpu:
                     app_cpu[workload].append((cpu[0] * 1e3 / count, cpu[1] * 1e3 / count))
-                print(f"round {round_number + 1} {workload:>10} {name:>14}: {count / elapsed:8.1f} jobs/s",
+                print(f"{place} round {round_number + 1} {workload:>10} {name:>14}: {count / elapsed:8.1f} jobs/s",
                       file=sys.stderr, flush=True)
-    print(f"\n{PARALLEL} at a time, {args.rounds} alternating rounds, median (range) jobs/s; ratio to app\n")
+    print(f"\nFiles in {place} ({filesystem(place)}); {PARALLEL} at a time, {args.rounds} alternating rounds, each "
+          f"measurement in a fresh process; median (range) jobs/s; ratio to app\n")
     for workload, _, count in WORKLOADS:
         print(f"{count} x `{workload}`\n")
         print("| system | jobs/s | range | vs app |")
@@ -357,19 +514,32 @@ def main():
         server = statistics.median(cpu[0] for cpu in app_cpu[workload])
         worker = statistics.median(cpu[1] for cpu in app_cpu[workload])
         print(f"\napp CPU per job: server {server:.2f} ms, worker {worker:.2f} ms (median of rounds)\n")
-    print("Dispatch latency, submission to the job running (ms)\n")
-    print("| system | p50 | p99 |")
-    print("|---|---|---|")
-    for system in ["app", "hq", "tsp"]:
-        latencies = dispatch_latencies(system, binary, args.latency_samples)
-        print(f"| {system} | {percentile(latencies, 0.5):.1f} | {percentile(latencies, 0.99):.1f} |")
-    print("\nSubmitting 100,000 jobs (s, median of 3, alternating)\n")
-    times = {"app": [], "hq": []}
-    for _ in range(3):
-        for system in times:
-            times[system].append(submit_100k(system, binary))
-    for system, values in times.items():
-        print(f"- {system}: {statistics.median(values):.3f} s")
+
+
+def report_check(args, place):
+    print(f"\nIndependent harness, files in {place} ({filesystem(place)}): each system once on 10x the jobs, "
+          f"its end as its own tools wait for it\n")
+    print("| workload | system | jobs/s | vs app |")
+    print("|---|---|---|---|")
+    for index, (workload, _, count) in enumerate(WORKLOADS):
+        rates = {}
+        for system in ["app", "HyperQueue", "task-spooler"]:
+            elapsed, _ = in_fresh_process(args, system, index, check=True)
+            rates[system] = count * 10 / elapsed
+            print(f"{place} check {workload:>10} {system:>14}: {rates[system]:8.1f} jobs/s", file=sys.stderr, flush=True)
+        for system, rate in rates.items():
+            print(f"| {count * 10} x `{workload}` | {system} | {rate:,.0f} | {rate / rates['app']:.2f}x |")
+
+
+def filesystem(path):
+    """The filesystem type of `path` (from /proc/mounts: the longest mount point above it)."""
+    best, kind = "", "?"
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 2 and path.startswith(fields[1]) and len(fields[1]) > len(best):
+                best, kind = fields[1], fields[2]
+    return kind
 
 
 if __name__ == "__main__":

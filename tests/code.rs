@@ -578,3 +578,34 @@ async fn a_jobs_writes_never_reach_the_cached_code_with_overlays() {
     }
     a_jobs_writes_never_reach_the_cached_code("overlay").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_apps_own_files_are_left_out_never_a_projects_look_alikes() {
+    let server = ServerProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::write(root.join("sweep.yaml"), "name: alike\ncommand: 'true'\n").unwrap();
+    // The project's own `queue.db` and its own TOML with `[server]`: code, shipped.
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    std::fs::write(root.join("store/queue.db"), "the project's own database").unwrap();
+    std::fs::write(root.join("serving.toml"), "[server]\nport = 8080\nworkers = 4\n").unwrap();
+    // An app config in the project, and the token and key files it names: left out.
+    std::fs::create_dir_all(root.join("deploy")).unwrap();
+    std::fs::write(
+        root.join("deploy/app.toml"),
+        "[server]\nuser_token_file = \"user-tokens\"\ntls_key = \"../server.key\"\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("deploy/user-tokens"), "secret-user-token-0123456789\n").unwrap();
+    std::fs::write(root.join("server.key"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    let (digest, left_out) = submit_json(&root, &server.url);
+    let paths = snapshot_paths(&server.data_dir(), &digest);
+    assert_eq!(paths, ["serving.toml", "store/queue.db", "sweep.yaml"], "{left_out:?}");
+    for expected in [
+        "deploy/app.toml (app's config)",
+        "deploy/user-tokens (app's token or config)",
+        "server.key (app's token or config)",
+    ] {
+        assert!(left_out.contains(&expected.to_string()), "{expected} not in {left_out:?}");
+    }
+}

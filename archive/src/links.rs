@@ -21,7 +21,9 @@ pub fn inside_target(root: &Path, relative: &Path) -> Result<PathBuf, String> {
             return Err(format!("a symlink leading outside the project (-> {})", canonical.display()));
         }
     }
-    Ok(if target.is_absolute() { relative_path(&parent, &resolved) } else { target })
+    // Always the shortest relative path: a target written as `../project/file` from inside the
+    // project leaves it by name on its way, which unpacking (`entries`) refuses.
+    Ok(relative_path(&parent, &resolved))
 }
 
 /// `path` with `.` and `..` resolved by name (a `..` above the root stays at the root).
@@ -76,6 +78,9 @@ mod tests {
         assert_eq!(inside_target(&root, Path::new("src/data")).unwrap(), Path::new("../data.csv"));
         assert_eq!(inside_target(&root, Path::new("src/deep/absolute")).unwrap(), Path::new("../../data.csv"));
         assert_eq!(inside_target(&root, Path::new("dangling")).unwrap(), Path::new("missing-file"));
+        // Out of the project by name and back in: stored the short way, which unpacking takes.
+        symlink("../project/data.csv", root.join("roundabout")).unwrap();
+        assert_eq!(inside_target(&root, Path::new("roundabout")).unwrap(), Path::new("data.csv"));
         for outside in ["escape", "escape-absolute", "chain"] {
             let refused = inside_target(&root, Path::new(outside)).unwrap_err();
             assert!(refused.contains("outside the project"), "{outside}: {refused}");

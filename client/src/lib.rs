@@ -69,6 +69,8 @@ const WORKER_TIMEOUT_MIN: Duration = Duration::from_secs(5);
 pub fn worker_timeout(lease_ms: u64) -> Duration {
     Duration::from_millis(lease_ms / 4).clamp(WORKER_TIMEOUT_MIN, REQUEST_TIMEOUT)
 }
+/// The slowest link a finish's body is given time for (bytes per second).
+const SLOWEST_LINK_BYTES_PER_SECOND: u64 = 128 << 10;
 /// Time allowed for one file upload or download.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -468,7 +470,11 @@ impl Client {
     /// Fenced by its attempt, it goes on to the next server when one does not answer.
     pub async fn finish(&self, worker: WorkerId, request: &FinishRequest) -> ClientResult<FinishResponse> {
         let wait = request.claim.as_ref().map_or(0, |claim| claim.wait_ms);
-        let timeout = self.lease_timeout + Duration::from_millis(wait);
+        // And the time its body takes to send on a slow link (a megabyte of inline outputs and
+        // log at 128 KiB/s is 8 s more).
+        let bytes = serde_json::to_vec(request).map_or(0, |body| body.len() as u64);
+        let sending = Duration::from_millis(bytes * 1000 / SLOWEST_LINK_BYTES_PER_SECOND);
+        let timeout = self.lease_timeout + Duration::from_millis(wait) + sending;
         let path = format!("/api/workers/{worker}/finish");
         self.send_replaying(Method::POST, &path, Some(worker), Replay::Fenced, |builder| {
             builder.timeout(timeout).json(request)

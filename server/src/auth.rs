@@ -128,7 +128,7 @@ pub fn access_for(method: &Method, path: &str) -> Access {
         // The page's sign-in checks the token it is given itself.
         ("POST" | "DELETE", ["api", "session"]) => Access::Public,
         ("POST", ["api", "workers"]) => worker,
-        ("POST", ["api", "workers", _, "claim" | "heartbeat" | "drain" | "finish"]) => worker,
+        ("POST", ["api", "workers", _, "claim" | "heartbeat" | "drain" | "leave" | "finish"]) => worker,
         ("POST", ["api", "jobs", _, "report" | "log" | "metrics"]) => worker,
         ("PUT", ["api", "jobs", _, "attempts", _, "files", ..]) => worker,
         ("POST", ["api", "jobs", _, "attempts", _, "result"]) => worker,
@@ -197,11 +197,21 @@ pub fn check(
     }
 }
 
-/// The middleware: every request passes [`check`] before anything else reads it.
+/// The middleware: every request passes [`check`] before anything else reads it. An answer to
+/// a known client (a valid token, or a server without tokens) is marked so, for the connection
+/// loop (`serve::Authenticated`).
 pub async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let uri = request.uri();
-    match check(&state.config.tokens, request.method(), uri.path(), uri.query(), request.headers()) {
-        Ok(()) => next.run(request).await,
+    let tokens = &state.config.tokens;
+    let known = tokens.is_empty() || matches!(access_for(request.method(), uri.path()), Access::Only(_));
+    match check(tokens, request.method(), uri.path(), uri.query(), request.headers()) {
+        Ok(()) => {
+            let mut response = next.run(request).await;
+            if known {
+                response.extensions_mut().insert(crate::serve::Authenticated);
+            }
+            response
+        }
         Err(error) => error.into_response(),
     }
 }
@@ -244,6 +254,8 @@ mod tests {
             (&post, "/api/jobs/7/cancel", WORKER, 403),
             (&post, "/api/workers/3/claim", USER, 403),
             (&post, "/api/workers/3/claim", WORKER, 200),
+            (&post, "/api/workers/3/leave", WORKER, 200),
+            (&post, "/api/workers/3/leave", USER, 403),
             (&post, "/api/workers", WORKER, 200),
             (&post, "/api/jobs/7/report", WORKER, 200),
             (&post, "/api/jobs/7/log", WORKER, 200),

@@ -16,6 +16,10 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at most: the connections they hold are not yet under the serving
+/// loop's caps (`serve`), so they are bounded here; past it, new connections wait in the
+/// listen backlog until one ends (within the handshake timeout).
+const MAX_HANDSHAKES: usize = 512;
 
 /// Reads the PEM certificate chain and key; errors name the file and what is wrong with it.
 pub fn server_config(files: &TlsFiles) -> anyhow::Result<Arc<rustls::ServerConfig>> {
@@ -59,7 +63,15 @@ async fn accept_loop(
     acceptor: TlsAcceptor,
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
+        let permit = tokio::select! {
+            permit = handshakes.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = ready.closed() => return,
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = ready.closed() => return,
@@ -76,9 +88,13 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let (acceptor, ready) = (acceptor.clone(), ready.clone());
         tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+            drop(permit);
+            match handshake {
                 Ok(Ok(tls)) => {
-                    let _ = ready.send((tls, peer)).await;
+                    // The serving loop takes it when it has room (it waits while every
+                    // connection answers a request); a connection no one takes in time goes.
+                    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, ready.send((tls, peer))).await;
                 }
                 Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

@@ -235,6 +235,13 @@ impl Layer {
     }
 }
 
+/// Whether a URL (`postgres://user:password@host/db`) holds a password.
+fn url_has_password(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else { return false };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    authority.rsplit_once('@').is_some_and(|(credentials, _)| credentials.contains(':'))
+}
+
 /// The key of the `key = value` line holding `offset`, if it is one.
 fn key_at(text: &str, offset: usize) -> Option<String> {
     let offset = offset.min(text.len());
@@ -278,6 +285,12 @@ pub fn load(args: &ServeArgs) -> anyhow::Result<Settings> {
         }
         None => Layer::default(),
     };
+    if args.server.database_url.as_deref().is_some_and(url_has_password) {
+        tracing::warn!(
+            "--database-url carries a password: every process on this machine can read it (ps, /proc/<pid>/cmdline); \
+             give the URL in APP_DATABASE_URL or the config file instead"
+        );
+    }
     assemble(Mode::of(args), file, Layer::from_env(variable), Layer::from_flags(args), args.server.insecure_no_auth)
 }
 

@@ -242,3 +242,10 @@ fn the_database_url_comes_from_the_flag_the_environment_or_the_file_in_that_orde
     let with_flag = settings(Mode::ServerOnly, file(with_file), environment, given);
     assert_eq!(with_flag.server.database_url.as_deref(), Some("postgres://app@flag:5432/app"));
 }
+
+#[test]
+fn a_database_url_is_seen_to_hold_a_password() {
+    assert!(url_has_password("postgres://app:hunter2@db:5432/app"));
+    assert!(!url_has_password("postgres://app@db:5432/app"));
+    assert!(!url_has_password("postgres://db/app?user=x:y"));
+}

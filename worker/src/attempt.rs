@@ -139,17 +139,17 @@ pub async fn run(
     let mut shipper =
         Shipper::new(context.client.clone(), context.worker_id, attempt, dirs.log.clone(), dirs.metrics.clone());
     let mut lost = false;
-    let prepared = match dirs.prepare(&job).await {
+    // Jobs of another user get directories made afresh (see `run_as`).
+    let prepared = match dirs.prepare(&job, context.run_as.is_some()).await {
         Err(error) => Err(format!("preparing {}: {error}", dirs.root.display())),
         Ok(log) => workspace::prepare(&context, &job, &dirs).await.map(|prepared| (log, prepared)),
     };
     let mut prepared = prepared;
     let code = prepared.as_mut().ok().and_then(|(_, prepared)| prepared.code.take());
-    let overlay = code.as_ref().is_some_and(|code| code.is_overlay());
     let prepared = match (prepared, context.run_as.clone()) {
         (Ok(prepared), Some(user)) => {
             let handed = dirs.clone();
-            match tokio::task::spawn_blocking(move || user.hand_over(&handed, overlay)).await {
+            match tokio::task::spawn_blocking(move || user.hand_over(&handed)).await {
                 Ok(Ok(())) => Ok(prepared),
                 Ok(Err(error)) => Err(format!("giving the attempt's files to the run_as user: {error}")),
                 Err(error) => Err(format!("giving the attempt's files to the run_as user: {error}")),
@@ -181,7 +181,7 @@ pub async fn run(
                 dirs.checkpoint.clone(),
                 dirs.checkpoint_archive.clone(),
                 dirs.log.clone(),
-                config.checkpoint_max_bytes,
+                (config.checkpoint_max_bytes, context.run_as.as_ref().map(|user| user.ids())),
             );
             let (stop_sync, stopped_sync) = oneshot::channel();
             let syncing = tokio::spawn(checkpoints::sync_in_background(sync, config.checkpoint_interval, stopped_sync));
@@ -326,7 +326,8 @@ async fn finish(
     let mut result = None;
     ended.notes.extend(accounted.as_ref().and_then(|accounted| accounted.note.clone()));
     if ended.outcome != Outcome::Abandoned {
-        let files = collect_outputs(dirs).await;
+        let reader = context.run_as.as_ref().map(|user| user.ids());
+        let files = collect_outputs(dirs, reader).await;
         let record = AttemptRecord {
             exit_code: match ended.outcome {
                 Outcome::Exited { code } => Some(code),
@@ -351,11 +352,12 @@ async fn finish(
         };
         let size: u64 = files.iter().map(|file| file.entry.size).sum();
         let (inline, streamed) = if size <= INLINE_OUTPUT_BYTES {
-            (results::read_inline(&files).await, Vec::new())
+            (results::read_inline(&files, reader).await, Vec::new())
         } else {
             let mut delivery = Delivery::new("results", attempt);
             let streamed = loop {
-                let uploaded = results::upload_streamed(&context.client, context.worker_id, attempt, &files).await;
+                let uploaded =
+                    results::upload_streamed(&context.client, context.worker_id, (attempt, reader), &files).await;
                 let (settled, manifest) = match uploaded {
                     Ok(manifest) => (Ok(()), manifest),
                     Err(error) => (Err(error), Vec::new()),
@@ -416,13 +418,17 @@ async fn finish(
 }
 
 /// The attempt's output files; what cannot be uploaded is said in its log.
-async fn collect_outputs(dirs: &AttemptDirs) -> Vec<OutputFile> {
+async fn collect_outputs(dirs: &AttemptDirs, reader: Option<(u32, u32)>) -> Vec<OutputFile> {
     let output = dirs.output.clone();
     // An empty output directory (most short jobs) needs no trip to a blocking thread.
     if std::fs::read_dir(&output).is_ok_and(|mut entries| entries.next().is_none()) {
         return Vec::new();
     }
-    let collected = tokio::task::spawn_blocking(move || results::collect(&output)).await;
+    // Read as the job's user (see `run_as`): a link it made to a file it may not read is not
+    // read by the worker either.
+    let collected =
+        tokio::task::spawn_blocking(move || crate::run_as::with_file_identity(reader, || results::collect(&output)))
+            .await;
     let (files, skipped) = match collected {
         Ok(Ok(found)) => found,
         Ok(Err(error)) => (Vec::new(), vec![format!("the output directory could not be read: {error}")]),

@@ -39,6 +39,8 @@ pub struct CheckpointSync {
     warned_over_cap: bool,
     /// The server no longer holds the attempt for this worker: nothing more is sent.
     lost: bool,
+    /// The file identity the directory is read with (a `run_as` user's: see `run_as`).
+    reader: Option<(u32, u32)>,
 }
 
 /// What one pass did.
@@ -83,7 +85,7 @@ impl CheckpointSync {
         dir: PathBuf,
         archive: PathBuf,
         log: PathBuf,
-        max_bytes: u64,
+        (max_bytes, reader): (u64, Option<(u32, u32)>),
     ) -> CheckpointSync {
         CheckpointSync {
             client,
@@ -96,6 +98,7 @@ impl CheckpointSync {
             uploaded: None,
             warned_over_cap: false,
             lost: false,
+            reader,
         }
     }
 
@@ -107,8 +110,9 @@ impl CheckpointSync {
         if self.lost || empty {
             return Synced::Unchanged;
         }
-        let dir = self.dir.clone();
-        let Ok(Ok(before)) = tokio::task::spawn_blocking(move || scan(&dir)).await else { return Synced::Failed };
+        let (dir, reader) = (self.dir.clone(), self.reader);
+        let scanned = move || crate::run_as::with_file_identity(reader, || scan(&dir));
+        let Ok(Ok(before)) = tokio::task::spawn_blocking(scanned).await else { return Synced::Failed };
         if before.entries.is_empty() || self.uploaded == Some(before.fingerprint) {
             return Synced::Unchanged;
         }
@@ -127,9 +131,13 @@ impl CheckpointSync {
         }
         let (dir, archive, entries) = (self.dir.clone(), self.archive.clone(), before.entries);
         let packed = tokio::task::spawn_blocking(move || {
+            // The archive is the worker's (in the slot's root); what goes in it is read as the
+            // job's user.
             let file = std::fs::File::create(&archive)?;
-            archive::pack_to(&dir, &entries, file)?;
-            scan(&dir)
+            crate::run_as::with_file_identity(reader, || {
+                archive::pack_to(&dir, &entries, file)?;
+                scan(&dir)
+            })
         })
         .await;
         let after = match packed {

@@ -26,9 +26,6 @@ pub struct CodeCache {
     /// Trees attempts are using (overlays stand on them), with how many: never evicted.
     in_use: std::sync::Mutex<HashMap<String, usize>>,
     copier: Arc<crate::code_copy::Copier>,
-    /// The uid and gid that own the trees (a `run_as` user's, so that an overlay's view of the
-    /// tree is its own without a copy-up of every file); `None`: the worker's.
-    owner: Option<(u32, u32)>,
 }
 
 /// How a snapshot came to be laid out for an attempt (for the log and the benchmark).
@@ -57,20 +54,23 @@ impl LaidOutCode {
 }
 
 impl CodeCache {
-    pub fn new(
-        work_dir: &Path,
-        max_bytes: u64,
-        copier: Arc<crate::code_copy::Copier>,
-        owner: Option<(u32, u32)>,
-    ) -> CodeCache {
-        CodeCache {
-            dir: work_dir.join("code-cache"),
-            max_bytes,
-            downloads: Default::default(),
-            in_use: Default::default(),
-            copier,
-            owner,
+    /// The cache in `work_dir/code-cache`: what an earlier run of the worker left half done
+    /// there (downloads, unpackings, evictions, and archives kept by builds before trees) goes.
+    pub fn new(work_dir: &Path, max_bytes: u64, copier: Arc<crate::code_copy::Copier>) -> CodeCache {
+        let dir = work_dir.join("code-cache");
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let leftover = name.ends_with(".part")
+                    || name.ends_with(".tar.zst")
+                    || name.contains(".unpacking-")
+                    || name.contains(".evicting-");
+                if leftover {
+                    let _ = std::fs::remove_dir_all(entry.path()).or_else(|_| std::fs::remove_file(entry.path()));
+                }
+            }
         }
+        CodeCache { dir, max_bytes, downloads: Default::default(), in_use: Default::default(), copier }
     }
 
     fn path(&self, digest: &str) -> PathBuf {
@@ -94,8 +94,8 @@ impl CodeCache {
         if !archive::is_digest(digest) {
             return Err(format!("`{digest}` is not a code snapshot digest"));
         }
+        // Held (never evicted) from inside the digest's lock on, until `release`.
         let (downloaded, replaced_damaged, tar_bytes) = self.ensure_tree(client, worker, digest).await?;
-        self.hold(digest);
         let (copier, tree, at, scratch) =
             (self.copier.clone(), self.tree(digest), destination.to_path_buf(), scratch.to_path_buf());
         let laid = tokio::task::spawn_blocking(move || copier.lay_out(&tree, &at, &scratch))
@@ -127,10 +127,25 @@ impl CodeCache {
         if let Ok(mut in_use) = self.in_use.lock() {
             *in_use.entry(digest.to_string()).or_insert(0) += 1;
         }
-        // The time of last use, for the eviction order.
-        if let Ok(file) = std::fs::File::open(self.tree(digest)) {
+        // The time of last use, for the eviction order (the mark's, not the tree's: the tree's
+        // own times are how a change to it is seen).
+        if let Ok(file) = std::fs::File::options().write(true).open(made_mark(&self.tree(digest))) {
             let _ = file.set_modified(SystemTime::now());
         }
+    }
+
+    /// Removes a tree: renamed out of the way first, so a worker killed meanwhile leaves no
+    /// half-removed tree that looks whole.
+    async fn remove_tree(&self, digest: &str) -> std::io::Result<()> {
+        let (tree, mark) = (self.tree(digest), made_mark(&self.tree(digest)));
+        let trash = self.dir.join(format!("{digest}.evicting-{}", std::process::id()));
+        let _ = tokio::fs::remove_file(&mark).await;
+        tokio::fs::rename(&tree, &trash).await?;
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(trash)).await.map_err(std::io::Error::other)?
+    }
+
+    fn in_use(&self, digest: &str) -> bool {
+        self.in_use.lock().is_ok_and(|in_use| in_use.contains_key(digest))
     }
 
     fn release_tree(&self, digest: &str) {
@@ -144,24 +159,37 @@ impl CodeCache {
         }
     }
 
-    /// Makes the tree of `digest` unless it is there: downloaded when not cached, unpacked and
-    /// checked, downloaded again once if the cached archive fails its check. Returns whether it
-    /// downloaded, whether it replaced a damaged archive, and the tar stream's size (0 when the
-    /// tree was there).
+    /// Makes the tree of `digest` unless it is there intact, and holds it: downloaded when not
+    /// cached, unpacked and checked, downloaded again once if the cached archive fails its
+    /// check. A tree changed since it was made (a job of the worker's user can reach the cache)
+    /// counts as damaged and is made again. Returns whether it downloaded, whether it replaced
+    /// something damaged, and the tar stream's size (0 when the tree was there).
     async fn ensure_tree(&self, client: &Client, worker: WorkerId, digest: &str) -> Result<(bool, bool, u64), String> {
         let lock = self.downloads.lock().await.entry(digest.to_string()).or_default().clone();
         let _one_at_a_time = lock.lock().await;
         let tree = self.tree(digest);
-        if tokio::fs::metadata(&tree).await.is_ok() {
-            return Ok((false, false, 0));
+        let checked = tree.clone();
+        let intact = tokio::task::spawn_blocking(move || unchanged_since_made(&checked)).await.unwrap_or(None);
+        let mut replaced_damaged = false;
+        match intact {
+            Some(true) => {
+                self.hold(digest);
+                return Ok((false, false, 0));
+            }
+            Some(false) => {
+                tracing::warn!(%digest, "the cached code tree was changed since it was made; making it again");
+                replaced_damaged = true;
+                let _ = self.remove_tree(digest).await;
+            }
+            None => {}
         }
         let mut downloaded = self.ensure_cached(client, worker, digest, false).await?;
-        let mut replaced_damaged = false;
         loop {
-            match unpack_tree(self.path(digest), digest.to_string(), tree.clone(), self.owner).await {
+            match unpack_tree(self.path(digest), digest.to_string(), tree.clone()).await {
                 Ok(tar_bytes) => {
                     // The tree is what attempts use; the archive is not needed any more.
                     let _ = tokio::fs::remove_file(self.path(digest)).await;
+                    self.hold(digest);
                     self.evict(digest).await;
                     return Ok((downloaded, replaced_damaged, tar_bytes));
                 }
@@ -219,38 +247,68 @@ impl CodeCache {
     /// Removes the trees used longest ago until the cache fits its cap (`keep`, and trees in
     /// use, stay). A tree's size is the sum of its files'.
     async fn evict(&self, keep: &str) {
-        let mut kept: Vec<String> =
-            self.in_use.lock().map(|in_use| in_use.keys().cloned().collect()).unwrap_or_default();
-        kept.push(keep.to_string());
-        let (dir, max_bytes) = (self.dir.clone(), self.max_bytes);
-        let _ = tokio::task::spawn_blocking(move || {
-            let mut cached: Vec<(SystemTime, u64, PathBuf, String)> = std::fs::read_dir(&dir)?
+        let dir = self.dir.clone();
+        let listed = tokio::task::spawn_blocking(move || {
+            let mut cached: Vec<(SystemTime, u64, String)> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
                 .filter_map(Result::ok)
                 .filter_map(|entry| {
                     let name = entry.file_name().to_string_lossy().into_owned();
                     let digest = name.strip_suffix(".tree")?.to_string();
-                    let metadata = entry.metadata().ok()?;
-                    Some((metadata.modified().ok()?, tree_bytes(&entry.path()), entry.path(), digest))
+                    let used = std::fs::metadata(made_mark(&entry.path())).and_then(|mark| mark.modified()).ok()?;
+                    Some((used, tree_bytes(&entry.path()), digest))
                 })
                 .collect();
-            let mut total: u64 = cached.iter().map(|(_, size, _, _)| size).sum();
             cached.sort();
-            for (_, size, path, digest) in cached {
-                if total <= max_bytes {
-                    break;
-                }
-                if kept.contains(&digest) {
-                    continue;
-                }
-                if std::fs::remove_dir_all(&path).is_ok() {
-                    tracing::info!(path = %path.display(), "code snapshot evicted from the cache");
-                    total -= size;
-                }
-            }
-            Ok::<_, std::io::Error>(())
+            cached
         })
-        .await;
+        .await
+        .unwrap_or_default();
+        let mut total: u64 = listed.iter().map(|(_, size, _)| size).sum();
+        for (_, size, digest) in listed {
+            if total <= self.max_bytes {
+                break;
+            }
+            // Asked now, not when the list was made: an attempt may have taken it meanwhile.
+            if digest == keep || self.in_use(&digest) {
+                continue;
+            }
+            let lock = self.downloads.lock().await.entry(digest.clone()).or_default().clone();
+            let _no_one_takes_it = lock.lock().await;
+            if self.in_use(&digest) {
+                continue;
+            }
+            if self.remove_tree(&digest).await.is_ok() {
+                tracing::info!(%digest, "code snapshot evicted from the cache");
+                total -= size;
+            }
+        }
     }
+}
+
+/// The file beside a tree that says it was made whole, and when: its contents are the time
+/// (ns) the tree was made; its modification time is the tree's last use.
+fn made_mark(tree: &Path) -> PathBuf {
+    tree.with_extension("made")
+}
+
+/// Whether the tree at `tree` is as it was made: `None` when there is none (or no mark of it
+/// made whole), `Some(false)` when an entry of it changed since (its status change time is
+/// later than the tree's making: a write, a chmod, a link or removal in a directory).
+fn unchanged_since_made(tree: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let made: i128 = std::fs::read_to_string(made_mark(tree)).ok()?.trim().parse().ok()?;
+    std::fs::symlink_metadata(tree).ok()?;
+    for entry in walkdir::WalkDir::new(tree).follow_links(false) {
+        let Ok(entry) = entry else { return Some(false) };
+        let Ok(metadata) = entry.metadata() else { return Some(false) };
+        let changed = i128::from(metadata.ctime()) * 1_000_000_000 + i128::from(metadata.ctime_nsec());
+        if changed > made {
+            return Some(false);
+        }
+    }
+    Some(true)
 }
 
 /// The bytes of the files under `dir`.
@@ -266,12 +324,7 @@ fn tree_bytes(dir: &Path) -> u64 {
 
 /// Unpacks the cached archive into the tree `tree` (by way of a scratch directory renamed
 /// into place once the digest checked out); the tar stream's size.
-async fn unpack_tree(
-    archive_path: PathBuf,
-    digest: String,
-    tree: PathBuf,
-    owner: Option<(u32, u32)>,
-) -> Result<u64, String> {
+async fn unpack_tree(archive_path: PathBuf, digest: String, tree: PathBuf) -> Result<u64, String> {
     tokio::task::spawn_blocking(move || {
         let scratch = tree.with_extension(format!("unpacking-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&scratch);
@@ -280,15 +333,15 @@ async fn unpack_tree(
             let reader = std::io::BufReader::with_capacity(1 << 20, file);
             archive::unpack_verified(reader, Some(&digest), &scratch, u64::MAX).map_err(|error| error.to_string())
         });
-        let owned = unpacked.and_then(|verified| match owner {
-            Some((uid, gid)) => {
-                crate::run_as::own_tree(&scratch, uid, gid).map(|()| verified).map_err(|error| error.to_string())
-            }
-            None => Ok(verified),
-        });
-        match owned {
+        match unpacked {
             Ok(verified) => {
                 std::fs::rename(&scratch, &tree).map_err(|error| error.to_string())?;
+                // Made whole now: every entry's status changed before this time (the rename
+                // changed the tree's own before it is read).
+                let made = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_nanos());
+                std::fs::write(made_mark(&tree), made.to_string()).map_err(|error| error.to_string())?;
                 Ok(verified.tar_bytes)
             }
             Err(error) => {

@@ -165,7 +165,9 @@ fn take_down_stale(work_dir: &Path) {
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
     for line in mounts.lines() {
         let Some((before, after)) = line.split_once(" - ") else { continue };
-        if after.split_whitespace().next() != Some("overlay") {
+        // Only ours: an overlay whose source is `app-code`, never another mount of the box.
+        let mut fields = after.split_whitespace();
+        if fields.next() != Some("overlay") || fields.next() != Some("app-code") {
             continue;
         }
         let Some(point) = before.split_whitespace().nth(4) else { continue };

@@ -25,6 +25,7 @@ use shared::api::{JobAttempt, JobId};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// The variable that names the worker a job process belongs to.
 pub const WORKER_PID_VARIABLE: &str = "APP_WORKER_PID";
@@ -40,6 +41,9 @@ pub struct Containment {
     group: i32,
     /// Said once: moving a job into its cgroup failed, so only the subreaper holds them.
     move_failed: AtomicBool,
+    /// The processes the worker started itself (job leaders, the guard), which their own
+    /// waiters reap: never killed or reaped by the sweeps, whatever their environment says.
+    own: Mutex<HashSet<i32>>,
 }
 
 impl Containment {
@@ -57,7 +61,26 @@ impl Containment {
         });
         let session = nix::unistd::getsid(None).map_or(-1, Pid::as_raw);
         let group = nix::unistd::getpgrp().as_raw();
-        Containment { cgroups, pid, session, group, move_failed: AtomicBool::new(false) }
+        Containment { cgroups, pid, session, group, move_failed: AtomicBool::new(false), own: Mutex::default() }
+    }
+
+    /// A process the worker started and waits for itself (registered before it can be seen
+    /// by a sweep: right after it was spawned, before anything awaits).
+    pub fn started(&self, pid: u32) {
+        if let Ok(mut own) = self.own.lock() {
+            own.insert(pid as i32);
+        }
+    }
+
+    /// The process was reaped by its waiter.
+    pub fn reaped(&self, pid: u32) {
+        if let Ok(mut own) = self.own.lock() {
+            own.remove(&(pid as i32));
+        }
+    }
+
+    fn is_own(&self, pid: i32) -> bool {
+        self.own.lock().is_ok_and(|own| own.contains(&pid))
     }
 
     /// How job processes are kept, for the start-up log and `app workers`.
@@ -126,7 +149,10 @@ impl Containment {
                 return;
             }
             for pid in &victims {
-                let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                // Listed since the scan: a job's leader spawned meanwhile, not an escapee.
+                if !self.is_own(*pid) {
+                    let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                }
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
@@ -144,11 +170,11 @@ impl Containment {
             else {
                 continue;
             };
-            if stat.parent != self.pid as i32 {
+            if stat.parent != self.pid as i32 || self.is_own(pid) {
                 continue;
             }
             if stat.zombie {
-                if self.orphan_zombie(pid, &stat) {
+                if self.orphan_zombie(&stat) {
                     adopted.push((pid, None));
                 }
                 continue;
@@ -160,12 +186,12 @@ impl Containment {
         adopted
     }
 
-    /// A zombie child the worker did not start itself: one that left the worker's session
-    /// (setsid), or that sits in a job's group without leading it. The worker's own children
-    /// (job leaders, the guard, probes) lead their group in the worker's session, or share
-    /// the worker's group; their waiters reap them.
-    fn orphan_zombie(&self, pid: i32, stat: &Stat) -> bool {
-        stat.session != self.session || (stat.group != pid && stat.group != self.group)
+    /// A zombie child the worker did not start itself (job leaders and the guard are listed as
+    /// its own, see [`Containment::started`]): one outside the worker's own process group. The
+    /// worker's other children (`git`, the trainer probe) stay in its group, and their waiters
+    /// reap them.
+    fn orphan_zombie(&self, stat: &Stat) -> bool {
+        stat.session != self.session || stat.group != self.group
     }
 
     fn attempt_in_environment(&self, pid: i32) -> Option<JobAttempt> {

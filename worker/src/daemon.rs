@@ -133,8 +133,9 @@ pub async fn run(
     let identity = crate::identity::take(&config.work_dir)?;
     let run_as = config.run_as.as_deref().map(RunAs::resolve).transpose()?.map(Arc::new);
     let containment = Containment::start(config.cgroups);
-    // A kept attempt directory is a plain copy: an overlay's view would not survive it.
-    let wanted_copy = match config.keep_work_dirs {
+    // A kept attempt directory is a plain copy: an overlay's view would not survive it. A
+    // `run_as` job owns its copy whole (an overlay's files would stay root's, see `run_as`).
+    let wanted_copy = match config.keep_work_dirs || run_as.is_some() {
         true => crate::code_copy::CodeCopy::Copy,
         false => config.code_copy,
     };
@@ -142,6 +143,9 @@ pub async fn run(
     config.capabilities.code_copy = Some(copier.describe().to_string());
     let guard = Guard::start(containment.cgroup_dir(), Some(&config.work_dir))
         .context("starting the guard that ends jobs with their worker")?;
+    if let Some(pid) = guard.pid() {
+        containment.started(pid);
+    }
     tracing::info!(
         processes = %containment.describe(),
         run_as = run_as.as_ref().map_or("the worker's user", |user| user.name.as_str()),
@@ -154,7 +158,7 @@ pub async fn run(
     let cpu_threads = cpu_threads_per_job(cores, max_jobs).filter(|_| std::env::var_os("OMP_NUM_THREADS").is_none());
     let (events, mut received) = mpsc::channel(256);
     let (config_work_dir, config_code_cache) = (config.work_dir.clone(), config.code_cache_bytes);
-    let tree_owner = run_as.as_ref().map(|user| user.ids());
+
     let reservations = Reservations::new(max_jobs, config.capabilities.clone());
     let mut daemon = Daemon {
         client: base.clone(),
@@ -179,7 +183,7 @@ pub async fn run(
         run_as,
         inherited: Arc::new(crate::executor::inherited_environment()),
         slots: Arc::default(),
-        code: Arc::new(crate::code::CodeCache::new(&config_work_dir, config_code_cache, copier, tree_owner)),
+        code: Arc::new(crate::code::CodeCache::new(&config_work_dir, config_code_cache, copier)),
         draining: false,
         finishing: Default::default(),
         slots_in_flight: 0,

@@ -105,7 +105,9 @@ impl AttemptDirs {
     /// log. Done in place when the slot's directories are empty (as its last attempt left
     /// them), else in one trip to a blocking thread for all of it: each `tokio::fs` call would
     /// be a trip of its own, and a short job's cost is mostly trips.
-    pub async fn prepare(&self, job: &ClaimedJob) -> std::io::Result<std::fs::File> {
+    /// With `fresh`, the attempt's own directories are removed and made again rather than
+    /// emptied (a `run_as` job's directories must start as root's, see `run_as`).
+    pub async fn prepare(&self, job: &ClaimedJob, fresh: bool) -> std::io::Result<std::fs::File> {
         // YAML is a superset of JSON, so the params object is a valid config file as is.
         let config = job.config.clone().unwrap_or_else(|| format!("{}\n", job.params));
         let wandb = match job.form {
@@ -116,6 +118,14 @@ impl AttemptDirs {
         };
         let dirs = self.clone();
         let work = move || {
+            if fresh {
+                for dir in [&dirs.cwd, &dirs.output, &dirs.checkpoint, &dirs.state] {
+                    match std::fs::remove_dir_all(dir) {
+                        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+                        _ => {}
+                    }
+                }
+            }
             for dir in [&dirs.cwd, &dirs.output, &dirs.checkpoint] {
                 crate::slots::empty(dir)?;
                 std::fs::create_dir_all(dir)?;
@@ -133,7 +143,7 @@ impl AttemptDirs {
         // A slot emptied by its last attempt (the usual case) needs a handful of small calls:
         // done in place, without waking a blocking thread and waiting for it.
         let empty = |dir: &Path| std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none());
-        if [&self.cwd, &self.output, &self.checkpoint].into_iter().all(|dir| empty(dir)) {
+        if !fresh && [&self.cwd, &self.output, &self.checkpoint].into_iter().all(|dir| empty(dir)) {
             return work();
         }
         tokio::task::spawn_blocking(work).await.map_err(std::io::Error::other)?
@@ -404,6 +414,7 @@ pub async fn run(
     };
     let group = child.id().map(|pid| Pid::from_raw(pid as i32));
     if let Some(group) = group {
+        containment.started(group.as_raw() as u32);
         guard.watch(group.as_raw());
     }
     let cgroup = child.id().and_then(|pid| containment.enter(slot, pid));
@@ -465,6 +476,9 @@ pub async fn run(
         Some(status) => status,
         None => child.wait().await,
     };
+    if let Some(group) = group {
+        containment.reaped(group.as_raw() as u32);
+    }
     for mut pipe in pipes.into_iter().flatten() {
         // A grandchild that left the group (setsid) could hold a pipe open: give it two
         // seconds, then stop reading it, so it cannot keep growing the job's log.
@@ -641,7 +655,7 @@ mod tests {
                 std::fs::create_dir_all(dirs.cwd.join("deep/er")).unwrap();
                 std::fs::write(&dirs.log, b"old log").unwrap();
             }
-            let mut log = dirs.prepare(&job).await.unwrap();
+            let mut log = dirs.prepare(&job, false).await.unwrap();
             std::io::Write::write_all(&mut log, b"new\n").unwrap();
             for dir in [&dirs.cwd, &dirs.output, &dirs.checkpoint] {
                 assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "{} is empty", dir.display());
@@ -662,7 +676,7 @@ mod tests {
             assert_eq!(std::fs::metadata(file).unwrap().len(), 0, "{} is emptied", file.display());
         }
         assert!(dirs.cwd.is_dir() && dirs.output.is_dir(), "the directories stay for the next attempt");
-        drop(dirs.prepare(&job).await.unwrap());
+        drop(dirs.prepare(&job, false).await.unwrap());
         assert_eq!(inodes(&dirs), before, "the next attempt writes into the same files");
         assert_eq!(std::fs::read_to_string(&dirs.config).unwrap(), "{\"lr\":0.1}\n");
     }
@@ -674,7 +688,7 @@ mod tests {
         let outside = work.path().join("precious.txt");
         std::fs::write(&outside, "keep me, I am long enough to be cut").unwrap();
         let dirs = AttemptDirs::for_slot(work.path(), 0);
-        drop(dirs.prepare(&job).await.unwrap());
+        drop(dirs.prepare(&job, false).await.unwrap());
         // What a job could leave behind: its config and log swapped for links to a file of the
         // worker's user, its metrics file for a directory.
         for file in [&dirs.config, &dirs.log] {
@@ -684,7 +698,7 @@ mod tests {
         std::fs::remove_file(&dirs.metrics).unwrap();
         std::fs::create_dir_all(dirs.metrics.join("inside")).unwrap();
         dirs.clear().unwrap();
-        let mut log = dirs.prepare(&job).await.unwrap();
+        let mut log = dirs.prepare(&job, false).await.unwrap();
         std::io::Write::write_all(&mut log, b"new\n").unwrap();
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep me, I am long enough to be cut");
         for file in [&dirs.config, &dirs.metrics, &dirs.log] {
@@ -698,7 +712,7 @@ mod tests {
         let kept = work.path().join("kept.log");
         std::fs::hard_link(&dirs.log, &kept).unwrap();
         dirs.clear().unwrap();
-        drop(dirs.prepare(&job).await.unwrap());
+        drop(dirs.prepare(&job, false).await.unwrap());
         assert_eq!(std::fs::read_to_string(&kept).unwrap(), "new\n");
         assert_eq!(std::fs::read_to_string(&dirs.log).unwrap(), "");
         // A FIFO in a file's place (opening it for writing would wait for a reader forever)
@@ -719,16 +733,16 @@ mod tests {
         let job = claimed();
         let work = tempfile::tempdir().unwrap();
         let dirs = AttemptDirs::for_slot(work.path(), 0);
-        drop(dirs.prepare(&job).await.unwrap());
+        drop(dirs.prepare(&job, false).await.unwrap());
         let unwritten = std::fs::metadata(&dirs.metrics).unwrap().ino();
         dirs.clear().unwrap();
-        drop(dirs.prepare(&job).await.unwrap());
+        drop(dirs.prepare(&job, false).await.unwrap());
         assert_eq!(std::fs::metadata(&dirs.metrics).unwrap().ino(), unwritten, "an unwritten one is kept");
         // A process that outlived the job still holds the file open.
         let mut stray = std::fs::OpenOptions::new().append(true).open(&dirs.metrics).unwrap();
         std::io::Write::write_all(&mut stray, b"{\"loss\": 1}\n").unwrap();
         dirs.clear().unwrap();
-        drop(dirs.prepare(&job).await.unwrap());
+        drop(dirs.prepare(&job, false).await.unwrap());
         std::io::Write::write_all(&mut stray, b"{\"loss\": 2}\n").unwrap();
         assert_eq!(std::fs::read_to_string(&dirs.metrics).unwrap(), "", "the next attempt's file is its own");
         assert_ne!(std::fs::metadata(&dirs.metrics).unwrap().ino(), unwritten);

@@ -41,7 +41,8 @@ for environ in /proc/[0-9]*/environ; do
 done
 # The attempts' code overlays under the work directory (`$2`) are unmounted.
 if [ -n "$2" ]; then
-    while read -r _ _ _ _ point _; do
+    while read -r _ _ _ _ point rest; do
+        case "$rest" in *" - overlay app-code "*) ;; *) continue ;; esac
         case "$point" in "$2"/*) umount -l "$point" 2>/dev/null ;; esac
     done < /proc/self/mountinfo
 fi
@@ -80,6 +81,11 @@ impl Guard {
             .spawn()?;
         let stdin = child.stdin.take();
         Ok(Guard { stdin: Mutex::new(stdin), child: Mutex::new(child) })
+    }
+
+    /// The guard's process id (a child the worker reaps itself).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().ok().map(|child| child.id())
     }
 
     /// A job's process group to kill should the worker die.

@@ -4,8 +4,11 @@
 //! `/proc/$PPID/environ` printed them into a job's log, which every user can read.
 //!
 //! - The process is made non-dumpable (`PR_SET_DUMPABLE` 0): `/proc/<pid>/environ`, `mem`,
-//!   `maps` and `fd` then open only for a process with `CAP_SYS_PTRACE`. (`cmdline` stays
-//!   readable; no credential is ever on it.)
+//!   `maps` and `fd` then open only for a process with `CAP_SYS_PTRACE`; measured on the
+//!   kernels here, `environ` and `maps` stay readable to the same user, which is why
+//!   `cli::secrets` starts a serving process again without its credentials. (`cmdline` stays
+//!   readable to all: no token is ever on it, and a `--database-url` with a password is warned
+//!   about at start.)
 //! - A worker running as root also removes `CAP_SYS_PTRACE` from its bounding and inheritable
 //!   sets, so jobs it starts as root cannot have it; the worker itself keeps it (it reads its
 //!   jobs' `/proc` entries, also those of a `run_as` user).

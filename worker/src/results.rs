@@ -77,7 +77,8 @@ fn hash_file(path: &Path) -> std::io::Result<(u64, String)> {
 
 /// The files as inline files of a finish request (read whole: callers keep this for small
 /// outputs, see `shared::api::MAX_INLINE_BYTES`). A file that vanished is left out.
-pub async fn read_inline(files: &[OutputFile]) -> Vec<InlineFile> {
+/// Read with the file identity `reader` (a `run_as` user's), see `run_as`.
+pub async fn read_inline(files: &[OutputFile], reader: Option<(u32, u32)>) -> Vec<InlineFile> {
     if files.is_empty() {
         return Vec::new();
     }
@@ -97,7 +98,7 @@ pub async fn read_inline(files: &[OutputFile]) -> Vec<InlineFile> {
         }
         inline
     };
-    tokio::task::spawn_blocking(read).await.unwrap_or_default()
+    tokio::task::spawn_blocking(move || crate::run_as::with_file_identity(reader, read)).await.unwrap_or_default()
 }
 
 fn hex_digest(data: &[u8]) -> String {
@@ -109,12 +110,18 @@ fn hex_digest(data: &[u8]) -> String {
 pub async fn upload_streamed(
     client: &Client,
     worker_id: WorkerId,
-    attempt: JobAttempt,
+    (attempt, reader): (JobAttempt, Option<(u32, u32)>),
     files: &[OutputFile],
 ) -> Result<Vec<ManifestEntry>, ShipError> {
     let mut manifest = Vec::with_capacity(files.len());
     for file in files {
-        let Ok(handle) = tokio::fs::File::open(&file.source).await else {
+        // Opened with the file identity `reader` (a `run_as` user's), see `run_as`.
+        let source = file.source.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            crate::run_as::with_file_identity(reader, || std::fs::File::open(source))
+        })
+        .await;
+        let Ok(Ok(handle)) = opened.map(|opened| opened.map(tokio::fs::File::from_std)) else {
             tracing::warn!(path = %file.source.display(), "an output file vanished before its upload; left out");
             continue;
         };

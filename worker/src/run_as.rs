@@ -2,8 +2,15 @@
 //! worker's credentials from its jobs, as labs run it. The worker runs as root; each job's
 //! processes get the user's uid and gid (and no supplementary groups), its `HOME`, `USER` and
 //! `LOGNAME`, and own only what the job writes: its working copy, outputs, checkpoint
-//! directory, metrics file and the setup mark. The attempt's root, its log and everything the
-//! worker reads back by path stay the worker's, so a job cannot swap them for links.
+//! directory, metrics file and the setup mark.
+//!
+//! Root must never be tricked into reading or writing through a link the user planted. So the
+//! attempt's directories are made afresh by root for each attempt (under the slot, which only
+//! root may write), filled by root while they are still root's, and given to the user last,
+//! deepest first, so no directory is the user's before everything under it was handed over;
+//! the attempt's root, log and config stay root's. What the worker reads back from trees the
+//! user can write (outputs, checkpoints) it reads with the user's file identity
+//! ([`with_file_identity`]): a link to a file the user may not read is refused to the worker too.
 
 use crate::executor::AttemptDirs;
 use nix::unistd::{Gid, Uid, User};
@@ -50,17 +57,12 @@ impl RunAs {
     }
 
     /// Gives the user what the job writes in `dirs` (and what is inside those directories: the
-    /// code copy, a restored checkpoint), and lets it read its config files. A working copy that
-    /// is an overlay of a tree the user owns already (`code_overlay`) is given its top only: a
-    /// change of owner would copy every file up into the overlay.
-    pub fn hand_over(&self, dirs: &AttemptDirs, code_overlay: bool) -> std::io::Result<()> {
+    /// code copy, a restored checkpoint), and lets it read its config files. The directories
+    /// must be the attempt's fresh ones ([`AttemptDirs::prepare`] with `fresh`), still root's.
+    pub fn hand_over(&self, dirs: &AttemptDirs) -> std::io::Result<()> {
         let (uid, gid) = (self.uid.as_raw(), self.gid.as_raw());
-        for dir in [&dirs.output, &dirs.checkpoint, &dirs.state] {
+        for dir in [&dirs.output, &dirs.checkpoint, &dirs.state, &dirs.cwd] {
             own_tree(dir, uid, gid)?;
-        }
-        match code_overlay {
-            true => std::os::unix::fs::lchown(&dirs.cwd, Some(uid), Some(gid))?,
-            false => own_tree(&dirs.cwd, uid, gid)?,
         }
         for file in [&dirs.metrics, &dirs.config, &dirs.wandb_params] {
             match std::os::unix::fs::lchown(file, Some(self.uid.as_raw()), Some(self.gid.as_raw())) {
@@ -78,11 +80,31 @@ impl RunAs {
 }
 
 /// Gives `path` and everything under it to `uid`:`gid`, links themselves (never what they point
-/// to).
+/// to), deepest first: a directory becomes the user's only once everything in it is, so the user
+/// cannot swap an entry for a link before root is done with it.
 pub fn own_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    for entry in walkdir::WalkDir::new(path).follow_links(false) {
+    for entry in walkdir::WalkDir::new(path).follow_links(false).contents_first(true) {
         let entry = entry.map_err(std::io::Error::other)?;
         std::os::unix::fs::lchown(entry.path(), Some(uid), Some(gid))?;
     }
     Ok(())
+}
+
+/// Runs `f` on this thread with the file identity `ids` (uid, gid) when given: every path it
+/// opens is checked as that user's, links included, and root's rights over files are set
+/// aside meanwhile (the kernel drops them with a non-zero fsuid). For reading trees a job may
+/// write; `f` must not yield to other work on the thread.
+pub fn with_file_identity<T>(ids: Option<(u32, u32)>, f: impl FnOnce() -> T) -> T {
+    let Some((uid, gid)) = ids else { return f() };
+    struct Restore(Uid, Gid);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            nix::unistd::setfsuid(self.0);
+            nix::unistd::setfsgid(self.1);
+        }
+    }
+    let previous_gid = nix::unistd::setfsgid(Gid::from_raw(gid));
+    let previous_uid = nix::unistd::setfsuid(Uid::from_raw(uid));
+    let _restore = Restore(previous_uid, previous_gid);
+    f()
 }

@@ -15,6 +15,8 @@
 mod service;
 mod tracker;
 
+pub use service::Authenticated;
+
 use axum::serve::Listener;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -127,17 +129,28 @@ where
             service::Tracked { router: router.clone(), tracker: tracker.clone(), body_idle: limits.body_idle_timeout };
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let watched = graceful.watch(connection);
-        let (registry, idle_limit) = (registry.clone(), limits.header_timeout);
+        let (idle_limit, stall_limit) = (limits.header_timeout, limits.body_idle_timeout);
+        let closing = Closing(registry.clone(), tracker.clone());
         tokio::spawn(async move {
             // Errors here are a client's broken or timed-out connection: nothing to report.
             tokio::select! {
                 _ = watched => {}
-                () = tracker.expired(idle_limit) => {}
+                () = tracker.expired(idle_limit, stall_limit) => {}
             }
-            registry.close(&tracker);
+            // The connection's entry goes when `closing` is dropped, also if a handler panicked.
+            drop(closing);
         });
     }
     finish(listener, graceful).await;
+}
+
+/// Closes a connection's entry in the registry when its task ends, however it ends.
+struct Closing(Arc<Registry>, Arc<tracker::Tracker>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.close(&self.1);
+    }
 }
 
 async fn finish<L>(listener: L, graceful: hyper_util::server::graceful::GracefulShutdown) {

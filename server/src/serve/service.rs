@@ -15,6 +15,7 @@ use hyper::{Request, Response};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -35,14 +36,19 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     type Future = Pin<Box<dyn Future<Output = Result<Response<Answer>, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let request_guard = self.tracker.begin_request();
+        let mut request_guard = self.tracker.begin_request();
         let body_guard = (!request.body().is_end_stream()).then(|| self.tracker.body_opened());
         let body_idle = self.body_idle;
         let request = request.map(|inner| Arriving { inner, body_idle, stall: None, guard: body_guard, failed: false });
         let answered = tower_service::Service::call(&mut self.router.clone(), request);
         Box::pin(async move {
             let response = answered.await?;
-            Ok(response.map(|body| Answer { body, _request: request_guard }))
+            let ok = response.status().is_success() || response.status().is_redirection();
+            if ok && response.extensions().get::<Authenticated>().is_some() {
+                request_guard.authenticated();
+            }
+            let waiting = request_guard.tracker().answering();
+            Ok(response.map(|body| Answer { body, waiting, request: request_guard }))
         })
     }
 }
@@ -108,10 +114,18 @@ impl Body for Arriving {
     }
 }
 
-/// A response body that keeps its request counted as in flight until it is done or dropped.
+/// Set on a response by the auth layer when its request was one of a known client (a valid
+/// token, or a server without tokens): its connection then counts as used (see `tracker`).
+#[derive(Debug, Clone, Copy)]
+pub struct Authenticated;
+
+/// A response body that keeps its request counted as in flight until it is done or dropped,
+/// and says since when hyper has not come back for its next piece (`waiting`, ms; 0 while the
+/// body itself has nothing to give, as an event stream between events).
 pub struct Answer {
     body: axum::body::Body,
-    _request: RequestGuard,
+    waiting: Arc<AtomicU64>,
+    request: RequestGuard,
 }
 
 impl Body for Answer {
@@ -119,7 +133,14 @@ impl Body for Answer {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        self.waiting.store(0, Ordering::Release);
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            // Handed a piece to hyper: until it asks for the next, the client holds us up.
+            let now = self.request.tracker().now().max(1);
+            self.waiting.store(now, Ordering::Release);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

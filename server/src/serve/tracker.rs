@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -57,9 +57,14 @@ pub struct Tracker {
     open_bodies: AtomicUsize,
     /// The last activity: the end of the last request, or the last piece of a body.
     since_ms: AtomicU64,
-    /// A request on it was answered: the connection is used, not only held.
+    /// An authenticated request on it was answered: the connection is used, not only held.
     served: AtomicBool,
     evicted: AtomicBool,
+    /// The registry's count of evictions not yet closed, which this one may be part of.
+    evicting: Arc<AtomicUsize>,
+    /// Answers on their way out, each with since when (ms, 0: none) it waits for hyper to take
+    /// its next piece: a client that stops reading leaves hyper unable to.
+    answers: Mutex<Vec<Weak<AtomicU64>>>,
     changed: Notify,
 }
 
@@ -82,7 +87,32 @@ impl Tracker {
     pub fn begin_request(self: &Arc<Self>) -> RequestGuard {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.changed.notify_waiters();
-        RequestGuard(self.clone())
+        RequestGuard { tracker: self.clone(), authenticated: false }
+    }
+
+    /// An answer on its way out: what it keeps up to date of its progress (see `answers`).
+    pub fn answering(&self) -> Arc<AtomicU64> {
+        let waiting = Arc::new(AtomicU64::new(0));
+        if let Ok(mut answers) = self.answers.lock() {
+            answers.retain(|answer| answer.strong_count() > 0);
+            answers.push(Arc::downgrade(&waiting));
+        }
+        waiting
+    }
+
+    /// The time (ms) since when the answer stuck longest has waited for hyper, if one does.
+    fn stuck_since(&self) -> Option<u64> {
+        let answers = self.answers.lock().ok()?;
+        answers
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|since| since.load(Ordering::Acquire))
+            .filter(|since| *since > 0)
+            .min()
+    }
+
+    pub fn now(&self) -> u64 {
+        self.now_ms()
     }
 
     /// A request body that has not fully arrived; the guard says when it has (or is dropped).
@@ -99,23 +129,47 @@ impl Tracker {
 
     /// Asks the connection's task to close it now.
     pub fn evict(&self) {
-        self.evicted.store(true, Ordering::Release);
+        if !self.evicted.swap(true, Ordering::AcqRel) {
+            self.evicting.fetch_add(1, Ordering::AcqRel);
+        }
         self.changed.notify_waiters();
     }
 
-    /// Completes when the connection must be closed: evicted, or with no request in flight for
-    /// `idle_limit` (which covers a connection that never sent a whole request head, whatever
-    /// it sent, and a keep-alive connection that stays silent).
-    pub async fn expired(&self, idle_limit: Duration) {
+    /// Takes an eviction back: a request started on the connection as it was chosen.
+    fn spare(&self) {
+        if self.evicted.swap(false, Ordering::AcqRel) {
+            self.evicting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Completes when the connection must be closed: evicted while it holds without use, with
+    /// no request in flight for `idle_limit` (which covers a connection that never sent a whole
+    /// request head, whatever it sent, and a keep-alive connection that stays silent), or with
+    /// an answer hyper has not taken its next piece of for `stall_limit` (a client that does
+    /// not read: an HTTP/2 window it never opens, pipelined requests it never reads).
+    pub async fn expired(&self, idle_limit: Duration, stall_limit: Duration) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             if self.evicted.load(Ordering::Acquire) {
-                return;
+                if matches!(self.standing(), Standing::Holding { .. }) {
+                    return;
+                }
+                self.spare();
             }
             if self.in_flight.load(Ordering::Acquire) > 0 {
-                changed.await;
+                // Checked now and then: an answer stuck on the client is no event of ours.
+                let check = stall_limit / 4;
+                if let Some(since) = self.stuck_since() {
+                    if self.now_ms().saturating_sub(since) >= stall_limit.as_millis() as u64 {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    () = changed => {}
+                    () = tokio::time::sleep(check) => {}
+                }
                 continue;
             }
             let deadline = self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Acquire)) + idle_limit;
@@ -131,14 +185,31 @@ impl Tracker {
 }
 
 /// A request in flight on a connection.
-pub struct RequestGuard(Arc<Tracker>);
+pub struct RequestGuard {
+    tracker: Arc<Tracker>,
+    authenticated: bool,
+}
+
+impl RequestGuard {
+    /// The request was answered as one of a known client (a token it holds, or a server
+    /// without tokens): its connection is one that client uses.
+    pub fn authenticated(&mut self) {
+        self.authenticated = true;
+    }
+
+    pub fn tracker(&self) -> &Arc<Tracker> {
+        &self.tracker
+    }
+}
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        let tracker = &self.0;
+        let tracker = &self.tracker;
         // The idle time starts when the last request in flight ends.
         tracker.touch();
-        tracker.served.store(true, Ordering::Release);
+        if self.authenticated {
+            tracker.served.store(true, Ordering::Release);
+        }
         tracker.in_flight.fetch_sub(1, Ordering::AcqRel);
         tracker.changed.notify_waiters();
     }
@@ -165,6 +236,8 @@ pub struct Registry {
     next_id: AtomicU64,
     open: Mutex<HashMap<u64, Arc<Tracker>>>,
     per_address: Mutex<HashMap<IpAddr, usize>>,
+    /// Connections evicted and not closed yet: they no longer count against the cap.
+    evicting: Arc<AtomicUsize>,
     /// Told each time a connection closes.
     pub closed: Notify,
 }
@@ -176,6 +249,7 @@ impl Default for Registry {
             next_id: AtomicU64::new(0),
             open: Mutex::default(),
             per_address: Mutex::default(),
+            evicting: Arc::default(),
             closed: Notify::new(),
         }
     }
@@ -194,6 +268,8 @@ impl Registry {
             since_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
             served: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
+            evicting: self.evicting.clone(),
+            answers: Mutex::default(),
             changed: Notify::new(),
         });
         if let Some(address) = address {
@@ -204,7 +280,10 @@ impl Registry {
     }
 
     pub fn close(&self, tracker: &Tracker) {
-        lock(&self.open).remove(&tracker.id);
+        if lock(&self.open).remove(&tracker.id).is_none() {
+            return;
+        }
+        tracker.spare();
         if let Some(address) = tracker.address {
             let mut counts = lock(&self.per_address);
             if let Some(count) = counts.get_mut(&address) {
@@ -217,8 +296,9 @@ impl Registry {
         self.closed.notify_waiters();
     }
 
+    /// Open connections, less those evicted and about to close.
     pub fn len(&self) -> usize {
-        lock(&self.open).len()
+        lock(&self.open).len().saturating_sub(self.evicting.load(Ordering::Acquire))
     }
 
     /// Open connections from `address` (an upper bound of those that never completed a
@@ -277,17 +357,17 @@ mod tests {
         let limit = Duration::from_millis(200);
         // Nothing sent: it expires after the limit.
         let started = Instant::now();
-        tracker.expired(limit).await;
+        tracker.expired(limit, Duration::from_secs(3600)).await;
         assert!(started.elapsed() >= limit);
         // A request in flight (a long poll) holds it open past the limit; the idle time starts
         // again when the answer is done.
         let request = tracker.begin_request();
         assert_eq!(tracker.standing(), Standing::Busy);
-        let waited = tokio::time::timeout(limit * 3, tracker.expired(limit)).await;
+        let waited = tokio::time::timeout(limit * 3, tracker.expired(limit, Duration::from_secs(3600))).await;
         assert!(waited.is_err(), "expired with a request in flight");
         drop(request);
         let ended = Instant::now();
-        tracker.expired(limit).await;
+        tracker.expired(limit, Duration::from_secs(3600)).await;
         assert!(ended.elapsed() >= limit);
         // A request waiting for its body holds without use, and is evicted once it has for the
         // grace.
@@ -297,9 +377,12 @@ mod tests {
         assert!(!registry.evict_oldest(None), "evicted before its grace");
         tokio::time::sleep(EVICTION_GRACE + Duration::from_millis(50)).await;
         assert!(registry.evict_oldest(None));
-        tokio::time::timeout(Duration::from_secs(5), tracker.expired(Duration::from_secs(3600)))
-            .await
-            .expect("evicted at once");
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            tracker.expired(Duration::from_secs(3600), Duration::from_secs(3600)),
+        )
+        .await
+        .expect("evicted at once");
         registry.close(&tracker);
         assert_eq!(registry.len(), 0);
     }

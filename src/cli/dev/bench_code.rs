@@ -148,7 +148,7 @@ pub async fn run(args: BenchCodeArgs) -> anyhow::Result<()> {
                 std::fs::remove_dir_all(&work_dir)?;
                 continue;
             }
-            let cache = worker::code::CodeCache::new(&work_dir, 5 << 30, copier, None);
+            let cache = worker::code::CodeCache::new(&work_dir, 5 << 30, copier);
             for cached in [false, true, true, true] {
                 let slot = work_dir.join("slot");
                 let (cwd, layers) = (slot.join("work"), slot.join("code-layers"));

@@ -3,11 +3,12 @@
 //! projects generate and never import.
 //!
 //! - **App's own state**, always: a directory holding a server's data (its instance marker
-//!   `.app-instance` or its `queue.db`) or a worker's work directory (`.app-worker.lock` or
-//!   `.app-worker.key`), whatever its name; the token and config files the client was given
-//!   (`APP_TOKEN_FILE`, `--token-file`, `APP_CONFIG_FILE`); and any TOML file that is an app
-//!   config (only `[server]` and `[worker]` tables). A project that *is* such a directory ships
-//!   nothing. None of this can be put back: it is never code, and a token must never travel.
+//!   `.app-instance`) or a worker's work directory (`.app-worker.lock` or `.app-worker.key`),
+//!   whatever its name; the token and config files the client was given (`APP_TOKEN_FILE`,
+//!   `--token-file`, `APP_CONFIG_FILE`); any TOML file that is an app config (only `[server]`
+//!   and `[worker]` tables, with keys of app's), and the token and key files it names. A
+//!   project that *is* such a directory ships nothing. None of this can be put back: it is
+//!   never code, and a token must never travel.
 //! - **Generated outputs**, outside git only: [`GENERATED`] (W&B, MLflow, Lightning, TensorBoard
 //!   and Hydra runs, Python caches, notebook checkpoints), virtual environments (a directory
 //!   with `pyvenv.cfg`) and weights over [`LARGE_WEIGHTS`] (`*.ckpt`, `*.pt`, `*.pth`,
@@ -15,13 +16,35 @@
 
 use std::path::{Path, PathBuf};
 
-/// Files whose presence makes their directory app's own, with what that directory is.
-const STATE_MARKERS: [(&str, &str); 4] = [
+/// Files whose presence makes their directory app's own, with what that directory is. (Not
+/// `queue.db`: a project may well have a file of that name; a server always writes its marker.)
+const STATE_MARKERS: [(&str, &str); 3] = [
     (".app-instance", "app's data"),
-    ("queue.db", "app's data"),
     (".app-worker.lock", "attempt directories"),
     (".app-worker.key", "attempt directories"),
 ];
+
+/// Keys only app's config files have (`configs/*.example.toml`); one of them makes a TOML file
+/// of `[server]` and `[worker]` tables an app config.
+const APP_KEYS: [&str; 14] = [
+    "data_dir",
+    "database_url",
+    "lease_secs",
+    "heartbeat_secs",
+    "max_long_poll_secs",
+    "user_token_file",
+    "worker_token_file",
+    "tls_key",
+    "work_dir",
+    "max_jobs",
+    "token_file",
+    "kill_grace_secs",
+    "code_cache_size",
+    "telemetry_secs",
+];
+
+/// The keys of an app config that name files holding secrets.
+const SECRET_FILE_KEYS: [&str; 4] = ["user_token_file", "worker_token_file", "token_file", "tls_key"];
 
 /// Directories research projects generate, left out outside git (gitignore patterns, with what
 /// they hold).
@@ -59,15 +82,28 @@ pub fn large_weights(path: &Path, size: u64) -> bool {
             .is_some_and(|extension| WEIGHT_EXTENSIONS.iter().any(|known| known.eq_ignore_ascii_case(extension)))
 }
 
-/// Whether the file at `path` is an app config: a TOML file whose tables are only `[server]`
-/// and `[worker]` (it may name a database URL with a password, or token files).
-pub fn app_config(path: &Path) -> bool {
+/// When the file at `path` is an app config (a TOML file whose tables are only `[server]` and
+/// `[worker]`, with keys only app uses; it may hold a database URL with a password), the files
+/// holding secrets it names (token files, the TLS key), resolved beside it.
+pub fn app_config(path: &Path) -> Option<Vec<PathBuf>> {
     if path.extension().is_none_or(|extension| extension != "toml") {
-        return false;
+        return None;
     }
-    let Ok(text) = std::fs::read_to_string(path) else { return false };
-    let Ok(table) = text.parse::<toml::Table>() else { return false };
-    !table.is_empty() && table.keys().all(|key| key == "server" || key == "worker")
+    let text = std::fs::read_to_string(path).ok()?;
+    let table = text.parse::<toml::Table>().ok()?;
+    let tables: Vec<&toml::Table> = table.values().filter_map(toml::Value::as_table).collect();
+    let only_ours = !table.is_empty() && table.keys().all(|key| key == "server" || key == "worker");
+    let known = tables.iter().any(|table| table.keys().any(|key| APP_KEYS.contains(&key.as_str())));
+    if !(only_ours && known && tables.len() == table.len()) {
+        return None;
+    }
+    let beside = path.parent().unwrap_or(Path::new("."));
+    let named = tables
+        .iter()
+        .flat_map(|table| SECRET_FILE_KEYS.iter().filter_map(|key| table.get(*key)?.as_str()))
+        .map(|named| beside.join(named))
+        .collect();
+    Some(named)
 }
 
 /// The files the client was given that the project may hold: its token and config files.

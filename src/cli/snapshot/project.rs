@@ -83,6 +83,14 @@ pub fn find(sweep_file: &Path, given: &[PathBuf]) -> anyhow::Result<Project> {
     };
     let mut given: Vec<PathBuf> = given.iter().filter_map(|path| path.canonicalize().ok()).collect();
     given.extend(left_out::client_files());
+    // App configs in the project, and the secret files they name.
+    let mut configs = Vec::new();
+    for path in listed.iter().filter(|path| path.extension().is_some_and(|extension| extension == "toml")) {
+        if let Some(named) = left_out::app_config(&root.join(path)) {
+            configs.push(path.clone());
+            given.extend(named.iter().filter_map(|file| file.canonicalize().ok()));
+        }
+    }
     let mut files = Vec::with_capacity(listed.len());
     for path in listed {
         if user.matched_path_or_any_parents(&path, false).is_ignore() {
@@ -93,7 +101,7 @@ pub fn find(sweep_file: &Path, given: &[PathBuf]) -> anyhow::Result<Project> {
             left_out.add(&path, false, "app's token or config");
             continue;
         }
-        if left_out::app_config(&full) {
+        if configs.contains(&path) {
             left_out.add(&path, false, "app's config");
             continue;
         }
