@@ -304,3 +304,30 @@ fn oversized_grid_is_refused_at_once() {
     let cvlab = Sweep::parse("a: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]\nb: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]", &options);
     assert_eq!(cvlab.unwrap_err(), SweepError::TooManyJobs { count: 110, limit: 100 });
 }
+
+/// Flow collections laid out as PyYAML reads them (and CVLab-Kit, Hydra and W&B users write
+/// them): a closing bracket at its block's own column, with or without a trailing comma and
+/// with comments (CVLab-Kit's `config/ssl/curriculum_adaptive_ssl_ablation.yaml`), items at
+/// that column, nested under a mapping, a flow mapping closed at the column of its key.
+#[test]
+fn flow_collections_closed_at_their_blocks_column_read_as_pyyaml_reads_them() {
+    let curriculum = "model: wideresnet\nablation_name: [\n  \"fixed\",  # the baseline\n  \"adaptive\"\n]\nlr: 0.03\n";
+    let sweep = parse(curriculum).unwrap();
+    assert_eq!(sweep.form, SweepForm::Cvlab);
+    assert_eq!(sweep.count(), 2);
+    assert_eq!(params(&sweep.job(1).unwrap()), json!({"ablation_name": "adaptive"}));
+    let trailing = "ablation_name: [\n  \"a\",\n  \"b\",\n]\n";
+    assert_eq!(parse(trailing).unwrap().count(), 2);
+    let items_at_column = "seeds: [\n1,\n2,\n3\n]\n";
+    assert_eq!(parse(items_at_column).unwrap().count(), 3);
+    let nested = "optim:\n  lr: [\n    0.1,\n    0.01,\n  ]\n  batch: 32\n";
+    let sweep = parse(nested).unwrap();
+    assert_eq!(sweep.count(), 2);
+    assert_eq!(params(&sweep.job(0).unwrap()), json!({"optim.lr": 0.1}));
+    let wandb = "method: grid\nparameters:\n  lr: {\n    values: [0.1, 0.01]\n  }\nprogram: train.py\n";
+    let sweep = parse(wandb).unwrap();
+    assert_eq!((sweep.form, sweep.count()), (SweepForm::Wandb, 2));
+    // A file that is wrong for another reason still says so, at its line.
+    let broken = "a: [\n  1,\n]\nb: : c\n";
+    assert!(parse(broken).is_err());
+}

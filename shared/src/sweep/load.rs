@@ -67,8 +67,26 @@ impl Loader {
         self.spent.get()
     }
 
-    /// Parses one YAML document, resolving merge keys (`<<: *defaults`).
+    /// Parses one YAML document, resolving merge keys (`<<: *defaults`). A document refused
+    /// only for a flow collection's indentation is read as PyYAML reads it (`flow_indent`).
     pub(crate) fn load(&self, text: &str) -> Result<Value, SweepError> {
+        match self.load_once(text) {
+            Err(error) if is_indentation(&error) => match super::flow_indent::indent_flow_lines(text) {
+                Some(indented) => {
+                    let again = Loader::for_text(&indented).with_max_depth(self.max_depth);
+                    let loaded = again.load_once(&indented).map_err(|_| error);
+                    if again.is_spent() {
+                        self.spent.set(true);
+                    }
+                    loaded
+                }
+                None => Err(error),
+            },
+            loaded => loaded,
+        }
+    }
+
+    fn load_once(&self, text: &str) -> Result<Value, SweepError> {
         if self.is_spent() {
             return Err(budget_refusal("the sweep file's YAML budget is spent"));
         }
@@ -335,6 +353,11 @@ fn duplicate_key(key: &Value) -> String {
 
 fn at(span: Span, message: &str) -> SweepError {
     SweepError::Syntax { line: span.start.line().max(1), column: span.start.col() + 1, message: message.to_owned() }
+}
+
+/// Whether the scanner refused a line for its indentation.
+fn is_indentation(error: &SweepError) -> bool {
+    matches!(error, SweepError::Syntax { message, .. } if message == "invalid indentation")
 }
 
 fn syntax_error(error: ScanError, max_depth: usize) -> SweepError {

@@ -23,6 +23,7 @@ mod cvlab;
 mod detect;
 mod environment;
 mod error;
+mod flow_indent;
 mod load;
 mod native;
 mod params;
