@@ -175,9 +175,14 @@ async fn a_damaged_snapshot_is_downloaded_again_and_one_damaged_on_the_server_ne
     assert!(first.status.success(), "{}", text(&first.stderr));
     // The cache holds the snapshot unpacked, its tree; the archive went once it was checked.
     let cache = worker.dir.path().join("work/code-cache");
-    let tree = std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap().path();
-    let digest = tree.file_name().unwrap().to_string_lossy().replace(".tree", "");
-    assert_eq!(tree.file_name().unwrap().to_string_lossy(), format!("{digest}.tree"));
+    // Beside the tree lies its `.made` mark; the directory's order is the file system's.
+    let entries: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().map(|entry| entry.unwrap().path()).collect();
+    let trees: Vec<&PathBuf> =
+        entries.iter().filter(|path| path.extension().is_some_and(|ext| ext == "tree")).collect();
+    assert_eq!(trees.len(), 1, "one unpacked tree and no archive left: {entries:?}");
+    let tree = trees[0].clone();
+    let digest = tree.file_stem().unwrap().to_string_lossy().into_owned();
+    assert!(!entries.iter().any(|path| path.extension().is_some_and(|ext| ext == "zst")), "{entries:?}");
     let on_server = server.data_dir().join("code").join(format!("{digest}.tar.zst"));
 
     // A download damaged on the worker's disk before it was unpacked: downloaded again, and the
