@@ -314,9 +314,23 @@ impl EmbeddedApp {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        common::wait_until_sync("app listens", LONG, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        // Serving, not only bound: the port takes connections before the data directory is
+        // opened and marked as app's, and a snapshot taken in between would not know it.
+        common::wait_until_sync("app serves", LONG, || health_answers(port));
         EmbeddedApp { child, url: format!("http://127.0.0.1:{port}") }
     }
+}
+
+/// Whether `GET /api/health` on `port` answers 200 within a second.
+fn health_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"GET /api/health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
 }
 
 impl Drop for EmbeddedApp {
@@ -371,6 +385,7 @@ async fn resubmitting_where_app_keeps_its_data_ships_the_same_code(with_git: boo
     }
     let app_here = EmbeddedApp::start_in(&root);
     let mut digests = Vec::new();
+    let mut answers = Vec::new();
     for round in 0..3 {
         let output = app()
             .current_dir(&root)
@@ -382,7 +397,12 @@ async fn resubmitting_where_app_keeps_its_data_ships_the_same_code(with_git: boo
         let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         digests.push(answer["code"]["snapshot"]["digest"].as_str().unwrap().to_string());
         let uploaded = &answer["code"]["uploaded_bytes"];
-        assert_eq!(uploaded.is_null(), round > 0, "round {round} uploads only the first time: {answer}");
+        assert_eq!(
+            uploaded.is_null(),
+            round > 0,
+            "round {round} uploads only the first time: {answer} after {answers:#?}"
+        );
+        answers.push(answer.clone());
         let left: Vec<String> = answer["code"]["left_out"]
             .as_array()
             .unwrap()
