@@ -222,8 +222,11 @@ async fn proxy_holding_claims(target: u16, hold: Duration) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_answering_an_earlier_registration_does_not_make_the_worker_register_twice() {
-    // Claims are held 1.5 s (of a 3 s lease) on their way back: a claim sent just after the server was reset is
-    // refused (401) only after a heartbeat's refusal made the worker register again.
+    // Claims are held 1.5 s on their way back: a claim sent just after the server was reset is
+    // refused (401) only after a heartbeat's refusal made the worker register again. The second
+    // server's lease is 6 s: a job its worker's heartbeats do not list counts as lost half a
+    // lease after its claim, and with 3 s that was the hold itself (the job claimed by the
+    // second registration was taken back as often as not).
     let port = common::free_port();
     let first = ServerProcess::start_on(port);
     let proxy = proxy_holding_claims(port, Duration::from_millis(1500)).await;
@@ -233,7 +236,7 @@ async fn a_refusal_answering_an_earlier_registration_does_not_make_the_worker_re
     })
     .await;
     drop(first);
-    let second = ServerProcess::start_on(port);
+    let second = ServerProcess::start_at(port, "lease_secs = 6\nheartbeat_secs = 0.5\n");
     second.submit("name: after\ncommand: 'sleep 6'\n").await;
     let job = finished_job(&second, "after").await;
     // The job started under the worker's second registration ran to its end at attempt 1: a

@@ -106,7 +106,8 @@ impl ServerProcess {
         Self::start_at(free_port(), settings)
     }
 
-    fn start_at(port: u16, settings: &str) -> ServerProcess {
+    /// On a port chosen beforehand, with `settings` as in [`ServerProcess::start_with`].
+    pub fn start_at(port: u16, settings: &str) -> ServerProcess {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("server.toml"), format!("[server]\n{settings}")).unwrap();
         Self::start_in_dir_on(dir, port, pg_server::test_database())
