@@ -173,7 +173,14 @@ async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
         nix::sys::signal::kill(b_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
         let back = heartbeats_through(a_port, Duration::from_secs(30)).await;
         nix::sys::signal::kill(b_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-        assert!(back, "the worker does not heartbeat through A:\n{}", worker.log());
+        let replica_log = |name: &str| std::fs::read_to_string(logs.path().join(name)).unwrap_or_default();
+        assert!(
+            back,
+            "the worker does not heartbeat through A:\n{}\nA:\n{}\nB:\n{}",
+            worker.log(),
+            replica_log("a.log"),
+            replica_log("b.log")
+        );
     }
     let a_pid = nix::unistd::Pid::from_raw(a.id() as i32);
     nix::sys::signal::kill(a_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();

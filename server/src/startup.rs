@@ -10,6 +10,7 @@ use crate::tls::TlsListener;
 use anyhow::Context;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -102,6 +103,28 @@ pub async fn run(
     Ok(())
 }
 
+/// How long after a shared database was made its maker may still be marking the shared
+/// directory (it does so right after migrating: milliseconds, seconds under load).
+const MARKING_GRACE: Duration = Duration::from_secs(5);
+
+/// Replicas started together on a new database: one makes it, and marks the shared directory
+/// just after; another that finds the database made may look before the mark is there. Such a
+/// replica waits for the mark while the database is younger than [`MARKING_GRACE`] (an older
+/// one's directory was marked long ago: a missing mark is refused at once).
+async fn wait_for_the_makers_marker(db: &Db, data_dir: &std::path::Path) {
+    let marker = data_dir.join(crate::data_owner::MARKER);
+    let Some(pool) = db.postgres_pool() else { return };
+    let age = crate::db::postgres::seconds_since_made(pool).await.unwrap_or(f64::INFINITY);
+    let left = MARKING_GRACE.saturating_sub(Duration::try_from_secs_f64(age.max(0.0)).unwrap_or(Duration::MAX));
+    let deadline = tokio::time::Instant::now() + left;
+    if !marker.exists() && !left.is_zero() {
+        tracing::info!(marker = %marker.display(), "the database is new: waiting for the server that made it to mark the data directory");
+    }
+    while !marker.exists() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Checks that the data directory's files belong to this database (marking it if unmarked);
 /// returns the database's instance id.
 async fn own_data_dir(db: &Db, data_dir: &std::path::Path) -> anyhow::Result<String> {
@@ -115,6 +138,9 @@ async fn own_data_dir(db: &Db, data_dir: &std::path::Path) -> anyhow::Result<Str
             // `Db::open` makes its own); any other must find it made and marked.
             std::fs::create_dir_all(data_dir)
                 .with_context(|| format!("creating data directory {}", data_dir.display()))?;
+        }
+        if !db.created {
+            wait_for_the_makers_marker(db, data_dir).await;
         }
         crate::data_owner::check_shared(data_dir, &database, &instance, db.created)?;
         return Ok(instance);

@@ -182,6 +182,13 @@ async fn migrate(pool: &PgPool, connection: &mut PgConnection, place: &str) -> a
     Ok(applied.is_none())
 }
 
+/// How long ago the database was made (its first migration applied), in seconds.
+pub async fn seconds_since_made(pool: &PgPool) -> sqlx::Result<f64> {
+    sqlx::query_scalar("SELECT EXTRACT(EPOCH FROM now() - min(installed_on))::DOUBLE PRECISION FROM _sqlx_migrations")
+        .fetch_one(pool)
+        .await
+}
+
 /// The cause of a failed connection in a few words: the I/O error (refused, no route, unknown
 /// host), the server's own message (no such database, authentication failed), or the timeout.
 fn cause(error: &sqlx::Error) -> String {

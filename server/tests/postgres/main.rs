@@ -543,6 +543,37 @@ async fn a_replica_whose_data_directory_is_not_the_shared_one_is_refused_naming_
     start_and_stop(&pg.url, shared.path()).await.expect("the shared directory serves again");
 }
 
+/// Replicas started together on a new database: the one that did not make it may look for the
+/// shared directory's marker before its maker wrote it (the replicas test's second server was
+/// refused so, now and then). It waits for the mark while the database is new.
+#[tokio::test]
+async fn a_replica_started_with_the_one_making_the_database_waits_for_its_mark() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    start_and_stop(&pg.url, shared.path()).await.expect("the first server makes the database and marks its directory");
+    // As the second replica sees it in the race: the database made, the mark not yet written.
+    let marker = shared.path().join(".app-instance");
+    let mark = std::fs::read(&marker).unwrap();
+    std::fs::remove_file(&marker).unwrap();
+    let started = std::time::Instant::now();
+    let second = tokio::spawn({
+        let (url, dir) = (pg.url.clone(), shared.path().to_path_buf());
+        async move { start_and_stop(&url, &dir).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert!(!second.is_finished(), "the second replica waits for the mark");
+    std::fs::write(&marker, &mark).unwrap();
+    second.await.unwrap().expect("it starts once the maker marked the directory");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    // Past the grace, a missing mark is refused (as on a directory of its own), and waits no more.
+    std::fs::remove_file(&marker).unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let started = std::time::Instant::now();
+    let refused = start_and_stop(&pg.url, shared.path()).await.expect_err("an old database's unmarked directory");
+    assert!(refused.to_string().contains("is not the one the servers of PostgreSQL"), "{refused}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "refused at once: {:?}", started.elapsed());
+}
+
 /// A server replica on `url` serving `data_dir` on a loopback port, stopped when dropped.
 struct Replica {
     client: client::Client,
