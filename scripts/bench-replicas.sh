@@ -7,7 +7,8 @@
 #
 #   scripts/bench-replicas.sh [--rounds 3] [--seconds 5] [--replicas 1,2,3] [--workers 64]
 #
-# PG_SETTINGS adds server settings, e.g. PG_SETTINGS="-c synchronous_commit=off" (SQLite's
+# APP_BIN runs that build instead of building target/release/app (an A/B runs this script
+# once per build and round, alternating). PG_SETTINGS adds server settings, e.g. PG_SETTINGS="-c synchronous_commit=off" (SQLite's
 # queue.db commits without an fsync per transaction: a crash of the process loses nothing,
 # a power cut may lose the last commits; that is PostgreSQL's synchronous_commit=off).
 set -euo pipefail
@@ -18,7 +19,8 @@ if [ -z "$bin" ] || [ ! -x "$bin/initdb" ]; then
     ./scripts/install-test-deps.sh
     bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 fi
-cargo build --release --bin app
+app=${APP_BIN:-target/release/app}
+[ -n "${APP_BIN:-}" ] || cargo build --release --bin app
 
 dir=$(mktemp -d)
 as=()
@@ -38,4 +40,4 @@ for _ in $(seq 300); do
 done
 "$bin/pg_isready" -h 127.0.0.1 -p "$port" -q || { cat "$dir/server.log"; exit 1; }
 echo "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port"
-target/release/app dev bench replicas --database-url "postgres://app@127.0.0.1:$port/postgres" "$@"
+"$app" dev bench replicas --database-url "postgres://app@127.0.0.1:$port/postgres" "$@"
