@@ -1,6 +1,6 @@
 // What tch 0.24 does not expose, for one device: autocast for any device type and dtype (tch's
 // is CUDA and fp16 only), TF32, the CUDA caching allocator's statistics, page-locked batches
-// without the deprecated `pin_memory(device)`, host-to-device copies on a side stream, and
+// without the deprecated `pin_memory(device)`, host-to-device and device-to-host copies on a side stream, and
 // gradient clipping and fp16 unscaling with multi-tensor kernels and no host sync. CUDA is
 // reached only through c10's device-generic interfaces (allocator, guard, stream, event), so
 // no CUDA header or library is needed to build it and a CPU machine runs it.
@@ -12,6 +12,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
+#include <optional>
+#include <vector>
 
 static at::DeviceType device_type(int device) { return device == 1 ? at::kCUDA : at::kCPU; }
 
@@ -129,6 +131,43 @@ int trainer_h2d_wait(void* handle, const at::Tensor* tensor, char* error, size_t
         guard_impl->recordDataPtrOnStream(tensor->storage().data_ptr(), compute);
     });
     delete copy;
+    return status;
+}
+
+// Copies `count` tensors to page-locked host memory on a side stream and waits for them there,
+// so that only the calling thread (the checkpoint writer) waits. A plain copy from that thread
+// would run on the device's default stream, which training also uses, and stall training for
+// the whole copy into pageable memory. The side stream first waits for the work already queued
+// on the default stream (the snapshot's device-to-device copies among it). Host tensors are
+// returned contiguous, as they are.
+int trainer_d2h_pinned(const at::Tensor** sources, int count, at::Tensor** outs, char* error, size_t error_len) {
+    for (int index = 0; index < count; ++index) outs[index] = nullptr;
+    std::vector<at::Tensor> copies(count);
+    int status = trainer_guard(error, error_len, [&] {
+        std::optional<c10::Stream> side;
+        for (int index = 0; index < count; ++index) {
+            const at::Tensor& source = *sources[index];
+            if (!source.is_cuda()) {
+                copies[index] = source.contiguous();
+                continue;
+            }
+            auto guard_impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+            if (!side || side->device() != source.device()) {
+                if (side) side->synchronize();
+                side = guard_impl->getStreamFromGlobalPool(source.device(), false);
+                c10::Event queued(c10::DeviceType::CUDA);
+                queued.record(guard_impl->getStream(source.device()));
+                queued.block(*side);
+            }
+            c10::StreamGuard on_side(*side);
+            copies[index] = at::empty(source.sizes(), source.options().device(at::kCPU).pinned_memory(true));
+            copies[index].copy_(source, /*non_blocking=*/true);
+        }
+        if (side) side->synchronize();
+    });
+    if (status == 0) {
+        for (int index = 0; index < count; ++index) outs[index] = new at::Tensor(std::move(copies[index]));
+    }
     return status;
 }
 

@@ -63,9 +63,12 @@ pub fn state_dict(engine: &Engine) -> Vec<(String, Tensor)> {
     state(engine, |variable| Some(host_copy(variable))).unwrap_or_default()
 }
 
-/// A state dict's tensors on the host, contiguous (a no-op for host tensors).
+/// A state dict's tensors on the host, contiguous (a no-op for host tensors). GPU tensors are
+/// copied on a side stream, so the writer thread calling this does not stall training.
 pub fn on_host(state: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, TrainError> {
-    state.into_iter().map(|(name, tensor)| Ok((name, tensor.f_to_device(Device::Cpu)?.f_contiguous()?))).collect()
+    let (names, tensors): (Vec<String>, Vec<Tensor>) = state.into_iter().unzip();
+    let host = ffi::copy_to_host(&tensors).map_err(TrainError::Torch)?;
+    Ok(names.into_iter().zip(host).collect())
 }
 
 fn host_copy(variable: &Tensor) -> Tensor {

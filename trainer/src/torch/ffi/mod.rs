@@ -33,6 +33,13 @@ extern "C" {
         error_len: usize,
     ) -> *mut c_void;
     fn trainer_h2d_wait(handle: *mut c_void, tensor: *const c_void, error: *mut c_char, error_len: usize) -> c_int;
+    fn trainer_d2h_pinned(
+        sources: *const *const c_void,
+        count: c_int,
+        outs: *mut *mut c_void,
+        error: *mut c_char,
+        error_len: usize,
+    ) -> c_int;
     fn trainer_clip_grad_norm(
         params: *const *const c_void,
         count: c_int,
@@ -209,6 +216,28 @@ pub(crate) fn copy_to_cuda(source: &Tensor, device: usize) -> Result<PendingCopy
             return Err(error.message());
         }
         Ok(PendingCopy { handle, tensor: Some(owned_tensor(out)) })
+    }
+}
+
+/// The tensors on the host, contiguous: GPU tensors copied into page-locked memory on a side
+/// stream (the calling thread waits for the copies, training on the default stream does not),
+/// host tensors as they are.
+pub(crate) fn copy_to_host(sources: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    let pointers = tensor_ptrs(sources);
+    let mut outs: Vec<*mut c_void> = vec![std::ptr::null_mut(); sources.len()];
+    let mut error = ErrorBuffer::new();
+    // SAFETY: an array of live tensors borrowed for the call and an array of as many slots;
+    // on success the shim fills every slot with a new tensor that nothing else owns.
+    unsafe {
+        let status = trainer_d2h_pinned(
+            pointers.as_ptr(),
+            pointers.len() as c_int,
+            outs.as_mut_ptr(),
+            error.as_mut_ptr(),
+            error.len(),
+        );
+        error.check(status)?;
+        Ok(outs.into_iter().map(|pointer| owned_tensor(pointer)).collect())
     }
 }
 
