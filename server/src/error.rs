@@ -36,7 +36,7 @@ pub enum ApiError {
     #[error("server is shutting down")]
     ShuttingDown,
     #[error(transparent)]
-    Sqlx(sqlx::Error),
+    Database(crate::db::sql::Error),
     #[error(transparent)]
     Internal(anyhow::Error),
 }
@@ -66,7 +66,23 @@ impl From<sqlx::Error> for ApiError {
             }
             _ => None,
         };
-        mapped.unwrap_or(ApiError::Sqlx(error))
+        mapped.unwrap_or(ApiError::Database(crate::db::sql::Error::Postgres(error)))
+    }
+}
+
+impl From<crate::db::sql::Error> for ApiError {
+    /// Each driver's errors read as [`From<sqlx::Error>`] and [`From<rusqlite::Error>`] say.
+    fn from(error: crate::db::sql::Error) -> ApiError {
+        use crate::db::sql::Error;
+        match error {
+            Error::Postgres(error) => ApiError::from(error),
+            Error::Sqlite(error) => ApiError::from(error),
+            Error::PoolTimedOut => {
+                ApiError::Unavailable("the database is busy (no connection to it came free in time); retry".into())
+            }
+            Error::PoolClosed => ApiError::ShuttingDown,
+            error => ApiError::Database(error),
+        }
     }
 }
 
@@ -92,13 +108,14 @@ fn postgres_failure(sqlstate: &str, error: &dyn std::fmt::Display) -> Option<Api
 }
 
 impl From<rusqlite::Error> for ApiError {
-    /// The writer's own connection's errors (`db::fast`), read as sqlx's are.
+    /// A full disk is a 507 and an unwritable or failing database a 503, each saying so; other
+    /// database errors are internal (500, logged, not shown).
     fn from(error: rusqlite::Error) -> ApiError {
         let code = match &error {
             rusqlite::Error::SqliteFailure(failure, _) => Some(failure.extended_code),
             _ => None,
         };
-        disk_failure(code, &error).unwrap_or_else(|| ApiError::Internal(anyhow::Error::from(error)))
+        disk_failure(code, &error).unwrap_or(ApiError::Database(crate::db::sql::Error::Sqlite(error)))
     }
 }
 
@@ -122,6 +139,10 @@ fn disk_failure(code: Option<i32>, error: &dyn std::fmt::Display) -> Option<ApiE
 impl From<anyhow::Error> for ApiError {
     /// A database error carried in an `anyhow` keeps its meaning (a full disk stays a 507).
     fn from(error: anyhow::Error) -> ApiError {
+        let error = match error.downcast::<crate::db::sql::Error>() {
+            Ok(database) => return ApiError::from(database),
+            Err(error) => error,
+        };
         let error = match error.downcast::<sqlx::Error>() {
             Ok(database) => return ApiError::from(database),
             Err(error) => error,
@@ -156,7 +177,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::ShuttingDown | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Sqlx(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! metric, its pace, and the readings of an attempt's GPUs. Nothing here writes.
 
 use super::backend::{on_pool, DbRow, PoolRef};
+use super::sql;
 use shared::api::{GpuSample, JobId, MetricSummary, SweepId, WorkerId};
 use shared::job::JobStatus;
 
@@ -22,7 +23,7 @@ pub async fn runs_with_metric(
 ) -> anyhow::Result<Vec<MetricRun>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(
+        let rows = sql::query(
             "SELECT j.id, j.status, j.params, j.finished_at,
                 s.last_value, s.min_value, s.max_value, s.last_step, s.point_count
          FROM jobs j JOIN job_metric_summaries s ON s.job_id = j.id AND s.attempt = j.attempt AND s.name = $1
@@ -55,10 +56,10 @@ pub async fn runs_with_metric(
 }
 
 /// The metric most runs of `sweep` reported (ties by name), if any.
-pub async fn most_reported_metric(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sqlx::Result<Option<String>> {
+pub async fn most_reported_metric(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sql::Result<Option<String>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        sqlx::query_scalar(
+        sql::query_scalar(
             "SELECT s.name FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
          WHERE j.sweep_id = $1 GROUP BY s.name ORDER BY count(*) DESC, s.name LIMIT 1",
         )
@@ -76,10 +77,10 @@ pub struct SweepPace {
     pub running_since: Vec<i64>,
 }
 
-pub async fn pace(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sqlx::Result<SweepPace> {
+pub async fn pace(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sql::Result<SweepPace> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let (finished, mean_run_ms): (i64, Option<f64>) = sqlx::query_as(
+        let (finished, mean_run_ms): (i64, Option<f64>) = sql::query_as(
             "SELECT count(*), CAST(avg(finished_at - started_at) AS DOUBLE PRECISION) FROM jobs
          WHERE sweep_id = $1 AND status IN ('succeeded', 'failed')
            AND started_at IS NOT NULL AND finished_at IS NOT NULL",
@@ -87,7 +88,7 @@ pub async fn pace(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sqlx::Result<
         .bind(sweep.get())
         .fetch_one(pool)
         .await?;
-        let running_since: Vec<i64> = sqlx::query_scalar(
+        let running_since: Vec<i64> = sql::query_scalar(
             "SELECT started_at FROM jobs WHERE sweep_id = $1 AND status = 'running' AND started_at IS NOT NULL",
         )
         .bind(sweep.get())
@@ -107,7 +108,7 @@ pub async fn gpu_readings(
 ) -> anyhow::Result<Vec<GpuSample>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(engine.pick(
+        let rows = sql::query(engine.pick(
             "SELECT * FROM gpu_telemetry
          WHERE worker_id = $1 AND at BETWEEN $2 AND $3 AND gpu_index IN (SELECT value FROM json_each($4))
          ORDER BY at, gpu_index",
@@ -138,7 +139,7 @@ pub async fn gpu_neighbours(
 ) -> anyhow::Result<Vec<JobId>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let ids: Vec<i64> = sqlx::query_scalar(engine.pick(
+        let ids: Vec<i64> = sql::query_scalar(engine.pick(
             "SELECT j.id FROM jobs j
          WHERE j.worker_id = $1 AND j.id != $2 AND j.status != 'queued'
            AND j.started_at IS NOT NULL AND j.started_at <= $3 AND coalesce(j.finished_at, $4) >= $5

@@ -3,14 +3,18 @@
 //!
 //! A function takes `impl Into<Conn>` (a connection inside the writer's transaction) or
 //! `impl Into<PoolRef>` (a reader pool), so callers pass what they hold, a SQLite connection
-//! today or a PostgreSQL one, unchanged. Its statement is written once where both engines read
-//! it the same: parameters as `$1, $2, ...` (sqlx's SQLite driver binds `$N` by number, as
-//! PostgreSQL does; `server/tests/postgres` checks it), and [`Engine`] picks the text where they
-//! differ (JSON functions, `INSERT OR IGNORE`). The body is compiled once per backend by
-//! [`on_conn!`] and [`on_pool!`] (`on_conn!(conn, |conn, engine| body)`), so a bind or decode that one of them cannot do fails the
-//! build, not a request.
+//! or a PostgreSQL one, unchanged. Its statement is written once where both engines read it
+//! the same: parameters as `$1, $2, ...` (`db::sql` binds them by number on SQLite;
+//! `server/tests/postgres` checks both), and [`Engine`] picks the text where they differ (JSON
+//! functions, `INSERT OR IGNORE`). The body is compiled once per backend by [`on_conn!`] and
+//! [`on_pool!`] (`on_conn!(conn, |conn, engine| body)`), with `conn` the backend's own
+//! connection or pool.
 
-use sqlx::{PgConnection, PgPool, SqliteConnection, SqlitePool};
+use super::sqlite::{ReaderConn, Readers};
+use rusqlite::Connection as SqliteConnection;
+use sqlx::{PgConnection, PgPool};
+
+pub use super::sql::{DbRow, Decodable};
 
 /// Which engine a statement runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,22 +48,6 @@ impl Engine {
             Engine::Postgres => postgres,
         }
     }
-}
-
-/// `sql` with SQLite's numbered parameters (`?1`) written as `$1`, which both engines read:
-/// for a statement the writer's own SQLite connection also runs (`db::fast`), kept in the
-/// form rusqlite binds by number.
-pub fn dollars(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
-            out.push('$');
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// A connection of either backend, borrowed for one call.
@@ -117,7 +105,7 @@ impl<'c, 'd: 'c> From<&'c mut Conn<'d>> for Conn<'c> {
 /// A pool of either backend.
 #[derive(Debug, Clone)]
 pub enum Pool {
-    Sqlite(SqlitePool),
+    Sqlite(Readers),
     Postgres(PgPool),
 }
 
@@ -130,30 +118,30 @@ impl Pool {
     }
 
     /// One connection of the pool, for several reads in a row.
-    pub async fn acquire(&self) -> sqlx::Result<PooledConn> {
+    pub async fn acquire(&self) -> super::sql::Result<PooledConn> {
         Ok(match self {
             Pool::Sqlite(pool) => PooledConn::Sqlite(pool.acquire().await?),
-            Pool::Postgres(pool) => PooledConn::Postgres(pool.acquire().await?),
+            Pool::Postgres(pool) => PooledConn::Postgres(pool.acquire().await.map_err(super::sql::Error::from)?),
         })
     }
 
     /// One trivial query: whether the database answers at all.
-    pub async fn ping(&self) -> sqlx::Result<()> {
+    pub async fn ping(&self) -> super::sql::Result<()> {
         match self {
-            Pool::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
-            Pool::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+            Pool::Sqlite(pool) => super::sql::query("SELECT 1").execute(pool).await.map(drop),
+            Pool::Postgres(pool) => super::sql::query("SELECT 1").execute(pool).await.map(drop),
         }
     }
 
     pub async fn close(&self) {
         match self {
-            Pool::Sqlite(pool) => pool.close().await,
+            Pool::Sqlite(pool) => pool.close(),
             Pool::Postgres(pool) => pool.close().await,
         }
     }
 
-    /// The SQLite pool, for tests that run statements of their own.
-    pub fn sqlite(&self) -> Option<&SqlitePool> {
+    /// The SQLite readers, for tests that run statements of their own.
+    pub fn sqlite(&self) -> Option<&Readers> {
         match self {
             Pool::Sqlite(pool) => Some(pool),
             Pool::Postgres(_) => None,
@@ -164,14 +152,14 @@ impl Pool {
 /// A connection taken from a [`Pool`].
 #[derive(Debug)]
 pub enum PooledConn {
-    Sqlite(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+    Sqlite(ReaderConn),
     Postgres(sqlx::pool::PoolConnection<sqlx::Postgres>),
 }
 
 impl PooledConn {
     pub fn conn(&mut self) -> Conn<'_> {
         match self {
-            PooledConn::Sqlite(conn) => Conn::Sqlite(conn),
+            PooledConn::Sqlite(conn) => Conn::Sqlite(conn.connection()),
             PooledConn::Postgres(conn) => Conn::Postgres(conn),
         }
     }
@@ -180,7 +168,7 @@ impl PooledConn {
 /// A pool of either backend, borrowed for one call.
 #[derive(Debug, Clone, Copy)]
 pub enum PoolRef<'p> {
-    Sqlite(&'p SqlitePool),
+    Sqlite(&'p Readers),
     Postgres(&'p PgPool),
 }
 
@@ -193,8 +181,8 @@ impl PoolRef<'_> {
     }
 }
 
-impl<'p> From<&'p SqlitePool> for PoolRef<'p> {
-    fn from(pool: &'p SqlitePool) -> Self {
+impl<'p> From<&'p Readers> for PoolRef<'p> {
+    fn from(pool: &'p Readers) -> Self {
         PoolRef::Sqlite(pool)
     }
 }
@@ -305,78 +293,3 @@ macro_rules! on_exec {
 }
 
 pub(crate) use {on_conn, on_exec, on_pool};
-
-/// A value both backends decode.
-pub trait Decodable:
-    for<'r> sqlx::Decode<'r, sqlx::Sqlite>
-    + sqlx::Type<sqlx::Sqlite>
-    + for<'r> sqlx::Decode<'r, sqlx::Postgres>
-    + sqlx::Type<sqlx::Postgres>
-{
-}
-
-impl<T> Decodable for T where
-    T: for<'r> sqlx::Decode<'r, sqlx::Sqlite>
-        + sqlx::Type<sqlx::Sqlite>
-        + for<'r> sqlx::Decode<'r, sqlx::Postgres>
-        + sqlx::Type<sqlx::Postgres>
-{
-}
-
-/// A row of either backend, for the functions that turn rows into values (written once).
-///
-/// Columns are read the way both backends store them: SQLite's INTEGER is PostgreSQL's
-/// BIGINT, so unsigned counts and flags are stored as 64-bit integers and converted here
-/// (PostgreSQL has no unsigned types, and decodes no BIGINT as a bool).
-pub trait DbRow {
-    fn get_as<T: Decodable>(&self, column: &str) -> sqlx::Result<T>;
-
-    fn u32_at(&self, column: &str) -> sqlx::Result<u32> {
-        let value: i64 = self.get_as(column)?;
-        u32::try_from(value)
-            .map_err(|error| sqlx::Error::ColumnDecode { index: column.to_string(), source: error.into() })
-    }
-
-    fn opt_u32_at(&self, column: &str) -> sqlx::Result<Option<u32>> {
-        let value: Option<i64> = self.get_as(column)?;
-        value
-            .map(u32::try_from)
-            .transpose()
-            .map_err(|error| sqlx::Error::ColumnDecode { index: column.to_string(), source: error.into() })
-    }
-
-    fn flag_at(&self, column: &str) -> sqlx::Result<bool> {
-        let value: i64 = self.get_as(column)?;
-        Ok(value != 0)
-    }
-
-    fn opt_flag_at(&self, column: &str) -> sqlx::Result<Option<bool>> {
-        let value: Option<i64> = self.get_as(column)?;
-        Ok(value.map(|value| value != 0))
-    }
-}
-
-impl DbRow for sqlx::sqlite::SqliteRow {
-    fn get_as<T: Decodable>(&self, column: &str) -> sqlx::Result<T> {
-        sqlx::Row::try_get(self, column)
-    }
-}
-
-impl DbRow for sqlx::postgres::PgRow {
-    fn get_as<T: Decodable>(&self, column: &str) -> sqlx::Result<T> {
-        sqlx::Row::try_get(self, column)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbered_parameters_become_dollars_and_nothing_else_changes() {
-        assert_eq!(
-            dollars("UPDATE t SET a = ?1, b = ?12 WHERE c = ?1 AND d = '?'"),
-            "UPDATE t SET a = $1, b = $12 WHERE c = $1 AND d = '?'"
-        );
-    }
-}

@@ -1,13 +1,14 @@
 //! `checkpoints`: the newest checkpoint of each job (see migrations/0005_code.sql).
 
 use super::backend::{on_conn, on_exec, Conn, DbRow, Exec};
+use super::sql;
 use shared::api::{CheckpointInfo, JobId};
 
 /// Records `info` as the job's checkpoint, replacing the one before.
-pub async fn replace(conn: impl Into<Conn<'_>>, info: &CheckpointInfo) -> sqlx::Result<()> {
+pub async fn replace(conn: impl Into<Conn<'_>>, info: &CheckpointInfo) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sql::query(
             "INSERT INTO checkpoints (job_id, attempt, size, sha256, uploaded_at) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt, size = excluded.size,
              sha256 = excluded.sha256, uploaded_at = excluded.uploaded_at",
@@ -24,10 +25,10 @@ pub async fn replace(conn: impl Into<Conn<'_>>, info: &CheckpointInfo) -> sqlx::
 }
 
 /// The job's checkpoint, if an attempt uploaded one.
-pub async fn get(executor: impl Into<Exec<'_>>, job: JobId) -> sqlx::Result<Option<CheckpointInfo>> {
+pub async fn get(executor: impl Into<Exec<'_>>, job: JobId) -> sql::Result<Option<CheckpointInfo>> {
     let executor = executor.into();
     on_exec!(executor, |executor, engine| {
-        let row = sqlx::query("SELECT job_id, attempt, size, sha256, uploaded_at FROM checkpoints WHERE job_id = $1")
+        let row = sql::query("SELECT job_id, attempt, size, sha256, uploaded_at FROM checkpoints WHERE job_id = $1")
             .bind(job.get())
             .fetch_optional(executor)
             .await?;

@@ -2,6 +2,7 @@
 //! migrations/0005_code.sql).
 
 use super::backend::{on_conn, Conn};
+use super::sql;
 use serde::{Deserialize, Serialize};
 use shared::api::{CodeSnapshot, SweepId, Workspace};
 
@@ -17,14 +18,14 @@ struct Stored {
 }
 
 /// Records where and how the jobs of `sweep_id` run (in the transaction that inserts it).
-pub async fn set_workspace(conn: impl Into<Conn<'_>>, sweep_id: SweepId, workspace: &Workspace) -> sqlx::Result<()> {
+pub async fn set_workspace(conn: impl Into<Conn<'_>>, sweep_id: SweepId, workspace: &Workspace) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let stored =
             Stored { workdir: workspace.workdir.clone(), env: workspace.env.clone(), setup: workspace.setup.clone() };
-        let json = serde_json::to_string(&stored).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+        let json = serde_json::to_string(&stored).map_err(|error| sql::Error::Encode(error.to_string()))?;
         let code = workspace.code.as_ref();
-        sqlx::query(
+        sql::query(
             "UPDATE sweeps SET code_digest = $1, code_dir = $2, code_commit = $3, code_dirty = $4, workspace = $5
          WHERE id = $6",
         )
@@ -46,12 +47,11 @@ pub async fn workspace_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyho
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         type Row = (Option<String>, Option<String>, Option<String>, Option<i64>, Option<String>);
-        let row: Option<Row> = sqlx::query_as(
-            "SELECT code_digest, code_dir, code_commit, code_dirty, workspace FROM sweeps WHERE id = $1",
-        )
-        .bind(sweep_id.get())
-        .fetch_optional(&mut *conn)
-        .await?;
+        let row: Option<Row> =
+            sql::query_as("SELECT code_digest, code_dir, code_commit, code_dirty, workspace FROM sweeps WHERE id = $1")
+                .bind(sweep_id.get())
+                .fetch_optional(&mut *conn)
+                .await?;
         let Some((digest, dir, commit, dirty, json)) = row else { return Ok(Workspace::default()) };
         let stored: Stored = match json {
             Some(json) => serde_json::from_str(&json)?,

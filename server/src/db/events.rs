@@ -2,12 +2,13 @@
 //! `jobs_record_transition` trigger (migrations/), never by hand.
 
 use super::backend::{on_pool, DbRow, PoolRef};
+use super::sql;
 use shared::api::{JobEvent, JobId};
 
 pub async fn list(pool: impl Into<PoolRef<'_>>, job_id: JobId) -> anyhow::Result<Vec<JobEvent>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(
+        let rows = sql::query(
             "SELECT e.at, e.from_status, e.to_status, e.attempt, w.name AS worker, e.reason, e.gpu_ids, e.exit_code
          FROM job_events e LEFT JOIN workers w ON w.id = e.worker_id
          WHERE e.job_id = $1 ORDER BY e.id",

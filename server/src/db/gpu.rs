@@ -2,6 +2,7 @@
 //! record in `results` (the record is where the worker sends it, and what `result.json` holds).
 
 use super::backend::{on_pool, PoolRef};
+use super::sql;
 use shared::api::{GpuPoint, GpuUsage, JobId};
 use std::collections::HashMap;
 
@@ -12,7 +13,7 @@ pub async fn usage_of(pool: impl Into<PoolRef<'_>>, ids: &[JobId]) -> anyhow::Re
         if ids.is_empty() {
             return Ok(HashMap::new());
         }
-        let rows: Vec<(i64, String)> = sqlx::query_as(engine.pick(
+        let rows: Vec<(i64, String)> = sql::query_as(engine.pick(
             "SELECT r.job_id, json_extract(r.record, '$.gpu_usage')
          FROM results r JOIN jobs j ON j.id = r.job_id AND j.attempt = r.attempt
          WHERE r.job_id IN (SELECT value FROM json_each($1))
@@ -37,7 +38,7 @@ pub async fn attempt_usage(
 ) -> anyhow::Result<Option<(GpuUsage, Vec<GpuPoint>)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let row: Option<(Option<String>, Option<String>)> = sqlx::query_as(engine.pick(
+        let row: Option<(Option<String>, Option<String>)> = sql::query_as(engine.pick(
             "SELECT json_extract(record, '$.gpu_usage'), json_extract(record, '$.gpu_timeline')
          FROM results WHERE job_id = $1 AND attempt = $2",
             "SELECT nullif(record::jsonb -> 'gpu_usage', 'null')::text, nullif(record::jsonb -> 'gpu_timeline', 'null')::text

@@ -4,11 +4,11 @@
 //! status = ? AND attempt = ?`); callers check `rows_affected` (or the returned rows) to learn
 //! whether it applied. The `jobs_record_transition` trigger writes the history.
 
-use super::backend::{on_conn, on_pool, Conn, DbRow, Engine, PoolRef};
+use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::sql;
 use shared::api::{Job, JobAttempt, JobId, JobPage, JobSort, SortOrder, SweepId, WorkerId};
 use shared::job::{Finish, JobStatus, LeaseExpiry};
 use shared::sweep::Resources;
-use sqlx::QueryBuilder;
 
 const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name, a.notes AS notes,
          es.rung AS stop_rung, es.cutoff AS stop_cutoff, es.reason AS stop_reason, es.stopped_at
@@ -21,7 +21,7 @@ fn status_of(row: &impl DbRow) -> anyhow::Result<JobStatus> {
     text.parse().map_err(anyhow::Error::msg)
 }
 
-pub fn resources_of(row: &impl DbRow) -> sqlx::Result<Resources> {
+pub fn resources_of(row: &impl DbRow) -> sql::Result<Resources> {
     Ok(Resources {
         gpus: row.opt_u32_at("gpus")?,
         gpu_memory: row.get_as::<Option<i64>>("gpu_memory")?.map(|bytes| bytes as u64),
@@ -81,7 +81,7 @@ fn job_from_row(row: &impl DbRow) -> anyhow::Result<Job> {
 pub async fn get(pool: impl Into<PoolRef<'_>>, id: JobId) -> anyhow::Result<Option<Job>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let row = sqlx::query(&format!("{JOB_SELECT} WHERE j.id = $1")).bind(id.get()).fetch_optional(pool).await?;
+        let row = sql::query(&format!("{JOB_SELECT} WHERE j.id = $1")).bind(id.get()).fetch_optional(pool).await?;
         let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else { return Ok(None) };
         job.metrics = super::metrics::summaries(pool, &[id]).await?.remove(&id).unwrap_or_default();
         job.gpu_usage = super::gpu::usage_of(pool, &[id]).await?.remove(&id);
@@ -110,7 +110,7 @@ pub async fn state_for_result(
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let columns = STATE_COLUMNS.split(", ").map(|column| format!("j.{column}")).collect::<Vec<_>>().join(", ");
-        let row = sqlx::query(&format!(
+        let row = sql::query(&format!(
             "SELECT {columns}, s.name AS sweep_name, j.idx, j.params,
                 EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = j.id AND m.attempt = $2) AS has_metrics
          FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = $1"
@@ -139,11 +139,7 @@ pub struct JobFilter {
     pub worker_id: Option<WorkerId>,
 }
 
-fn push_filter<'a, DB: sqlx::Database>(query: &mut QueryBuilder<'a, DB>, filter: &'a JobFilter)
-where
-    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-{
+fn push_filter<'a>(query: &mut sql::Builder<'a>, filter: &'a JobFilter) {
     query.push(" WHERE 1 = 1");
     if let Some(status) = filter.status {
         query.push(" AND j.status = ").push_bind(status.as_str());
@@ -186,13 +182,13 @@ pub async fn list(
 ) -> anyhow::Result<JobPage> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let mut count = QueryBuilder::new("SELECT count(*) FROM jobs j");
+        let mut count = sql::Builder::new("SELECT count(*) FROM jobs j");
         push_filter(&mut count, filter);
-        let total: i64 = count.build_query_scalar().fetch_one(pool).await?;
+        let total: i64 = count.build_scalar().fetch_one(pool).await?;
         // The sort runs over narrow rows (id and sort keys) in a subquery; only the page's rows
         // are read whole. Sorting 100,000 full rows would drag every params and command along.
         let order = order_by(sort, order, super::now_ms());
-        let mut page = QueryBuilder::new(JOB_SELECT);
+        let mut page = sql::Builder::new(JOB_SELECT);
         page.push(" WHERE j.id IN (SELECT j.id FROM jobs j JOIN sweeps s ON s.id = j.sweep_id")
             .push(" LEFT JOIN workers w ON w.id = j.worker_id");
         push_filter(&mut page, filter);
@@ -278,7 +274,7 @@ pub async fn state_for_update(conn: impl Into<Conn<'_>>, id: JobId) -> anyhow::R
 async fn read_state(mut conn: Conn<'_>, id: JobId, lock: bool) -> anyhow::Result<Option<JobState>> {
     on_conn!(conn, |conn, engine| {
         let lock = if lock { engine.pick("", " FOR NO KEY UPDATE") } else { "" };
-        let row = sqlx::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = $1{lock}"))
+        let row = sql::query(&format!("SELECT {STATE_COLUMNS} FROM jobs WHERE id = $1{lock}"))
             .bind(id.get())
             .fetch_optional(&mut *conn)
             .await?;
@@ -291,7 +287,7 @@ pub async fn expired(conn: impl Into<Conn<'_>>, now: i64) -> anyhow::Result<Vec<
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let hint = engine.pick(" INDEXED BY jobs_running_by_lease", "");
-        let rows = sqlx::query(&format!(
+        let rows = sql::query(&format!(
             "SELECT {STATE_COLUMNS} FROM jobs{hint}
              WHERE status = 'running' AND lease_expires_at < $1"
         ))
@@ -303,10 +299,10 @@ pub async fn expired(conn: impl Into<Conn<'_>>, now: i64) -> anyhow::Result<Vec<
 }
 
 /// When the first lease of a running job runs out, if any job runs.
-pub async fn earliest_lease(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Option<i64>> {
+pub async fn earliest_lease(pool: impl Into<PoolRef<'_>>) -> sql::Result<Option<i64>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        sqlx::query_scalar(engine.pick(
+        sql::query_scalar(engine.pick(
             "SELECT min(lease_expires_at) FROM jobs INDEXED BY jobs_running_by_lease WHERE status = 'running'",
             "SELECT min(lease_expires_at) FROM jobs WHERE status = 'running'",
         ))
@@ -338,7 +334,7 @@ async fn read_running_on(
         let hint = engine.pick(" INDEXED BY jobs_running_by_worker", "");
         let since = if started_before.is_some() { " AND started_at < $2" } else { "" };
         let sql = format!("SELECT {STATE_COLUMNS} FROM jobs{hint} WHERE status = 'running' AND worker_id = $1{since}");
-        let mut query = sqlx::query(&sql).bind(worker_id.get());
+        let mut query = sql::query(&sql).bind(worker_id.get());
         if let Some(before) = started_before {
             query = query.bind(before);
         }
@@ -347,72 +343,12 @@ async fn read_running_on(
     })
 }
 
-/// A queued job the claim may hand out.
-pub struct Candidate {
-    pub id: JobId,
-    pub resources: Resources,
-}
-
-/// Queued jobs in dispatch order (priority, then age) that could fit a worker with `gpus`
-/// GPUs, the largest having `max_free_memory` bytes free, and that run the built-in trainer
-/// only if `trainer` (some worker asking has it). The caller places them exactly.
-/// `INDEXED BY`: without statistics SQLite would take `jobs_by_status` for `status = ?` and
-/// sort every queued job (a 25x slower claim on a million-job queue); the partial index is
-/// already in dispatch order.
-pub async fn queued_candidates(
-    conn: impl Into<Conn<'_>>,
-    gpus: u32,
-    max_free_memory: u64,
-    trainer: bool,
-    limit: u32,
-) -> anyhow::Result<Vec<Candidate>> {
-    let mut conn = conn.into();
-    on_conn!(conn, |conn, engine| {
-        // One row holding a JSON array rather than one row per candidate: every row costs a
-        // round trip to sqlx's SQLite thread, and this runs on every claim.
-        let packed: Option<String> = sqlx::query_scalar(engine.pick(
-            "SELECT json_group_array(json_array(id, gpus, gpu_memory, exclusive, needs_trainer)) FROM (
-             SELECT id, gpus, gpu_memory, exclusive, needs_trainer FROM jobs INDEXED BY jobs_queue
-             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
-               AND (needs_trainer = 0 OR $3)
-             ORDER BY priority DESC, id LIMIT $4)",
-            "SELECT json_agg(json_build_array(id, gpus, gpu_memory, exclusive, needs_trainer)
-                             ORDER BY priority DESC, id)::text FROM (
-             SELECT id, gpus, gpu_memory, exclusive, needs_trainer, priority FROM jobs
-             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
-               AND (needs_trainer = 0 OR $3)
-             ORDER BY priority DESC, id LIMIT $4) AS q",
-        ))
-        .bind(i64::from(gpus))
-        .bind(max_free_memory.min(i64::MAX as u64) as i64)
-        .bind(trainer)
-        .bind(i64::from(limit))
-        .fetch_one(&mut *conn)
-        .await?;
-        // SQLite keeps booleans as 0/1.
-        type Packed = (JobId, Option<u32>, Option<i64>, Option<i64>, i64);
-        let rows: Vec<Packed> = serde_json::from_str(packed.as_deref().unwrap_or("[]"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, gpus, gpu_memory, exclusive, trainer)| Candidate {
-                id,
-                resources: Resources {
-                    gpus,
-                    gpu_memory: gpu_memory.map(|bytes| bytes as u64),
-                    exclusive: exclusive.map(|flag| flag != 0),
-                    trainer: trainer != 0,
-                },
-            })
-            .collect())
-    })
-}
-
-/// How many queued jobs are dispatched before the queued job `id` of `priority` (priority
-/// first, then age: the claim's order). A range of the queue's index, not a scan of the table.
-pub async fn queue_position(pool: impl Into<PoolRef<'_>>, id: JobId, priority: i64) -> sqlx::Result<u64> {
+/// How many queued jobs are dispatched before the queued job `id` of `priority` (those before
+/// it in `claims::DISPATCH_ORDER`: priority first, then age). A range of the queue's index, not a scan of the table.
+pub async fn queue_position(pool: impl Into<PoolRef<'_>>, id: JobId, priority: i64) -> sql::Result<u64> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let ahead: i64 = sqlx::query_scalar(engine.pick(
+        let ahead: i64 = sql::query_scalar(engine.pick(
             "SELECT count(*) FROM jobs INDEXED BY jobs_queue
          WHERE status = 'queued' AND (priority > $1 OR (priority = $1 AND id < $2))",
             "SELECT count(*) FROM jobs WHERE status = 'queued' AND (priority > $1 OR (priority = $1 AND id < $2))",
@@ -429,19 +365,16 @@ pub async fn queue_position(pool: impl Into<PoolRef<'_>>, id: JobId, priority: i
 pub async fn queue_positions(pool: impl Into<PoolRef<'_>>, ids: &[JobId]) -> anyhow::Result<Vec<(JobId, u64)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows: Vec<(i64, i64)> = sqlx::query_as(engine.pick(
+        let hint = engine.pick(" INDEXED BY jobs_queue", "");
+        let sql = format!(
             "SELECT id, position FROM (
-             SELECT id, row_number() OVER (ORDER BY priority DESC, id) - 1 AS position
-             FROM jobs INDEXED BY jobs_queue WHERE status = 'queued')
-         WHERE id IN (SELECT value FROM json_each($1))",
-            "SELECT id, position FROM (
-             SELECT id, row_number() OVER (ORDER BY priority DESC, id) - 1 AS position
-             FROM jobs WHERE status = 'queued') AS q
-         WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb) AS e(value))",
-        ))
-        .bind(serde_json::to_string(ids)?)
-        .fetch_all(pool)
-        .await?;
+                 SELECT id, row_number() OVER (ORDER BY {order}) - 1 AS position
+                 FROM jobs{hint} WHERE status = 'queued') AS q
+             WHERE id IN (SELECT {ids})",
+            order = super::claims::DISPATCH_ORDER,
+            ids = engine.json_ids(1),
+        );
+        let rows: Vec<(i64, i64)> = sql::query_as(&sql).bind(serde_json::to_string(ids)?).fetch_all(pool).await?;
         Ok(rows.into_iter().map(|(id, position)| (JobId::new(id), position as u64)).collect())
     })
 }
@@ -450,10 +383,10 @@ pub async fn queue_positions(pool: impl Into<PoolRef<'_>>, ids: &[JobId]) -> any
 pub async fn queued_resources_of_sweep(
     pool: impl Into<PoolRef<'_>>,
     sweep_id: SweepId,
-) -> sqlx::Result<Option<Resources>> {
+) -> sql::Result<Option<Resources>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let row = sqlx::query(
+        let row = sql::query(
             "SELECT gpus, gpu_memory, exclusive, needs_trainer FROM jobs
          WHERE sweep_id = $1 AND status = 'queued' LIMIT 1",
         )
@@ -464,81 +397,47 @@ pub async fn queued_resources_of_sweep(
     })
 }
 
-/// `queued -> running` for every `(job, worker, gpus)` whose job is still queued, in one
-/// statement (a batch of claims is atomic without a transaction); returns the claimed rows.
-pub async fn mark_running(
-    conn: impl Into<Conn<'_>>,
-    pairs: &[(JobId, WorkerId, &[u32])],
-    lease_until: i64,
-    now: i64,
-) -> anyhow::Result<Vec<super::plain_claims::ClaimedRow>> {
-    let mut conn = conn.into();
-    on_conn!(conn, |conn, engine| {
-        let pairs = serde_json::to_string(pairs)?;
-        let (pair, worker, gpus, id) = match engine {
-            Engine::Sqlite => ("json_each($1)", "value ->> 1", "value ->> 2", "value ->> 0"),
-            Engine::Postgres => (
-                "jsonb_array_elements($1::jsonb) AS e(value)",
-                "(value ->> 1)::bigint",
-                "value ->> 2",
-                "(value ->> 0)::bigint",
-            ),
-        };
-        let rows = sqlx::query(&format!(
-            "UPDATE jobs SET status = 'running', attempt = attempt + 1,
-                worker_id = (SELECT {worker} FROM {pair} WHERE {id} = jobs.id),
-                gpu_ids = (SELECT {gpus} FROM {pair} WHERE {id} = jobs.id),
-                lease_expires_at = $2, started_at = $3, finished_at = NULL, exit_code = NULL, reason = NULL,
-                cancel_requested = 0
-         WHERE status = 'queued' AND id IN (SELECT {id} FROM {pair})
-         RETURNING {}",
-            super::plain_claims::CLAIMED_COLUMNS
-        ))
-        .bind(pairs)
-        .bind(lease_until)
-        .bind(now)
-        .fetch_all(&mut *conn)
-        .await?;
-        Ok(rows.iter().map(super::plain_claims::ClaimedRow::from_row).collect::<sqlx::Result<_>>()?)
-    })
-}
+/// The guarded finish of an attempt: `$1` status, `$2` retries left, `$3` exit code, `$4`
+/// reason, `$5` terminal, `$6` now; the guard: `$7` id, `$8` attempt, `$9` worker, `$10`
+/// retries left, `$11` cancel flag, and with `$12` no metric summaries of the attempt (for a
+/// finish that stores a version made without them).
+const FINISH_SQL: &str =
+    "UPDATE jobs SET status = $1, retries_left = $2, exit_code = $3, reason = $4, lease_expires_at = NULL,
+            finished_at = CASE WHEN $5 THEN $6 ELSE NULL END,
+            worker_id = CASE WHEN $1 = 'queued' THEN NULL ELSE worker_id END,
+            gpu_ids = CASE WHEN $1 = 'queued' THEN NULL ELSE gpu_ids END,
+            started_at = CASE WHEN $1 = 'queued' THEN NULL ELSE started_at END
+     WHERE id = $7 AND status = 'running' AND attempt = $8 AND worker_id = $9
+       AND retries_left = $10 AND cancel_requested = $11
+       AND NOT ($12 AND EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = $7 AND m.attempt = $8))";
 
-/// The guarded finish of an attempt: ?1 status, ?2 retries left, ?3 exit code, ?4 reason, ?5
-/// terminal, ?6 now; the guard ?7 id, ?8 attempt, ?9 worker, ?10 retries left, ?11 cancel flag.
-pub(super) const FINISH_SQL: &str =
-    "UPDATE jobs SET status = ?1, retries_left = ?2, exit_code = ?3, reason = ?4, lease_expires_at = NULL,
-            finished_at = CASE WHEN ?5 THEN ?6 ELSE NULL END,
-            worker_id = CASE WHEN ?1 = 'queued' THEN NULL ELSE worker_id END,
-            gpu_ids = CASE WHEN ?1 = 'queued' THEN NULL ELSE gpu_ids END,
-            started_at = CASE WHEN ?1 = 'queued' THEN NULL ELSE started_at END
-     WHERE id = ?7 AND status = 'running' AND attempt = ?8 AND worker_id = ?9
-       AND retries_left = ?10 AND cancel_requested = ?11";
-
-/// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`.
-/// The decision was made on `seen` (its retries and cancel flag are part of the guard: a
-/// cancel that lands between the read and this write makes it change nothing).
+/// Applies a reported outcome to the attempt `(id, attempt)` running on `worker_id`; whether it
+/// applied. The decision was made on `seen` (its retries and cancel flag are part of the guard:
+/// a cancel that lands between the read and this write makes it change nothing). With
+/// `unless_metrics`, it applies only while the attempt has no metric summaries.
 pub async fn finish(
     conn: impl Into<Conn<'_>>,
     seen: &JobState,
     worker_id: WorkerId,
     decision: &Finish,
     now: i64,
-) -> sqlx::Result<bool> {
+    unless_metrics: bool,
+) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let done = sqlx::query(SQL.get_or_init(|| super::backend::dollars(FINISH_SQL)))
+        let done = sql::query(FINISH_SQL)
             .bind(decision.status.as_str())
-            .bind(i64::from(decision.retries_left))
+            .bind(decision.retries_left)
             .bind(decision.exit_code)
             .bind(decision.reason.as_deref())
             .bind(decision.status.is_terminal())
             .bind(now)
             .bind(seen.id.get())
-            .bind(i64::from(seen.attempt))
+            .bind(seen.attempt)
             .bind(worker_id.get())
-            .bind(i64::from(seen.retries_left))
+            .bind(seen.retries_left)
             .bind(i64::from(seen.cancel_requested))
+            .bind(unless_metrics)
             .execute(&mut *conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -547,10 +446,10 @@ pub async fn finish(
 
 /// Gives every running job a full lease from `until`: after a server restart, workers get a
 /// lease's time to reconnect before the reaper counts their jobs as lost.
-pub async fn extend_running_leases(conn: impl Into<Conn<'_>>, until: i64) -> sqlx::Result<u64> {
+pub async fn extend_running_leases(conn: impl Into<Conn<'_>>, until: i64) -> sql::Result<u64> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(engine.pick(
+        let done = sql::query(engine.pick(
             "UPDATE jobs SET lease_expires_at = max(coalesce(lease_expires_at, 0), $1) WHERE status = 'running'",
             "UPDATE jobs SET lease_expires_at = greatest(coalesce(lease_expires_at, 0), $1) WHERE status = 'running'",
         ))
@@ -567,10 +466,10 @@ pub async fn expire(
     attempt: JobAttempt,
     decision: &LeaseExpiry,
     now: i64,
-) -> sqlx::Result<bool> {
+) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(
+        let done = sql::query(
             "UPDATE jobs SET status = $1, crash_count = $2, reason = $3, lease_expires_at = NULL,
                 finished_at = CASE WHEN $4 THEN $5 ELSE NULL END,
                 worker_id = CASE WHEN $1 = 'queued' THEN NULL ELSE worker_id END,
@@ -606,7 +505,7 @@ pub async fn extend_leases(
         }
         let pairs =
             serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
-        let rows = sqlx::query(engine.pick(
+        let rows = sql::query(engine.pick(
             "UPDATE jobs SET lease_expires_at = $1
          WHERE status = 'running' AND worker_id = $2
            AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each($3))
@@ -632,10 +531,10 @@ pub async fn extend_leases(
 }
 
 /// `queued -> cancelled`.
-pub async fn cancel_queued(conn: impl Into<Conn<'_>>, id: JobId, now: i64) -> sqlx::Result<bool> {
+pub async fn cancel_queued(conn: impl Into<Conn<'_>>, id: JobId, now: i64) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(
+        let done = sql::query(
             "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
          WHERE id = $2 AND status = 'queued'",
         )
@@ -648,11 +547,11 @@ pub async fn cancel_queued(conn: impl Into<Conn<'_>>, id: JobId, now: i64) -> sq
 }
 
 /// Flags a running attempt for its worker to kill.
-pub async fn request_cancel(conn: impl Into<Conn<'_>>, attempt: JobAttempt) -> sqlx::Result<bool> {
+pub async fn request_cancel(conn: impl Into<Conn<'_>>, attempt: JobAttempt) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let done =
-            sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = $1 AND status = 'running' AND attempt = $2")
+            sql::query("UPDATE jobs SET cancel_requested = 1 WHERE id = $1 AND status = 'running' AND attempt = $2")
                 .bind(attempt.job_id.get())
                 .bind(i64::from(attempt.attempt))
                 .execute(&mut *conn)
@@ -663,10 +562,10 @@ pub async fn request_cancel(conn: impl Into<Conn<'_>>, attempt: JobAttempt) -> s
 
 /// Cancels a whole sweep: queued jobs now, running ones flagged. Returns the ids of the jobs
 /// cancelled now and how many running ones were flagged.
-pub async fn cancel_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId, now: i64) -> sqlx::Result<(Vec<JobId>, u64)> {
+pub async fn cancel_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId, now: i64) -> sql::Result<(Vec<JobId>, u64)> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let cancelled: Vec<i64> = sqlx::query_scalar(
+        let cancelled: Vec<i64> = sql::query_scalar(
             "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
          WHERE sweep_id = $2 AND status = 'queued' RETURNING id",
         )
@@ -674,7 +573,7 @@ pub async fn cancel_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId, now: i64
         .bind(sweep_id.get())
         .fetch_all(&mut *conn)
         .await?;
-        let requested = sqlx::query(
+        let requested = sql::query(
             "UPDATE jobs SET cancel_requested = 1 WHERE sweep_id = $1 AND status = 'running' AND cancel_requested = 0",
         )
         .bind(sweep_id.get())
@@ -691,10 +590,10 @@ pub async fn cancel_queued_of_sweep(
     sweep_id: SweepId,
     reason: &str,
     now: i64,
-) -> sqlx::Result<Vec<JobId>> {
+) -> sql::Result<Vec<JobId>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let cancelled: Vec<i64> = sqlx::query_scalar(
+        let cancelled: Vec<i64> = sql::query_scalar(
             "UPDATE jobs SET status = 'cancelled', reason = $1, finished_at = $2
          WHERE sweep_id = $3 AND status = 'queued' RETURNING id",
         )
@@ -717,7 +616,7 @@ pub async fn cancel_many(
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let ids = serde_json::to_string(ids)?;
-        let cancelled: Vec<i64> = sqlx::query_scalar(&format!(
+        let cancelled: Vec<i64> = sql::query_scalar(&format!(
             "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
          WHERE status = 'queued' AND id IN (SELECT {}) RETURNING id",
             engine.json_ids(2)
@@ -726,7 +625,7 @@ pub async fn cancel_many(
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?;
-        let requested: Vec<i64> = sqlx::query_scalar(&format!(
+        let requested: Vec<i64> = sql::query_scalar(&format!(
             "UPDATE jobs SET cancel_requested = 1
          WHERE status = 'running' AND id IN (SELECT {}) RETURNING id",
             engine.json_ids(1)
@@ -740,10 +639,10 @@ pub async fn cancel_many(
 }
 
 /// `failed | cancelled -> queued`, by hand.
-pub async fn retry(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus) -> sqlx::Result<bool> {
+pub async fn retry(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(
+        let done = sql::query(
             "UPDATE jobs SET status = 'queued', reason = 'retried', exit_code = NULL, finished_at = NULL,
                 lease_expires_at = NULL, cancel_requested = 0, crash_count = 0,
                 worker_id = NULL, gpu_ids = NULL, started_at = NULL
@@ -757,10 +656,10 @@ pub async fn retry(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus) -> sql
     })
 }
 
-pub async fn set_priority(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus, priority: i64) -> sqlx::Result<bool> {
+pub async fn set_priority(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus, priority: i64) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query("UPDATE jobs SET priority = $1 WHERE id = $2 AND status = $3")
+        let done = sql::query("UPDATE jobs SET priority = $1 WHERE id = $2 AND status = $3")
             .bind(priority)
             .bind(id.get())
             .bind(from.as_str())
@@ -771,10 +670,10 @@ pub async fn set_priority(conn: impl Into<Conn<'_>>, id: JobId, from: JobStatus,
 }
 
 /// Adds a sentence to the notes of an attempt (once: the same note twice is kept once).
-pub async fn add_note(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, note: &str) -> sqlx::Result<()> {
+pub async fn add_note(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, note: &str) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(engine.pick(
+        sql::query(engine.pick(
             "INSERT INTO job_attempts (job_id, attempt, notes) VALUES ($1, $2, json_array($3))
          ON CONFLICT (job_id, attempt) DO UPDATE SET notes = CASE
              WHEN EXISTS (SELECT 1 FROM json_each(coalesce(job_attempts.notes, '[]')) WHERE value = $3)

@@ -2,6 +2,7 @@
 //! `job_logs` table where older versions kept the bytes, read once to move them into files.
 
 use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::sql;
 use shared::api::{JobId, SweepId};
 
 /// How much of an attempt's log the server has: `received` counts bytes of the worker's log
@@ -14,10 +15,10 @@ pub struct LogLength {
     pub truncated: bool,
 }
 
-pub async fn length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx::Result<LogLength> {
+pub async fn length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sql::Result<LogLength> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let row = sqlx::query(
+        let row = sql::query(
             "SELECT log_received, log_stored, log_truncated FROM job_attempts WHERE job_id = $1 AND attempt = $2",
         )
         .bind(job.get())
@@ -33,10 +34,10 @@ pub async fn length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx
     })
 }
 
-pub async fn set_length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, length: LogLength) -> sqlx::Result<()> {
+pub async fn set_length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, length: LogLength) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sql::query(
         "INSERT INTO job_attempts (job_id, attempt, log_received, log_stored, log_truncated) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (job_id, attempt) DO UPDATE SET log_received = excluded.log_received,
              log_stored = excluded.log_stored, log_truncated = excluded.log_truncated",
@@ -53,11 +54,11 @@ pub async fn set_length(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, len
 }
 
 /// Bytes kept of an attempt's log, for readers.
-pub async fn stored_length(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> sqlx::Result<u64> {
+pub async fn stored_length(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> sql::Result<u64> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         let stored: Option<i64> =
-            sqlx::query_scalar("SELECT log_stored FROM job_attempts WHERE job_id = $1 AND attempt = $2")
+            sql::query_scalar("SELECT log_stored FROM job_attempts WHERE job_id = $1 AND attempt = $2")
                 .bind(job.get())
                 .bind(i64::from(attempt))
                 .fetch_optional(pool)
@@ -68,14 +69,13 @@ pub async fn stored_length(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u3
 
 /// An attempt whose log bytes are still in the database (kept there by older versions),
 /// with its sweep: `(sweep, job, attempt)`.
-pub async fn first_stored_attempt(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Option<(SweepId, JobId, u32)>> {
+pub async fn first_stored_attempt(pool: impl Into<PoolRef<'_>>) -> sql::Result<Option<(SweepId, JobId, u32)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let row = sqlx::query(
-            "SELECT j.sweep_id, l.job_id, l.attempt FROM job_logs l JOIN jobs j ON j.id = l.job_id LIMIT 1",
-        )
-        .fetch_optional(pool)
-        .await?;
+        let row =
+            sql::query("SELECT j.sweep_id, l.job_id, l.attempt FROM job_logs l JOIN jobs j ON j.id = l.job_id LIMIT 1")
+                .fetch_optional(pool)
+                .await?;
         row.map(|row| {
             Ok((SweepId::new(row.get_as("sweep_id")?), JobId::new(row.get_as("job_id")?), row.u32_at("attempt")?))
         })
@@ -90,10 +90,10 @@ pub async fn read_blobs(
     attempt: u32,
     offset: u64,
     max: u64,
-) -> sqlx::Result<Vec<u8>> {
+) -> sql::Result<Vec<u8>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(
+        let rows = sql::query(
             "SELECT byte_offset, data FROM job_logs WHERE job_id = $1 AND attempt = $2 AND byte_offset >= $3
          ORDER BY byte_offset",
         )
@@ -115,10 +115,10 @@ pub async fn read_blobs(
 }
 
 /// Drops an attempt's log bytes from the database once they are in a file.
-pub async fn forget_blobs(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx::Result<()> {
+pub async fn forget_blobs(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query("DELETE FROM job_logs WHERE job_id = $1 AND attempt = $2")
+        sql::query("DELETE FROM job_logs WHERE job_id = $1 AND attempt = $2")
             .bind(job.get())
             .bind(i64::from(attempt))
             .execute(&mut *conn)

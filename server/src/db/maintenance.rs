@@ -6,6 +6,7 @@
 //! the statements run. Callers run them inside one transaction on the writer.
 
 use super::backend::{on_conn, Conn};
+use super::sql;
 use shared::api::{JobId, SweepId};
 use shared::job::JobStatus;
 
@@ -24,7 +25,7 @@ const RETRY_SET: &str = "SET status = 'queued', reason = 'retried', exit_code = 
 pub async fn retry_jobs(conn: impl Into<Conn<'_>>, ids: &[JobId], from: &[JobStatus]) -> anyhow::Result<Vec<JobId>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
+        let mut retried: Vec<i64> = sql::query_scalar(&format!(
             "UPDATE jobs {RETRY_SET}
          WHERE id IN (SELECT {}) AND status IN (SELECT {})
          RETURNING id",
@@ -48,7 +49,7 @@ pub async fn retry_sweep(
 ) -> anyhow::Result<Vec<JobId>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let mut retried: Vec<i64> = sqlx::query_scalar(&format!(
+        let mut retried: Vec<i64> = sql::query_scalar(&format!(
             "UPDATE jobs {RETRY_SET}
          WHERE sweep_id = $1 AND status IN (SELECT {})
          RETURNING id",
@@ -64,11 +65,11 @@ pub async fn retry_sweep(
 }
 
 /// Jobs of the sweep that are queued or running.
-pub async fn unfinished_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Result<u64> {
+pub async fn unfinished_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sql::Result<u64> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let count: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = $1 AND status IN ('queued', 'running')")
+            sql::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = $1 AND status IN ('queued', 'running')")
                 .bind(sweep_id.get())
                 .fetch_one(&mut *conn)
                 .await?;
@@ -108,30 +109,30 @@ pub async fn delete_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyho
         const FINISHED: &str =
             "SELECT id FROM jobs WHERE sweep_id = $1 AND status IN ('succeeded', 'failed', 'cancelled')";
         let versions: Vec<(i64, i64, String)> =
-            sqlx::query_as(&format!("SELECT job_id, attempt, path FROM results WHERE job_id IN ({FINISHED})"))
+            sql::query_as(&format!("SELECT job_id, attempt, path FROM results WHERE job_id IN ({FINISHED})"))
                 .bind(sweep_id.get())
                 .fetch_all(&mut *conn)
                 .await?;
         for table in JOB_TABLES {
-            sqlx::query(&format!("DELETE FROM {table} WHERE job_id IN ({FINISHED})"))
+            sql::query(&format!("DELETE FROM {table} WHERE job_id IN ({FINISHED})"))
                 .bind(sweep_id.get())
                 .execute(&mut *conn)
                 .await?;
         }
-        let job_ids: Vec<i64> = sqlx::query_scalar(&format!("DELETE FROM jobs WHERE id IN ({FINISHED}) RETURNING id"))
+        let job_ids: Vec<i64> = sql::query_scalar(&format!("DELETE FROM jobs WHERE id IN ({FINISHED}) RETURNING id"))
             .bind(sweep_id.get())
             .fetch_all(&mut *conn)
             .await?;
         // Moves first, then counts: the order `sweeps::fold_count_moves` takes them in, so the
         // two never wait for each other in a cycle.
         for counts in ["sweep_count_moves", "sweep_counts"] {
-            sqlx::query(&format!("DELETE FROM {counts} WHERE sweep_id = $1"))
+            sql::query(&format!("DELETE FROM {counts} WHERE sweep_id = $1"))
                 .bind(sweep_id.get())
                 .execute(&mut *conn)
                 .await?;
         }
         let removed =
-            sqlx::query("DELETE FROM sweeps WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE sweep_id = $2)")
+            sql::query("DELETE FROM sweeps WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE sweep_id = $2)")
                 .bind(sweep_id.get())
                 .bind(sweep_id.get())
                 .execute(&mut *conn)

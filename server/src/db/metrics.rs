@@ -2,10 +2,10 @@
 //! job's latest attempt) and the metrics columns of `job_attempts`.
 
 use super::backend::{on_conn, on_exec, on_pool, Conn, DbRow, Exec, PoolRef};
+use super::sql;
 use shared::api::{JobId, MetricPoint, MetricSeries, MetricSummary, SweepId};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric};
-use sqlx::QueryBuilder;
 use std::collections::{BTreeMap, HashMap};
 
 /// Points per INSERT: 4 bound values each stays well under SQLite's variable limit.
@@ -15,11 +15,11 @@ const POINTS_PER_STATEMENT: usize = 4_000;
 pub type Summaries = HashMap<JobId, BTreeMap<String, MetricSummary>>;
 
 /// The metrics-file offset stored up to, and how many points the attempt has.
-pub async fn progress(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx::Result<(u64, u64)> {
+pub async fn progress(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sql::Result<(u64, u64)> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let row =
-            sqlx::query("SELECT metrics_offset, metrics_points FROM job_attempts WHERE job_id = $1 AND attempt = $2")
+            sql::query("SELECT metrics_offset, metrics_points FROM job_attempts WHERE job_id = $1 AND attempt = $2")
                 .bind(job.get())
                 .bind(i64::from(attempt))
                 .fetch_optional(&mut *conn)
@@ -35,10 +35,10 @@ pub async fn set_progress(
     attempt: u32,
     offset: u64,
     points: u64,
-) -> sqlx::Result<()> {
+) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sql::query(
             "INSERT INTO job_attempts (job_id, attempt, metrics_offset, metrics_points) VALUES ($1, $2, $3, $4)
          ON CONFLICT (job_id, attempt) DO UPDATE SET metrics_offset = excluded.metrics_offset,
              metrics_points = excluded.metrics_points",
@@ -60,21 +60,19 @@ pub async fn append(
     attempt: u32,
     first_seq: u64,
     points: &[MetricPoint],
-) -> sqlx::Result<()> {
+) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         for (batch, chunk) in points.chunks(POINTS_PER_STATEMENT).enumerate() {
-            let mut query: QueryBuilder<_> =
-                QueryBuilder::new("INSERT INTO job_metrics (job_id, attempt, seq, step, name, value) SELECT ");
-            query.push_bind(job.get()).push(", ").push_bind(i64::from(attempt));
+            let mut query =
+                sql::Builder::new("INSERT INTO job_metrics (job_id, attempt, seq, step, name, value) SELECT ");
+            query.push_bind(job.get()).push(", ").push_bind(attempt);
             query.push(", column1, column2, column3, column4 FROM (VALUES ");
-            let mut rows = query.separated(", ");
             for (position, point) in chunk.iter().enumerate() {
                 let seq = first_seq + (batch * POINTS_PER_STATEMENT + position) as u64;
-                rows.push("(").push_bind_unseparated(seq as i64).push_unseparated(", ");
-                rows.push_bind_unseparated(point.step).push_unseparated(", ");
-                rows.push_bind_unseparated(point.name.as_str()).push_unseparated(", ");
-                rows.push_bind_unseparated(point.value).push_unseparated(")");
+                query.push(if position == 0 { "(" } else { ", (" }).push_bind(seq as i64).push(", ");
+                query.push_bind(point.step).push(", ").push_bind(point.name.as_str()).push(", ");
+                query.push_bind(point.value).push(")");
             }
             query.push(") AS v");
             query.build().execute(&mut *conn).await?;
@@ -90,10 +88,10 @@ pub async fn merge_summaries(
     job: JobId,
     attempt: u32,
     batch: &BTreeMap<String, MetricSummary>,
-) -> sqlx::Result<()> {
+) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query("DELETE FROM job_metric_summaries WHERE job_id = $1 AND attempt < $2")
+        sql::query("DELETE FROM job_metric_summaries WHERE job_id = $1 AND attempt < $2")
             .bind(job.get())
             .bind(i64::from(attempt))
             .execute(&mut *conn)
@@ -101,20 +99,17 @@ pub async fn merge_summaries(
         if batch.is_empty() {
             return Ok(());
         }
-        let mut query: QueryBuilder<_> = QueryBuilder::new(
+        let mut query = sql::Builder::new(
             "INSERT INTO job_metric_summaries
              (job_id, attempt, name, last_value, min_value, max_value, last_step, point_count) SELECT ",
         );
-        query.push_bind(job.get()).push(", ").push_bind(i64::from(attempt));
+        query.push_bind(job.get()).push(", ").push_bind(attempt);
         query.push(", column1, column2, column3, column4, column5, column6 FROM (VALUES ");
-        let mut rows = query.separated(", ");
-        for (name, summary) in batch {
-            rows.push("(").push_bind_unseparated(name.as_str()).push_unseparated(", ");
-            rows.push_bind_unseparated(summary.last).push_unseparated(", ");
-            rows.push_bind_unseparated(summary.min).push_unseparated(", ");
-            rows.push_bind_unseparated(summary.max).push_unseparated(", ");
-            rows.push_bind_unseparated(summary.step).push_unseparated(", ");
-            rows.push_bind_unseparated(summary.count as i64).push_unseparated(")");
+        for (position, (name, summary)) in batch.iter().enumerate() {
+            query.push(if position == 0 { "(" } else { ", (" }).push_bind(name.as_str()).push(", ");
+            query.push_bind(summary.last).push(", ").push_bind(summary.min).push(", ");
+            query.push_bind(summary.max).push(", ").push_bind(summary.step).push(", ");
+            query.push_bind(summary.count as i64).push(")");
         }
         // `WHERE true` tells SQLite's parser the ON CONFLICT belongs to the INSERT, not a join.
         query.push(engine.pick(
@@ -133,7 +128,7 @@ pub async fn merge_summaries(
     })
 }
 
-fn summary_of(row: &impl DbRow) -> sqlx::Result<(JobId, String, MetricSummary)> {
+fn summary_of(row: &impl DbRow) -> sql::Result<(JobId, String, MetricSummary)> {
     let summary = MetricSummary {
         last: row.get_as("last_value")?,
         min: row.get_as("min_value")?,
@@ -144,7 +139,7 @@ fn summary_of(row: &impl DbRow) -> sqlx::Result<(JobId, String, MetricSummary)> 
     Ok((JobId::new(row.get_as("job_id")?), row.get_as("name")?, summary))
 }
 
-fn collect<R: DbRow>(rows: &[R]) -> sqlx::Result<Summaries> {
+fn collect<R: DbRow>(rows: &[R]) -> sql::Result<Summaries> {
     let mut summaries = Summaries::new();
     for row in rows {
         let (job, name, summary) = summary_of(row)?;
@@ -162,7 +157,7 @@ pub async fn summaries(pool: impl Into<PoolRef<'_>>, jobs: &[JobId]) -> anyhow::
         if jobs.is_empty() {
             return Ok(Summaries::new());
         }
-        let rows = sqlx::query(&format!(
+        let rows = sql::query(&format!(
             "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
          WHERE s.job_id IN (SELECT {})",
             engine.json_ids(1)
@@ -179,10 +174,10 @@ pub async fn summaries_of_attempt(
     db: impl Into<Exec<'_>>,
     job: JobId,
     attempt: u32,
-) -> sqlx::Result<BTreeMap<String, MetricSummary>> {
+) -> sql::Result<BTreeMap<String, MetricSummary>> {
     let db = db.into();
     on_exec!(db, |db, engine| {
-        let rows = sqlx::query(&format!(
+        let rows = sql::query(&format!(
             "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s WHERE job_id = $1 AND attempt = $2"
         ))
         .bind(job.get())
@@ -194,11 +189,11 @@ pub async fn summaries_of_attempt(
 }
 
 /// Every point of an attempt, grouped by metric in the order each first appeared.
-pub async fn series(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> sqlx::Result<Vec<MetricSeries>> {
+pub async fn series(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> sql::Result<Vec<MetricSeries>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         let rows =
-            sqlx::query("SELECT step, name, value FROM job_metrics WHERE job_id = $1 AND attempt = $2 ORDER BY seq")
+            sql::query("SELECT step, name, value FROM job_metrics WHERE job_id = $1 AND attempt = $2 ORDER BY seq")
                 .bind(job.get())
                 .bind(i64::from(attempt))
                 .fetch_all(pool)
@@ -230,12 +225,12 @@ pub struct SweepJob {
 pub async fn sweep_jobs(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> anyhow::Result<(Vec<SweepJob>, Summaries)> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query("SELECT id, idx, status, params FROM jobs WHERE sweep_id = $1 ORDER BY idx")
+        let rows = sql::query("SELECT id, idx, status, params FROM jobs WHERE sweep_id = $1 ORDER BY idx")
             .bind(sweep.get())
             .fetch_all(pool)
             .await?;
         let jobs = rows.iter().map(sweep_job_of).collect::<anyhow::Result<Vec<_>>>()?;
-        let rows = sqlx::query(&format!(
+        let rows = sql::query(&format!(
         "SELECT {SUMMARY_COLUMNS} FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
          WHERE j.sweep_id = $1"
     ))
@@ -273,7 +268,7 @@ pub async fn sweep_top_jobs(
                 Goal::Minimize => ("s.min_value", "ASC"),
                 Goal::Maximize => ("s.max_value", "DESC"),
             };
-            ids = sqlx::query_scalar::<_, i64>(&format!(
+            ids = sql::query_scalar::<i64>(&format!(
                 "SELECT j.id FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
              WHERE j.sweep_id = $1 AND s.name = $2 ORDER BY {score} {direction}, j.idx LIMIT $3"
             ))
@@ -287,7 +282,7 @@ pub async fn sweep_top_jobs(
             .collect();
         }
         if (ids.len() as u32) < top {
-            let unscored: Vec<JobId> = sqlx::query_scalar::<_, i64>(
+            let unscored: Vec<JobId> = sql::query_scalar::<i64>(
                 "SELECT j.id FROM jobs j WHERE j.sweep_id = $1
                AND NOT EXISTS (SELECT 1 FROM job_metric_summaries s
                                WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = $2)
@@ -303,7 +298,7 @@ pub async fn sweep_top_jobs(
             .collect();
             ids.extend(unscored);
         }
-        let rows = sqlx::query(&format!(
+        let rows = sql::query(&format!(
             "SELECT id, idx, status, params FROM jobs WHERE id IN (SELECT {})",
             engine.json_ids(1)
         ))

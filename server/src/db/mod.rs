@@ -1,45 +1,39 @@
-//! The only place SQL lives, for both backends: SQLite (`queue.db` in the data directory) and
-//! PostgreSQL (a database named by URL, shared by the replicas). The database is opened here,
-//! once, and its migrations run at start-up (`migrations/` or `migrations-postgres/`). Each
-//! function's statement is written once and compiled for both engines ([`backend`]).
+//! The only place SQL lives, for both backends: SQLite (`queue.db` in the data directory,
+//! through rusqlite) and PostgreSQL (a database named by URL, shared by the replicas, through
+//! sqlx). The database is opened here, once, and its migrations run at start-up (`migrations/`
+//! or `migrations-postgres/`). Each function's statement is written once and compiled for both
+//! engines ([`backend`], [`sql`]).
 //!
-//! SQLite is opened with WAL, foreign keys and a busy timeout. Writes go through a pool of
-//! exactly one connection: SQLite allows one writer at a time anyway, and queueing writers in
-//! the pool (fair, async) is far faster under contention than letting several connections
-//! collide and sleep in SQLite's busy handler. Reads use their own pool and never wait for
-//! writers (WAL). The writer thread's own rusqlite connection for the hot path is in [`fast`].
-//!
+//! SQLite has one writer connection, the writer thread's own (SQLite allows one writer at a
+//! time anyway), readers that never wait for it (WAL) and a checkpointer ([`sqlite`]).
 //! PostgreSQL has one pool for everything; the writer takes one connection of it for its
-//! transactions, and its bare finishes go through the one-statement lane in [`bulk`]. What
-//! only PostgreSQL has (the URL, notifications between replicas, the reaper's lock) is in
-//! [`postgres`].
+//! transactions. Each backend has one owner of the hot path, a group of bare finishes with
+//! their workers' next claims ([`sqlite::steps`], [`postgres::steps`]). What only PostgreSQL
+//! has (the URL, notifications between replicas, the reaper's lock) is in [`postgres`].
 
 pub mod analysis;
 pub mod backend;
-pub mod bulk;
 pub mod checkpoints;
+pub mod claims;
 pub mod code;
 pub mod events;
-pub mod fast;
 pub mod gpu;
 pub mod jobs;
 pub mod logs;
 pub mod maintenance;
 pub mod metrics;
-pub mod plain_claims;
 pub mod postgres;
 pub mod results;
 pub mod scrape;
 pub mod search;
+pub mod sql;
+pub mod sqlite;
 pub mod sweeps;
 pub mod telemetry;
 pub mod workers;
 
 use anyhow::Context;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::SqlitePool;
 use std::path::Path;
-use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct Db {
@@ -54,10 +48,8 @@ pub struct Db {
 #[derive(Debug, Clone)]
 enum Kind {
     Sqlite {
-        /// The single writer connection.
-        writer: SqlitePool,
         /// Copies the write-ahead log into the database file, off the writer's path.
-        checkpointer: SqlitePool,
+        checkpointer: sqlite::Checkpointer,
         wal_path: std::path::PathBuf,
     },
     /// One pool for everything: the writer takes one connection of it for its transactions.
@@ -67,8 +59,8 @@ enum Kind {
 /// What the writer thread writes through.
 #[derive(Debug, Clone)]
 pub enum WriterPool {
-    /// The single-connection writer pool, and the file its own (fast) connection opens.
-    Sqlite(SqlitePool, std::path::PathBuf),
+    /// The database file the writer opens its connection to.
+    Sqlite(std::path::PathBuf),
     Postgres(sqlx::PgPool),
 }
 
@@ -82,46 +74,15 @@ impl Db {
             .and_then(|()| std::fs::remove_file(&probe))
             .with_context(|| format!("the data directory {} is not writable", data_dir.display()))?;
         let path = data_dir.join("queue.db");
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // With WAL, NORMAL loses no committed transaction on a process crash, only possibly
-            // the last ones on a power cut, and saves an fsync per commit.
-            .synchronous(SqliteSynchronous::Normal)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10))
-            .pragma("cache_size", "-32000")
-            .pragma("temp_store", "memory");
-        // The writer never checkpoints on commit (that would stall a submission or a claim
-        // now and then); the checkpointer connection does it in the background instead.
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone().pragma("wal_autocheckpoint", "0"))
-            .await
-            .with_context(|| format!("opening database {}", path.display()))?;
-        let migrator = sqlx::migrate!("../migrations");
-        let created = schema_before(&writer, &migrator, &path).await?.is_none();
-        migrator.run(&writer).await.with_context(|| format!("migrating database {}", path.display()))?;
-        // No ping before each use (sqlx's default): a local file's connection does not drop
-        // away, and the ping was a second round trip to the connection's thread on every read.
-        let reader = SqlitePoolOptions::new()
-            .max_connections(4)
-            .test_before_acquire(false)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone().read_only(true))
-            .await
-            .with_context(|| format!("opening database {} for reading", path.display()))?;
-        let checkpointer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(options.clone())
-            .await
-            .with_context(|| format!("opening database {} for checkpoints", path.display()))?;
+        let created = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || sqlite::create(&path)).await??
+        };
+        let reader = sqlite::Readers::open(&path)?;
+        let checkpointer = sqlite::Checkpointer::open(&path)?;
         Ok(Db {
             reader: backend::Pool::Sqlite(reader),
-            kind: Kind::Sqlite { writer, checkpointer, wal_path: data_dir.join("queue.db-wal") },
+            kind: Kind::Sqlite { checkpointer, wal_path: data_dir.join("queue.db-wal") },
             created,
         })
     }
@@ -148,7 +109,7 @@ impl Db {
         }
         let pool = pool.clone();
         tokio::spawn(async move {
-            if let Err(error) = sqlx::query("ANALYZE jobs").execute(&pool).await {
+            if let Err(error) = sql::query("ANALYZE jobs").execute(&pool).await {
                 tracing::warn!(%error, "updating the planner's statistics of the jobs");
             }
         });
@@ -173,7 +134,7 @@ impl Db {
     /// What the writer thread writes through.
     pub fn writer_pool(&self) -> WriterPool {
         match &self.kind {
-            Kind::Sqlite { writer, .. } => WriterPool::Sqlite(writer.clone(), self.path()),
+            Kind::Sqlite { .. } => WriterPool::Sqlite(self.path()),
             Kind::Postgres { pool } => WriterPool::Postgres(pool.clone()),
         }
     }
@@ -186,24 +147,24 @@ impl Db {
         }
     }
 
-    /// The SQLite writer pool (`None` on PostgreSQL), for tests and maintenance that run
-    /// SQLite statements of their own.
-    pub fn sqlite_writer(&self) -> Option<&SqlitePool> {
+    /// A connection of its own that writes to the SQLite database (`None` on PostgreSQL), for
+    /// tests and maintenance that run SQLite statements of their own.
+    pub fn sqlite_connection(&self) -> sql::Result<Option<rusqlite::Connection>> {
         match &self.kind {
-            Kind::Sqlite { writer, .. } => Some(writer),
-            Kind::Postgres { .. } => None,
+            Kind::Sqlite { .. } => Ok(Some(sqlite::open_writer(&self.path())?)),
+            Kind::Postgres { .. } => Ok(None),
         }
     }
 
     /// Whether any sweep was ever kept (or is still): a database without one has never run a
     /// job that left files.
-    pub async fn holds_sweeps(&self) -> sqlx::Result<bool> {
+    pub async fn holds_sweeps(&self) -> sql::Result<bool> {
         match &self.reader {
             backend::Pool::Sqlite(pool) => {
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(pool).await
+                sql::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(pool).await
             }
             backend::Pool::Postgres(pool) => {
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(pool).await
+                sql::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps)").fetch_one(pool).await
             }
         }
     }
@@ -211,13 +172,12 @@ impl Db {
     /// Closes a database this start made and removes its files (only for `created`). A
     /// PostgreSQL schema stays: the database is the operator's, not this process's.
     pub async fn discard(self) {
-        let Kind::Sqlite { writer, checkpointer, .. } = &self.kind else {
+        let Kind::Sqlite { .. } = &self.kind else {
             return self.close().await;
         };
         let path = self.path();
-        writer.close().await;
         self.reader.close().await;
-        checkpointer.close().await;
+        drop(self);
         for suffix in ["", "-wal", "-shm"] {
             let file = format!("{}{suffix}", path.display());
             if let Err(error) = std::fs::remove_file(&file) {
@@ -230,16 +190,14 @@ impl Db {
 
     /// Moves what it can of the WAL into the database without blocking readers or the writer;
     /// returns the WAL's size in pages (0 on PostgreSQL, which keeps its own log).
-    pub async fn checkpoint(&self) -> sqlx::Result<i64> {
+    pub async fn checkpoint(&self) -> sql::Result<i64> {
         let checkpointer = match &self.kind {
             Kind::Sqlite { checkpointer, .. } => checkpointer,
             // PostgreSQL writes its own log to disk; what is folded after writes there is the
             // count moves (`sweeps::fold_count_moves`).
             Kind::Postgres { pool } => return sweeps::fold_count_moves(pool).await.map(|_| 0),
         };
-        let (_busy, wal_pages, _copied): (i64, i64, i64) =
-            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(checkpointer).await?;
-        Ok(wal_pages)
+        checkpointer.checkpoint("PASSIVE").await
     }
 
     /// Copies the rest of the WAL into the database with writes held off, so that the next
@@ -249,18 +207,16 @@ impl Db {
     /// workers heartbeating: `app dev bench load`). Waits for readers (busy timeout) meanwhile.
     /// The caller holds writes off meanwhile (`Queue::restart_wal` runs it between two write
     /// groups).
-    pub async fn restart_wal(&self) -> sqlx::Result<i64> {
+    pub async fn restart_wal(&self) -> sql::Result<i64> {
         let Kind::Sqlite { checkpointer, .. } = &self.kind else { return Ok(0) };
-        let (_busy, wal_pages, _copied): (i64, i64, i64) =
-            sqlx::query_as("PRAGMA wal_checkpoint(RESTART)").fetch_one(checkpointer).await?;
-        Ok(wal_pages)
+        checkpointer.checkpoint("RESTART").await
     }
 
     /// Copies the whole WAL into the database and truncates the file to nothing (it keeps its
     /// largest size otherwise). The caller holds writes off meanwhile.
-    pub async fn truncate_wal(&self) -> sqlx::Result<()> {
+    pub async fn truncate_wal(&self) -> sql::Result<()> {
         let Kind::Sqlite { checkpointer, .. } = &self.kind else { return Ok(()) };
-        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(checkpointer).await.map(|_| ())
+        checkpointer.checkpoint("TRUNCATE").await.map(drop)
     }
 
     /// The SQLite database file (a name that exists nowhere on PostgreSQL).
@@ -283,47 +239,13 @@ impl Db {
     pub async fn close(&self) {
         self.reader.close().await;
         match &self.kind {
-            Kind::Sqlite { writer, checkpointer, .. } => {
-                writer.close().await;
-                if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(checkpointer).await {
+            Kind::Sqlite { checkpointer, .. } => {
+                if let Err(error) = checkpointer.checkpoint("TRUNCATE").await {
                     tracing::warn!(%error, "final checkpoint failed; the WAL is replayed at the next start");
                 }
-                checkpointer.close().await;
             }
             Kind::Postgres { pool } => pool.close().await,
         }
-    }
-}
-
-/// The schema version the database had before this start (None: no migration was ever
-/// applied, a new database). A database written by a newer build has migrations this build
-/// does not know: refused with both versions (sqlx's own words name only the first unknown
-/// migration), before anything is changed.
-async fn schema_before(
-    writer: &SqlitePool,
-    migrator: &sqlx::migrate::Migrator,
-    path: &Path,
-) -> anyhow::Result<Option<i64>> {
-    let known = migrator.iter().map(|migration| migration.version).max().unwrap_or(0);
-    let table: Option<String> =
-        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
-            .fetch_optional(writer)
-            .await
-            .with_context(|| format!("reading the schema version of {}", path.display()))?;
-    if table.is_none() {
-        return Ok(None);
-    }
-    let applied: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
-        .fetch_one(writer)
-        .await
-        .with_context(|| format!("reading the schema version of {}", path.display()))?;
-    match applied {
-        Some(applied) if applied > known => anyhow::bail!(
-            "the database {} has schema version {applied}, newer than this build's {known}: a newer version of \
-             app wrote it; run that version (or a newer one) on this data directory, or point this one at another",
-            path.display()
-        ),
-        applied => Ok(applied),
     }
 }
 
@@ -344,13 +266,12 @@ mod tests {
         let directory = tempfile::tempdir().unwrap();
         let db = Db::open(directory.path()).await.unwrap();
         let known = sqlx::migrate!("../migrations").iter().map(|migration| migration.version).max().unwrap();
-        sqlx::query(
+        let conn = db.sqlite_connection().unwrap().unwrap();
+        conn.execute(
             "INSERT INTO _sqlx_migrations (version, description, installed_on, success, checksum, execution_time)
-             VALUES (?, 'from a newer build', '2030-01-01', 1, x'00', 1)",
+             VALUES (?1, 'from a newer build', '2030-01-01', 1, x'00', 1)",
+            [known + 5],
         )
-        .bind(known + 5)
-        .execute(db.sqlite_writer().unwrap())
-        .await
         .unwrap();
         db.close().await;
         let refused = Db::open(directory.path()).await.unwrap_err().to_string();
@@ -358,17 +279,38 @@ mod tests {
         assert!(refused.contains(&format!("newer than this build's {known}")), "{refused}");
         // The refusal changed nothing: the migrations recorded are the same; with the newer
         // one gone, this build opens the database again.
-        let file = directory.path().join("queue.db");
-        let options = SqliteConnectOptions::new().filename(&file);
-        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
-        let recorded: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations ORDER BY version").fetch_all(&pool).await.unwrap();
+        let recorded: Vec<i64> = conn
+            .prepare("SELECT version FROM _sqlx_migrations ORDER BY version")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
         let mut expected: Vec<i64> =
             sqlx::migrate!("../migrations").iter().map(|migration| migration.version).collect();
         expected.push(known + 5);
         assert_eq!(recorded, expected);
-        sqlx::query("DELETE FROM _sqlx_migrations WHERE version > ?").bind(known).execute(&pool).await.unwrap();
-        pool.close().await;
+        conn.execute("DELETE FROM _sqlx_migrations WHERE version > ?1", [known]).unwrap();
+        drop(conn);
         Db::open(directory.path()).await.unwrap().close().await;
+    }
+
+    /// A database made and migrated by sqlx (every build before rusqlite became the one SQLite
+    /// driver) carries on: its records are read, nothing is applied twice.
+    #[tokio::test]
+    async fn a_database_migrated_by_earlier_builds_opens_as_it_was() {
+        let directory = tempfile::tempdir().unwrap();
+        Db::open(directory.path()).await.unwrap().close().await;
+        let db = Db::open(directory.path()).await.unwrap();
+        assert!(!db.created);
+        let conn = db.sqlite_connection().unwrap().unwrap();
+        let checksum: Vec<u8> =
+            conn.query_row("SELECT checksum FROM _sqlx_migrations WHERE version = 1", [], |row| row.get(0)).unwrap();
+        let migrator = sqlx::migrate!("../migrations");
+        assert_eq!(checksum.as_slice(), &*migrator.iter().next().unwrap().checksum, "sqlx's SHA-384 of the file");
+        conn.execute("UPDATE _sqlx_migrations SET checksum = x'00' WHERE version = 1", []).unwrap();
+        db.close().await;
+        let refused = Db::open(directory.path()).await.unwrap_err();
+        assert!(format!("{refused:#}").contains("migration 1 was applied with other text"), "{refused:#}");
     }
 }

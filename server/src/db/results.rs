@@ -1,16 +1,16 @@
 //! `staged_files` (uploads waiting for their seal) and `results` (sealed result versions).
 
-use super::backend::{dollars, on_conn, on_exec, on_pool, Conn, DbRow, Exec, PoolRef};
+use super::backend::{on_conn, on_exec, on_pool, Conn, DbRow, Exec, PoolRef};
+use super::sql;
 use shared::api::{JobAttempt, JobId, ManifestEntry, ResultVersion};
-use sqlx::query::Query;
 use std::collections::HashMap;
 
 /// Forgets an uploaded path (before its file is replaced, so a crash in between leaves the
 /// path unrecorded rather than recorded with the old hash).
-pub async fn unstage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, path: &str) -> sqlx::Result<()> {
+pub async fn unstage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, path: &str) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query("DELETE FROM staged_files WHERE job_id = $1 AND attempt = $2 AND path = $3")
+        sql::query("DELETE FROM staged_files WHERE job_id = $1 AND attempt = $2 AND path = $3")
             .bind(job.get())
             .bind(i64::from(attempt))
             .bind(path)
@@ -20,10 +20,10 @@ pub async fn unstage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, path: 
     })
 }
 
-pub async fn stage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, entry: &ManifestEntry) -> sqlx::Result<()> {
+pub async fn stage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, entry: &ManifestEntry) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sql::query(
             "INSERT INTO staged_files (job_id, attempt, path, size, sha256) VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (job_id, attempt, path) DO UPDATE SET size = excluded.size, sha256 = excluded.sha256",
         )
@@ -39,10 +39,10 @@ pub async fn stage(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32, entry: &
 }
 
 /// The uploaded files of an attempt, by path.
-pub async fn staged(db: impl Into<Exec<'_>>, job: JobId, attempt: u32) -> sqlx::Result<HashMap<String, ManifestEntry>> {
+pub async fn staged(db: impl Into<Exec<'_>>, job: JobId, attempt: u32) -> sql::Result<HashMap<String, ManifestEntry>> {
     let db = db.into();
     on_exec!(db, |db, engine| {
-        let rows = sqlx::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = $1 AND attempt = $2")
+        let rows = sql::query("SELECT path, size, sha256 FROM staged_files WHERE job_id = $1 AND attempt = $2")
             .bind(job.get())
             .bind(i64::from(attempt))
             .fetch_all(db)
@@ -62,10 +62,10 @@ pub async fn staged(db: impl Into<Exec<'_>>, job: JobId, attempt: u32) -> sqlx::
 
 /// Bytes already staged for an attempt, leaving out `except` (a file being uploaded again
 /// replaces its earlier upload).
-pub async fn staged_bytes(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32, except: &str) -> sqlx::Result<u64> {
+pub async fn staged_bytes(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32, except: &str) -> sql::Result<u64> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let total: i64 = sqlx::query_scalar(
+        let total: i64 = sql::query_scalar(
             "SELECT CAST(coalesce(sum(size), 0) AS BIGINT) FROM staged_files WHERE job_id = $1 AND attempt = $2 AND path <> $3",
         )
         .bind(job.get())
@@ -78,10 +78,10 @@ pub async fn staged_bytes(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32
 }
 
 /// Forgets every upload of an attempt (sealed, or its staging removed).
-pub async fn unstage_attempt(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sqlx::Result<()> {
+pub async fn unstage_attempt(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query("DELETE FROM staged_files WHERE job_id = $1 AND attempt = $2")
+        sql::query("DELETE FROM staged_files WHERE job_id = $1 AND attempt = $2")
             .bind(job.get())
             .bind(i64::from(attempt))
             .execute(&mut *conn)
@@ -90,25 +90,10 @@ pub async fn unstage_attempt(conn: impl Into<Conn<'_>>, job: JobId, attempt: u32
     })
 }
 
-/// The INSERT of a sealed version with its parameters numbered from `?first`; it returns a
-/// `stored` column only if it inserted (an attempt keeps its first version). With
-/// `unless_metrics` it inserts nothing if the attempt has metric summaries (a version made
-/// without them would miss them).
-pub(crate) fn insert_sql(first: usize, unless_metrics: bool) -> String {
-    let values: Vec<String> = (first..first + 8).map(|n| format!("?{n}")).collect();
-    let source = match unless_metrics {
-        false => format!("VALUES ({})", values.join(", ")),
-        true => format!(
-            "SELECT {} WHERE NOT EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = ?{first} AND m.attempt = ?{})",
-            values.join(", "),
-            first + 1
-        ),
-    };
-    format!(
-        "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
-         {source} ON CONFLICT (job_id, attempt) DO NOTHING RETURNING 1 AS stored"
-    )
-}
+/// The INSERT of a sealed version; it returns a row only if it inserted (an attempt keeps its
+/// first version).
+const INSERT_SQL: &str = "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (job_id, attempt) DO NOTHING RETURNING job_id";
 
 /// A version's JSON columns, as stored.
 pub(crate) struct VersionColumns {
@@ -129,36 +114,23 @@ impl VersionColumns {
     }
 }
 
-/// Binds `version` to the parameters of [`insert_sql`], in their order.
-pub(crate) fn bind_version<'q, DB>(
-    query: Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
-    version: &'q ResultVersion,
-) -> anyhow::Result<Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>>
-where
-    DB: sqlx::Database,
-    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    let columns = VersionColumns::of(version)?;
-    Ok(query
-        .bind(version.job_id.get())
-        .bind(i64::from(version.attempt))
-        .bind(version.path.as_str())
-        .bind(columns.manifest)
-        .bind(columns.record)
-        .bind(columns.params)
-        .bind(columns.metrics)
-        .bind(version.stored_at))
-}
-
 /// Records a sealed version; false if the attempt already has one.
 pub async fn insert(conn: impl Into<Conn<'_>>, version: &ResultVersion) -> anyhow::Result<bool> {
     let mut conn = conn.into();
+    let columns = VersionColumns::of(version)?;
     on_conn!(conn, |conn, engine| {
-        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let query = bind_version(sqlx::query(SQL.get_or_init(|| dollars(&insert_sql(1, false)))), version)?;
-        Ok(query.fetch_optional(&mut *conn).await?.is_some())
+        let inserted = sql::query(INSERT_SQL)
+            .bind(version.job_id.get())
+            .bind(version.attempt)
+            .bind(version.path.as_str())
+            .bind(columns.manifest.as_str())
+            .bind(columns.record.as_str())
+            .bind(columns.params.as_str())
+            .bind(columns.metrics.as_str())
+            .bind(version.stored_at)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(inserted.is_some())
     })
 }
 
@@ -180,7 +152,7 @@ fn version_of(row: &impl DbRow) -> anyhow::Result<ResultVersion> {
 pub async fn list(pool: impl Into<PoolRef<'_>>, job: JobId) -> anyhow::Result<Vec<ResultVersion>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query("SELECT * FROM results WHERE job_id = $1 ORDER BY attempt")
+        let rows = sql::query("SELECT * FROM results WHERE job_id = $1 ORDER BY attempt")
             .bind(job.get())
             .fetch_all(pool)
             .await?;
@@ -191,7 +163,7 @@ pub async fn list(pool: impl Into<PoolRef<'_>>, job: JobId) -> anyhow::Result<Ve
 pub async fn get(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> anyhow::Result<Option<ResultVersion>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let row = sqlx::query("SELECT * FROM results WHERE job_id = $1 AND attempt = $2")
+        let row = sql::query("SELECT * FROM results WHERE job_id = $1 AND attempt = $2")
             .bind(job.get())
             .bind(i64::from(attempt))
             .fetch_optional(pool)
@@ -200,11 +172,11 @@ pub async fn get(pool: impl Into<PoolRef<'_>>, job: JobId, attempt: u32) -> anyh
     })
 }
 
-pub async fn exists(db: impl Into<Exec<'_>>, job: JobId, attempt: u32) -> sqlx::Result<bool> {
+pub async fn exists(db: impl Into<Exec<'_>>, job: JobId, attempt: u32) -> sql::Result<bool> {
     let db = db.into();
     on_exec!(db, |db, engine| {
         let found: Option<i64> =
-            sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM results WHERE job_id = $1 AND attempt = $2")
+            sql::query_scalar("SELECT CAST(1 AS BIGINT) FROM results WHERE job_id = $1 AND attempt = $2")
                 .bind(job.get())
                 .bind(i64::from(attempt))
                 .fetch_optional(db)
@@ -222,7 +194,7 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, attempts: &[JobAttempt]) -> a
         }
         let pairs =
             serde_json::to_string(&attempts.iter().map(|a| [a.job_id.get(), a.attempt as i64]).collect::<Vec<_>>())?;
-        let rows = sqlx::query(engine.pick(
+        let rows = sql::query(engine.pick(
             "SELECT id, attempt FROM jobs WHERE status = 'running'
            AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
             "SELECT id, attempt FROM jobs WHERE status = 'running'

@@ -2,6 +2,7 @@
 //! the jobs table, so scraping every few seconds costs the queue nothing it would notice.
 
 use super::backend::{on_pool, DbRow, PoolRef};
+use super::sql;
 use shared::api::GpuSample;
 
 /// Jobs of one sweep in one status.
@@ -13,10 +14,10 @@ pub struct SweepDepth {
 }
 
 /// Jobs by sweep and status, from the counts the triggers keep (migrations/0004).
-pub async fn queue_depth(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<SweepDepth>> {
+pub async fn queue_depth(pool: impl Into<PoolRef<'_>>) -> sql::Result<Vec<SweepDepth>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(&format!(
+        let rows = sql::query(&format!(
             "SELECT s.name AS sweep, c.status, c.jobs FROM {} c JOIN sweeps s ON s.id = c.sweep_id
              ORDER BY s.name, c.status",
             super::sweeps::counted(engine)
@@ -32,19 +33,19 @@ pub async fn queue_depth(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<Sweep
 }
 
 /// When each worker was last heard from (unix ms), and when it left, if it did.
-pub async fn workers_last_seen(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<Vec<(i64, Option<i64>)>> {
+pub async fn workers_last_seen(pool: impl Into<PoolRef<'_>>) -> sql::Result<Vec<(i64, Option<i64>)>> {
     let pool = pool.into();
-    on_pool!(pool, |pool, engine| sqlx::query_as("SELECT last_seen_at, left_at FROM workers").fetch_all(pool).await)
+    on_pool!(pool, |pool, engine| sql::query_as("SELECT last_seen_at, left_at FROM workers").fetch_all(pool).await)
 }
 
 /// Each worker's latest GPU readings (the GPUs of its last heartbeat with telemetry), by
 /// worker name, when they were taken at or after `since`: a silent worker's GPUs drop out
 /// rather than report their last values for ever.
-pub async fn latest_gpus(pool: impl Into<PoolRef<'_>>, since: i64) -> sqlx::Result<Vec<(String, GpuSample)>> {
+pub async fn latest_gpus(pool: impl Into<PoolRef<'_>>, since: i64) -> sql::Result<Vec<(String, GpuSample)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         // The subquery is one step down the (worker_id, at) index per worker.
-        let rows = sqlx::query(
+        let rows = sql::query(
             "SELECT w.name AS worker, t.* FROM workers w
          JOIN gpu_telemetry t ON t.worker_id = w.id
               AND t.at = (SELECT max(at) FROM gpu_telemetry WHERE worker_id = w.id)

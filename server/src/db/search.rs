@@ -8,6 +8,7 @@
 //! infinity can reach the JSON reader (which refuses them) or the model.
 
 use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::sql;
 use shared::api::{JobId, SearchMethod, SearchState, StoppedEarly, SweepId};
 use shared::sweep::{JobSpec, Sweep};
 use std::collections::HashMap;
@@ -49,10 +50,10 @@ fn parse_method(text: &str) -> SearchMethod {
     }
 }
 
-pub async fn insert(conn: impl Into<Conn<'_>>, sweep_id: SweepId, search: &NewSearch) -> sqlx::Result<()> {
+pub async fn insert(conn: impl Into<Conn<'_>>, sweep_id: SweepId, search: &NewSearch) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sql::query(
         "INSERT INTO sweep_search (sweep_id, method, seed, run_cap, open, early_stop) VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(sweep_id.get())
@@ -80,10 +81,10 @@ pub struct OpenSearch {
 }
 
 /// Every sweep whose controller still makes runs, with its queued jobs (from `sweep_counts`).
-pub async fn open_searches(conn: impl Into<Conn<'_>>) -> sqlx::Result<Vec<OpenSearch>> {
+pub async fn open_searches(conn: impl Into<Conn<'_>>) -> sql::Result<Vec<OpenSearch>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let rows = sqlx::query(&format!(
+        let rows = sql::query(&format!(
             "SELECT q.sweep_id, q.run_cap, q.proposed, q.fallback, coalesce(c.jobs, 0) AS queued
              FROM sweep_search q
              LEFT JOIN {} c ON c.sweep_id = q.sweep_id AND c.status = 'queued'
@@ -138,7 +139,7 @@ macro_rules! trial_columns {
 pub async fn trials(conn: impl Into<Conn<'_>>, sweep_id: SweepId, metric: &str) -> anyhow::Result<Vec<TrialRow>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let packed: Option<String> = sqlx::query_scalar(engine.pick(
+        let packed: Option<String> = sql::query_scalar(engine.pick(
             concat!(
                 "SELECT json_group_array(json_object('status', status, 'params', json(params), 'min', min, 'max', max,
                                              'stopped', json(CASE WHEN stopped THEN 'true' ELSE 'false' END)))
@@ -169,12 +170,12 @@ pub async fn insert_jobs(
     sweep: &Sweep,
     jobs: &[JobSpec],
     now: i64,
-) -> sqlx::Result<()> {
+) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let resources = &sweep.resources;
         for job in jobs {
-            sqlx::query(
+            sql::query(
                 "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
                                timeout_secs, priority, retries_left, created_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
@@ -183,7 +184,7 @@ pub async fn insert_jobs(
             .bind(job.index as i64)
             .bind(&job.params)
             .bind(&job.command)
-            .bind(&job.config)
+            .bind(job.config.as_deref())
             .bind(resources.gpus.map(i64::from))
             .bind(resources.gpu_memory.map(|bytes| bytes as i64))
             .bind(resources.exclusive.map(i64::from))
@@ -206,10 +207,10 @@ pub async fn advance(
     before: u64,
     after: u64,
     fallback: bool,
-) -> sqlx::Result<bool> {
+) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(
+        let done = sql::query(
             "UPDATE sweep_search SET proposed = $1, fallback = $2,
                 open = CASE WHEN run_cap IS NOT NULL AND $3 >= run_cap THEN 0 ELSE open END
          WHERE sweep_id = $4 AND proposed = $5 AND open = 1",
@@ -226,10 +227,10 @@ pub async fn advance(
 }
 
 /// Adds a sentence to the sweep's search notes (the last 100 are kept).
-pub async fn add_note(conn: impl Into<Conn<'_>>, sweep_id: SweepId, note: &str) -> sqlx::Result<()> {
+pub async fn add_note(conn: impl Into<Conn<'_>>, sweep_id: SweepId, note: &str) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(engine.pick(
+        sql::query(engine.pick(
             "UPDATE sweep_search SET notes = (
              SELECT json_group_array(value) FROM (
                  SELECT value FROM (SELECT key, value FROM json_each(json_insert(notes, '$[#]', $1))
@@ -251,10 +252,10 @@ pub async fn add_note(conn: impl Into<Conn<'_>>, sweep_id: SweepId, note: &str) 
 }
 
 /// Stops the controller making runs; returns whether it was still open.
-pub async fn close(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Result<bool> {
+pub async fn close(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query("UPDATE sweep_search SET open = 0 WHERE sweep_id = $1 AND open = 1")
+        let done = sql::query("UPDATE sweep_search SET open = 0 WHERE sweep_id = $1 AND open = 1")
             .bind(sweep_id.get())
             .execute(&mut *conn)
             .await?;
@@ -263,10 +264,10 @@ pub async fn close(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Result
 }
 
 /// The sweep's source, if it has a controller; with whether it stops runs early.
-pub async fn source_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sqlx::Result<Option<(String, bool)>> {
+pub async fn source_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sql::Result<Option<(String, bool)>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let row = sqlx::query(
+        let row = sql::query(
         "SELECT s.source, q.early_stop FROM sweep_search q JOIN sweeps s ON s.id = q.sweep_id WHERE q.sweep_id = $1",
     )
     .bind(sweep_id.get())
@@ -290,7 +291,7 @@ pub async fn histories(
 ) -> anyhow::Result<Vec<(JobId, Points)>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let packed: Option<String> = sqlx::query_scalar(engine.pick(
+        let packed: Option<String> = sql::query_scalar(engine.pick(
             concat!(
                 "SELECT json_group_array(json_array(job_id, step, value)) FROM (
              SELECT m.job_id, m.step, ",
@@ -336,10 +337,10 @@ pub async fn best_of(
     attempt: u32,
     metric: &str,
     minimize: bool,
-) -> sqlx::Result<Option<f64>> {
+) -> sql::Result<Option<f64>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let row: Option<(Option<f64>, Option<f64>)> = sqlx::query_as(concat!(
+        let row: Option<(Option<f64>, Option<f64>)> = sql::query_as(concat!(
             "SELECT ",
             finite!("min_value"),
             ", ",
@@ -364,7 +365,7 @@ pub async fn history_of(
 ) -> anyhow::Result<Points> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let packed: Option<String> = sqlx::query_scalar(engine.pick(
+        let packed: Option<String> = sql::query_scalar(engine.pick(
             concat!(
                 "SELECT json_group_array(json_array(step, value)) FROM (
              SELECT step, ",
@@ -394,10 +395,10 @@ pub async fn record_stop(
     job: JobId,
     attempt: u32,
     stop: &StoppedEarly,
-) -> sqlx::Result<bool> {
+) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(
+        let done = sql::query(
         "INSERT INTO early_stops (job_id, attempt, rung, cutoff, reason, stopped_at) VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (job_id, attempt) DO NOTHING",
     )
@@ -415,7 +416,7 @@ pub async fn record_stop(
 
 /// The early stop of a job row read with `stop_rung`, `stop_cutoff`, `stop_reason` and
 /// `stopped_at` columns (see `jobs::JOB_SELECT`).
-pub fn stopped_early_of(row: &impl DbRow) -> sqlx::Result<Option<StoppedEarly>> {
+pub fn stopped_early_of(row: &impl DbRow) -> sql::Result<Option<StoppedEarly>> {
     let Some(rung) = row.get_as::<Option<i64>>("stop_rung")? else { return Ok(None) };
     Ok(Some(StoppedEarly {
         rung: rung.max(0) as u64,
@@ -429,10 +430,10 @@ pub fn stopped_early_of(row: &impl DbRow) -> sqlx::Result<Option<StoppedEarly>> 
 pub async fn stopped_in_sweep(
     pool: impl Into<PoolRef<'_>>,
     sweep_id: SweepId,
-) -> sqlx::Result<HashMap<JobId, StoppedEarly>> {
+) -> sql::Result<HashMap<JobId, StoppedEarly>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(
+        let rows = sql::query(
             "SELECT e.job_id, e.rung AS stop_rung, e.cutoff AS stop_cutoff, e.reason AS stop_reason, e.stopped_at
          FROM jobs j
          JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt
@@ -455,7 +456,7 @@ pub async fn stopped_in_sweep(
 pub async fn state(pool: impl Into<PoolRef<'_>>, sweep_id: SweepId) -> anyhow::Result<Option<SearchState>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let row = sqlx::query(
+        let row = sql::query(
             "SELECT method, seed, run_cap, proposed, open, early_stop, notes,
                 (SELECT count(*) FROM jobs j
                  JOIN early_stops e ON e.job_id = j.id AND e.attempt = j.attempt

@@ -1,6 +1,7 @@
 //! `sweeps`, and the bulk insert of a sweep's jobs.
 
 use super::backend::{on_conn, on_pool, Conn, DbRow, Engine, PoolRef};
+use super::sql;
 use shared::api::{StatusCounts, SweepDetail, SweepId, SweepInfo};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric, Sweep, SweepForm};
@@ -12,11 +13,11 @@ const JOBS_PER_STATEMENT: usize = 4_000;
 
 /// Returns `base`, or `base-2`, `base-3`, ... whichever is free (shortening `base` so the
 /// name stays within the 100 characters names may have).
-pub async fn unique_name(conn: impl Into<Conn<'_>>, base: &str) -> sqlx::Result<String> {
+pub async fn unique_name(conn: impl Into<Conn<'_>>, base: &str) -> sql::Result<String> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let base = if base.len() > 90 { &base[..90] } else { base };
-        let taken: Vec<String> = sqlx::query_scalar("SELECT name FROM sweeps WHERE name = $1 OR name LIKE $2 || '-%'")
+        let taken: Vec<String> = sql::query_scalar("SELECT name FROM sweeps WHERE name = $1 OR name LIKE $2 || '-%'")
             .bind(base)
             .bind(base)
             .fetch_all(&mut *conn)
@@ -38,10 +39,10 @@ pub async fn insert(
     sweep: &Sweep,
     source: &str,
     now: i64,
-) -> sqlx::Result<SweepId> {
+) -> sql::Result<SweepId> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query_scalar::<_, i64>(
+        sql::query_scalar::<i64>(
             "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
         )
@@ -59,7 +60,7 @@ pub async fn insert(
 }
 
 /// Inserts every job of the sweep, in index order, a few thousand per statement.
-pub async fn insert_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, sweep: &Sweep, now: i64) -> sqlx::Result<u64> {
+pub async fn insert_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, sweep: &Sweep, now: i64) -> sql::Result<u64> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let resources = &sweep.resources;
@@ -95,7 +96,7 @@ pub async fn insert_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, sweep: &S
                 }
             }
             sql.push_str(") AS v");
-            let mut query = sqlx::query(&sql)
+            let mut query = sql::query(&sql)
                 .bind(sweep_id.get())
                 .bind(resources.gpus.map(i64::from))
                 .bind(resources.gpu_memory.map(|bytes| bytes as i64))
@@ -117,10 +118,10 @@ pub async fn insert_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, sweep: &S
 
 /// Adds `jobs` new queued jobs of `sweep_id` to `sweep_counts` (see migrations/0004): every
 /// function that inserts jobs calls it in the same transaction.
-pub async fn count_new_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, jobs: u64) -> sqlx::Result<()> {
+pub async fn count_new_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, jobs: u64) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sql::query(
             "INSERT INTO sweep_counts (sweep_id, status, jobs) VALUES ($1, 'queued', $2)
          ON CONFLICT (sweep_id, status) DO UPDATE SET jobs = sweep_counts.jobs + excluded.jobs",
         )
@@ -133,19 +134,19 @@ pub async fn count_new_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, jobs: 
 }
 
 /// The sweep's name and form.
-pub async fn name_and_form_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sqlx::Result<(String, SweepForm)> {
+pub async fn name_and_form_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Result<(String, SweepForm)> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let (name, form): (String, String) =
-            sqlx::query_as("SELECT name, form FROM sweeps WHERE id = $1").bind(id.get()).fetch_one(&mut *conn).await?;
+            sql::query_as("SELECT name, form FROM sweeps WHERE id = $1").bind(id.get()).fetch_one(&mut *conn).await?;
         Ok((name, parse_form(&form)))
     })
 }
 
-pub async fn name_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sqlx::Result<String> {
+pub async fn name_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Result<String> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query_scalar("SELECT name FROM sweeps WHERE id = $1").bind(id.get()).fetch_one(&mut *conn).await
+        sql::query_scalar("SELECT name FROM sweeps WHERE id = $1").bind(id.get()).fetch_one(&mut *conn).await
     })
 }
 
@@ -172,7 +173,7 @@ fn goal_text(goal: Goal) -> &'static str {
     }
 }
 
-fn info_from_row(row: &impl DbRow) -> sqlx::Result<SweepInfo> {
+fn info_from_row(row: &impl DbRow) -> sql::Result<SweepInfo> {
     let metric_name: Option<String> = row.get_as("metric_name")?;
     let metric_goal: Option<String> = row.get_as("metric_goal")?;
     let form: String = row.get_as("form")?;
@@ -195,14 +196,14 @@ pub async fn find(pool: impl Into<PoolRef<'_>>, key: &str) -> anyhow::Result<Opt
     on_pool!(pool, |pool, engine| {
         let row = match key.parse::<i64>() {
             Ok(id) => {
-                sqlx::query("SELECT * FROM sweeps WHERE id = $1 OR name = $2 ORDER BY id = $3 DESC LIMIT 1")
+                sql::query("SELECT * FROM sweeps WHERE id = $1 OR name = $2 ORDER BY id = $3 DESC LIMIT 1")
                     .bind(id)
                     .bind(key)
                     .bind(id)
                     .fetch_optional(pool)
                     .await?
             }
-            Err(_) => sqlx::query("SELECT * FROM sweeps WHERE name = $1").bind(key).fetch_optional(pool).await?,
+            Err(_) => sql::query("SELECT * FROM sweeps WHERE name = $1").bind(key).fetch_optional(pool).await?,
         };
         let Some(row) = row else { return Ok(None) };
         let mut info = info_from_row(&row)?;
@@ -228,8 +229,8 @@ pub fn counted(engine: super::backend::Engine) -> &'static str {
 /// Folds PostgreSQL's count moves into the count rows, in one transaction (readers see the
 /// same sums before and after); returns the moves folded. Replicas may fold at once: a move
 /// one of them deletes is skipped by the other.
-pub async fn fold_count_moves(pool: &sqlx::PgPool) -> sqlx::Result<u64> {
-    let folded = sqlx::query(
+pub async fn fold_count_moves(pool: &sqlx::PgPool) -> sql::Result<u64> {
+    let folded = sql::query(
         "WITH moved AS (DELETE FROM sweep_count_moves RETURNING sweep_id, status, jobs),
               summed AS (SELECT sweep_id, status, sum(jobs) AS jobs, count(*) AS moves FROM moved
                          GROUP BY sweep_id, status),
@@ -241,16 +242,16 @@ pub async fn fold_count_moves(pool: &sqlx::PgPool) -> sqlx::Result<u64> {
     )
     .fetch_one(pool)
     .await?;
-    Ok(sqlx::Row::try_get::<i64, _>(&folded, 0)? as u64)
+    Ok(folded.get_at::<i64>(0)? as u64)
 }
 
 /// Newest first.
 pub async fn list(pool: impl Into<PoolRef<'_>>) -> anyhow::Result<Vec<SweepInfo>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query("SELECT * FROM sweeps ORDER BY id DESC").fetch_all(pool).await?;
-        let mut sweeps = rows.iter().map(info_from_row).collect::<sqlx::Result<Vec<_>>>()?;
-        let per_sweep = sqlx::query(&format!("SELECT sweep_id, status, jobs AS n FROM {} AS c", counted(engine)))
+        let rows = sql::query("SELECT * FROM sweeps ORDER BY id DESC").fetch_all(pool).await?;
+        let mut sweeps = rows.iter().map(info_from_row).collect::<sql::Result<Vec<_>>>()?;
+        let per_sweep = sql::query(&format!("SELECT sweep_id, status, jobs AS n FROM {} AS c", counted(engine)))
             .fetch_all(pool)
             .await?;
         for row in per_sweep {
@@ -272,7 +273,7 @@ pub async fn counts(pool: impl Into<PoolRef<'_>>, sweep_id: Option<SweepId>) -> 
         // Kept current by the transition trigger and the job inserts (migrations/0004).
         let rows = match sweep_id {
             Some(id) => {
-                sqlx::query(&format!("SELECT status, jobs AS n FROM {} AS c WHERE sweep_id = $1", counted(engine)))
+                sql::query(&format!("SELECT status, jobs AS n FROM {} AS c WHERE sweep_id = $1", counted(engine)))
                     .bind(id.get())
                     .fetch_all(pool)
                     .await?
@@ -282,7 +283,7 @@ pub async fn counts(pool: impl Into<PoolRef<'_>>, sweep_id: Option<SweepId>) -> 
                     "SELECT status, CAST(sum(jobs) AS BIGINT) AS n FROM {} AS c GROUP BY status",
                     counted(engine)
                 );
-                sqlx::query(&sql).fetch_all(pool).await?
+                sql::query(&sql).fetch_all(pool).await?
             }
         };
         let mut counts = StatusCounts::default();
@@ -296,10 +297,10 @@ pub async fn counts(pool: impl Into<PoolRef<'_>>, sweep_id: Option<SweepId>) -> 
 }
 
 /// How many sweeps were submitted.
-pub async fn count(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<u64> {
+pub async fn count(pool: impl Into<PoolRef<'_>>) -> sql::Result<u64> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM sweeps").fetch_one(pool).await?;
+        let count: i64 = sql::query_scalar("SELECT count(*) FROM sweeps").fetch_one(pool).await?;
         Ok(count as u64)
     })
 }

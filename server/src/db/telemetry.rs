@@ -1,34 +1,32 @@
 //! `gpu_telemetry`: NVML readings carried by heartbeats, kept for a retention window.
 
 use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::sql;
 use shared::api::{GpuSample, WorkerId};
-use sqlx::QueryBuilder;
 
 /// Samples per INSERT (9 bound values each).
 const SAMPLES_PER_STATEMENT: usize = 2_000;
 
 /// Stores `samples` of `worker` as read at `at`.
-pub async fn insert(conn: impl Into<Conn<'_>>, worker: WorkerId, at: i64, samples: &[GpuSample]) -> sqlx::Result<()> {
+pub async fn insert(conn: impl Into<Conn<'_>>, worker: WorkerId, at: i64, samples: &[GpuSample]) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         for chunk in samples.chunks(SAMPLES_PER_STATEMENT) {
-            let mut query: QueryBuilder<_> = QueryBuilder::new(
+            let mut query = sql::Builder::new(
                 "INSERT INTO gpu_telemetry (worker_id, at, gpu_index, uuid, name, memory_total, memory_used,
-                                        utilization, temperature, power_watts) ",
+                                        utilization, temperature, power_watts) VALUES ",
             );
-            query.push_values(chunk, |mut row, sample| {
-                row.push_bind(worker.get())
-                    .push_bind(at)
-                    .push_bind(i64::from(sample.index))
-                    .push_bind(sample.uuid.as_str())
-                    .push_bind(sample.name.as_str())
-                    .push_bind(sample.memory_total.min(i64::MAX as u64) as i64)
-                    .push_bind(sample.memory_used.min(i64::MAX as u64) as i64)
-                    .push_bind(sample.utilization.map(i64::from))
-                    .push_bind(sample.temperature.map(i64::from))
-                    // JSON cannot carry NaN, but a reading could still be infinite after a division.
-                    .push_bind(sample.power_watts.filter(|watts| watts.is_finite()));
-            });
+            for (position, sample) in chunk.iter().enumerate() {
+                query.push(if position == 0 { "(" } else { ", (" });
+                query.push_bind(worker.get()).push(", ").push_bind(at).push(", ");
+                query.push_bind(sample.index).push(", ").push_bind(sample.uuid.as_str()).push(", ");
+                query.push_bind(sample.name.as_str()).push(", ");
+                query.push_bind(sample.memory_total.min(i64::MAX as u64) as i64).push(", ");
+                query.push_bind(sample.memory_used.min(i64::MAX as u64) as i64).push(", ");
+                query.push_bind(sample.utilization).push(", ").push_bind(sample.temperature).push(", ");
+                // JSON cannot carry NaN, but a reading could still be infinite after a division.
+                query.push_bind(sample.power_watts.filter(|watts| watts.is_finite())).push(")");
+            }
             query.build().execute(&mut *conn).await?;
         }
         Ok(())
@@ -36,10 +34,10 @@ pub async fn insert(conn: impl Into<Conn<'_>>, worker: WorkerId, at: i64, sample
 }
 
 /// Samples of `worker` taken at or after `since`, oldest first.
-pub async fn list(pool: impl Into<PoolRef<'_>>, worker: WorkerId, since: i64) -> sqlx::Result<Vec<GpuSample>> {
+pub async fn list(pool: impl Into<PoolRef<'_>>, worker: WorkerId, since: i64) -> sql::Result<Vec<GpuSample>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query("SELECT * FROM gpu_telemetry WHERE worker_id = $1 AND at >= $2 ORDER BY at, gpu_index")
+        let rows = sql::query("SELECT * FROM gpu_telemetry WHERE worker_id = $1 AND at >= $2 ORDER BY at, gpu_index")
             .bind(worker.get())
             .bind(since)
             .fetch_all(pool)
@@ -49,10 +47,10 @@ pub async fn list(pool: impl Into<PoolRef<'_>>, worker: WorkerId, since: i64) ->
 }
 
 /// Deletes up to `limit` samples older than `before`, oldest first; returns how many.
-pub async fn prune(conn: impl Into<Conn<'_>>, before: i64, limit: u32) -> sqlx::Result<u64> {
+pub async fn prune(conn: impl Into<Conn<'_>>, before: i64, limit: u32) -> sql::Result<u64> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query(
+        let done = sql::query(
         engine.pick(
             "DELETE FROM gpu_telemetry WHERE rowid IN (SELECT rowid FROM gpu_telemetry WHERE at < $1 ORDER BY at LIMIT $2)",
             "DELETE FROM gpu_telemetry WHERE ctid IN (SELECT ctid FROM gpu_telemetry WHERE at < $1 ORDER BY at LIMIT $2)",
@@ -67,7 +65,7 @@ pub async fn prune(conn: impl Into<Conn<'_>>, before: i64, limit: u32) -> sqlx::
 }
 
 /// A `gpu_telemetry` row as a sample.
-pub fn sample_of(row: &impl DbRow) -> sqlx::Result<GpuSample> {
+pub fn sample_of(row: &impl DbRow) -> sql::Result<GpuSample> {
     Ok(GpuSample {
         index: row.u32_at("gpu_index")?,
         uuid: row.get_as("uuid")?,

@@ -2,21 +2,32 @@
 //! server's instance id.
 
 use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
+use super::sql;
 use shared::api::{JobId, WorkerId, WorkerInfo, WorkerState};
 use shared::placement::Capacity;
 
 /// What registration decides on about a worker already known by a name.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Registered {
     pub id: i64,
     pub key_hash: Option<String>,
     pub last_seen_at: i64,
 }
 
-pub async fn by_name(conn: impl Into<Conn<'_>>, name: &str) -> sqlx::Result<Option<Registered>> {
+impl sql::FromRow for Registered {
+    fn from_row(row: &sql::Row) -> sql::Result<Self> {
+        Ok(Registered {
+            id: row.get_as("id")?,
+            key_hash: row.get_as("key_hash")?,
+            last_seen_at: row.get_as("last_seen_at")?,
+        })
+    }
+}
+
+pub async fn by_name(conn: impl Into<Conn<'_>>, name: &str) -> sql::Result<Option<Registered>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query_as("SELECT id, key_hash, last_seen_at FROM workers WHERE name = $1")
+        sql::query_as("SELECT id, key_hash, last_seen_at FROM workers WHERE name = $1")
             .bind(name)
             .fetch_optional(&mut *conn)
             .await
@@ -24,7 +35,7 @@ pub async fn by_name(conn: impl Into<Conn<'_>>, name: &str) -> sqlx::Result<Opti
 }
 
 /// The first of `base`, `base-2`, `base-3`, ... that no worker uses.
-pub async fn unique_name(conn: impl Into<Conn<'_>>, base: &str) -> sqlx::Result<String> {
+pub async fn unique_name(conn: impl Into<Conn<'_>>, base: &str) -> sql::Result<String> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         for n in 2u32.. {
@@ -47,7 +58,7 @@ pub async fn insert(
 ) -> anyhow::Result<WorkerId> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let id: i64 = sqlx::query_scalar(
+        let id: i64 = sql::query_scalar(
             "INSERT INTO workers (name, capacity, registered_at, last_seen_at, key_hash, session_hash)
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
         )
@@ -74,7 +85,7 @@ pub async fn renew(
 ) -> anyhow::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sqlx::query(
+        sql::query(
             "UPDATE workers SET capacity = $1, registered_at = $2, last_seen_at = $3, key_hash = $4, session_hash = $5,
                 left_at = NULL
          WHERE id = $6",
@@ -92,10 +103,10 @@ pub async fn renew(
 }
 
 /// The SHA-256 (hex) of the worker's current session secret, if it is registered.
-pub async fn session_hash(pool: impl Into<PoolRef<'_>>, id: WorkerId) -> sqlx::Result<Option<String>> {
+pub async fn session_hash(pool: impl Into<PoolRef<'_>>, id: WorkerId) -> sql::Result<Option<String>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let hash: Option<Option<String>> = sqlx::query_scalar("SELECT session_hash FROM workers WHERE id = $1")
+        let hash: Option<Option<String>> = sql::query_scalar("SELECT session_hash FROM workers WHERE id = $1")
             .bind(id.get())
             .fetch_optional(pool)
             .await?;
@@ -104,18 +115,16 @@ pub async fn session_hash(pool: impl Into<PoolRef<'_>>, id: WorkerId) -> sqlx::R
 }
 
 /// This database's instance id (made by the migration that created the table).
-pub async fn instance(pool: impl Into<PoolRef<'_>>) -> sqlx::Result<String> {
+pub async fn instance(pool: impl Into<PoolRef<'_>>) -> sql::Result<String> {
     let pool = pool.into();
-    on_pool!(pool, |pool, engine| {
-        sqlx::query_scalar("SELECT id FROM server_instance LIMIT 1").fetch_one(pool).await
-    })
+    on_pool!(pool, |pool, engine| sql::query_scalar("SELECT id FROM server_instance LIMIT 1").fetch_one(pool).await)
 }
 
 /// Marks the worker alive (and not left); false when no such worker is registered.
-pub async fn touch(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sqlx::Result<bool> {
+pub async fn touch(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query("UPDATE workers SET last_seen_at = $1, left_at = NULL WHERE id = $2")
+        let done = sql::query("UPDATE workers SET last_seen_at = $1, left_at = NULL WHERE id = $2")
             .bind(now)
             .bind(id.get())
             .execute(&mut *conn)
@@ -124,10 +133,10 @@ pub async fn touch(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sqlx::R
     })
 }
 
-pub async fn exists(pool: impl Into<PoolRef<'_>>, id: WorkerId) -> sqlx::Result<bool> {
+pub async fn exists(pool: impl Into<PoolRef<'_>>, id: WorkerId) -> sql::Result<bool> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let found: Option<i64> = sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM workers WHERE id = $1")
+        let found: Option<i64> = sql::query_scalar("SELECT CAST(1 AS BIGINT) FROM workers WHERE id = $1")
             .bind(id.get())
             .fetch_optional(pool)
             .await?;
@@ -135,20 +144,20 @@ pub async fn exists(pool: impl Into<PoolRef<'_>>, id: WorkerId) -> sqlx::Result<
     })
 }
 
-pub async fn id_by_name(pool: impl Into<PoolRef<'_>>, name: &str) -> sqlx::Result<Option<WorkerId>> {
+pub async fn id_by_name(pool: impl Into<PoolRef<'_>>, name: &str) -> sql::Result<Option<WorkerId>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         let id: Option<i64> =
-            sqlx::query_scalar("SELECT id FROM workers WHERE name = $1").bind(name).fetch_optional(pool).await?;
+            sql::query_scalar("SELECT id FROM workers WHERE name = $1").bind(name).fetch_optional(pool).await?;
         Ok(id.map(WorkerId::new))
     })
 }
 
 /// The worker stopped cleanly (it said so): `left` until it registers or heartbeats again.
-pub async fn leave(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sqlx::Result<bool> {
+pub async fn leave(conn: impl Into<Conn<'_>>, id: WorkerId, now: i64) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let done = sqlx::query("UPDATE workers SET left_at = $1, last_seen_at = $1 WHERE id = $2")
+        let done = sql::query("UPDATE workers SET left_at = $1, last_seen_at = $1 WHERE id = $2")
             .bind(now)
             .bind(id.get())
             .execute(&mut *conn)
@@ -166,7 +175,7 @@ pub async fn list(
 ) -> anyhow::Result<Vec<WorkerInfo>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sqlx::query(engine.pick(
+        let rows = sql::query(engine.pick(
             "SELECT w.*, (SELECT json_group_array(j.id) FROM jobs j INDEXED BY jobs_running_by_worker
                  WHERE j.worker_id = w.id AND j.status = 'running')
                 AS running_jobs

@@ -154,7 +154,7 @@ impl Queue {
 #[allow(clippy::type_complexity)]
 fn assign(
     requests: &[(WorkerId, Capacity)],
-    candidates: &[db::jobs::Candidate],
+    candidates: &[db::claims::Candidate],
 ) -> (HashMap<JobId, (usize, Placement)>, Vec<(JobId, WorkerId)>, bool) {
     let mut taken = vec![false; candidates.len()];
     let mut chosen = HashMap::new();
@@ -207,7 +207,7 @@ pub(super) async fn claim_batch(
         return Ok(per_ticket);
     }
     if let Some(claim) = plain_claim(requests, lease_expires_at, now) {
-        let rows = db::plain_claims::claim(tx.conn().await?, claim).await?;
+        let rows = db::claims::claim(tx.conn().await?, claim).await?;
         return Ok(vec![claimed_plain(tx, rows, (names, workspaces, views)).await?]);
     }
     // The look and the update run in one write unit: no other writer runs in between, and all
@@ -215,7 +215,7 @@ pub(super) async fn claim_batch(
     let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
     let (mut chosen, order) = loop {
         let candidates =
-            db::jobs::queued_candidates(tx.conn().await?, max_gpus, max_free_memory, trainer, limit).await?;
+            db::claims::queued_candidates(tx.conn().await?, max_gpus, max_free_memory, trainer, limit).await?;
         let (chosen, order, unfilled) = assign(requests, &candidates);
         // Jobs that fit nobody (exclusive ones while the GPUs are shared, say) may fill the
         // head of the queue: look further while a claim still has room and the queue has more.
@@ -232,7 +232,7 @@ pub(super) async fn claim_batch(
     let rows = {
         let assignments: Vec<(JobId, WorkerId, &[u32])> =
             order.iter().map(|(id, worker)| (*id, *worker, chosen[id].1.gpus.as_slice())).collect();
-        db::jobs::mark_running(tx.conn().await?, &assignments, lease_expires_at, now).await?
+        db::claims::mark_running(tx.conn().await?, &assignments, lease_expires_at, now).await?
     };
     for row in &rows {
         let id = row.id;
@@ -252,25 +252,25 @@ pub(super) async fn claim_batch(
     Ok(per_ticket)
 }
 
-/// The claim of one worker that reports no GPU, made in one statement (`db::plain_claims`):
+/// The claim of one worker that reports no GPU, made in one statement (`db::claims::claim`):
 /// `place` would accept every job the SQL filter lets through, with no GPUs.
 pub(super) fn plain_claim(
     requests: &[(WorkerId, Capacity)],
     lease_until: i64,
     now: i64,
-) -> Option<db::plain_claims::PlainClaim> {
+) -> Option<db::claims::PlainClaim> {
     let [(worker_id, capacity)] = requests else { return None };
     if !capacity.gpus.is_empty() || capacity.job_slots == 0 {
         return None;
     }
     let trainer = capacity.capabilities.trainer;
-    Some(db::plain_claims::PlainClaim { worker_id: *worker_id, slots: capacity.job_slots, trainer, lease_until, now })
+    Some(db::claims::PlainClaim { worker_id: *worker_id, slots: capacity.job_slots, trainer, lease_until, now })
 }
 
 /// The jobs of a plain claim's rows, in dispatch order (priority first, then age).
 pub(super) async fn claimed_plain(
     tx: &mut Tx,
-    mut rows: Vec<db::plain_claims::ClaimedRow>,
+    mut rows: Vec<db::claims::ClaimedRow>,
     (names, workspaces, views): (&SweepNames, &super::code::Workspaces, &super::views::Views),
 ) -> ApiResult<Vec<ClaimedJob>> {
     in_dispatch_order(&mut rows);
@@ -282,36 +282,12 @@ pub(super) async fn claimed_plain(
     Ok(jobs)
 }
 
-/// [`claimed_plain`] for a unit on the writer's own connection (`FastTx`), from the caches
-/// alone: `None` when a sweep's name or workspace is not cached yet (the caller then undoes
-/// its unit and takes the general path, which looks them up).
-pub(super) fn claimed_plain_cached(
-    tx: &mut super::FastTx,
-    mut rows: Vec<db::plain_claims::ClaimedRow>,
-    (names, workspaces, views): (&SweepNames, &super::code::Workspaces, &super::views::Views),
-) -> ApiResult<Option<Vec<ClaimedJob>>> {
-    in_dispatch_order(&mut rows);
-    let mut known = Vec::with_capacity(rows.len());
-    for row in rows {
-        let name = names.read().ok().and_then(|names| names.get(&row.sweep_id).cloned());
-        let workspace = super::code::cached_workspace(row.sweep_id, workspaces);
-        let (Some(name), Some(workspace)) = (name, workspace) else { return Ok(None) };
-        known.push((job_of(&row, Placement { gpus: Vec::new() }, name, workspace)?, row));
-    }
-    Ok(Some(known.into_iter().map(|(job, row)| keep_claimed(tx, views, &row, job)).collect()))
-}
-
-fn in_dispatch_order(rows: &mut [db::plain_claims::ClaimedRow]) {
-    rows.sort_by_key(|row| (std::cmp::Reverse(row.priority), row.id.get()));
+fn in_dispatch_order(rows: &mut [db::claims::ClaimedRow]) {
+    rows.sort_by_key(|row| db::claims::dispatch_key(row.priority, row.id));
 }
 
 /// Keeps the view of a plainly claimed job (its finish is decided on it) and notes its start.
-fn keep_claimed(
-    tx: &mut impl super::Note,
-    views: &super::views::Views,
-    row: &db::plain_claims::ClaimedRow,
-    job: ClaimedJob,
-) -> ClaimedJob {
+fn keep_claimed(tx: &mut Tx, views: &super::views::Views, row: &db::claims::ClaimedRow, job: ClaimedJob) -> ClaimedJob {
     views.keep(
         db::jobs::JobState {
             id: job.id,
@@ -337,7 +313,7 @@ fn keep_claimed(
 
 async fn claimed_job(
     tx: &mut Tx,
-    row: &db::plain_claims::ClaimedRow,
+    row: &db::claims::ClaimedRow,
     placement: Placement,
     names: &SweepNames,
     workspaces: &super::code::Workspaces,
@@ -358,7 +334,7 @@ pub(super) async fn sweep_of(
 }
 
 fn job_of(
-    row: &db::plain_claims::ClaimedRow,
+    row: &db::claims::ClaimedRow,
     placement: Placement,
     (sweep, form): (String, SweepForm),
     workspace: shared::api::Workspace,

@@ -5,7 +5,7 @@
 
 use super::meters::FinishPath;
 use super::results::{check_upload_path, set_aside_unrecorded};
-use super::{Change, Queue, Tx, WorkerAttempt};
+use super::{Change, Queue, StepRun, Tx, WorkerAttempt};
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use crate::storage::{self, disk_error, Layout, SealError};
@@ -86,10 +86,9 @@ impl Queue {
         let viewed = self.views.take(at.job, at.attempt);
         // A finish that brings nothing but its outcome (and a result record) is decided on the
         // state a reader sees (the claim's view, else a read), off the writer's path, and applied
-        // as a fast unit on the writer's own connection (`fast`); the guarded UPDATE checks that
-        // state, and the full path below takes over if it changed in between.
+        // as a step with the others waiting (`quick`); the guarded UPDATE checks that state, and
+        // the full path below takes over if it changed in between.
         let may_be_quick = is_bare(&request)
-            && (self.writer.has_fast_lane() || self.writer.has_bulk_lane())
             && !self.search.may_be_open()
             && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
         let snapshot = match may_be_quick {
@@ -104,8 +103,8 @@ impl Queue {
         let capacity = claim.as_ref().map(|claim| self.granted(claim));
         let requests: Vec<(WorkerId, Capacity)> = capacity.map(|capacity| (worker, capacity)).into_iter().collect();
         // Only for a sweep cached as having no `metric.target` (the first finish of a sweep
-        // looks it up on the general path). What the fast unit would refuse on the view alone
-        // is not sent to it: such a finish goes the general path at once, decided again there
+        // looks it up on the general path). What the step would refuse on the view alone is
+        // not sent to it: such a finish goes the general path at once, decided again there
         // on the writer's reading.
         let snapshot = snapshot.filter(|(seen, _)| {
             let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
@@ -115,26 +114,19 @@ impl Queue {
                 && (requests.is_empty() || super::claims::plain_claim(&requests, 0, 0).is_some())
         });
         let tried = snapshot.is_some();
-        let fast = match snapshot {
-            Some(snapshot) if self.writer.has_bulk_lane() => {
-                let record = request.result.as_ref().map(|result| result.record.clone());
-                self.bulk(at, (&request.outcome, record), snapshot, &requests).await?
-            }
+        let quick = match snapshot {
             Some(snapshot) => {
-                let lane = self.lane();
-                let outcome = request.outcome.clone();
                 let record = request.result.as_ref().map(|result| result.record.clone());
-                let requests = requests.clone();
-                self.writer.fast(move |tx| fast(tx, &lane, at, (&outcome, record), snapshot, &requests)).await?
+                self.quick(at, (&request.outcome, record), snapshot, &requests).await?
             }
             None => None,
         };
-        let path = match (&fast, tried) {
+        let path = match (&quick, tried) {
             (Some(_), _) => FinishPath::Fast,
             (None, true) => FinishPath::Fallback,
             (None, false) => FinishPath::General,
         };
-        let (status, mut jobs) = match fast {
+        let (status, mut jobs) = match quick {
             Some(done) => done,
             None => {
                 let context = Context {
@@ -208,13 +200,13 @@ struct QuickStep {
     decision: Finish,
     now: i64,
     /// The worker's next claim, made only if the finish applies.
-    claim: Option<db::plain_claims::PlainClaim>,
+    claim: Option<db::claims::PlainClaim>,
     /// The record, as a version without files or metric summaries.
     version: Option<ResultVersion>,
 }
 
-/// The step of a bare finish decided on `seen` (a reader's view), for the fast or the bulk
-/// lane; `None` when it cannot go that way: the attempt is not held as the view says, the
+/// The step of a bare finish decided on `seen` (a reader's view); `None` when it cannot go
+/// that way: the attempt is not held as the view says, the
 /// attempt has metric summaries its record would miss, or the claim is not a plain one.
 fn quick_step(
     lease: Duration,
@@ -246,61 +238,15 @@ fn quick_step(
     Ok(Some(QuickStep { decision, now, claim, version }))
 }
 
-/// A bare finish decided on `snapshot` (a reader's view) and applied with the worker's next
-/// plain claim on the writer's own connection (`db::fast`), with no hand-off per statement.
-/// `None` (and nothing written) when it does not apply as it is: the attempt is not (or no
-/// longer) held as the snapshot says, an adaptive sweep may be open, the worker has GPUs, the
-/// version needs metric summaries, or a claimed job's sweep is not cached yet; the caller then
-/// takes the general path ([`full`]), on the writer's own reading.
-fn fast(
-    tx: &mut super::FastTx<'_>,
-    lane: &Lane,
-    at: WorkerAttempt,
-    (outcome, record): (&shared::job::Outcome, Option<shared::api::AttemptRecord>),
-    (seen, source): (db::jobs::JobState, db::jobs::ResultSource),
-    requests: &[(WorkerId, Capacity)],
-) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>)>> {
-    let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
-    if lane.search.may_be_open() {
-        return Ok(None);
-    }
-    let Some(QuickStep { decision, now, claim, version }) =
-        quick_step(lane.lease, at, (outcome, record), (&seen, source), requests)?
-    else {
-        return Ok(None);
-    };
-    let step = db::plain_claims::FinishStep {
-        pending: None,
-        seen: &seen,
-        worker_id: at.worker,
-        decision: &decision,
-        now,
-        version: version.as_ref(),
-        claim,
-    };
-    let done = db::fast::finish_and_claim(tx.conn(), &step)?;
-    if !done.applied {
-        tx.undo();
-        return Ok(None);
-    }
-    let caches = (&lane.names, &lane.workspaces, &*lane.views);
-    let Some(jobs) = super::claims::claimed_plain_cached(tx, done.claimed, caches)? else {
-        tx.undo();
-        return Ok(None);
-    };
-    if done.stored {
-        super::Note::note(tx, Change::Page);
-    }
-    // The sweep has no `metric.target` (the caller checked), so nothing follows the success.
-    super::reports::settle(tx, attempt, &decision, true)?;
-    Ok(Some((decision.status, jobs)))
-}
-
 impl Queue {
-    /// A bare finish decided on `snapshot` and applied with the worker's next plain claim in
-    /// PostgreSQL's bulk lane: the group's finishes and claims as set statements (`db::bulk`).
-    /// `None` (nothing written) when it does not apply as it is, as for [`fast`].
-    async fn bulk(
+    /// A bare finish decided on `snapshot` (a reader's view) and applied with the worker's next
+    /// plain claim as a step of the writer's step lane, with the other steps waiting (the
+    /// backend's owner of the hot path). `None` (and nothing written) when it does not apply
+    /// as it is: the attempt is not (or no longer) held as the snapshot says, an adaptive sweep
+    /// may be open (looked at again right before the step runs), the worker has GPUs, or the
+    /// version needs metric summaries; the caller then takes the general path ([`full`]), on
+    /// the writer's own reading.
+    async fn quick(
         &self,
         at: WorkerAttempt,
         (outcome, record): (&shared::job::Outcome, Option<shared::api::AttemptRecord>),
@@ -313,11 +259,18 @@ impl Queue {
         else {
             return Ok(None);
         };
-        let step = db::bulk::Step { seen, worker_id: at.worker, decision: decision.clone(), now, version, claim };
+        let step = db::claims::Step { seen, worker_id: at.worker, decision: decision.clone(), now, version, claim };
         let lane = self.lane();
+        let search = self.search.clone();
+        let still = move || !search.may_be_open();
         self.writer
-            .bulk(step, move |tx, done| {
+            .step(step, still, move |run| {
                 Box::pin(async move {
+                    let (tx, done) = match run {
+                        StepRun::Done(tx, done) => (tx, done),
+                        StepRun::Declined => return Ok(None),
+                        StepRun::Failed(error) => return Err(error),
+                    };
                     if !done.applied {
                         return Ok(None);
                     }
@@ -335,23 +288,6 @@ impl Queue {
     }
 }
 
-/// After a finish sent with its plain claim: the transition settled (a refused one is a 409
-/// for the whole unit), a sweep's target looked at, the claimed jobs in dispatch order.
-async fn conclude(
-    tx: &mut Tx,
-    context: &Context,
-    seen: &db::jobs::JobState,
-    attempt: JobAttempt,
-    decision: &Finish,
-    done: db::plain_claims::Finished,
-) -> ApiResult<(JobStatus, Vec<ClaimedJob>)> {
-    super::reports::settle(tx, attempt, decision, done.applied)?;
-    super::reports::after_settled(tx, &context.lane.search, seen, attempt, decision).await?;
-    let caches = (&context.lane.names, &context.lane.workspaces, &*context.lane.views);
-    let jobs = super::claims::claimed_plain(tx, done.claimed, caches).await?;
-    Ok((decision.status, jobs))
-}
-
 /// The finish on the writer's own reading: fence, log tail, metrics, notes, result, outcome,
 /// then the worker's next claim.
 async fn full(
@@ -367,31 +303,10 @@ async fn full(
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
     let now = now_ms();
     let search = &context.lane.search;
-    // A worker without GPUs, and no adaptive sweep to make runs for it first: the finish and
-    // the claim go to SQLite together (`db::plain_claims`). A sweep with a `metric.target`
-    // takes the general path too: this finish may reach it, and its queue must be cancelled
-    // before anything is claimed.
-    let general = search.may_be_open() || search.has_target(tx, current.sweep_id).await?;
-    // The combined statement is SQLite's (several statements in one string); PostgreSQL takes
-    // the general path.
-    let plain = match general || tx.engine() != crate::db::backend::Engine::Sqlite {
-        true => None,
-        false => super::claims::plain_claim(requests, now + context.lane.lease.as_millis() as i64, now),
-    };
-    if let Some((claim, (pending, conn))) = plain.and_then(|claim| Some((claim, tx.owed()?))) {
-        let step = db::plain_claims::FinishStep {
-            pending,
-            seen: &current,
-            worker_id: at.worker,
-            decision: &decision,
-            now,
-            version: None,
-            claim: Some(claim),
-        };
-        let done = db::plain_claims::finish_and_claim(conn, step).await?;
-        return conclude(tx, context, &current, attempt, &decision, done).await;
-    }
-    let applied = db::jobs::finish(tx.conn().await?, &current, at.worker, &decision, now).await?;
+    // Looked up (and cached) here, so that the sweep's next bare finishes may go quickly: they
+    // need to know it has no `metric.target` (`Controller::cached_target`).
+    search.has_target(tx, current.sweep_id).await?;
+    let applied = db::jobs::finish(tx.conn().await?, &current, at.worker, &decision, now, false).await?;
     super::reports::settle(tx, attempt, &decision, applied)?;
     super::reports::after_settled(tx, search, &current, attempt, &decision).await?;
     let jobs = match requests.is_empty() {

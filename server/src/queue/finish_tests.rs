@@ -18,12 +18,12 @@ async fn queue_with_a_running_job() -> (tempfile::TempDir, Arc<Queue>, super::su
          INSERT INTO jobs (id, sweep_id, idx, params, command, priority, created_at) VALUES
              (1, 1, 0, '{}', 'true', 0, 0), (2, 1, 1, '{}', 'true', 0, 0);
          UPDATE jobs SET status = 'running', attempt = 1, worker_id = 1 WHERE id = 1;";
-    sqlx::raw_sql(setup).execute(db.sqlite_writer().unwrap()).await.unwrap();
+    db.sqlite_connection().unwrap().unwrap().execute_batch(setup).unwrap();
     let config = Arc::new(ServerConfig { data_dir: directory.path().to_path_buf(), ..ServerConfig::default() });
     let (_stop, shutting_down) = tokio::sync::watch::channel(false);
     let (queue, tasks) = Queue::start(db, config, "test".into(), shutting_down);
     // As after a server's first claim and finish: no adaptive sweep is open and the sweep is
-    // cached, so finishes may take the fast lane.
+    // cached, so bare finishes may go quickly.
     let (search, asking) =
         (queue.search.clone(), [(WorkerId::new(1), Capacity { job_slots: 1, ..Capacity::default() })]);
     let caches = (queue.sweep_names.clone(), queue.workspaces.clone());
@@ -69,7 +69,7 @@ fn bare_finish(claim: bool) -> FinishRequest {
 }
 
 async fn status_of(queue: &Queue, id: i64) -> String {
-    sqlx::query_scalar("SELECT status FROM jobs WHERE id = ?")
+    db::sql::query_scalar("SELECT status FROM jobs WHERE id = $1")
         .bind(id)
         .fetch_one(queue.reader().sqlite().unwrap())
         .await
@@ -104,7 +104,7 @@ fn statement(
         queue
             .write(move |tx| {
                 Box::pin(async move {
-                    sqlx::query(sql).execute(tx.conn().await?.into_sqlite().unwrap()).await?;
+                    db::sql::query(sql).execute(tx.conn().await?.into_sqlite().unwrap()).await?;
                     Ok(())
                 })
             })
@@ -113,7 +113,7 @@ fn statement(
 }
 
 async fn versions(queue: &Queue) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader().sqlite().unwrap()).await.unwrap()
+    db::sql::query_scalar("SELECT count(*) FROM results").fetch_one(queue.reader().sqlite().unwrap()).await.unwrap()
 }
 
 #[tokio::test]
@@ -126,7 +126,7 @@ async fn a_cancel_between_the_readers_view_and_the_write_decides_the_finish() {
     assert_eq!(response.jobs.len(), 1, "the finish still claims the worker's next job");
     assert_eq!(status_of(&queue, 2).await, "running");
     assert_eq!(versions(&queue).await, 1, "the record is stored once");
-    assert_eq!(paths(&queue), (0, 1, 0), "the fast lane saw the guard fail and handed over");
+    assert_eq!(paths(&queue), (0, 1, 0), "the quick step saw the guard fail and handed over");
 }
 
 #[tokio::test]
@@ -138,7 +138,7 @@ async fn metrics_that_land_between_the_view_and_the_write_are_in_the_version() {
         async move { recorder.record_metrics(JobId::new(1), 1, WorkerId::new(1), 10, vec![point]).await.map(|_| ()) };
     let response = finish_after(&queue, metrics).await.unwrap();
     assert_eq!(response.status, JobStatus::Succeeded);
-    let stored: String = sqlx::query_scalar("SELECT metrics FROM results WHERE job_id = 1 AND attempt = 1")
+    let stored: String = db::sql::query_scalar("SELECT metrics FROM results WHERE job_id = 1 AND attempt = 1")
         .fetch_one(queue.reader().sqlite().unwrap())
         .await
         .unwrap();
@@ -153,7 +153,7 @@ async fn a_job_lost_between_the_view_and_the_write_keeps_nothing_of_the_finish()
     let requeue = statement(&queue, "UPDATE jobs SET status = 'queued', worker_id = NULL WHERE id = 1");
     let refused = finish_after(&queue, requeue).await.unwrap_err();
     assert!(matches!(refused, ApiError::Conflict(_)), "{refused:?}");
-    assert_eq!(versions(&queue).await, 0, "the version the quick step wrote was rolled back with its unit");
+    assert_eq!(versions(&queue).await, 0, "the quick step's refused finish stored no version");
     assert_eq!(status_of(&queue, 1).await, "queued");
     assert_eq!(status_of(&queue, 2).await, "queued", "nothing claimed");
 }
@@ -169,11 +169,11 @@ async fn a_bare_finish_of_an_attempt_the_worker_no_longer_holds_is_refused_whole
     assert_eq!(versions(&queue).await, 0);
     let done = queue.finish(WorkerId::new(1), bare_finish(false)).await.unwrap();
     assert_eq!((done.status, done.jobs.len()), (JobStatus::Succeeded, 0));
-    assert_eq!(paths(&queue), (1, 0, 0), "the refused finish counted nothing; the next one went fast");
+    assert_eq!(paths(&queue), (1, 0, 0), "the refused finish counted nothing; the next one went quickly");
 }
 
 #[tokio::test]
-async fn a_fast_claim_that_reaches_a_sweep_not_cached_is_undone_whole_and_made_on_the_general_path() {
+async fn a_quick_claim_that_reaches_a_sweep_not_cached_reads_it_and_hands_the_job_out_once() {
     let (_directory, queue, _tasks) = queue_with_a_running_job().await;
     // A second sweep, never looked at, whose job comes first in the queue.
     statement(
@@ -191,19 +191,19 @@ async fn a_fast_claim_that_reaches_a_sweep_not_cached_is_undone_whole_and_made_o
         response.jobs.iter().map(|job| (job.id, job.sweep.as_str())).collect::<Vec<_>>(),
         [(JobId::new(3), "other")]
     );
-    assert_eq!(paths(&queue), (0, 1, 0));
-    // Undone whole: one version, one claim, one transition of each job.
+    assert_eq!(paths(&queue), (1, 0, 0), "the conclusion read the sweep's name and workspace");
+    // One version, one claim, one transition of each job.
     assert_eq!(versions(&queue).await, 1);
     assert_eq!(
         (status_of(&queue, 1).await, status_of(&queue, 2).await, status_of(&queue, 3).await),
         ("succeeded".into(), "queued".into(), "running".into())
     );
-    let attempts: i64 = sqlx::query_scalar("SELECT attempt FROM jobs WHERE id = 3")
+    let attempts: i64 = db::sql::query_scalar("SELECT attempt FROM jobs WHERE id = 3")
         .fetch_one(queue.reader().sqlite().unwrap())
         .await
         .unwrap();
     assert_eq!(attempts, 1);
-    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM job_events WHERE job_id IN (1, 3)")
+    let events: i64 = db::sql::query_scalar("SELECT count(*) FROM job_events WHERE job_id IN (1, 3)")
         .fetch_one(queue.reader().sqlite().unwrap())
         .await
         .unwrap();
@@ -211,7 +211,7 @@ async fn a_fast_claim_that_reaches_a_sweep_not_cached_is_undone_whole_and_made_o
     // The first finish of sweep 2 looks up whether it has a `metric.target` (general path).
     let finish = FinishRequest { job_id: JobId::new(3), ..bare_finish(false) };
     assert_eq!(queue.finish(WorkerId::new(1), finish).await.unwrap().status, JobStatus::Succeeded);
-    assert_eq!(paths(&queue), (0, 1, 1));
+    assert_eq!(paths(&queue), (1, 0, 1));
 }
 
 /// Finishes job 1 claiming job 2 plainly, so that job 2's view is kept; returns job 2's attempt.
@@ -219,7 +219,7 @@ async fn claim_job_2(queue: &Arc<Queue>) -> u32 {
     let response = queue.finish(WorkerId::new(1), bare_finish(true)).await.unwrap();
     assert_eq!(response.jobs.iter().map(|job| job.id).collect::<Vec<_>>(), [JobId::new(2)]);
     let attempt = response.jobs[0].attempt;
-    assert_eq!(paths(queue).0, 1, "on the fast lane");
+    assert_eq!(paths(queue).0, 1, "quickly");
     let (state, source) = queue.views.take(JobId::new(2), attempt).expect("the claim kept its view");
     assert_eq!(
         (state.status, state.worker_id, state.cancel_requested),

@@ -259,7 +259,7 @@ impl Queue {
 /// at start-up; the table is emptied as each attempt is written out.
 pub async fn export_database_logs(db: &crate::db::Db, logs: &LogStore) -> anyhow::Result<u64> {
     // Only SQLite databases are old enough to hold them.
-    let Some(writer) = db.sqlite_writer() else { return Ok(0) };
+    let Some(mut writer) = db.sqlite_connection()? else { return Ok(0) };
     let mut exported = 0;
     while let Some((sweep, job, attempt)) = db::logs::first_stored_attempt(&db.reader).await? {
         let mut offset = 0u64;
@@ -271,7 +271,7 @@ pub async fn export_database_logs(db: &crate::db::Db, logs: &LogStore) -> anyhow
             logs.write_at(sweep, job, attempt, offset, &bytes)?;
             offset += bytes.len() as u64;
         }
-        db::logs::forget_blobs(&mut *writer.acquire().await?, job, attempt).await?;
+        db::logs::forget_blobs(&mut writer, job, attempt).await?;
         exported += 1;
     }
     Ok(exported)

@@ -34,10 +34,11 @@ struct PathLabel {
 /// How the writer applied a finish (`queue::finish`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishPath {
-    /// Decided on a reader's view and applied in one step: on the writer's own connection
-    /// (SQLite) or with the other finishes waiting as set statements (PostgreSQL's bulk lane).
+    /// Decided on a reader's view and applied as a step of the writer's step lane, with the
+    /// other finishes waiting (`db::sqlite::steps`, `db::postgres::steps`). Its label stays
+    /// `fast`, which dashboards know.
     Fast,
-    /// On the general path, after the fast lane declined (the job changed since the view, a
+    /// On the general path, after the step declined (the job changed since the view, a
     /// claimed job's sweep was not cached yet).
     Fallback,
     /// On the general path only (logs, metrics, files, GPUs, an adaptive sweep).

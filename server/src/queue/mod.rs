@@ -38,7 +38,7 @@ pub use leases::LeaseExpiry;
 pub use logs::LogStore;
 pub use search::preview as search_preview;
 pub use sessions::{same_worker, SHARED_SESSION_TTL};
-pub use writer::{FastTx, Note, Tx};
+pub use writer::{StepRun, Tx};
 
 use crate::config::ServerConfig;
 use crate::db::Db;
@@ -182,13 +182,13 @@ impl Queue {
 
     /// Moves the whole write-ahead log into the database and restarts it, with writes held off
     /// between two groups (see `reaper::run_checkpointer`); returns its length in pages before.
-    pub async fn restart_wal(&self) -> ApiResult<sqlx::Result<i64>> {
+    pub async fn restart_wal(&self) -> ApiResult<crate::db::sql::Result<i64>> {
         let db = self.db.clone();
         self.writer.outside(async move { db.restart_wal().await }).await
     }
 
     /// Truncates the write-ahead log file between two write groups (see `reaper`).
-    pub async fn truncate_wal(&self) -> ApiResult<sqlx::Result<()>> {
+    pub async fn truncate_wal(&self) -> ApiResult<crate::db::sql::Result<()>> {
         let db = self.db.clone();
         self.writer.outside(async move { db.truncate_wal().await }).await
     }

@@ -30,7 +30,7 @@ pub(super) async fn apply_to(
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
     let decision = decide(&current, attempt, worker, outcome)?;
-    let applied = db::jobs::finish(tx.conn().await?, &current, worker, &decision, now_ms()).await?;
+    let applied = db::jobs::finish(tx.conn().await?, &current, worker, &decision, now_ms(), false).await?;
     settle(tx, attempt, &decision, applied)?;
     after_settled(tx, search, &current, attempt, &decision).await?;
     Ok(decision.status)
@@ -70,12 +70,7 @@ pub(super) fn decide(
 }
 
 /// Notes a decision its guarded UPDATE `applied`, or refuses the unit when it did not.
-pub(super) fn settle(
-    tx: &mut impl super::Note,
-    attempt: JobAttempt,
-    decision: &Finish,
-    applied: bool,
-) -> ApiResult<()> {
+pub(super) fn settle(tx: &mut Tx, attempt: JobAttempt, decision: &Finish, applied: bool) -> ApiResult<()> {
     let id = attempt.job_id;
     if !applied {
         return Err(ApiError::Conflict(format!("job {id} changed while its report was applied; report again")));

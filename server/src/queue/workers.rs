@@ -212,7 +212,7 @@ pub(super) async fn hand_back(
     why: &str,
 ) -> ApiResult<()> {
     let decision = shared::job::finish(&shared::job::Outcome::Abandoned, job.retries_left, job.cancel_requested);
-    if db::jobs::finish(tx.conn().await?, job, worker, &decision, now_ms()).await? {
+    if db::jobs::finish(tx.conn().await?, job, worker, &decision, now_ms(), false).await? {
         tracing::warn!(job = %job.id, attempt = job.attempt, worker = %worker, "claimed but {why}; back in the queue");
         tx.note(Change::Job(job.id));
         tx.note(Change::Claimable);

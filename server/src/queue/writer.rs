@@ -1,30 +1,24 @@
-//! The one writer: a thread that owns the database's writer connections and runs every change
+//! The one writer: a thread that owns the database's writer connection and runs every change
 //! as a *write unit*, committing the units waiting together in one transaction (group commit).
 //!
-//! Units come in two kinds. Most are async closures over a [`Tx`], a sqlx connection; the
-//! thread drives them with the runtime's handle. The hot ones (a short job's bare finish and
-//! its next claim) are plain closures over a [`FastTx`], the writer's own synchronous
-//! connection (`db::fast`), run on this thread with no hand-off per statement: through sqlx
-//! every statement is a trip to its SQLite thread and back, and on short jobs those trips were
-//! the largest part of the server's work. Consecutive units of one kind form a group; one thread
-//! runs both connections, so one group's transaction ends before the next begins (a connection
-//! closed after a failure may still be closing in the background: the next `BEGIN IMMEDIATE`
-//! waits for it in the busy handler).
+//! A unit is an async closure over a [`Tx`]; it reads what it decides on and writes through the
+//! same connection, so decide-then-apply needs no retry loop, and notes the [`Change`]s it made.
+//! On SQLite the connection is the thread's own (rusqlite), each statement a call on this
+//! thread; the thread drives the units with the runtime's handle. Units of one group run one
+//! after another, each inside its own savepoint when the group has several, so a unit that
+//! fails (a 409, a bad request) leaves the others' work intact. Nothing is acknowledged before
+//! its group's COMMIT succeeded, and the changes a unit noted are announced only then:
+//! durability is never weaker than one transaction per request.
 //!
-//! On PostgreSQL there is no fast lane; the bare finishes take the *bulk* lane instead: a unit
-//! is a step (data: the finish as decided, its record, its worker's next claim) and a
-//! conclusion. The steps waiting together run as a handful of set statements (`db::bulk`),
-//! five round trips for the group instead of a dozen per unit, then each unit concludes on the
-//! group's connection. A group has no savepoints: a guard that refuses a step changes nothing
-//! of it, and a failure after that abandons the whole group (every unit answered "retry"). A
-//! group the database gives up on (a deadlock with another replica) runs again.
-//!
-//! A unit is a closure over a [`Tx`]; it reads what it decides on and writes through the same
-//! connection, so decide-then-apply needs no retry loop, and notes the [`Change`]s it made.
-//! Units of one group run one after another, each inside its own savepoint when the group has
-//! several, so a unit that fails (a 409, a bad request) leaves the others' work intact. Nothing
-//! is acknowledged before its group's COMMIT succeeded, and the changes a unit noted are
-//! announced only then: durability is never weaker than one transaction per request.
+//! Bare finishes, each with its worker's next claim, take the *step* lane instead: a unit is a
+//! step (data: the finish as decided on a reader's view, its record, its claim) and a
+//! conclusion. The steps waiting together go to the backend's owner of the hot path
+//! ([`StepRunner`]: `db::sqlite::steps`, statements on the writer's thread; `db::postgres::steps`,
+//! a handful of set statements, five round trips for the group instead of a dozen per unit),
+//! then each unit concludes on the group's connection. A step group has no savepoints: a guard
+//! that refuses a step changes nothing of it, and a failure after that abandons the whole group
+//! (every unit answered "retry"). A group PostgreSQL gives up on (a deadlock with another
+//! replica) runs again.
 //!
 //! Failures of the database itself (a full disk, a read-only file, an I/O error) may make SQLite
 //! roll back the whole transaction on its own. Then every unit of the group that already ran is
@@ -35,15 +29,14 @@
 //! transaction open either.
 
 use super::events::{Change, Events};
-use crate::db::backend::{Conn, Engine};
-use crate::db::bulk;
-use crate::db::plain_claims::Finished;
+use crate::db::backend::Conn;
+use crate::db::claims::{Finished, Step};
 use crate::db::WriterPool;
 use crate::error::{ApiError, ApiResult};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, Postgres, Sqlite, SqliteConnection};
+use sqlx::{PgConnection, Postgres};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -60,9 +53,8 @@ const MAX_GROUP: usize = 256;
 pub struct Tx {
     conn: WriterConn,
     changes: Vec<Change>,
-    /// Statements owed before the unit's first one (the savepoint that fences it from the unit
-    /// before), sent together with that statement: one round trip to sqlx's SQLite thread fewer
-    /// per unit.
+    /// Statements owed before the unit's first one (the group's `BEGIN`, the savepoint that
+    /// fences it from the unit before): a unit that never reaches the database opens nothing.
     pending: Option<&'static str>,
     /// Whether the group's `BEGIN` was sent (it is owed until a unit reaches the database).
     begun: bool,
@@ -78,71 +70,9 @@ impl Tx {
         Ok(self.conn.borrow())
     }
 
-    /// The engine the unit writes to.
-    pub fn engine(&self) -> Engine {
-        match self.conn {
-            WriterConn::Sqlite(_) => Engine::Sqlite,
-            WriterConn::Postgres(_) => Engine::Postgres,
-        }
-    }
-
-    /// On SQLite, the statements owed before the unit's first one, for a caller that sends them
-    /// ahead of its own statement in the same query string, with the connection to send it on.
-    /// `None` on PostgreSQL (a prepared statement is one statement): use [`Tx::conn`].
-    pub fn owed(&mut self) -> Option<(Option<&'static str>, &mut SqliteConnection)> {
-        match &mut self.conn {
-            WriterConn::Sqlite(conn) => {
-                self.begun |= self.pending.is_some();
-                Some((self.pending.take(), conn))
-            }
-            WriterConn::Postgres(_) => None,
-        }
-    }
-
     /// Records that the unit changed something; announced once (and only if) it is committed.
     pub fn note(&mut self, change: Change) {
         self.changes.push(change);
-    }
-}
-
-/// What a unit of either kind changed, announced once (and only if) it is committed.
-pub trait Note {
-    fn note(&mut self, change: Change);
-}
-
-impl Note for Tx {
-    fn note(&mut self, change: Change) {
-        Tx::note(self, change);
-    }
-}
-
-/// The write side of a fast unit: the writer's own connection, inside the group's transaction
-/// and the unit's savepoint.
-pub struct FastTx<'c> {
-    conn: &'c rusqlite::Connection,
-    changes: Vec<Change>,
-    undo: bool,
-}
-
-impl FastTx<'_> {
-    pub fn conn(&self) -> &rusqlite::Connection {
-        self.conn
-    }
-
-    /// Rolls back what the unit wrote when it ends, though it answers `Ok` (a unit that finds
-    /// it cannot do its work this way, and tells its caller to take another).
-    pub fn undo(&mut self) {
-        self.undo = true;
-        self.changes.clear();
-    }
-}
-
-impl Note for FastTx<'_> {
-    fn note(&mut self, change: Change) {
-        // An undone unit changed nothing.
-        if !self.undo {
-            self.changes.push(change);
-        }
     }
 }
 
@@ -175,33 +105,34 @@ impl<T: Send> Settle for Pending<T> {
 }
 
 type RunUnit = Box<dyn for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, Box<dyn Settle>> + Send>;
-type FastUnit = Box<dyn for<'a, 'c> FnOnce(&'a mut FastTx<'c>) -> Box<dyn Settle> + Send>;
-/// What follows a bulk step: its conclusion on the group's connection, given what the step
-/// did, or only the answer when the group failed.
-type BulkThen = Box<dyn for<'c> FnOnce(BulkRun<'c>) -> BoxFuture<'c, Box<dyn Settle>> + Send>;
+/// What follows a step: its conclusion on the group's connection, given what the step did, or
+/// only the answer when the step did not run.
+type StepThen = Box<dyn for<'c> FnOnce(StepRun<'c>) -> BoxFuture<'c, Box<dyn Settle>> + Send>;
 
-/// How a bulk unit's group went.
-enum BulkRun<'c> {
+/// How a step unit's group went.
+pub enum StepRun<'c> {
     /// The steps ran; the unit concludes inside the group's transaction.
     Done(&'c mut Tx, Finished),
+    /// The unit's `still` said no when its group was about to run: its step did not run.
+    Declined,
     /// The group could not run: the unit answers this error.
     Failed(ApiError),
 }
 
-/// A bare finish for PostgreSQL's bulk lane: its step, run with the group's others as set
-/// statements (`db::bulk`), then its own conclusion on the group's connection.
-pub struct BulkUnit {
-    step: bulk::Step,
-    then: BulkThen,
+/// A bare finish for the step lane: its step, run with the group's others by the backend's
+/// owner of the hot path, then its own conclusion on the group's connection.
+struct StepUnit {
+    step: Step,
+    /// Asked right before the group runs: whether the step may still go this way.
+    still: Box<dyn Fn() -> bool + Send>,
+    then: StepThen,
 }
 
 enum Work {
     /// Runs inside the group's transaction.
     Unit(RunUnit),
-    /// Runs inside the group's transaction on the writer's own connection.
-    Fast(FastUnit),
-    /// Runs inside the group's transaction, its step with the group's others (PostgreSQL).
-    Bulk(Box<BulkUnit>),
+    /// Runs inside the group's transaction, its step with the group's others.
+    Step(Box<StepUnit>),
     /// Runs alone, with no transaction open on the writer (a WAL restart must see no open
     /// write transaction, else it waits for itself).
     Outside(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>),
@@ -211,10 +142,6 @@ enum Work {
 #[derive(Clone)]
 pub struct Writer {
     sender: mpsc::Sender<Work>,
-    /// Whether [`Writer::fast`] may be used (SQLite only).
-    fast_lane: bool,
-    /// Whether [`Writer::bulk`] may be used (PostgreSQL only).
-    bulk_lane: bool,
     /// Why the last units were dropped unrun (the database could not be opened for writing,
     /// or a transaction could not begin).
     refused: Arc<Mutex<Option<ApiError>>>,
@@ -247,53 +174,25 @@ impl Writer {
         answer.await.map_err(|_| self.unanswered())?
     }
 
-    /// Whether fast units run here (SQLite); elsewhere their work takes the async path.
-    pub fn has_fast_lane(&self) -> bool {
-        self.fast_lane
-    }
-
-    /// Runs `unit` on the writer's own connection in the next group of fast units and answers
-    /// once the group committed (or the unit failed). Only where [`Writer::has_fast_lane`].
-    pub async fn fast<T, F>(&self, unit: F) -> ApiResult<T>
+    /// Runs `step` with the other steps waiting (the backend's owner of the hot path), then
+    /// `then` with what it did, inside the group's transaction; answers once the group
+    /// committed. `still` is asked right before the group runs; when it says no, the step does
+    /// not run and `then` gets [`StepRun::Declined`]. `then` must not fail once the step
+    /// applied: the group has no savepoints, so its error abandons the whole group.
+    pub async fn step<T, F>(&self, step: Step, still: impl Fn() -> bool + Send + 'static, then: F) -> ApiResult<T>
     where
         T: Send + 'static,
-        F: for<'a, 'c> FnOnce(&'a mut FastTx<'c>) -> ApiResult<T> + Send + 'static,
+        F: for<'c> FnOnce(StepRun<'c>) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let run: FastUnit = Box::new(move |tx| {
-            let result = unit(tx);
-            Box::new(Pending { result, reply }) as Box<dyn Settle>
-        });
-        self.sender.send(Work::Fast(run)).await.map_err(|_| ApiError::ShuttingDown)?;
-        answer.await.map_err(|_| self.unanswered())?
-    }
-
-    /// Whether bulk units run here (PostgreSQL).
-    pub fn has_bulk_lane(&self) -> bool {
-        self.bulk_lane
-    }
-
-    /// Runs `step` with the other bulk steps waiting (`db::bulk`), then `then` with what it did,
-    /// inside the group's transaction; answers once the group committed. A group the database
-    /// gives up on (a deadlock with another replica) is run again, up to [`BULK_TRIES`] times.
-    /// Only where [`Writer::has_bulk_lane`]. `then` must not fail once the step applied: the
-    /// group has no savepoints, so its error abandons the whole group.
-    pub async fn bulk<T, F>(&self, step: bulk::Step, then: F) -> ApiResult<T>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut Tx, Finished) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
-    {
-        let (reply, answer) = oneshot::channel();
-        let then: BulkThen = Box::new(move |run| {
+        let then: StepThen = Box::new(move |run| {
             Box::pin(async move {
-                let result = match run {
-                    BulkRun::Done(tx, done) => then(tx, done).await,
-                    BulkRun::Failed(error) => Err(error),
-                };
+                let result = then(run).await;
                 Box::new(Pending { result, reply }) as Box<dyn Settle>
             })
         });
-        self.sender.send(Work::Bulk(Box::new(BulkUnit { step, then }))).await.map_err(|_| ApiError::ShuttingDown)?;
+        let unit = StepUnit { step, still: Box::new(still), then };
+        self.sender.send(Work::Step(Box::new(unit))).await.map_err(|_| ApiError::ShuttingDown)?;
         answer.await.map_err(|_| self.unanswered())?
     }
 
@@ -347,16 +246,13 @@ impl Writer {
     }
 }
 
-/// Starts the writer thread on `pool` (SQLite: the single-connection writer pool and, for fast
-/// units, its own connection to the database file; PostgreSQL: one connection of the pool,
-/// and no fast units); it ends when every [`Writer`] is dropped, and the returned receiver is
-/// told then. Call from inside the runtime.
+/// Starts the writer thread on `pool` (SQLite: its own connection to the database file;
+/// PostgreSQL: one connection of the pool); it ends when every [`Writer`] is dropped, and the
+/// returned receiver is told then. Call from inside the runtime.
 pub fn start(pool: WriterPool, events: Events) -> (Writer, oneshot::Receiver<()>) {
     let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
     let refused = Arc::new(Mutex::new(None));
     let (ended, ends) = oneshot::channel();
-    let fast_lane = matches!(pool, WriterPool::Sqlite(..));
-    let bulk_lane = matches!(pool, WriterPool::Postgres(..));
     let state = Thread { handle: Handle::current(), pool, events, refused: refused.clone() };
     std::thread::Builder::new()
         .name("app-writer".into())
@@ -368,7 +264,7 @@ pub fn start(pool: WriterPool, events: Events) -> (Writer, oneshot::Receiver<()>
             let _ = ended.send(());
         })
         .expect("starting the writer thread");
-    (Writer { sender, refused, fast_lane, bulk_lane }, ends)
+    (Writer { sender, refused }, ends)
 }
 
 /// What the writer thread works with.
@@ -382,7 +278,7 @@ struct Thread {
 impl Thread {
     fn run(&self, mut receiver: mpsc::Receiver<Work>) {
         let mut connection: Option<WriterConn> = None;
-        let mut fast: Option<rusqlite::Connection> = None;
+        // PostgreSQL's one-statement step groups run on a connection of their own.
         let mut lane: Option<PgConnection> = None;
         let mut waiting: VecDeque<Work> = VecDeque::new();
         loop {
@@ -411,23 +307,14 @@ impl Thread {
                     }
                     connection = self.handle.block_on(self.run_units(connection.take(), group));
                 }
-                Some(Work::Fast(unit)) => {
-                    let mut group = VecDeque::from([unit]);
-                    while let Some(Work::Fast(_)) = waiting.front() {
-                        if let Some(Work::Fast(unit)) = waiting.pop_front() {
-                            group.push_back(unit);
-                        }
-                    }
-                    fast = self.run_fast(fast.take(), group);
-                }
-                Some(Work::Bulk(unit)) => {
+                Some(Work::Step(unit)) => {
                     let mut group = VecDeque::from([*unit]);
-                    while let Some(Work::Bulk(_)) = waiting.front() {
-                        if let Some(Work::Bulk(unit)) = waiting.pop_front() {
+                    while let Some(Work::Step(_)) = waiting.front() {
+                        if let Some(Work::Step(unit)) = waiting.pop_front() {
                             group.push_back(*unit);
                         }
                     }
-                    connection = self.handle.block_on(self.run_bulk(connection.take(), &mut lane, group));
+                    connection = self.handle.block_on(self.run_steps(connection.take(), &mut lane, group));
                 }
                 None => {}
             }
@@ -477,59 +364,36 @@ impl Thread {
         connection
     }
 
-    /// Runs bulk units until all are done, opening the connections again as needed (`lane`:
-    /// the one-statement groups', `db::bulk::open_lane`). A job's second finish in one group
-    /// waits for the next (it is decided on a state the first may change).
-    async fn run_bulk(
+    /// Runs step units until all are done, opening the connections again as needed (`lane`:
+    /// PostgreSQL's one-statement groups', `db::postgres::steps::open_lane`). A unit whose
+    /// `still` says no is declined; a job's second finish in one group waits for the next (it
+    /// is decided on a state the first may change).
+    async fn run_steps(
         &self,
         mut connection: Option<WriterConn>,
         lane: &mut Option<PgConnection>,
-        mut group: VecDeque<BulkUnit>,
+        mut group: VecDeque<StepUnit>,
     ) -> Option<WriterConn> {
         while !group.is_empty() {
             let mut jobs = std::collections::HashSet::new();
-            let (now, later): (Vec<BulkUnit>, Vec<BulkUnit>) =
-                std::mem::take(&mut group).into_iter().partition(|unit| jobs.insert(unit.step.seen.id));
-            group = later.into();
+            let mut now = Vec::new();
+            let mut later = VecDeque::new();
+            for unit in std::mem::take(&mut group) {
+                if !(unit.still)() {
+                    (unit.then)(StepRun::Declined).await.settle(Ok(()));
+                } else if jobs.insert(unit.step.seen.id) {
+                    now.push(unit);
+                } else {
+                    later.push_back(unit);
+                }
+            }
+            group = later;
+            if now.is_empty() {
+                continue;
+            }
             // Dropped unrun when none can be had: their senders read why.
             let conn = self.connection(connection.take()).await?;
-            connection = run_bulk_group(conn, lane, &self.pool, now, &self.events).await;
-        }
-        connection
-    }
-
-    /// Runs fast units until all are done, opening the writer's own connection again as needed.
-    fn run_fast(
-        &self,
-        mut connection: Option<rusqlite::Connection>,
-        mut group: VecDeque<FastUnit>,
-    ) -> Option<rusqlite::Connection> {
-        let WriterPool::Sqlite(_, path) = &self.pool else {
-            // `Writer::fast` is offered only on SQLite (`Writer::has_fast_lane`).
-            unreachable!("fast units on a database without a fast lane")
-        };
-        while !group.is_empty() {
-            let conn = match connection.take() {
-                Some(conn) => conn,
-                None => match crate::db::fast::open(path) {
-                    Ok(conn) => conn,
-                    Err(error) => {
-                        // Dropped unrun: their senders read why.
-                        self.cannot_open(ApiError::from(error));
-                        return None;
-                    }
-                },
-            };
-            self.refuse(None);
-            connection = match run_fast_group(conn, &mut group, &self.events) {
-                Ok(kept) => kept,
-                Err(error) => {
-                    // Dropped unrun as above; a full disk stays a 507 for them.
-                    tracing::error!(error = ?error, "beginning a write transaction or a unit's savepoint");
-                    self.refuse(Some(error));
-                    return None;
-                }
-            };
+            connection = run_step_group(conn, lane, &self.pool, now, &self.events).await;
         }
         connection
     }
@@ -542,12 +406,12 @@ async fn run_group(
     group: &mut VecDeque<RunUnit>,
     events: &Events,
 ) -> (Option<WriterConn>, VecDeque<RunUnit>) {
-    // Every statement is a round trip to sqlx's SQLite thread, so the statements that open
-    // the transaction and fence each unit of a group are owed (`Tx::pending`) and go with the
-    // unit's first statement: `BEGIN` (and the first savepoint) with the first unit's; for the
-    // others, `RELEASE` of the previous savepoint and a new one. A unit that never reached the
-    // database leaves them owed to the next. A refused unit's `ROLLBACK TO` keeps its savepoint
-    // open for the next unit, and `COMMIT` releases the last one.
+    // The statements that open the transaction and fence each unit of a group are owed
+    // (`Tx::pending`) and go before the unit's first statement: `BEGIN` (and the first
+    // savepoint) before the first unit's; for the others, `RELEASE` of the previous savepoint
+    // and a new one. A unit that never reached the database leaves them owed to the next. A
+    // refused unit's `ROLLBACK TO` keeps its savepoint open for the next unit, and `COMMIT`
+    // releases the last one.
     let savepoints = group.len() > 1;
     let begin = match (&conn, savepoints) {
         (WriterConn::Sqlite(_), true) => "BEGIN IMMEDIATE; SAVEPOINT unit",
@@ -659,53 +523,48 @@ fn answer_abandoned(ran: Vec<(Box<dyn Settle>, Vec<Change>)>, why: &str) {
     }
 }
 
-/// Times a bulk group is run when the database gives it up (a deadlock or a serialization
+/// Times a step group is run when the database gives it up (a deadlock or a serialization
 /// failure between replicas) before its units are answered "retry".
-const BULK_TRIES: u32 = 3;
+const STEP_TRIES: u32 = 3;
 
-/// Runs a group of bulk units in one transaction: their steps together (`db::bulk`), then each
-/// unit's conclusion in turn; returns the connection if it is still sound. A group that fits
-/// one statement runs it on `lane` (opened as needed), its own transaction, and is concluded
-/// on `conn` once committed. A group the database gives up on is rolled back and run again;
-/// any other failure (or a conclusion that fails: there are no savepoints to undo one unit
-/// alone) abandons the group, every unit answered "retry", nothing of theirs committed.
-async fn run_bulk_group(
+/// Runs a group of step units in one transaction: their steps together (the backend's
+/// [`StepRunner`]), then each unit's conclusion in turn; returns the connection if it is still
+/// sound. A PostgreSQL group that fits one statement runs it on `lane` (opened as needed), its
+/// own transaction, and is concluded on `conn` once committed. A group the database gives up
+/// on is rolled back and run again; any other failure (or a conclusion that fails: there are
+/// no savepoints to undo one unit alone) abandons the group, every unit answered "retry",
+/// nothing of theirs committed.
+async fn run_step_group(
     mut conn: WriterConn,
     lane: &mut Option<PgConnection>,
     pool: &WriterPool,
-    group: Vec<BulkUnit>,
+    group: Vec<StepUnit>,
     events: &Events,
 ) -> Option<WriterConn> {
-    let (steps, thens): (Vec<bulk::Step>, Vec<BulkThen>) = group.into_iter().map(|unit| (unit.step, unit.then)).unzip();
-    let refs: Vec<&bulk::Step> = steps.iter().collect();
-    // One statement, its own transaction, when it can be; else a transaction of several.
-    let at_once = bulk::fits_one_statement(&refs);
+    let (steps, thens): (Vec<Step>, Vec<StepThen>) = group.into_iter().map(|unit| (unit.step, unit.then)).unzip();
+    let refs: Vec<&Step> = steps.iter().collect();
+    let runner = StepRunner::of(&conn, &refs);
     let mut tries = 0;
     let done = loop {
         tries += 1;
-        let ran = match (&mut conn, at_once) {
-            (_, true) => run_at_once(lane, pool, &refs).await,
-            (WriterConn::Postgres(pg), false) => match sqlx::query("BEGIN").execute(&mut **pg).await {
-                Ok(_) => bulk::finish_and_claim(pg, &refs).await,
-                Err(error) => Err(error.into()),
-            },
-            (WriterConn::Sqlite(_), _) => Err(anyhow::anyhow!("bulk units run on PostgreSQL only")),
-        };
+        let ran = runner.run(&mut conn, lane, pool, &refs).await;
         match ran {
             Ok(done) => break done,
             Err(error)
-                if tries < BULK_TRIES && is_given_up(&error) && (at_once || conn.execute("ROLLBACK").await.is_ok()) =>
+                if tries < STEP_TRIES
+                    && is_given_up(&error)
+                    && (runner.is_own_transaction() || conn.execute("ROLLBACK").await.is_ok()) =>
             {
-                tracing::debug!(error = %error, tries, "the database gave a bulk group up; running it again");
+                tracing::debug!(error = %error, tries, "the database gave a step group up; running it again");
             }
             Err(error) => {
                 let error = ApiError::from(error);
-                tracing::error!(error = ?error, units = thens.len(), "a bulk group failed; it was abandoned");
+                tracing::error!(error = ?error, units = thens.len(), "a step group failed; it was abandoned");
                 let cause = error.retry_copy();
                 for then in thens {
-                    then(BulkRun::Failed(cause.retry_copy())).await.settle(Ok(()));
+                    then(StepRun::Failed(cause.retry_copy())).await.settle(Ok(()));
                 }
-                if at_once {
+                if runner.is_own_transaction() {
                     // Nothing ran on the writer's connection; the lane's goes (it may be lost).
                     if let Some(lane) = lane.take() {
                         tokio::spawn(sqlx::Connection::close(lane));
@@ -717,13 +576,14 @@ async fn run_bulk_group(
             }
         }
     };
-    let mut tx = Tx { conn, changes: Vec::new(), pending: None, begun: !at_once };
+    let committed = runner.is_own_transaction();
+    let mut tx = Tx { conn, changes: Vec::new(), pending: None, begun: !committed };
     let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
     let mut concluding = thens.into_iter().zip(done);
     while let Some((then, done)) = concluding.next() {
-        let outcome = match AssertUnwindSafe(then(BulkRun::Done(&mut tx, done))).catch_unwind().await {
+        let outcome = match AssertUnwindSafe(then(StepRun::Done(&mut tx, done))).catch_unwind().await {
             Ok(outcome) => outcome,
-            Err(_) if at_once => {
+            Err(_) if committed => {
                 // Committed already: the others are answered; this one's sender is gone.
                 tracing::error!("a write unit panicked after its group was committed");
                 continue;
@@ -738,7 +598,7 @@ async fn run_bulk_group(
         let changes = std::mem::take(&mut tx.changes);
         let failed = outcome.failed().is_some();
         ran.push((outcome, changes));
-        if failed && !at_once {
+        if failed && !committed {
             // Its step may have written: without a savepoint, only the whole group is undone.
             let why = "a write failed while it was concluded";
             answer_unconcluded(concluding.map(|(then, _)| then), why).await;
@@ -748,7 +608,7 @@ async fn run_bulk_group(
         // that unit's answer alone, as a lost answer would be: the worker sends its finish
         // again and is told the attempt is over.
     }
-    if at_once {
+    if committed {
         answer_committed(ran, events);
         return Some(tx.conn);
     }
@@ -765,116 +625,91 @@ async fn run_bulk_group(
     }
 }
 
-/// Runs a group that fits one statement on `lane`, opening it first if it is not open.
-async fn run_at_once(
-    lane: &mut Option<PgConnection>,
-    pool: &WriterPool,
-    steps: &[&bulk::Step],
-) -> anyhow::Result<Vec<Finished>> {
-    let WriterPool::Postgres(pool) = pool else { anyhow::bail!("bulk units run on PostgreSQL only") };
-    let conn = match lane {
-        Some(conn) => conn,
-        None => lane.insert(bulk::open_lane(pool).await?),
-    };
-    bulk::finish_and_claim_at_once(conn, steps).await
+/// The owner of the hot path for a group of steps: one per backend, and on PostgreSQL one
+/// statement when the group's claims all ask with the trainer or all without.
+enum StepRunner {
+    /// `db::sqlite::steps`, inside a transaction on the writer's connection.
+    Sqlite,
+    /// `db::postgres::steps::finish_and_claim_at_once` on the lane: its own transaction.
+    PostgresAtOnce,
+    /// `db::postgres::steps::finish_and_claim`, inside a transaction on the writer's connection.
+    Postgres,
 }
 
-/// Answers the units of an abandoned bulk group that were not concluded yet: "retry", as
-/// the ones that were (nothing of theirs is committed).
-async fn answer_unconcluded(thens: impl Iterator<Item = BulkThen>, why: &str) {
+impl StepRunner {
+    fn of(conn: &WriterConn, steps: &[&Step]) -> StepRunner {
+        match conn {
+            WriterConn::Sqlite(_) => StepRunner::Sqlite,
+            WriterConn::Postgres(_) if crate::db::postgres::steps::fits_one_statement(steps) => {
+                StepRunner::PostgresAtOnce
+            }
+            WriterConn::Postgres(_) => StepRunner::Postgres,
+        }
+    }
+
+    /// Whether the steps commit by themselves (nothing is open on the writer's connection).
+    fn is_own_transaction(&self) -> bool {
+        matches!(self, StepRunner::PostgresAtOnce)
+    }
+
+    async fn run(
+        &self,
+        conn: &mut WriterConn,
+        lane: &mut Option<PgConnection>,
+        pool: &WriterPool,
+        steps: &[&Step],
+    ) -> anyhow::Result<Vec<Finished>> {
+        match (self, conn) {
+            (StepRunner::Sqlite, WriterConn::Sqlite(conn)) => {
+                conn.execute_batch("BEGIN IMMEDIATE")?;
+                crate::db::sqlite::steps::finish_and_claim(conn, steps).await
+            }
+            (StepRunner::PostgresAtOnce, _) => {
+                let WriterPool::Postgres(pool) = pool else { anyhow::bail!("a PostgreSQL step group on SQLite") };
+                let conn = match lane {
+                    Some(conn) => conn,
+                    None => lane.insert(crate::db::postgres::steps::open_lane(pool).await?),
+                };
+                crate::db::postgres::steps::finish_and_claim_at_once(conn, steps).await
+            }
+            (StepRunner::Postgres, WriterConn::Postgres(conn)) => {
+                sqlx::query("BEGIN").execute(&mut **conn).await?;
+                crate::db::postgres::steps::finish_and_claim(conn, steps).await
+            }
+            _ => anyhow::bail!("a step group on another backend's connection"),
+        }
+    }
+}
+
+/// Answers the units of an abandoned step group that were not concluded yet: "retry", as the
+/// ones that were (nothing of theirs is committed).
+async fn answer_unconcluded(thens: impl Iterator<Item = StepThen>, why: &str) {
     for then in thens {
-        then(BulkRun::Failed(ApiError::Unavailable(format!("{why}; retry")))).await.settle(Ok(()));
+        then(StepRun::Failed(ApiError::Unavailable(format!("{why}; retry")))).await.settle(Ok(()));
     }
 }
 
 /// Whether the database gave the transaction up rather than refusing it: a deadlock or a
 /// serialization failure, which the same transaction run again may pass.
 fn is_given_up(error: &anyhow::Error) -> bool {
-    let Some(sqlx::Error::Database(database)) = error.downcast_ref::<sqlx::Error>() else { return false };
+    let error = match error.downcast_ref::<crate::db::sql::Error>() {
+        Some(crate::db::sql::Error::Postgres(error)) => Some(error),
+        _ => error.downcast_ref::<sqlx::Error>(),
+    };
+    let Some(sqlx::Error::Database(database)) = error else { return false };
     matches!(database.code().as_deref(), Some("40P01" | "40001"))
 }
 
-/// Runs fast units from `group` in one transaction on the writer's own connection, each in a
-/// savepoint (statements cost no hand-off here), until they are all done or the transaction is
-/// lost; returns the connection if it is still sound. The same rules as [`run_group`]: a unit
-/// that refuses (or undoes) is rolled back alone, a database failure abandons the transaction
-/// and closes the connection, nothing is answered before the COMMIT.
-fn run_fast_group(
-    conn: rusqlite::Connection,
-    group: &mut VecDeque<FastUnit>,
-    events: &Events,
-) -> Result<Option<rusqlite::Connection>, ApiError> {
-    if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
-        return Err(ApiError::from(error));
-    }
-    let mut ran: Vec<(Box<dyn Settle>, Vec<Change>)> = Vec::new();
-    while let Some(unit) = group.pop_front() {
-        if let Err(error) = conn.execute_batch("SAVEPOINT unit") {
-            // The units that ran are answered; this one and the rest are dropped unrun and
-            // read the error (`Writer::unanswered`).
-            let error = ApiError::from(error);
-            for (outcome, _) in ran {
-                outcome.settle(Err(&error));
-            }
-            drop(unit);
-            return Err(error);
-        }
-        let mut tx = FastTx { conn: &conn, changes: Vec::new(), undo: false };
-        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| unit(&mut tx))) {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                tracing::error!("a write unit panicked; its group is rolled back");
-                answer_abandoned(ran, "a write failed inside the server");
-                return Ok(None);
-            }
-        };
-        let (changes, undo) = (std::mem::take(&mut tx.changes), tx.undo);
-        match outcome.failed().map(is_database_failure) {
-            None if !undo => match conn.execute_batch("RELEASE unit") {
-                Ok(()) => ran.push((outcome, changes)),
-                Err(_) => {
-                    ran.push((outcome, Vec::new()));
-                    answer_abandoned(ran, "the database failed during a write");
-                    return Ok(None);
-                }
-            },
-            None | Some(false) => {
-                ran.push((outcome, Vec::new()));
-                if conn.execute_batch("ROLLBACK TO unit; RELEASE unit").is_err() {
-                    answer_abandoned(ran, "a refused unit could not be undone");
-                    return Ok(None);
-                }
-            }
-            Some(true) => {
-                ran.push((outcome, Vec::new()));
-                answer_abandoned(ran, "the database failed during a write");
-                return Ok(None);
-            }
-        }
-    }
-    match conn.execute_batch("COMMIT") {
-        Ok(()) => {
-            answer_committed(ran, events);
-            Ok(Some(conn))
-        }
-        Err(error) => {
-            answer_failed_commit(ran, ApiError::from(error));
-            // Closing it rolls back whatever is still open.
-            Ok(None)
-        }
-    }
-}
-
-/// The writer's connection for async units.
+/// The writer's connection.
 pub enum WriterConn {
-    Sqlite(PoolConnection<Sqlite>),
+    Sqlite(rusqlite::Connection),
     Postgres(PoolConnection<Postgres>),
 }
 
 impl WriterConn {
-    async fn acquire(pool: &WriterPool) -> sqlx::Result<WriterConn> {
+    async fn acquire(pool: &WriterPool) -> crate::db::sql::Result<WriterConn> {
         Ok(match pool {
-            WriterPool::Sqlite(pool, _) => WriterConn::Sqlite(pool.acquire().await?),
+            WriterPool::Sqlite(path) => WriterConn::Sqlite(crate::db::sqlite::open_writer(path)?),
             WriterPool::Postgres(pool) => WriterConn::Postgres(pool.acquire().await?),
         })
     }
@@ -886,11 +721,10 @@ impl WriterConn {
         }
     }
 
-    /// Runs one or more statements without arguments in one round trip (PostgreSQL's simple
-    /// query protocol: a prepared statement holds one statement only).
-    async fn execute(&mut self, statements: &'static str) -> sqlx::Result<()> {
+    /// Runs one or more statements without arguments.
+    async fn execute(&mut self, statements: &'static str) -> crate::db::sql::Result<()> {
         match self {
-            WriterConn::Sqlite(conn) => sqlx::query(statements).execute(&mut **conn).await.map(|_| ()),
+            WriterConn::Sqlite(conn) => Ok(conn.execute_batch(statements)?),
             WriterConn::Postgres(conn) => {
                 // One statement each (a prepared statement holds one); boxed: see
                 // `db::backend::on_conn!`.
@@ -901,21 +735,21 @@ impl WriterConn {
                     }
                     Ok(())
                 });
-                boxed.await
+                Ok(boxed.await?)
             }
         }
     }
 }
 
-/// Closes a connection for good: the server rolls back whatever transaction it still had open.
+/// Closes a connection for good: the database rolls back whatever transaction it still had
+/// open.
 fn close(conn: WriterConn) {
     use sqlx::Connection;
     match conn {
         WriterConn::Sqlite(conn) => {
-            let detached = conn.detach();
-            tokio::spawn(async move {
-                let _ = detached.close().await;
-            });
+            if let Err((_, error)) = conn.close() {
+                tracing::warn!(%error, "closing the writer's connection");
+            }
         }
         WriterConn::Postgres(conn) => {
             let detached = conn.detach();
@@ -926,8 +760,8 @@ fn close(conn: WriterConn) {
     }
 }
 
-/// Runs one or more statements without arguments in one round trip.
-async fn execute(tx: &mut Tx, statements: &'static str) -> sqlx::Result<()> {
+/// Runs one or more statements without arguments.
+async fn execute(tx: &mut Tx, statements: &'static str) -> crate::db::sql::Result<()> {
     tx.conn.execute(statements).await
 }
 
@@ -936,7 +770,7 @@ async fn execute(tx: &mut Tx, statements: &'static str) -> sqlx::Result<()> {
 fn is_database_failure(error: &ApiError) -> bool {
     matches!(
         error,
-        ApiError::Sqlx(_) | ApiError::Internal(_) | ApiError::InsufficientStorage(_) | ApiError::Unavailable(_)
+        ApiError::Database(_) | ApiError::Internal(_) | ApiError::InsufficientStorage(_) | ApiError::Unavailable(_)
     )
 }
 

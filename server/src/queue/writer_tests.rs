@@ -1,43 +1,62 @@
 //! The group commit against a real SQLite file: units that wait together share a transaction,
-//! a refused unit's writes are undone while its neighbours' are kept, and every unit is
-//! answered; for units on sqlx's connection and on the writer's own (fast units) alike.
+//! a refused unit's writes are undone while its neighbours' are kept, a failing or panicking
+//! unit abandons its group without a false answer, and every unit is answered.
 
 use super::*;
-use sqlx::sqlite::SqlitePoolOptions;
-use sqlx::SqlitePool;
+use rusqlite::Connection;
 
-async fn writer_on_file() -> (tempfile::TempDir, SqlitePool, Writer) {
+async fn writer_on_file() -> (tempfile::TempDir, Connection, Writer) {
+    writer_with_events(Events::default()).await
+}
+
+async fn writer_with_events(events: Events) -> (tempfile::TempDir, Connection, Writer) {
     let directory = tempfile::tempdir().unwrap();
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(directory.path().join("writer.db"))
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
-    let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.unwrap();
-    sqlx::query("CREATE TABLE rows (value INTEGER NOT NULL)").execute(&pool).await.unwrap();
-    // The writer keeps its pool's one connection; the test reads through its own.
-    let (writer, _ended) = start(WriterPool::Sqlite(pool, directory.path().join("writer.db")), Events::default());
-    let reader = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+    let path = directory.path().join("writer.db");
+    let reader = Connection::open(&path).unwrap();
+    reader.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(())).unwrap();
+    reader.execute("CREATE TABLE rows (value INTEGER NOT NULL)", []).unwrap();
+    // The writer opens its own connection; the test reads through this one.
+    let (writer, _ended) = start(WriterPool::Sqlite(path), events);
     (directory, reader, writer)
 }
 
-/// A unit that inserts `value`, then refuses when `refuse` is set.
-fn insert(writer: &Writer, value: i64, refuse: bool) -> impl std::future::Future<Output = ApiResult<i64>> + '_ {
+/// A unit that inserts `value`, then refuses, fails in the database or panics as `how` says.
+fn unit<'w>(
+    writer: &'w Writer,
+    value: i64,
+    how: &'static str,
+) -> impl std::future::Future<Output = ApiResult<i64>> + 'w {
     writer.write(move |tx| {
         Box::pin(async move {
-            sqlx::query("INSERT INTO rows (value) VALUES (?)")
+            crate::db::sql::query("INSERT INTO rows (value) VALUES ($1)")
                 .bind(value)
                 .execute(tx.conn().await?.into_sqlite().unwrap())
                 .await?;
-            if refuse {
-                return Err(ApiError::Conflict(format!("unit {value} refuses")));
+            tx.note(Change::Page);
+            match how {
+                "refuse" => Err(ApiError::Conflict(format!("unit {value} refuses"))),
+                "fail" => {
+                    let failed = crate::db::sql::query("INSERT INTO missing VALUES (1)")
+                        .execute(tx.conn().await?.into_sqlite().unwrap())
+                        .await
+                        .unwrap_err();
+                    Err(ApiError::from(failed))
+                }
+                "panic" => panic!("unit {value} panics"),
+                _ => Ok(value),
             }
-            Ok(value)
         })
     })
 }
 
-async fn stored(pool: &SqlitePool) -> Vec<i64> {
-    sqlx::query_scalar("SELECT value FROM rows ORDER BY value").fetch_all(pool).await.unwrap()
+/// A unit that inserts `value`, then refuses when `refuse` is set.
+fn insert(writer: &Writer, value: i64, refuse: bool) -> impl std::future::Future<Output = ApiResult<i64>> + '_ {
+    unit(writer, value, if refuse { "refuse" } else { "ok" })
+}
+
+fn stored(conn: &Connection) -> Vec<i64> {
+    let mut statement = conn.prepare("SELECT value FROM rows ORDER BY value").unwrap();
+    statement.query_map([], |row| row.get(0)).unwrap().map(Result::unwrap).collect()
 }
 
 /// Runs `units` as one group: queued behind a held writer, then released.
@@ -58,7 +77,7 @@ async fn as_group<T>(writer: &Writer, count: usize, units: impl std::future::Fut
 
 #[tokio::test(flavor = "current_thread")]
 async fn refused_units_in_a_group_leave_no_trace_and_the_others_commit() {
-    let (_directory, pool, writer) = writer_on_file().await;
+    let (_directory, reader, writer) = writer_on_file().await;
     let (first, second, third, fourth, fifth) = as_group(&writer, 5, async {
         tokio::join!(
             insert(&writer, 1, true),
@@ -74,21 +93,21 @@ async fn refused_units_in_a_group_leave_no_trace_and_the_others_commit() {
     assert!(matches!(third, Err(ApiError::Conflict(_))), "{third:?}");
     assert!(matches!(fourth, Err(ApiError::Conflict(_))), "{fourth:?}");
     assert_eq!(fifth.unwrap(), 5);
-    assert_eq!(stored(&pool).await, vec![2, 5]);
+    assert_eq!(stored(&reader), vec![2, 5]);
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_group_of_successes_commits_every_unit_and_a_lone_refusal_rolls_back() {
-    let (_directory, pool, writer) = writer_on_file().await;
+    let (_directory, reader, writer) = writer_on_file().await;
     let units = futures_util::future::join_all((10..20).map(|value| insert(&writer, value, false)));
     let results = as_group(&writer, 10, units).await;
     assert_eq!(results.into_iter().map(Result::unwrap).collect::<Vec<_>>(), (10..20).collect::<Vec<_>>());
     let alone = insert(&writer, 99, true).await;
     assert!(matches!(alone, Err(ApiError::Conflict(_))), "{alone:?}");
-    assert_eq!(stored(&pool).await, (10..20).collect::<Vec<_>>());
+    assert_eq!(stored(&reader), (10..20).collect::<Vec<_>>());
     // The connection is sound afterwards: the next write commits.
     assert_eq!(insert(&writer, 20, false).await.unwrap(), 20);
-    assert_eq!(stored(&pool).await.len(), 11);
+    assert_eq!(stored(&reader).len(), 11);
 }
 
 /// A unit that refuses (or answers) before reaching the database.
@@ -108,7 +127,7 @@ fn untouched(writer: &Writer, refuse: bool) -> impl std::future::Future<Output =
 /// nor leave the next one outside a savepoint, and a group where none does ends cleanly.
 #[tokio::test(flavor = "current_thread")]
 async fn units_that_never_reach_the_database_change_nothing_around_them() {
-    let (_directory, pool, writer) = writer_on_file().await;
+    let (_directory, reader, writer) = writer_on_file().await;
     let (first, second, third, fourth, fifth, sixth) = as_group(&writer, 6, async {
         tokio::join!(
             untouched(&writer, false),
@@ -126,7 +145,7 @@ async fn units_that_never_reach_the_database_change_nothing_around_them() {
     assert!(matches!(fourth, Err(ApiError::Conflict(_))), "{fourth:?}");
     assert!(matches!(fifth, Err(ApiError::Conflict(_))), "{fifth:?}");
     assert_eq!(sixth.unwrap(), 3);
-    assert_eq!(stored(&pool).await, vec![1, 3], "unit 1 survives the refusals after it; unit 2 is undone");
+    assert_eq!(stored(&reader), vec![1, 3], "unit 1 survives the refusals after it; unit 2 is undone");
     // Groups where no unit reaches the database: nothing to commit, and the connection is
     // left as it was.
     let (alone, answered) =
@@ -136,97 +155,40 @@ async fn units_that_never_reach_the_database_change_nothing_around_them() {
     let lone = untouched(&writer, true).await;
     assert!(matches!(lone, Err(ApiError::Conflict(_))), "{lone:?}");
     assert_eq!(insert(&writer, 4, false).await.unwrap(), 4);
-    assert_eq!(stored(&pool).await, vec![1, 3, 4]);
+    assert_eq!(stored(&reader), vec![1, 3, 4]);
 }
 
-/// A fast unit that inserts `value`, then refuses, undoes or panics as `how` says.
-fn insert_fast<'w>(
-    writer: &'w Writer,
-    value: i64,
-    how: &'static str,
-) -> impl std::future::Future<Output = ApiResult<i64>> + 'w {
-    writer.fast(move |tx| {
-        tx.conn().execute("INSERT INTO rows (value) VALUES (?1)", [value])?;
-        tx.note(Change::Page);
-        match how {
-            "refuse" => Err(ApiError::Conflict(format!("unit {value} refuses"))),
-            "undo" => {
-                tx.undo();
-                Ok(-value)
-            }
-            "panic" => panic!("unit {value} panics"),
-            "fail" => Err(ApiError::from(tx.conn().execute("INSERT INTO missing VALUES (1)", []).unwrap_err())),
-            _ => Ok(value),
-        }
-    })
-}
-
+/// A database failure or a panic under a unit abandons its group: nobody in it is told their
+/// write was done, nothing of it is committed, and the writer goes on with a fresh connection.
 #[tokio::test(flavor = "current_thread")]
-async fn fast_units_in_a_group_keep_their_neighbours_work_when_they_refuse_or_undo() {
-    let (_directory, pool, writer) = writer_on_file().await;
-    let (first, second, third, fourth, fifth) = as_group(&writer, 5, async {
-        tokio::join!(
-            insert_fast(&writer, 1, "refuse"),
-            insert_fast(&writer, 2, "ok"),
-            insert_fast(&writer, 3, "undo"),
-            insert(&writer, 4, false),
-            insert_fast(&writer, 5, "ok"),
-        )
-    })
-    .await;
-    assert!(matches!(first, Err(ApiError::Conflict(_))), "{first:?}");
-    assert_eq!(second.unwrap(), 2);
-    assert_eq!(third.unwrap(), -3, "an undone unit answers as it said");
-    assert_eq!(fourth.unwrap(), 4, "a sqlx unit between fast ones");
-    assert_eq!(fifth.unwrap(), 5);
-    assert_eq!(stored(&pool).await, vec![2, 4, 5]);
-    // Alone, too.
-    assert!(matches!(insert_fast(&writer, 6, "refuse").await, Err(ApiError::Conflict(_))));
-    assert_eq!(insert_fast(&writer, 7, "undo").await.unwrap(), -7);
-    assert_eq!(insert_fast(&writer, 8, "ok").await.unwrap(), 8);
-    assert_eq!(stored(&pool).await, vec![2, 4, 5, 8]);
-}
-
-/// A database failure or a panic under a fast unit abandons its group: nobody in it is told
-/// their write was done, nothing of it is committed, and the writer goes on with a fresh
-/// connection.
-#[tokio::test(flavor = "current_thread")]
-async fn a_failing_or_panicking_fast_unit_abandons_its_group_and_the_writer_goes_on() {
-    let (_directory, pool, writer) = writer_on_file().await;
+async fn a_failing_or_panicking_unit_abandons_its_group_and_the_writer_goes_on() {
+    let (_directory, reader, writer) = writer_on_file().await;
     for how in ["fail", "panic"] {
         let (before, failing, after) = as_group(&writer, 3, async {
-            tokio::join!(insert_fast(&writer, 1, "ok"), insert_fast(&writer, 2, how), insert_fast(&writer, 3, "ok"))
+            tokio::join!(unit(&writer, 1, "ok"), unit(&writer, 2, how), unit(&writer, 3, "ok"))
         })
         .await;
         assert!(matches!(before, Err(ApiError::Unavailable(_))), "{how}: {before:?}");
         assert!(failing.is_err(), "{how}: {failing:?}");
         // The unit after the failure runs in a new transaction.
         assert_eq!(after.unwrap(), 3, "{how}");
-        assert_eq!(stored(&pool).await, vec![3], "{how}");
-        sqlx::query("DELETE FROM rows").execute(&pool).await.unwrap();
+        assert_eq!(stored(&reader), vec![3], "{how}");
+        reader.execute("DELETE FROM rows", []).unwrap();
     }
-    assert_eq!(insert_fast(&writer, 9, "ok").await.unwrap(), 9);
-    assert_eq!(insert(&writer, 10, false).await.unwrap(), 10);
-    assert_eq!(stored(&pool).await, vec![9, 10]);
+    assert_eq!(insert(&writer, 9, false).await.unwrap(), 9);
+    assert_eq!(stored(&reader), vec![9]);
 }
 
-/// The changes a fast unit noted are announced after its commit, and an undone unit's are not.
+/// The changes a unit noted are announced after its commit, and a refused unit's are not.
 #[tokio::test(flavor = "current_thread")]
-async fn a_fast_units_changes_are_announced_once_committed() {
-    let directory = tempfile::tempdir().unwrap();
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(directory.path().join("writer.db"))
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
-    let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
-    sqlx::query("CREATE TABLE rows (value INTEGER NOT NULL)").execute(&pool).await.unwrap();
+async fn a_units_changes_are_announced_once_committed() {
     let events = Events::default();
     let mut page = events.page_changes();
-    let (writer, _ended) = start(WriterPool::Sqlite(pool, directory.path().join("writer.db")), events);
+    let (_directory, _reader, writer) = writer_with_events(events).await;
     let seen = *page.borrow_and_update();
-    insert_fast(&writer, 1, "undo").await.unwrap();
-    insert_fast(&writer, 2, "ok").await.unwrap();
+    assert!(insert(&writer, 1, true).await.is_err());
+    insert(&writer, 2, false).await.unwrap();
     // Announced right after the answers (each page change counts one).
     let changed = tokio::time::timeout(std::time::Duration::from_secs(10), page.wait_for(|now| *now > seen)).await;
-    assert_eq!(*changed.unwrap().unwrap(), seen + 1, "the undone unit announced nothing, the other once");
+    assert_eq!(*changed.unwrap().unwrap(), seen + 1, "the refused unit announced nothing, the other once");
 }

@@ -178,17 +178,19 @@ async fn the_deletes_are_guarded_by_the_jobs_statuses() {
     app.stop().await;
 
     let db = server::db::Db::open(&app.config.data_dir).await.unwrap();
-    let mut tx = db.sqlite_writer().unwrap().begin().await.unwrap();
-    let removal = server::db::maintenance::delete_sweep(&mut *tx, sweep_id).await.unwrap();
+    let mut conn = db.sqlite_connection().unwrap().unwrap();
+    conn.execute_batch("BEGIN").unwrap();
+    let removal = server::db::maintenance::delete_sweep(&mut conn, sweep_id).await.unwrap();
     assert!(removal.is_none(), "a running and a queued job keep the sweep");
-    tx.rollback().await.unwrap();
-    let remaining: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = ?")
+    conn.execute_batch("ROLLBACK").unwrap();
+    let readers = db.reader.sqlite().unwrap();
+    let remaining: i64 = server::db::sql::query_scalar("SELECT count(*) FROM jobs WHERE sweep_id = $1")
         .bind(sweep_id.get())
-        .fetch_one(db.reader.sqlite().unwrap())
+        .fetch_one(readers)
         .await
         .unwrap();
     let history: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM job_events").fetch_one(db.reader.sqlite().unwrap()).await.unwrap();
+        server::db::sql::query_scalar("SELECT count(*) FROM job_events").fetch_one(readers).await.unwrap();
     assert_eq!((remaining, history), (3, 3), "the rollback kept every job and its history");
     db.close().await;
 }

@@ -137,10 +137,9 @@ async fn telemetry_past_the_retention_window_is_pruned() {
     assert_eq!(app.client.telemetry("hot").await.unwrap().len(), 2);
     // Look at the table itself: the rows must be gone, not merely hidden by the read.
     let path = app.config.data_dir.join("queue.db");
-    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path).read_only(true);
-    let db = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let db = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
     wait_until("the reaper prunes old telemetry", Duration::from_secs(10), || async {
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gpu_telemetry").fetch_one(&db).await.unwrap();
+        let rows: i64 = db.query_row("SELECT count(*) FROM gpu_telemetry", [], |row| row.get(0)).unwrap();
         (rows == 0).then_some(())
     })
     .await;

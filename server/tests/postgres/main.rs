@@ -6,8 +6,8 @@ mod pg_server;
 
 use pg_server::PgServer;
 use server::db::backend::Engine;
-use server::db::postgres;
-use sqlx::{PgPool, Row, SqlitePool};
+use server::db::{postgres, sql};
+use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One table as both backends can describe it.
@@ -51,80 +51,78 @@ fn on_delete(action: &str) -> String {
     }
 }
 
-async fn sqlite_schema(pool: &SqlitePool) -> BTreeMap<String, Table> {
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
+/// The rows of `sql` with `?1` bound to `name`, each value read as `T`.
+fn rows<T: rusqlite::types::FromSql>(conn: &rusqlite::Connection, sql: &str, name: &str) -> Vec<Vec<T>> {
+    let mut statement = conn.prepare(sql).unwrap();
+    let columns = statement.column_count();
+    let read = statement.query_map([name], |row| (0..columns).map(|column| row.get::<_, T>(column)).collect());
+    read.unwrap().map(Result::unwrap).collect()
+}
+
+fn sqlite_schema(conn: &rusqlite::Connection) -> BTreeMap<String, Table> {
+    use rusqlite::types::Value;
+    let text = |value: &Value| match value {
+        Value::Text(text) => Some(text.clone()),
+        _ => None,
+    };
+    let int = |value: &Value| match value {
+        Value::Integer(int) => *int,
+        _ => 0,
+    };
+    let names = rows::<String>(
+        conn,
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'
+           AND ?1 = ?1",
+        "",
+    );
     let mut schema = BTreeMap::new();
-    for name in names {
+    for name in names.into_iter().map(|mut row| row.remove(0)) {
         let mut table = Table::default();
         let mut key = Vec::new();
-        for row in sqlx::query("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?) ORDER BY cid")
-            .bind(&name)
-            .fetch_all(pool)
-            .await
-            .unwrap()
-        {
-            let (column, pk): (String, i64) = (row.get(0), row.get(4));
-            let not_null = row.get::<i64, _>(2) == 1 || pk > 0;
-            table.columns.push((column.clone(), family(true, row.get(1)), not_null, row.get(3)));
+        let sql = "SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info(?1) ORDER BY cid";
+        for row in rows::<Value>(conn, sql, &name) {
+            let (column, pk) = (text(&row[0]).unwrap(), int(&row[4]));
+            let not_null = int(&row[2]) == 1 || pk > 0;
+            table.columns.push((column.clone(), family(true, &text(&row[1]).unwrap()), not_null, text(&row[3])));
             if pk > 0 {
                 key.push((pk, column));
             }
         }
         key.sort();
         table.primary_key = key.into_iter().map(|(_, column)| column).collect();
-        for row in sqlx::query(
-            "SELECT l.name, l.\"unique\", l.origin, m.sql FROM pragma_index_list(?) l
-             LEFT JOIN sqlite_master m ON m.type = 'index' AND m.name = l.name",
-        )
-        .bind(&name)
-        .fetch_all(pool)
-        .await
-        .unwrap()
-        {
-            let index: String = row.get(0);
-            let columns: Vec<String> = sqlx::query_scalar(
-                "SELECT name || CASE WHEN \"desc\" THEN ' DESC' ELSE '' END FROM pragma_index_xinfo(?)
+        let sql = "SELECT l.name, l.\"unique\", l.origin, m.sql FROM pragma_index_list(?1) l
+                   LEFT JOIN sqlite_master m ON m.type = 'index' AND m.name = l.name";
+        for row in rows::<Value>(conn, sql, &name) {
+            let index = text(&row[0]).unwrap();
+            let columns: Vec<String> = rows::<String>(
+                conn,
+                "SELECT name || CASE WHEN \"desc\" THEN ' DESC' ELSE '' END FROM pragma_index_xinfo(?1)
                  WHERE key = 1 ORDER BY seqno",
+                &index,
             )
-            .bind(&index)
-            .fetch_all(pool)
-            .await
-            .unwrap();
-            let sql: Option<String> = row.get(3);
-            let partial = sql.and_then(|sql| {
+            .into_iter()
+            .map(|mut row| row.remove(0))
+            .collect();
+            let partial = text(&row[3]).and_then(|sql| {
                 let at = sql.to_ascii_uppercase().rfind(" WHERE ")?;
                 Some(predicate(&sql[at + 7..]))
             });
-            match row.get::<String, _>(2).as_str() {
+            match text(&row[2]).unwrap().as_str() {
                 "pk" => {}
                 "u" => {
                     table.unique.insert(columns);
                 }
                 _ => {
-                    table.indexes.insert(index, (row.get::<i64, _>(1) == 1, partial, columns));
+                    table.indexes.insert(index, (int(&row[1]) == 1, partial, columns));
                 }
             }
         }
-        for row in sqlx::query("SELECT \"from\", \"table\", \"to\", on_delete FROM pragma_foreign_key_list(?)")
-            .bind(&name)
-            .fetch_all(pool)
-            .await
-            .unwrap()
-        {
-            table.foreign_keys.insert((row.get(0), row.get(1), row.get(2), on_delete(row.get(3))));
+        let sql = "SELECT \"from\", \"table\", \"to\", on_delete FROM pragma_foreign_key_list(?1)";
+        for row in rows::<String>(conn, sql, &name) {
+            table.foreign_keys.insert((row[0].clone(), row[1].clone(), row[2].clone(), on_delete(&row[3])));
         }
-        table.triggers = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?")
-            .bind(&name)
-            .fetch_all(pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+        let sql = "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?1";
+        table.triggers = rows::<String>(conn, sql, &name).into_iter().map(|mut row| row.remove(0)).collect();
         schema.insert(name, table);
     }
     schema
@@ -242,8 +240,8 @@ async fn the_postgres_schema_is_the_sqlite_schema_version_for_version() {
         known(sqlx::migrate!("../migrations")),
         "the same versions, under the same names"
     );
-    let (expected, actual) =
-        (sqlite_schema(sqlite.sqlite_writer().unwrap()).await, postgres_schema(&opened.pool).await);
+    let conn = sqlite.sqlite_connection().unwrap().unwrap();
+    let (expected, actual) = (sqlite_schema(&conn), postgres_schema(&opened.pool).await);
     assert!(expected.len() >= 16, "every table is compared: {:?}", expected.keys());
     assert_eq!(expected.keys().collect::<Vec<_>>(), actual.keys().collect::<Vec<_>>(), "the same tables");
     for (name, table) in &expected {
@@ -294,11 +292,12 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
     let directory = tempfile::tempdir().unwrap();
     let sqlite = server::db::Db::open(directory.path()).await.unwrap();
     let before = server::db::now_ms();
-    sqlx::raw_sql(SCRIPT).execute(sqlite.sqlite_writer().unwrap()).await.unwrap();
+    sqlite.sqlite_connection().unwrap().unwrap().execute_batch(SCRIPT).unwrap();
     sqlx::raw_sql(SCRIPT).execute(&opened.pool).await.unwrap();
     let after = server::db::now_ms();
 
-    let events: Vec<Event> = sqlx::query_as(EVENTS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
+    let readers = sqlite.reader.sqlite().unwrap();
+    let events: Vec<Event> = sql::query_as(EVENTS).fetch_all(readers).await.unwrap();
     assert_eq!(events.len(), 5, "four transitions of job 1 and a change of its attempt alone: {events:#?}");
     assert_eq!(events[1].4, Some(1), "a requeue keeps the worker that lost the attempt: {events:#?}");
     assert_eq!(events[3].5.as_deref(), Some("stopped early at step 10"), "{events:#?}");
@@ -309,12 +308,10 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
         "the row's reason, not a new stop: {events:#?}"
     );
     assert_eq!(events, sqlx::query_as::<_, Event>(EVENTS).fetch_all(&opened.pool).await.unwrap());
-    let jobs: Vec<(i64, String, Option<String>)> =
-        sqlx::query_as(JOBS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
+    let jobs: Vec<(i64, String, Option<String>)> = sql::query_as(JOBS).fetch_all(readers).await.unwrap();
     assert_eq!(jobs, vec![(1, "cancelled".to_string(), Some("stopped early at step 10".to_string()))]);
     assert_eq!(jobs, sqlx::query_as::<_, (i64, String, Option<String>)>(JOBS).fetch_all(&opened.pool).await.unwrap());
-    let counts: Vec<(String, i64)> =
-        sqlx::query_as(&counts_sql(Engine::Sqlite)).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
+    let counts: Vec<(String, i64)> = sql::query_as(&counts_sql(Engine::Sqlite)).fetch_all(readers).await.unwrap();
     assert_eq!(
         counts,
         [("cancelled", 1), ("failed", 1), ("queued", 0), ("running", 0)].map(|(s, n)| (s.to_string(), n))
@@ -329,11 +326,11 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
     assert_eq!(counts, on_postgres().await);
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sweep_count_moves").fetch_one(&opened.pool).await.unwrap();
     assert_eq!(left, 0);
-    let kept: Vec<i64> = sqlx::query_scalar(CHECKPOINTS).fetch_all(sqlite.sqlite_writer().unwrap()).await.unwrap();
+    let kept: Vec<i64> = sql::query_scalar(CHECKPOINTS).fetch_all(readers).await.unwrap();
     assert_eq!(kept, vec![1], "a deleted job's checkpoint goes with it");
     assert_eq!(kept, sqlx::query_scalar::<_, i64>(CHECKPOINTS).fetch_all(&opened.pool).await.unwrap());
     for (first, last) in [
-        sqlx::query_as::<_, (i64, i64)>(TIMES).fetch_one(sqlite.sqlite_writer().unwrap()).await.unwrap(),
+        sql::query_as::<(i64, i64)>(TIMES).fetch_one(readers).await.unwrap(),
         sqlx::query_as::<_, (i64, i64)>(TIMES).fetch_one(&opened.pool).await.unwrap(),
     ] {
         assert!(before <= first && last <= after, "transitions are stamped in Unix ms: {first}..{last}");
@@ -447,8 +444,8 @@ async fn two_transactions_moving_jobs_of_one_sweep_neither_wait_nor_deadlock() {
 
 #[tokio::test]
 async fn a_statement_with_numbered_parameters_is_one_text_for_both_backends() {
-    // The port's premise (ARCHITECTURE.md, "A second backend, begun"): sqlx binds `$N` by its
-    // number on SQLite as on PostgreSQL, whatever order and however often they appear.
+    // The port's premise (decision 0056): `db::sql` binds `$N` by its number on SQLite as sqlx
+    // does on PostgreSQL, whatever order and however often they appear.
     let pg = PgServer::start();
     let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     let directory = tempfile::tempdir().unwrap();
@@ -456,9 +453,9 @@ async fn a_statement_with_numbered_parameters_is_one_text_for_both_backends() {
     let sql = "INSERT INTO sweeps (name, form, source, job_count, created_at)
                VALUES ($2, 'native', $2 || '.yaml', $1, $1 * 1000) RETURNING id, name, source, job_count, created_at";
     type Row = (i64, String, String, i64, i64);
-    let on_sqlite: Row =
-        sqlx::query_as(sql).bind(3i64).bind("s").fetch_one(sqlite.sqlite_writer().unwrap()).await.unwrap();
-    let on_postgres: Row = sqlx::query_as(sql).bind(3i64).bind("s").fetch_one(&opened.pool).await.unwrap();
+    let mut conn = sqlite.sqlite_connection().unwrap().unwrap();
+    let on_sqlite: Row = sql::query_as(sql).bind(3i64).bind("s").fetch_one(&mut conn).await.unwrap();
+    let on_postgres: Row = sql::query_as(sql).bind(3i64).bind("s").fetch_one(&opened.pool).await.unwrap();
     assert_eq!(on_sqlite, (1, "s".to_string(), "s.yaml".to_string(), 3, 3000));
     assert_eq!(on_postgres, on_sqlite);
     sqlite.close().await;
@@ -473,8 +470,8 @@ const QUEUED: &str = "
     INSERT INTO workers (name, capacity, registered_at, last_seen_at) VALUES ('a', '{}', 0, 0), ('b', '{}', 0, 0);
 ";
 
-fn plain(worker: i64, slots: u32) -> server::db::plain_claims::PlainClaim {
-    server::db::plain_claims::PlainClaim {
+fn plain(worker: i64, slots: u32) -> server::db::claims::PlainClaim {
+    server::db::claims::PlainClaim {
         worker_id: shared::api::WorkerId::new(worker),
         slots,
         trainer: false,
@@ -488,17 +485,17 @@ async fn a_plain_claim_takes_its_slots_in_dispatch_order_and_two_at_once_never_t
     let pg = PgServer::start();
     let opened = postgres::open(&pg.url, 30_000).await.unwrap();
     sqlx::raw_sql(QUEUED).execute(&opened.pool).await.unwrap();
-    let ids = |rows: &[server::db::plain_claims::ClaimedRow]| rows.iter().map(|row| row.id.get()).collect::<Vec<_>>();
+    let ids = |rows: &[server::db::claims::ClaimedRow]| rows.iter().map(|row| row.id.get()).collect::<Vec<_>>();
     // One transaction holds the job it claimed while another claims: the second skips it
     // (SKIP LOCKED), takes the next in dispatch order and commits without waiting for the first
     // (the counts are moves, not rows both would lock).
     let mut first = opened.pool.begin().await.unwrap();
-    let claimed = server::db::plain_claims::claim(&mut *first, plain(1, 1)).await.unwrap();
+    let claimed = server::db::claims::claim(&mut *first, plain(1, 1)).await.unwrap();
     assert_eq!(ids(&claimed), [2], "one slot, the job of the highest priority");
     let pool = opened.pool.clone();
     let second = tokio::spawn(async move {
         let mut second = pool.begin().await.unwrap();
-        let rows = server::db::plain_claims::claim(&mut *second, plain(2, 1)).await.unwrap();
+        let rows = server::db::claims::claim(&mut *second, plain(2, 1)).await.unwrap();
         second.commit().await.unwrap();
         rows
     });
@@ -508,7 +505,7 @@ async fn a_plain_claim_takes_its_slots_in_dispatch_order_and_two_at_once_never_t
         .unwrap();
     assert_eq!(ids(&other), [1], "the next job, not the one the first claim held");
     first.commit().await.unwrap();
-    let rest = server::db::plain_claims::claim(&mut *opened.pool.acquire().await.unwrap(), plain(1, 5)).await.unwrap();
+    let rest = server::db::claims::claim(&mut *opened.pool.acquire().await.unwrap(), plain(1, 5)).await.unwrap();
     assert_eq!(ids(&rest), [3], "what is left, and no more");
     let running: Vec<(i64, i64)> =
         sqlx::query_as("SELECT id, worker_id FROM jobs WHERE status = 'running' ORDER BY id")
@@ -942,8 +939,11 @@ async fn the_one_statement_group_has_a_generic_plan_that_never_scans_every_job()
     .execute(&opened.pool)
     .await
     .unwrap();
-    let mut lane = server::db::bulk::open_lane(&opened.pool).await.unwrap();
-    sqlx::raw_sql(&format!("PREPARE at_once AS {}", server::db::bulk::at_once_sql())).execute(&mut lane).await.unwrap();
+    let mut lane = server::db::postgres::steps::open_lane(&opened.pool).await.unwrap();
+    sqlx::raw_sql(&format!("PREPARE at_once AS {}", server::db::postgres::steps::at_once_sql()))
+        .execute(&mut lane)
+        .await
+        .unwrap();
     let nulls = vec!["NULL"; 27].join(", ");
     let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN (COSTS OFF) EXECUTE at_once({nulls})"))
         .fetch_all(&mut lane)
@@ -960,7 +960,7 @@ async fn the_one_statement_group_has_a_generic_plan_that_never_scans_every_job()
 
 /// A group of three finishes, as one statement (`at_once`) or as several in a transaction.
 async fn bulk_finishes(at_once: bool) {
-    use server::db::bulk::Step;
+    use server::db::claims::Step;
     use shared::api::{JobId, SweepId, WorkerId};
     use shared::job::{Finish, JobStatus};
     let pg = PgServer::start();
@@ -1010,20 +1010,20 @@ async fn bulk_finishes(at_once: bool) {
     // is not running at all.
     let steps = [step(1), step(2), step(3)];
     let steps: Vec<&Step> = steps.iter().collect();
-    assert!(server::db::bulk::fits_one_statement(&steps), "the claims all ask without the trainer");
+    assert!(server::db::postgres::steps::fits_one_statement(&steps), "the claims all ask without the trainer");
     let mut with_trainer = step(9);
-    with_trainer.claim = Some(server::db::plain_claims::PlainClaim { trainer: true, ..plain(1, 1) });
+    with_trainer.claim = Some(server::db::claims::PlainClaim { trainer: true, ..plain(1, 1) });
     let mixed = [steps[0], &with_trainer];
-    assert!(!server::db::bulk::fits_one_statement(&mixed), "a claim with the trainer and one without");
+    assert!(!server::db::postgres::steps::fits_one_statement(&mixed), "a claim with the trainer and one without");
     let done = match at_once {
         true => {
             // On the writer's lane: planned generic, as the writer runs it.
-            let mut conn = server::db::bulk::open_lane(&opened.pool).await.unwrap();
-            server::db::bulk::finish_and_claim_at_once(&mut conn, &steps).await.unwrap()
+            let mut conn = server::db::postgres::steps::open_lane(&opened.pool).await.unwrap();
+            server::db::postgres::steps::finish_and_claim_at_once(&mut conn, &steps).await.unwrap()
         }
         false => {
             let mut conn = opened.pool.begin().await.unwrap();
-            let done = server::db::bulk::finish_and_claim(&mut conn, &steps).await.unwrap();
+            let done = server::db::postgres::steps::finish_and_claim(&mut conn, &steps).await.unwrap();
             conn.commit().await.unwrap();
             done
         }

@@ -1,38 +1,21 @@
-//! PostgreSQL's bare finishes of a whole write group, with their workers' next claims, as set
-//! statements: one UPDATE for every finish, one INSERT for their result records, one claim
-//! for every worker that asked (per trainer flag). SQLite runs a finish and its claim as one
-//! query string per unit on the writer's own connection (`db::fast`); here every statement is a
-//! network round trip and a transaction's locks are held until its COMMIT, so a group of 64
-//! finishes costs five round trips instead of some 700, and holds its sweep's count rows for
-//! as long. Each statement keeps the guard of its one-row twin: a finish applies only to the
-//! attempt as its unit saw it (`jobs::FINISH_SQL`), a record is stored only with its finish
-//! and only while the attempt has no metric summaries (`plain_claims::step_sql`), a claim takes
-//! queued jobs that need no GPU in dispatch order, skipping those another transaction holds
-//! (`plain_claims::postgres_claim_sql`).
+//! PostgreSQL's owner of the hot path: a write group's bare finishes, with their workers' next
+//! claims (`db::claims::Step`), as set statements: one UPDATE for every finish, one INSERT for
+//! their result records, one claim for every worker that asked (per trainer flag). Here every
+//! statement is a network round trip and a transaction's locks are held until its COMMIT, so a
+//! group of 64 finishes costs five round trips instead of some 700, and holds its sweep's count
+//! rows for as long. Each statement keeps the guard of its one-row twin: a finish applies only
+//! to the attempt as its unit saw it (`jobs::finish`), a record is stored only with its finish
+//! and only while the attempt has no metric summaries, a claim takes queued jobs that need no
+//! GPU in dispatch order, skipping those another transaction holds (`claims::claim`).
 
-use super::jobs::JobState;
-use super::plain_claims::{ClaimedRow, Finished, PlainClaim, CLAIMED_COLUMNS};
-use super::results::VersionColumns;
-use shared::api::{ResultVersion, WorkerId};
-use shared::job::Finish;
+use crate::db::claims::{plain_jobs, ClaimedRow, Finished, PlainClaim, Step, CLAIMED_COLUMNS, DISPATCH_ORDER};
+use crate::db::results::VersionColumns;
+use shared::api::ResultVersion;
 use sqlx::{PgConnection, Row};
 use std::collections::{HashMap, HashSet};
 
-/// One bare finish of a group, decided on `seen`.
-#[derive(Debug, Clone)]
-pub struct Step {
-    pub seen: JobState,
-    pub worker_id: WorkerId,
-    pub decision: Finish,
-    pub now: i64,
-    /// A result version without files, stored only if the finish applies (and, since it was
-    /// made without metric summaries, the finish applies only while the attempt has none).
-    pub version: Option<ResultVersion>,
-    /// The worker's next claim, made only if the finish applies.
-    pub claim: Option<PlainClaim>,
-}
-
-/// The finish's rows are found by id alone: the rest of the guard is one comparison of the
+/// The finishes, one row each of the arrays `$1`-`$12`, returning the ids of those that applied
+/// (`finished_id`). The finish's rows are found by id alone: the rest of the guard is one comparison of the
 /// row with what its unit saw (`IS NOT DISTINCT FROM`, which is `=` here: the finish's
 /// values are never NULL), which no index serves. Written as separate equalities, the planner
 /// (on statistics taken when nothing ran) found jobs by `worker_id` or through the partial
@@ -53,7 +36,7 @@ const FINISH_SQL: &str = "UPDATE jobs SET status = f.status, retries_left = f.re
           IS NOT DISTINCT FROM ('running', f.attempt, f.worker, f.seen_retries, f.seen_cancel)
       AND NOT (f.unless_metrics
                AND EXISTS (SELECT 1 FROM job_metric_summaries m WHERE m.job_id = f.id AND m.attempt = f.attempt))
-    RETURNING jobs.id";
+    RETURNING jobs.id AS finished_id";
 
 const VERSIONS_SQL: &str = "INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at)
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
@@ -121,7 +104,7 @@ pub fn at_once_sql() -> &'static str {
              SELECT (SELECT array_agg(finished_id) FROM finished) AS finished_ids,
                     (SELECT array_agg(stored_id) FROM stored) AS stored_ids, claimed.*
              FROM (VALUES (1)) AS one (x) LEFT JOIN claimed ON true",
-            finish = FINISH_SQL.replace("RETURNING jobs.id", "RETURNING jobs.id AS finished_id"),
+            finish = FINISH_SQL,
             pick = pick_sql("$26", "$27", &columns)
         )
     })
@@ -131,22 +114,20 @@ pub fn at_once_sql() -> &'static str {
 fn pick_sql(trainer: &str, total: &str, columns: &[String]) -> String {
     format!(
         "picked AS MATERIALIZED (
-             SELECT id AS picked_id, priority AS picked_priority FROM jobs
-             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= 0) AND (gpu_memory IS NULL OR gpu_memory <= 0)
-               AND (needs_trainer = 0 OR {trainer})
-             ORDER BY priority DESC, id LIMIT {total} FOR UPDATE SKIP LOCKED
+             SELECT id, priority FROM jobs WHERE {jobs}
+             ORDER BY {DISPATCH_ORDER} LIMIT {total} FOR UPDATE SKIP LOCKED
          ), ranked AS MATERIALIZED (
-             SELECT picked_id, row_number() OVER (ORDER BY picked_priority DESC, picked_id) AS picked_rank
-             FROM picked
+             SELECT id AS picked_id, row_number() OVER (ORDER BY {DISPATCH_ORDER}) AS picked_rank FROM picked
          ), claimed AS (
              UPDATE jobs SET status = 'running', attempt = jobs.attempt + 1, worker_id = slots.ask_worker,
                     gpu_ids = '[]', lease_expires_at = slots.ask_lease, started_at = slots.ask_now, finished_at = NULL,
                     exit_code = NULL, reason = NULL, cancel_requested = 0
              FROM ranked JOIN slots ON slots.slot_rank = ranked.picked_rank
-             WHERE jobs.id = ranked.picked_id AND jobs.id = ANY(ARRAY(SELECT picked_id FROM picked))
-             RETURNING slots.asker, {}
+             WHERE jobs.id = ranked.picked_id AND jobs.id = ANY(ARRAY(SELECT id FROM picked))
+             RETURNING slots.asker, {columns}
          )",
-        columns.join(", ")
+        jobs = plain_jobs(trainer),
+        columns = columns.join(", ")
     )
 }
 
@@ -271,7 +252,8 @@ pub async fn finish_and_claim(conn: &mut PgConnection, steps: &[&Step]) -> anyho
         return Ok(done);
     }
     let rows = bind_finishes(sqlx::query(FINISH_SQL), steps).fetch_all(&mut *conn).await?;
-    let applied: HashSet<i64> = rows.iter().map(|row| row.try_get::<i64, _>(0)).collect::<Result<_, _>>()?;
+    let applied: HashSet<i64> =
+        rows.iter().map(|row| row.try_get::<i64, _>("finished_id")).collect::<Result<_, _>>()?;
     for (step, done) in steps.iter().zip(done.iter_mut()) {
         done.applied = applied.contains(&step.seen.id.get());
     }

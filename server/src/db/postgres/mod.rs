@@ -8,6 +8,8 @@
 //! the reaper ([`Leadership`]). The queue's statements are in the other `db` modules, for both
 //! backends.
 
+pub mod steps;
+
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
