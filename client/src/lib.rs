@@ -5,9 +5,16 @@
 //! retrying (the server is unreachable or failed: [`ClientError::is_retryable`]) from what
 //! the server refused (4xx, with its message). One client may be given several servers,
 //! replicas of one queue, and fails over between them (`servers`).
+//!
+//! This file is the transport (requests, failover, answers and their errors); the endpoints are
+//! methods in one module per resource, as the server's `routes/` are: `sweeps`, `jobs`,
+//! `workers`, `code`.
 
 mod code;
+mod jobs;
 mod servers;
+mod sweeps;
+mod workers;
 
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -369,199 +376,6 @@ impl Client {
         self.send(Method::POST, path, Some(worker), |builder| builder.json(body)).await
     }
 
-    pub async fn health(&self) -> ClientResult<Health> {
-        self.get("/api/health").await
-    }
-
-    /// Submits a sweep file (or, with `query.dry_run`, only validates and counts it).
-    pub async fn submit(&self, yaml: &str, query: &SubmitQuery) -> ClientResult<SubmitResponse> {
-        self.send(Method::POST, "/api/sweeps", None, |builder| {
-            builder.query(query).header(reqwest::header::CONTENT_TYPE, "application/yaml").body(yaml.to_string())
-        })
-        .await
-    }
-
-    pub async fn sweeps(&self) -> ClientResult<Vec<SweepInfo>> {
-        self.get("/api/sweeps").await
-    }
-
-    /// A sweep by id or name.
-    pub async fn sweep(&self, key: &str) -> ClientResult<SweepDetail> {
-        self.get(&format!("/api/sweeps/{}", encode(key))).await
-    }
-
-    pub async fn cancel_sweep(&self, key: &str) -> ClientResult<CancelResponse> {
-        self.post(&format!("/api/sweeps/{}/cancel", encode(key)), &()).await
-    }
-
-    pub async fn jobs(&self, query: &JobQuery) -> ClientResult<JobPage> {
-        self.send(Method::GET, "/api/jobs", None, |builder| builder.query(query)).await
-    }
-
-    pub async fn job(&self, id: JobId) -> ClientResult<Job> {
-        self.get(&format!("/api/jobs/{id}")).await
-    }
-
-    pub async fn job_events(&self, id: JobId) -> ClientResult<Vec<JobEvent>> {
-        self.get(&format!("/api/jobs/{id}/events")).await
-    }
-
-    pub async fn job_attempts(&self, id: JobId) -> ClientResult<Vec<AttemptInfo>> {
-        self.get(&format!("/api/jobs/{id}/attempts")).await
-    }
-
-    pub async fn cancel_jobs(&self, ids: &[JobId]) -> ClientResult<BulkCancelResponse> {
-        self.post("/api/jobs/cancel", &BulkCancelRequest { ids: ids.to_vec() }).await
-    }
-
-    pub async fn overview(&self) -> ClientResult<Overview> {
-        self.get("/api/overview").await
-    }
-
-    pub async fn cancel_job(&self, id: JobId) -> ClientResult<CancelResponse> {
-        self.post(&format!("/api/jobs/{id}/cancel"), &()).await
-    }
-
-    pub async fn retry_job(&self, id: JobId) -> ClientResult<Job> {
-        self.post(&format!("/api/jobs/{id}/retry"), &()).await
-    }
-
-    pub async fn set_priority(&self, id: JobId, priority: i64) -> ClientResult<Job> {
-        self.post(&format!("/api/jobs/{id}/priority"), &PriorityRequest { priority }).await
-    }
-
-    /// Registers a worker. Its session is remembered by this client (see `registered`).
-    pub async fn register(&self, request: &RegisterRequest) -> ClientResult<RegisterResponse> {
-        let response: RegisterResponse = self.post("/api/workers", request).await?;
-        self.remember_session(&response)?;
-        Ok(response)
-    }
-
-    /// Speaks for the worker of `response` from now on (when no session was set explicitly):
-    /// for a registration made through another client, e.g. before a server restart.
-    pub fn remember_session(&self, response: &RegisterResponse) -> ClientResult<()> {
-        let session = self.session_of(response)?;
-        if let Ok(mut registered) = self.registered.lock() {
-            registered.insert(response.worker_id, Arc::new(session));
-        }
-        Ok(())
-    }
-
-    pub async fn workers(&self) -> ClientResult<Vec<WorkerInfo>> {
-        self.get("/api/workers").await
-    }
-
-    /// Asks for work; the server answers at once when something fits, otherwise waits up to
-    /// `request.wait_ms` for a job to arrive.
-    pub async fn claim(&self, worker: WorkerId, request: &ClaimRequest) -> ClientResult<ClaimResponse> {
-        let timeout = self.lease_timeout + Duration::from_millis(request.wait_ms);
-        let path = format!("/api/workers/{worker}/claim");
-        self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
-    }
-
-    pub async fn heartbeat(&self, worker: WorkerId, request: &HeartbeatRequest) -> ClientResult<HeartbeatResponse> {
-        let path = format!("/api/workers/{worker}/heartbeat");
-        let timeout = self.lease_timeout;
-        self.send(Method::POST, &path, Some(worker), |builder| builder.timeout(timeout).json(request)).await
-    }
-
-    /// Ends an attempt in one request (log tail, metrics, result, outcome) and, when the
-    /// request asks, claims the next jobs. A 409 means the attempt is stale: nothing was applied.
-    /// Fenced by its attempt, it goes on to the next server when one does not answer.
-    pub async fn finish(&self, worker: WorkerId, request: &FinishRequest) -> ClientResult<FinishResponse> {
-        let wait = request.claim.as_ref().map_or(0, |claim| claim.wait_ms);
-        // And the time its body takes to send on a slow link (a megabyte of inline outputs and
-        // log at 128 KiB/s is 8 s more).
-        let bytes = serde_json::to_vec(request).map_or(0, |body| body.len() as u64);
-        let sending = Duration::from_millis(bytes * 1000 / SLOWEST_LINK_BYTES_PER_SECOND);
-        let timeout = self.lease_timeout + Duration::from_millis(wait) + sending;
-        let path = format!("/api/workers/{worker}/finish");
-        self.send_replaying(Method::POST, &path, Some(worker), Replay::Fenced, |builder| {
-            builder.timeout(timeout).json(request)
-        })
-        .await
-    }
-
-    /// Tells the server this worker takes no more jobs: its parked claim returns at once.
-    pub async fn drain(&self, worker: WorkerId) -> ClientResult<serde_json::Value> {
-        self.worker_post(worker, &format!("/api/workers/{worker}/drain"), &serde_json::json!({})).await
-    }
-
-    /// Tells the server this worker stopped cleanly: it shows as `left`, not `lost`.
-    pub async fn leave(&self, worker: WorkerId) -> ClientResult<serde_json::Value> {
-        self.worker_post(worker, &format!("/api/workers/{worker}/leave"), &serde_json::json!({})).await
-    }
-
-    /// Reports how an attempt ended. A 409 means the attempt is stale (the lease was lost and
-    /// the job requeued): the report changed nothing and should be dropped.
-    pub async fn report(&self, job: JobId, request: &ReportRequest) -> ClientResult<ReportResponse> {
-        self.worker_post(request.worker_id, &format!("/api/jobs/{job}/report"), request).await
-    }
-}
-
-impl Client {
-    /// Appends log bytes of an attempt at `append.offset` (a retried append is recognised).
-    pub async fn append_log(&self, job: JobId, append: &LogAppend, bytes: Vec<u8>) -> ClientResult<LogAck> {
-        let path = format!("/api/jobs/{job}/log");
-        // A copy per try: only a failover sends it twice.
-        self.send(Method::POST, &path, Some(append.worker_id), |builder| {
-            builder.query(append).header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(bytes.clone())
-        })
-        .await
-    }
-
-    /// Reads an attempt's log from an offset, waiting up to `query.wait_ms` for new bytes.
-    pub async fn log(&self, job: JobId, query: &LogQuery) -> ClientResult<LogChunk> {
-        let timeout = self.timeout + Duration::from_millis(query.wait_ms);
-        let path = format!("/api/jobs/{job}/log");
-        self.send(Method::GET, &path, None, |builder| builder.timeout(timeout).query(query)).await
-    }
-
-    pub async fn send_metrics(&self, job: JobId, batch: &MetricsBatch) -> ClientResult<MetricsAck> {
-        self.worker_post(batch.worker_id, &format!("/api/jobs/{job}/metrics"), batch).await
-    }
-
-    pub async fn metrics(&self, job: JobId) -> ClientResult<Vec<MetricSeries>> {
-        self.get(&format!("/api/jobs/{job}/metrics")).await
-    }
-
-    /// Streams one output file of an attempt to the server, which hashes it as it arrives.
-    pub async fn upload_file(
-        &self,
-        job: JobId,
-        attempt: u32,
-        path: &str,
-        worker_id: WorkerId,
-        file: tokio::fs::File,
-    ) -> ClientResult<ManifestEntry> {
-        let route = format!("/api/jobs/{job}/attempts/{attempt}/files/{}", encode_path(path));
-        self.upload(Method::PUT, &route, Some(worker_id), file, |builder| builder.query(&FileUploadQuery { worker_id }))
-            .await
-    }
-
-    /// Seals the uploaded files of an attempt as its immutable result version.
-    pub async fn seal_result(&self, job: JobId, attempt: u32, upload: &ResultUpload) -> ClientResult<ResultVersion> {
-        self.worker_post(upload.worker_id, &format!("/api/jobs/{job}/attempts/{attempt}/result"), upload).await
-    }
-
-    /// Every stored result version of a job, oldest first.
-    pub async fn results(&self, job: JobId) -> ClientResult<Vec<ResultVersion>> {
-        self.get(&format!("/api/jobs/{job}/results")).await
-    }
-
-    /// Downloads one result file to `destination`, streaming.
-    pub async fn download_file(
-        &self,
-        job: JobId,
-        attempt: u32,
-        path: &str,
-        destination: &std::path::Path,
-    ) -> ClientResult<u64> {
-        let route = format!("/api/jobs/{job}/results/{attempt}/files/{}", encode_path(path));
-        let (url, response) = self.open_download(&route, None, |builder| builder).await?;
-        save(url, response, destination).await
-    }
-
     /// Sends a GET for a file (streamed, long timeout); the response once the server said yes.
     async fn open_download(
         &self,
@@ -606,52 +420,35 @@ impl Client {
             .await?;
         decode(url, response).await
     }
+}
 
-    /// A sweep's leaderboard: parameters and metrics of each run, best first.
-    pub async fn summary(&self, sweep: &str, top: Option<u32>) -> ClientResult<SweepSummary> {
-        let path = format!("/api/sweeps/{}/summary", encode(sweep));
-        self.send(Method::GET, &path, None, |builder| builder.query(&SummaryQuery { top, format: None })).await
-    }
-
-    /// The same leaderboard as CSV text.
-    pub async fn summary_csv(&self, sweep: &str, top: Option<u32>) -> ClientResult<String> {
-        let query = SummaryQuery { top, format: Some("csv".into()) };
-        let path = format!("/api/sweeps/{}/summary", encode(sweep));
-        let (url, response) =
-            self.exchange(Method::GET, &path, None, Replay::ByMethod, |builder| builder.query(&query)).await?;
-        let status = response.status();
-        let text = response
-            .text()
+/// Streams a download's body into `destination`; a broken transfer leaves no file behind
+/// (half a file is worse than none: it would pass for the real one).
+async fn save(url: String, mut response: reqwest::Response, destination: &std::path::Path) -> ClientResult<u64> {
+    use tokio::io::AsyncWriteExt;
+    let local = |error: std::io::Error| ClientError::Rejected {
+        status: 0,
+        message: format!("writing {}: {error}", destination.display()),
+    };
+    let mut file = tokio::fs::File::create(destination).await.map_err(local)?;
+    let mut written = 0;
+    let copied: ClientResult<()> = async {
+        while let Some(chunk) = response
+            .chunk()
             .await
-            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?;
-        if status.is_success() {
-            return Ok(text);
+            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
+        {
+            file.write_all(&chunk).await.map_err(local)?;
+            written += chunk.len() as u64;
         }
-        Err(failure(url, status, &text))
+        file.flush().await.map_err(local)
     }
-
-    /// Recent GPU telemetry of a worker (by name), oldest first.
-    pub async fn telemetry(&self, worker: &str) -> ClientResult<Vec<GpuSample>> {
-        self.get(&format!("/api/workers/{}/telemetry", encode(worker))).await
+    .await;
+    if copied.is_err() {
+        drop(file);
+        let _ = tokio::fs::remove_file(destination).await;
     }
-
-    /// A sweep's leaderboard with the direction each of its metrics improves in.
-    pub async fn leaderboard(&self, sweep: &str, top: Option<u32>) -> ClientResult<Leaderboard> {
-        let path = format!("/api/sweeps/{}/summary", encode(sweep));
-        self.send(Method::GET, &path, None, |builder| builder.query(&SummaryQuery { top, format: None })).await
-    }
-
-    /// A sweep analysed by `query.metric` (default: its own): parameter importance, the best
-    /// result over time and when the sweep will finish.
-    pub async fn sweep_analysis(&self, sweep: &str, query: &AnalysisQuery) -> ClientResult<SweepAnalysis> {
-        let path = format!("/api/sweeps/{}/analysis", encode(sweep));
-        self.send(Method::GET, &path, None, |builder| builder.query(query)).await
-    }
-
-    /// The readings of the GPUs an attempt of a job held (default: its latest), while it held them.
-    pub async fn job_gpu(&self, job: JobId, query: &JobGpuQuery) -> ClientResult<JobGpuUsage> {
-        self.send(Method::GET, &format!("/api/jobs/{job}/gpu"), None, |builder| builder.query(query)).await
-    }
+    copied.map(|()| written)
 }
 
 /// An answer's JSON body as `T`, or the refusal it carries.
@@ -719,55 +516,6 @@ fn describe(error: &reqwest::Error) -> String {
         text = last;
     }
     text
-}
-
-/// Queue maintenance: bulk retries and removing a finished sweep.
-impl Client {
-    /// Queues the listed failed or cancelled jobs again (at most 1,000 ids); the others are
-    /// named in `skipped`.
-    pub async fn retry_jobs(&self, ids: &[JobId]) -> ClientResult<RetryResponse> {
-        self.post("/api/jobs/retry", &BulkRetryRequest { ids: ids.to_vec() }).await
-    }
-
-    /// Queues every failed job of a sweep (by id or name) again.
-    pub async fn retry_sweep(&self, key: &str) -> ClientResult<RetryResponse> {
-        self.post(&format!("/api/sweeps/{}/retry", encode(key)), &()).await
-    }
-
-    /// Removes a sweep none of whose jobs is queued or running, with its jobs' records and
-    /// result files (409 while jobs are queued or running).
-    pub async fn delete_sweep(&self, key: &str) -> ClientResult<SweepRemoved> {
-        self.send(Method::DELETE, &format!("/api/sweeps/{}", encode(key)), None, |builder| builder).await
-    }
-}
-
-/// Streams a download's body into `destination`; a broken transfer leaves no file behind
-/// (half a file is worse than none: it would pass for the real one).
-async fn save(url: String, mut response: reqwest::Response, destination: &std::path::Path) -> ClientResult<u64> {
-    use tokio::io::AsyncWriteExt;
-    let local = |error: std::io::Error| ClientError::Rejected {
-        status: 0,
-        message: format!("writing {}: {error}", destination.display()),
-    };
-    let mut file = tokio::fs::File::create(destination).await.map_err(local)?;
-    let mut written = 0;
-    let copied: ClientResult<()> = async {
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|error| ClientError::Unreachable { url: url.clone(), reason: describe(&error) })?
-        {
-            file.write_all(&chunk).await.map_err(local)?;
-            written += chunk.len() as u64;
-        }
-        file.flush().await.map_err(local)
-    }
-    .await;
-    if copied.is_err() {
-        drop(file);
-        let _ = tokio::fs::remove_file(destination).await;
-    }
-    copied.map(|()| written)
 }
 
 #[cfg(test)]
