@@ -38,7 +38,7 @@ async fn probe_child() -> anyhow::Result<Capabilities> {
     let mut command = tokio::process::Command::new(exe);
     command.arg("probe-trainer").stdin(std::process::Stdio::null()).kill_on_drop(true);
     // Not the worker's credentials (see worker::hardening).
-    command.env_clear().envs(worker::executor::inherited_environment());
+    command.env_clear().envs(worker::job_env::inherited_environment());
     let output = tokio::time::timeout(PROBE_TIMEOUT, command.output())
         .await
         .map_err(|_| anyhow::anyhow!("`app probe-trainer` took longer than {PROBE_TIMEOUT:?}"))??;

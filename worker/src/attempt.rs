@@ -5,9 +5,10 @@
 //! streamed first) and the outcome, retried while the server is unreachable.
 
 use crate::accounting::Accounted;
+use crate::attempt_dirs::AttemptDirs;
 use crate::checkpoints::{self, CheckpointSync};
 use crate::config::WorkerConfig;
-use crate::executor::{self, AttemptDirs, Ended, Launch, Stop};
+use crate::executor::{self, Ended, Launch, Stop};
 use crate::guard::Guard;
 use crate::results::{self, OutputFile};
 use crate::shipper::{append_local, ShipError, Shipper};
@@ -162,15 +163,15 @@ pub async fn run(
     let ended = match prepared {
         Err(reason) => Ended { outcome: Outcome::Error { reason }, notes: Vec::new() },
         Ok((log, prepared)) => {
-            let port = if indices.len() > 1 { executor::free_port() } else { None };
-            let mut env = executor::environment(&job, &dirs, &indices, port);
+            let port = if indices.len() > 1 { crate::job_env::free_port() } else { None };
+            let mut env = crate::job_env::environment(&job, &dirs, &indices, port);
             env.push(context.containment.variable());
             // First, so that whatever the job's own environment sets later wins.
             if let Some(threads) = context.cpu_threads.filter(|_| indices.is_empty()) {
                 env.insert(0, ("OMP_NUM_THREADS".to_string(), threads.to_string()));
             }
             let own = std::env::current_exe().ok();
-            env.extend(own.and_then(|exe| executor::path_with(&exe, std::env::var_os("PATH").as_deref())));
+            env.extend(own.and_then(|exe| crate::job_env::path_with(&exe, std::env::var_os("PATH").as_deref())));
             env.extend(prepared.env);
             let written = Arc::new(Notify::new());
             let timeout = job.timeout_secs.map(Duration::from_secs);

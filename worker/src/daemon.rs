@@ -181,7 +181,7 @@ pub async fn run(
         guard: Arc::new(guard),
         containment: Arc::new(containment),
         run_as,
-        inherited: Arc::new(crate::executor::inherited_environment()),
+        inherited: Arc::new(crate::job_env::inherited_environment()),
         slots: Arc::default(),
         code: Arc::new(crate::code::CodeCache::new(&config_work_dir, config_code_cache, copier)),
         draining: false,

@@ -72,7 +72,7 @@ impl Guard {
             .arg(work_dir.map(|dir| dir.as_os_str()).unwrap_or_default())
             // Not the worker's credentials: jobs can read a same-user process's environment.
             .env_clear()
-            .envs(crate::executor::inherited_environment())
+            .envs(crate::job_env::inherited_environment())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,6 +1,6 @@
 //! What keeps the worker's credentials (its token; the server's tokens too in `app` alone)
 //! out of reach of the jobs it runs as its own user: its environment, command line and memory
-//! under `/proc/<pid>/`. Jobs never inherit them (`executor::inherited_environment`), but
+//! under `/proc/<pid>/`. Jobs never inherit them (`job_env::inherited_environment`), but
 //! `/proc/$PPID/environ` printed them into a job's log, which every user can read.
 //!
 //! - The process is made non-dumpable (`PR_SET_DUMPABLE` 0): `/proc/<pid>/environ`, `mem`,

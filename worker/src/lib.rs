@@ -8,6 +8,7 @@
 
 pub mod accounting;
 mod attempt;
+pub mod attempt_dirs;
 mod checkpoints;
 pub mod code;
 pub mod code_copy;
@@ -20,6 +21,7 @@ pub mod guard;
 pub mod hardening;
 mod identity;
 pub mod inventory;
+pub mod job_env;
 mod job_processes;
 mod launch;
 pub mod reservations;

@@ -168,7 +168,7 @@ pub async fn git_commit(dir: &Path) -> Option<String> {
         .args(["rev-parse", "HEAD"])
         // Not the worker's credentials: a job may read a same-user process's environment.
         .env_clear()
-        .envs(crate::executor::inherited_environment())
+        .envs(crate::job_env::inherited_environment())
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .output()

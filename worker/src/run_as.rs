@@ -12,7 +12,7 @@
 //! user can write (outputs, checkpoints) it reads with the user's file identity
 //! ([`with_file_identity`]): a link to a file the user may not read is refused to the worker too.
 
-use crate::executor::AttemptDirs;
+use crate::attempt_dirs::AttemptDirs;
 use nix::unistd::{Gid, Uid, User};
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@
 //! `env:` variables, set after the worker's own.
 
 use crate::attempt::AttemptContext;
-use crate::executor::AttemptDirs;
+use crate::attempt_dirs::AttemptDirs;
 use crate::shipper::append_local;
 use shared::api::{ClaimedJob, JobAttempt};
 use std::path::PathBuf;
