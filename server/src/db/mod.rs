@@ -18,6 +18,7 @@ pub mod claims;
 pub mod code;
 pub mod events;
 pub mod gpu;
+pub mod job_pages;
 pub mod jobs;
 pub mod logs;
 pub mod maintenance;

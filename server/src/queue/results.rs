@@ -125,7 +125,8 @@ impl Queue {
         if db::results::exists(self.reader(), id, attempt).await? {
             return Err(already_stored(id, attempt));
         }
-        let job = db::jobs::get(self.reader(), id).await?.ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+        let job =
+            db::job_pages::get(self.reader(), id).await?.ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
         let relative = Layout::version_path(&job.sweep, job.index, attempt);
         // Sweep names are checked at submission; this keeps a bad row from ever leaving results/.
         storage::check_relative_path(&relative).map_err(|why| anyhow::anyhow!("result path of job {id}: {why}"))?;

@@ -36,11 +36,11 @@ impl Queue {
         }
         if let [only] = queued.as_slice() {
             let job = &mut jobs[*only];
-            let position = db::jobs::queue_position(self.reader(), job.id, job.priority).await?;
+            let position = db::job_pages::queue_position(self.reader(), job.id, job.priority).await?;
             job.waiting.get_or_insert_with(Waiting::default).position = Some(position);
         } else if positions {
             let ids: Vec<_> = queued.iter().map(|at| jobs[*at].id).collect();
-            for (id, position) in db::jobs::queue_positions(self.reader(), &ids).await? {
+            for (id, position) in db::job_pages::queue_positions(self.reader(), &ids).await? {
                 if let Some(job) = jobs.iter_mut().find(|job| job.id == id) {
                     job.waiting.get_or_insert_with(Waiting::default).position = Some(position);
                 }

@@ -86,7 +86,7 @@ async fn job_gpu(
     ApiQuery(query): ApiQuery<JobGpuQuery>,
 ) -> ApiResult<Json<JobGpuUsage>> {
     let reader = state.queue.reader();
-    let job = db::jobs::get(reader, id).await?.ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
+    let job = db::job_pages::get(reader, id).await?.ok_or_else(|| ApiError::NotFound(format!("no job {id}")))?;
     let attempts = shared::history::attempts(&db::events::list(reader, id).await?);
     let attempt = match query.attempt {
         Some(number) => attempts.iter().rev().find(|attempt| attempt.attempt == number),

@@ -2,7 +2,7 @@
 //! worker's report of a finished attempt.
 
 use super::session_worker::SessionWorker;
-use crate::db::{self, jobs::JobFilter};
+use crate::db::{self, job_pages::JobFilter};
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::queue::Queue;
 use crate::state::AppState;
@@ -44,16 +44,16 @@ async fn list(State(state): State<AppState>, ApiQuery(query): ApiQuery<JobQuery>
     let order = (query.sort.unwrap_or_default(), query.order.unwrap_or_default());
     // SQLite counts in signed 64 bits: an offset past that is past every row.
     let Ok(offset) = i64::try_from(query.offset.unwrap_or(0)) else {
-        let total = db::jobs::list(queue.reader(), &filter, order, 1, 0).await?.total;
+        let total = db::job_pages::list(queue.reader(), &filter, order, 1, 0).await?.total;
         return Ok(Json(JobPage { total, jobs: Vec::new() }));
     };
-    let mut page = db::jobs::list(queue.reader(), &filter, order, limit, offset as u64).await?;
+    let mut page = db::job_pages::list(queue.reader(), &filter, order, limit, offset as u64).await?;
     queue.explain_waiting(&mut page.jobs, query.positions).await?;
     Ok(Json(page))
 }
 
 async fn job(queue: &Queue, id: JobId) -> ApiResult<Job> {
-    db::jobs::get(queue.reader(), id).await?.ok_or_else(|| crate::queue::no_job(id))
+    db::job_pages::get(queue.reader(), id).await?.ok_or_else(|| crate::queue::no_job(id))
 }
 
 async fn show(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<Job>> {
