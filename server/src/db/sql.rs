@@ -14,6 +14,13 @@ use sqlx::{PgConnection, PgPool};
 use std::borrow::Cow;
 use std::sync::Arc;
 
+#[path = "sql_args.rs"]
+mod args;
+#[path = "sql_rows.rs"]
+mod rows;
+pub use args::{Arg, Encode, Kind};
+pub use rows::{DbRow, Decodable, FromRow, Row, SqliteRow};
+
 /// A database error of either driver, or of reading a row.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -36,132 +43,6 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// What an argument is when it is NULL: PostgreSQL types every parameter.
-#[derive(Debug, Clone, Copy)]
-pub enum Kind {
-    Int,
-    Real,
-    Bool,
-    Text,
-    Blob,
-}
-
-/// An argument, as bound.
-#[derive(Debug, Clone)]
-pub enum Arg<'q> {
-    Int(i64),
-    Real(f64),
-    Bool(bool),
-    Text(Cow<'q, str>),
-    Blob(Cow<'q, [u8]>),
-    Null(Kind),
-}
-
-/// A value that can be bound: integers (as 64-bit), floats, booleans, text, bytes and their
-/// `Option`s.
-pub trait Encode<'q> {
-    const KIND: Kind;
-    fn encode(self) -> Arg<'q>;
-}
-
-macro_rules! encode_int {
-    ($($ty:ty),*) => {$(
-        impl<'q> Encode<'q> for $ty {
-            const KIND: Kind = Kind::Int;
-            fn encode(self) -> Arg<'q> {
-                Arg::Int(i64::from(self))
-            }
-        }
-    )*};
-}
-encode_int!(i64, i32, u32, i16, u16, u8);
-
-impl<'q> Encode<'q> for f64 {
-    const KIND: Kind = Kind::Real;
-    fn encode(self) -> Arg<'q> {
-        Arg::Real(self)
-    }
-}
-
-impl<'q> Encode<'q> for bool {
-    const KIND: Kind = Kind::Bool;
-    fn encode(self) -> Arg<'q> {
-        Arg::Bool(self)
-    }
-}
-
-impl<'q> Encode<'q> for &'q str {
-    const KIND: Kind = Kind::Text;
-    fn encode(self) -> Arg<'q> {
-        Arg::Text(Cow::Borrowed(self))
-    }
-}
-
-impl<'q> Encode<'q> for &'q String {
-    const KIND: Kind = Kind::Text;
-    fn encode(self) -> Arg<'q> {
-        Arg::Text(Cow::Borrowed(self))
-    }
-}
-
-impl<'q> Encode<'q> for String {
-    const KIND: Kind = Kind::Text;
-    fn encode(self) -> Arg<'q> {
-        Arg::Text(Cow::Owned(self))
-    }
-}
-
-impl<'q> Encode<'q> for &'q [u8] {
-    const KIND: Kind = Kind::Blob;
-    fn encode(self) -> Arg<'q> {
-        Arg::Blob(Cow::Borrowed(self))
-    }
-}
-
-impl<'q> Encode<'q> for Vec<u8> {
-    const KIND: Kind = Kind::Blob;
-    fn encode(self) -> Arg<'q> {
-        Arg::Blob(Cow::Owned(self))
-    }
-}
-
-impl<'q, T: Encode<'q>> Encode<'q> for Option<T> {
-    const KIND: Kind = T::KIND;
-    fn encode(self) -> Arg<'q> {
-        match self {
-            Some(value) => value.encode(),
-            None => Arg::Null(T::KIND),
-        }
-    }
-}
-
-impl Arg<'_> {
-    fn into_owned(self) -> Arg<'static> {
-        match self {
-            Arg::Int(value) => Arg::Int(value),
-            Arg::Real(value) => Arg::Real(value),
-            Arg::Bool(value) => Arg::Bool(value),
-            Arg::Text(text) => Arg::Text(Cow::Owned(text.into_owned())),
-            Arg::Blob(bytes) => Arg::Blob(Cow::Owned(bytes.into_owned())),
-            Arg::Null(kind) => Arg::Null(kind),
-        }
-    }
-}
-
-impl rusqlite::ToSql for Arg<'_> {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        use rusqlite::types::{ToSqlOutput, Value, ValueRef};
-        Ok(match self {
-            Arg::Int(value) => ToSqlOutput::Owned(Value::Integer(*value)),
-            Arg::Real(value) => ToSqlOutput::Owned(Value::Real(*value)),
-            Arg::Bool(value) => ToSqlOutput::Owned(Value::Integer(i64::from(*value))),
-            Arg::Text(text) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
-            Arg::Blob(bytes) => ToSqlOutput::Borrowed(ValueRef::Blob(bytes)),
-            Arg::Null(_) => ToSqlOutput::Owned(Value::Null),
-        })
-    }
-}
 
 /// Where a statement runs: a connection or a pool of either engine.
 pub enum On<'e> {
@@ -491,123 +372,6 @@ impl<'q> Builder<'q> {
         Scalar { query: self.build(), row: std::marker::PhantomData }
     }
 }
-
-/// A row of SQLite's: the statement's column names and the row's values.
-#[derive(Debug, Clone)]
-pub struct SqliteRow {
-    columns: Arc<[String]>,
-    values: Vec<rusqlite::types::Value>,
-}
-
-/// A row of either engine.
-#[derive(Debug)]
-pub enum Row {
-    Sqlite(SqliteRow),
-    Postgres(PgRow),
-}
-
-/// A value both engines decode: what rusqlite reads from SQLite and sqlx from PostgreSQL
-/// (integers, floats, booleans, text, bytes, their `Option`s and PostgreSQL's arrays).
-pub trait Decodable:
-    rusqlite::types::FromSql + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>
-{
-}
-
-impl<T> Decodable for T where
-    T: rusqlite::types::FromSql + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>
-{
-}
-
-/// A row read by column name or position.
-///
-/// Columns are read the way both backends store them: SQLite's INTEGER is PostgreSQL's
-/// BIGINT, so unsigned counts and flags are stored as 64-bit integers and converted here
-/// (PostgreSQL has no unsigned types, and decodes no BIGINT as a bool).
-pub trait DbRow {
-    fn get_as<T: Decodable>(&self, column: &str) -> Result<T>;
-
-    fn u32_at(&self, column: &str) -> Result<u32> {
-        let value: i64 = self.get_as(column)?;
-        u32::try_from(value).map_err(|error| decode_error(column, error))
-    }
-
-    fn opt_u32_at(&self, column: &str) -> Result<Option<u32>> {
-        let value: Option<i64> = self.get_as(column)?;
-        value.map(u32::try_from).transpose().map_err(|error| decode_error(column, error))
-    }
-
-    fn flag_at(&self, column: &str) -> Result<bool> {
-        let value: i64 = self.get_as(column)?;
-        Ok(value != 0)
-    }
-
-    fn opt_flag_at(&self, column: &str) -> Result<Option<bool>> {
-        let value: Option<i64> = self.get_as(column)?;
-        Ok(value.map(|value| value != 0))
-    }
-}
-
-fn decode_error(column: impl std::fmt::Display, why: impl std::fmt::Display) -> Error {
-    Error::Decode { column: column.to_string(), why: why.to_string() }
-}
-
-impl SqliteRow {
-    fn value<T: rusqlite::types::FromSql>(&self, index: usize, column: &dyn std::fmt::Display) -> Result<T> {
-        let value = self.values.get(index).ok_or_else(|| decode_error(column, "no such column"))?;
-        T::column_result(value.into()).map_err(|why| decode_error(column, why))
-    }
-}
-
-impl Row {
-    /// The value of the column at `index` (from 0).
-    pub fn get_at<T: Decodable>(&self, index: usize) -> Result<T> {
-        match self {
-            Row::Sqlite(row) => row.value(index, &index),
-            Row::Postgres(row) => Ok(sqlx::Row::try_get(row, index)?),
-        }
-    }
-}
-
-impl DbRow for Row {
-    fn get_as<T: Decodable>(&self, column: &str) -> Result<T> {
-        match self {
-            Row::Sqlite(row) => match row.columns.iter().position(|name| name == column) {
-                Some(index) => row.value(index, &column),
-                None => Err(decode_error(column, "no such column")),
-            },
-            Row::Postgres(row) => Ok(sqlx::Row::try_get(row, column)?),
-        }
-    }
-}
-
-impl DbRow for PgRow {
-    fn get_as<T: Decodable>(&self, column: &str) -> Result<T> {
-        Ok(sqlx::Row::try_get(self, column)?)
-    }
-}
-
-/// A type read from a whole row.
-pub trait FromRow: Sized {
-    fn from_row(row: &Row) -> Result<Self>;
-}
-
-macro_rules! tuple_from_row {
-    ($($name:ident $index:tt),+) => {
-        impl<$($name: Decodable),+> FromRow for ($($name,)+) {
-            fn from_row(row: &Row) -> Result<Self> {
-                Ok(($(row.get_at::<$name>($index)?,)+))
-            }
-        }
-    };
-}
-tuple_from_row!(A 0);
-tuple_from_row!(A 0, B 1);
-tuple_from_row!(A 0, B 1, C 2);
-tuple_from_row!(A 0, B 1, C 2, D 3);
-tuple_from_row!(A 0, B 1, C 2, D 3, E 4);
-tuple_from_row!(A 0, B 1, C 2, D 3, E 4, F 5);
-tuple_from_row!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
-tuple_from_row!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
 
 #[cfg(test)]
 mod tests {
