@@ -3,6 +3,10 @@
 //! request; after a short CPU job also a reserve that starts as slots free), and drain on the
 //! first stop request, abort on the second. While jobs hold GPUs it also reads the GPUs for
 //! their accounting (`accounting`) and hands each attempt its account when its process ends.
+//!
+//! The loop waits on one `select!`; each arm calls one step (`daemon_steps.rs`: `on_claim_answer`,
+//! `on_attempt_event`, `on_heartbeat_due`, `on_heartbeat_answer`, `on_stop`), whose state lives
+//! in small structs ([`Session`], [`Claims`], [`Beats`]); what the steps do is `daemon_ops.rs`.
 
 use crate::accounting::Accounting;
 use crate::attempt::{self, AttemptContext, AttemptEvent};
@@ -61,19 +65,12 @@ enum Claimed {
 struct Daemon {
     /// The client as configured, without a session.
     base: Client,
-    /// The client of the current registration.
-    client: Client,
     config: Arc<WorkerConfig>,
     inventory: Arc<dyn GpuInventory>,
     max_jobs: u32,
-    worker_id: WorkerId,
-    /// The server instance of the current registration.
-    instance: String,
-    /// The current registration's number (see [`Generation`]).
-    generation: Generation,
-    name: String,
+    /// The current registration.
+    session: Session,
     key: String,
-    heartbeat: Duration,
     reservations: Reservations,
     /// The attempts this worker runs (or is still reporting), each with the channel that stops
     /// it. Keyed by attempt: after a lease expiry the same job can come back to this worker
@@ -106,6 +103,43 @@ struct Daemon {
     /// `OMP_NUM_THREADS` for CPU jobs: the share of the cores each of `max_jobs` jobs gets
     /// (`None` when jobs do not share the box or the worker's own environment sets it).
     cpu_threads: Option<u32>,
+    claims: Claims,
+    beats: Beats,
+    /// After a second stop: when the worker exits whether or not its abandoned jobs reported.
+    abort_deadline: Option<Instant>,
+}
+
+/// Who this worker is to the server, as its registration answered.
+struct Session {
+    /// The client of this registration.
+    client: Client,
+    worker_id: WorkerId,
+    /// The server instance that registered it.
+    instance: String,
+    /// This registration's number (see [`Generation`]).
+    generation: Generation,
+    name: String,
+    heartbeat: Duration,
+}
+
+/// Requests that can hand out jobs. One at a time on a box with GPUs (placement needs the
+/// answer of one before the next); on a CPU-only box the finishes of several attempts may each
+/// claim, for the slots nobody asked for yet.
+struct Claims {
+    tasks: ClaimTasks,
+    /// No claim starts before this (a backoff after failures).
+    not_before: Instant,
+    /// Failed claims in a row.
+    failures: u32,
+}
+
+/// The heartbeat in flight, with the registration it was sent under.
+struct Beats {
+    in_flight: Option<(Generation, JoinHandle<ClientResult<HeartbeatResponse>>)>,
+    /// When telemetry last went with a heartbeat.
+    last_telemetry: Option<Instant>,
+    /// Failed heartbeats in a row.
+    failures: u32,
 }
 
 /// An attempt this worker runs: how to stop it, and when it started.
@@ -158,20 +192,18 @@ pub async fn run(
     let cpu_threads = cpu_threads_per_job(cores, max_jobs).filter(|_| std::env::var_os("OMP_NUM_THREADS").is_none());
     let (events, mut received) = mpsc::channel(256);
     let (config_work_dir, config_code_cache) = (config.work_dir.clone(), config.code_cache_bytes);
-
+    let session = tokio::select! {
+        registered = register(&base, &config, &identity.key, &*inventory, max_jobs, Vec::new(), 1) => registered?,
+        _ = stop.recv() => return Ok(()),
+    };
     let reservations = Reservations::new(max_jobs, config.capabilities.clone());
     let mut daemon = Daemon {
-        client: base.clone(),
         base,
-        name: config.name.clone(),
+        session,
         key: identity.key.clone(),
         config: Arc::new(config),
         inventory,
         max_jobs,
-        worker_id: WorkerId::new(0),
-        instance: String::new(),
-        generation: 0,
-        heartbeat: Duration::from_secs(5),
         reservations,
         running: HashMap::new(),
         reserve: VecDeque::new(),
@@ -189,178 +221,63 @@ pub async fn run(
         slots_in_flight: 0,
         accounting: Accounting::default(),
         cpu_threads,
+        claims: Claims { tasks: JoinSet::new(), not_before: Instant::now(), failures: 0 },
+        beats: Beats { in_flight: None, last_telemetry: None, failures: 0 },
+        abort_deadline: None,
     };
     daemon.in_git_tree = crate::results::inside_git_tree(&daemon.config.work_dir);
-    tokio::select! {
-        registered = daemon.register() => registered?,
-        _ = stop.recv() => return Ok(()),
-    }
-    // Requests that can hand out jobs, with the job slots each asked for. One at a time on a
-    // box with GPUs (placement needs the answer of one before the next); on a CPU-only box the
-    // finishes of several attempts may each claim, for the slots nobody asked for yet.
-    let mut claims: ClaimTasks = JoinSet::new();
-    let mut claim_not_before = Instant::now();
-    let mut claim_failures = 0u32;
-    let mut beat: Option<(Generation, JoinHandle<ClientResult<HeartbeatResponse>>)> = None;
-    let mut beat_tick = tokio::time::interval(daemon.heartbeat);
+    let mut beat_tick = tokio::time::interval(daemon.session.heartbeat);
     beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_telemetry: Option<Instant> = None;
-    let mut beat_failures = 0u32;
-    let mut abort_deadline: Option<Instant> = None;
     let mut account_tick = tokio::time::interval(daemon.config.telemetry_interval.max(Duration::from_millis(100)));
     account_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        if daemon.draining && daemon.running.is_empty() && claims.is_empty() && daemon.reserve.is_empty() {
-            tracing::info!("drained: every job finished and reported");
-            daemon.leave().await;
-            return Ok(());
-        }
-        if abort_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            tracing::warn!(jobs = daemon.running.len(), "exiting before every abandoned job was reported");
+        if daemon.ended().await {
             return Ok(());
         }
         let piggyback_until =
             daemon.finishing.values().map(|(ended, _)| *ended).min().map(|ended| ended + PIGGYBACK_WAIT);
         let reserve_until = daemon.reserve.front().map(|(_, since)| *since + daemon.reserve_hold());
         let no_finish_due = piggyback_until.is_none_or(|until| Instant::now() >= until);
-        if !daemon.draining && claims.is_empty() && no_finish_due && Instant::now() >= claim_not_before {
-            daemon.start_claim(&mut claims);
+        if daemon.claims.tasks.is_empty()
+            && !daemon.draining
+            && no_finish_due
+            && Instant::now() >= daemon.claims.not_before
+        {
+            daemon.start_claim();
         }
+        let idle = daemon.claims.tasks.is_empty() && !daemon.draining;
+        let claim_not_before = daemon.claims.not_before;
         tokio::select! {
-            Some(finished) = claims.join_next(), if !claims.is_empty() => {
-                let mut sent_under = daemon.generation;
-                let finished = finished.map(|(claimed, asked, generation)| {
-                    daemon.slots_in_flight = daemon.slots_in_flight.saturating_sub(asked);
-                    sent_under = generation;
-                    claimed
-                });
-                if claims.is_empty() {
-                    // Nothing is in flight, whatever a task that failed had asked for.
-                    daemon.slots_in_flight = 0;
-                }
-                let (claimed, reply) = match finished {
-                    Ok(Claimed::Claim(answer)) => (answer.map(|response| response.jobs), None),
-                    Ok(Claimed::Finish(answer, reply)) => {
-                        let jobs = answer.as_ref().map(|response| response.jobs.clone()).map_err(copy_error);
-                        (jobs, Some((reply, answer)))
-                    }
-                    Err(error) => {
-                        tracing::error!(%error, "claim task failed");
-                        continue;
-                    }
-                };
-                if let Some((reply, answer)) = reply {
-                    let _ = reply.send(answer);
-                }
-                match claimed {
-                    Ok(jobs) => {
-                        claim_failures = 0;
-                        for job in jobs {
-                            if daemon.draining { daemon.give_back(job) } else { daemon.start(job) }
-                        }
-                    }
-                    Err(error) if error.status() == Some(401) => daemon.unknown_session(&error, sent_under).await?,
-                    Err(error) => {
-                        claim_failures += 1;
-                        let delay = backoff(claim_failures);
-                        claim_not_before = Instant::now() + delay;
-                        if claim_failures == 1 || claim_failures.is_multiple_of(10) {
-                            tracing::warn!(%error, retry_in = ?delay, "claiming work failed; retrying with backoff");
-                        }
-                    }
-                }
+            Some(finished) = daemon.claims.tasks.join_next(), if !daemon.claims.tasks.is_empty() => {
+                daemon.on_claim_answer(finished).await?;
             }
-            Some(event) = received.recv() => match event {
-                AttemptEvent::ProcessEnded(attempt, account) => {
-                    daemon.reservations.release(attempt);
-                    let now = Instant::now();
-                    let short = daemon.running.get(&attempt).is_some_and(|held| now - held.started < RESERVE_SHORT);
-                    daemon.finishing.insert(attempt, (now, short));
-                    let _ = account.send(daemon.accounting.end(attempt, now_ms()));
-                    daemon.start_reserved();
-                }
-                AttemptEvent::Finishing { request, reply } => {
-                    let ended = daemon.finishing.remove(&JobAttempt { job_id: request.job_id, attempt: request.attempt });
-                    // The finish asks for the next jobs itself when it may (see `claims`).
-                    let may_claim = claims.is_empty() || daemon.inventory.sample().is_empty();
-                    if may_claim && !daemon.draining && Instant::now() >= claim_not_before {
-                        let short = ended.is_some_and(|(_, short)| short);
-                        daemon.finish_and_claim(*request, reply, short, &mut claims);
-                    } else {
-                        let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
-                        tokio::spawn(async move { let _ = reply.send(client.finish(worker_id, &request).await); });
-                    }
-                }
-                AttemptEvent::Done(attempt) => {
-                    daemon.running.remove(&attempt);
-                    daemon.finishing.remove(&attempt);
-                }
-            },
+            Some(event) = received.recv() => daemon.on_attempt_event(event),
             _ = account_tick.tick(), if daemon.accounting.is_active() => daemon.read_gpus(),
-            _ = beat_tick.tick(), if beat.is_none() => {
-                let telemetry_due = last_telemetry.is_none_or(|at| at.elapsed() >= daemon.config.telemetry_interval);
-                let gpus = if telemetry_due { last_telemetry = Some(Instant::now()); daemon.inventory.sample() } else { Vec::new() };
-                let request = HeartbeatRequest { running: daemon.held(), gpus };
-                // Processes that left jobs which have ended: killed, their zombies reaped.
-                let (containment, running) = (daemon.containment.clone(), daemon.running.keys().copied().collect());
-                tokio::spawn(async move { containment.sweep(&running).await });
-                let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
-                beat = Some((daemon.generation, tokio::spawn(async move { client.heartbeat(worker_id, &request).await })));
+            _ = beat_tick.tick(), if daemon.beats.in_flight.is_none() => daemon.on_heartbeat_due(),
+            answered = beat_answer(&mut daemon.beats.in_flight), if daemon.beats.in_flight.is_some() => {
+                daemon.on_heartbeat_answer(answered).await?;
             }
-            answered = async { (&mut beat.as_mut().expect("guarded").1).await }, if beat.is_some() => {
-                let sent_under = beat.take().map_or(daemon.generation, |(generation, _)| generation);
-                match answered {
-                    Ok(Ok(response)) => {
-                        if beat_failures > 0 {
-                            tracing::info!("the server is reachable again");
-                        }
-                        beat_failures = 0;
-                        daemon.apply(&response);
-                    }
-                    Ok(Err(error)) if matches!(error.status(), Some(401 | 404)) => daemon.unknown_session(&error, sent_under).await?,
-                    Ok(Err(error)) => {
-                        beat_failures += 1;
-                        if beat_failures == 1 || beat_failures.is_multiple_of(12) {
-                            tracing::warn!(%error, "heartbeat failed; jobs keep running, reports wait for the server");
-                        }
-                    }
-                    Err(error) => tracing::error!(%error, "heartbeat task failed"),
-                }
-            }
-            signal = stop.recv() => {
-                if signal.is_none() || daemon.draining {
-                    tracing::warn!(jobs = daemon.running.len(), "second stop: killing jobs and handing them back");
-                    for held in daemon.running.values() {
-                        let _ = held.stop.try_send(Stop::Abandon);
-                    }
-                    daemon.give_back_reserve();
-                    claims.abort_all();
-                    abort_deadline = Some(Instant::now() + daemon.config.kill_grace + Duration::from_secs(10));
-                    daemon.draining = true;
-                } else {
-                    tracing::info!(jobs = daemon.running.len(), "draining: no new jobs; running jobs finish (stop again to kill them)");
-                    daemon.draining = true;
-                    daemon.give_back_reserve();
-                    // The server ends this worker's parked claim at once and hands it nothing
-                    // more; a claim answered meanwhile is handed back (see the claim branch).
-                    let (client, worker_id) = (daemon.client.clone(), daemon.worker_id);
-                    tokio::spawn(async move {
-                        if let Err(error) = client.drain(worker_id).await {
-                            tracing::warn!(%error, "telling the server this worker drains failed");
-                        }
-                    });
-                }
-            }
+            signal = stop.recv() => daemon.on_stop(signal),
             // Only while a backoff is pending: a full worker (no claim to start) must not spin.
-            _ = tokio::time::sleep_until(claim_not_before), if claims.is_empty() && !daemon.draining && claim_not_before > Instant::now() => {}
+            _ = tokio::time::sleep_until(claim_not_before), if idle && claim_not_before > Instant::now() => {}
             // A finish that did not come in time: the other slots claim on their own.
-            _ = tokio::time::sleep_until(piggyback_until.unwrap_or_else(Instant::now)), if claims.is_empty() && !daemon.draining && !no_finish_due => {}
-            _ = tokio::time::sleep(Duration::from_millis(500)), if abort_deadline.is_some() => {}
+            _ = tokio::time::sleep_until(piggyback_until.unwrap_or_else(Instant::now)), if idle && !no_finish_due => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)), if daemon.abort_deadline.is_some() => {}
             // The oldest reserved job waited for a slot long enough: back to the queue.
             _ = tokio::time::sleep_until(reserve_until.unwrap_or_else(Instant::now)), if reserve_until.is_some() => {
                 daemon.expire_reserve();
             }
         }
+    }
+}
+
+/// The answer of the heartbeat in flight (the loop polls this only while there is one).
+async fn beat_answer(
+    in_flight: &mut Option<(Generation, JoinHandle<ClientResult<HeartbeatResponse>>)>,
+) -> Result<ClientResult<HeartbeatResponse>, tokio::task::JoinError> {
+    match in_flight {
+        Some((_, handle)) => handle.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -388,5 +305,9 @@ fn copy_error(error: &ClientError) -> ClientError {
     }
 }
 
+use ops::register;
+
 #[path = "daemon_ops.rs"]
 mod ops;
+#[path = "daemon_steps.rs"]
+mod steps;

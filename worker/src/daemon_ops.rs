@@ -5,57 +5,11 @@
 use super::*;
 
 impl Daemon {
-    /// Registers (again), telling the server which attempts are still alive here; retries
-    /// while the server is unreachable, saying so once per interval.
-    pub(super) async fn register(&mut self) -> anyhow::Result<()> {
-        let mut failures = 0u32;
-        loop {
-            let request = RegisterRequest {
-                name: self.config.name.clone(),
-                protocol: shared::PROTOCOL_VERSION,
-                key: Some(self.key.clone()),
-                capacity: Reservations::new(self.max_jobs, self.config.capabilities.clone())
-                    .capacity(&self.inventory.sample()),
-                holding: self.held(),
-            };
-            match self.base.register(&request).await {
-                Ok(response) => {
-                    self.client = self.base.with_session(&response).context("registering with the server")?;
-                    self.generation += 1;
-                    self.worker_id = response.worker_id;
-                    self.instance = response.instance.clone();
-                    self.name = response.name.clone();
-                    self.heartbeat = Duration::from_millis(response.heartbeat_ms.max(100));
-                    if response.name != self.config.name {
-                        tracing::warn!(
-                            asked = %self.config.name, registered = %response.name,
-                            "a live worker on another box uses this name; registered under another (set --name)"
-                        );
-                    }
-                    tracing::info!(
-                        worker = %response.name, id = %response.worker_id, url = %self.client.base_url(),
-                        max_jobs = self.max_jobs, trainer = self.config.capabilities.trainer,
-                        "registered with the server"
-                    );
-                    return Ok(());
-                }
-                Err(error) if error.is_retryable() => {
-                    failures += 1;
-                    let delay = backoff(failures);
-                    if failures == 1 || failures.is_multiple_of(10) {
-                        tracing::warn!(%error, retry_in = ?delay, "cannot register with the server; retrying with backoff");
-                    }
-                    tokio::time::sleep(delay).await;
-                }
-                Err(error) => return Err(error).context("registering with the server"),
-            }
-        }
-    }
-
     /// Tells the server this worker stops cleanly (shown as `left`, not `lost`); a server that
     /// does not answer within two seconds is not waited for.
     pub(super) async fn leave(&self) {
-        let said = tokio::time::timeout(Duration::from_secs(2), self.client.leave(self.worker_id)).await;
+        let said =
+            tokio::time::timeout(Duration::from_secs(2), self.session.client.leave(self.session.worker_id)).await;
         if let Ok(Err(error)) = said {
             tracing::debug!(%error, "telling the server this worker left");
         }
@@ -64,7 +18,7 @@ impl Daemon {
     /// A request sent under registration `sent_under` was refused as unknown: registers again
     /// when that is the current registration; an earlier one's refusal is stale.
     pub(super) async fn unknown_session(&mut self, error: &ClientError, sent_under: Generation) -> anyhow::Result<()> {
-        if sent_under != self.generation {
+        if sent_under != self.session.generation {
             tracing::debug!(%error, "a refusal answering an earlier registration; this one stands");
             return Ok(());
         }
@@ -83,9 +37,13 @@ impl Daemon {
         // The reserved jobs never ran: the new registration names them as held (the same
         // server instance keeps them, without counting a crash), and they go back to the queue.
         // Another instance (a new database) never handed them out: they are dropped.
-        let instance = self.instance.clone();
-        self.register().await?;
-        if self.instance == instance {
+        let generation = self.session.generation + 1;
+        let holding = self.held();
+        let session =
+            register(&self.base, &self.config, &self.key, &*self.inventory, self.max_jobs, holding, generation).await?;
+        let same_instance = session.instance == self.session.instance;
+        self.session = session;
+        if same_instance {
             self.give_back_reserve();
         } else {
             self.reserve.clear();
@@ -122,7 +80,7 @@ impl Daemon {
     }
 
     pub(super) fn reserve_hold(&self) -> Duration {
-        RESERVE_HOLD.min(self.heartbeat)
+        RESERVE_HOLD.min(self.session.heartbeat)
     }
 
     /// Hands back the reserved jobs that waited their hold for a slot.
@@ -143,7 +101,7 @@ impl Daemon {
         }
     }
 
-    pub(super) fn start_claim(&mut self, claims: &mut ClaimTasks) {
+    pub(super) fn start_claim(&mut self) {
         let (capacity, _) = self.free_capacity(false);
         if capacity.job_slots == 0 {
             return;
@@ -153,9 +111,11 @@ impl Daemon {
         let asked = capacity.job_slots;
         self.slots_in_flight += asked;
         let request = ClaimRequest { capacity, wait_ms: wait.as_millis() as u64, reserve: 0 };
-        let (client, worker_id) = (self.client.clone(), self.worker_id);
-        let generation = self.generation;
-        claims.spawn(async move { (Claimed::Claim(client.claim(worker_id, &request).await), asked, generation) });
+        let (client, worker_id) = (self.session.client.clone(), self.session.worker_id);
+        let generation = self.session.generation;
+        self.claims
+            .tasks
+            .spawn(async move { (Claimed::Claim(client.claim(worker_id, &request).await), asked, generation) });
     }
 
     /// Sends an attempt's finish with a claim of what fits now (without waiting for new work),
@@ -165,7 +125,6 @@ impl Daemon {
         mut request: FinishRequest,
         reply: oneshot::Sender<ClientResult<FinishResponse>>,
         short: bool,
-        claims: &mut ClaimTasks,
     ) {
         let (capacity, reserve) = self.free_capacity(short);
         let asked = capacity.job_slots + reserve;
@@ -173,11 +132,11 @@ impl Daemon {
             request.claim = Some(ClaimRequest { capacity, wait_ms: 0, reserve });
         }
         self.slots_in_flight += asked;
-        let (client, worker_id) = (self.client.clone(), self.worker_id);
-        let generation = self.generation;
-        claims.spawn(
-            async move { (Claimed::Finish(client.finish(worker_id, &request).await, reply), asked, generation) },
-        );
+        let (client, worker_id) = (self.session.client.clone(), self.session.worker_id);
+        let generation = self.session.generation;
+        self.claims.tasks.spawn(async move {
+            (Claimed::Finish(client.finish(worker_id, &request).await, reply), asked, generation)
+        });
     }
 
     /// Places a claimed job on this worker's GPUs and starts it.
@@ -208,9 +167,9 @@ impl Daemon {
         self.running.insert(attempt, Held { stop: stop.clone(), started: Instant::now() });
         tracing::debug!(job = %job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
         let context = AttemptContext {
-            client: self.client.clone(),
-            worker_id: self.worker_id,
-            worker_name: self.name.clone(),
+            client: self.session.client.clone(),
+            worker_id: self.session.worker_id,
+            worker_name: self.session.name.clone(),
             hostname: self.hostname.clone(),
             config: self.config.clone(),
             in_git_tree: self.in_git_tree,
@@ -235,8 +194,9 @@ impl Daemon {
     /// Returns a job this worker will not run; the server requeues it without counting a crash.
     /// Tried a few times while the server is unreachable (a few seconds, well within a lease).
     pub(super) fn give_back(&self, job: ClaimedJob) {
-        let report = ReportRequest { worker_id: self.worker_id, attempt: job.attempt, outcome: Outcome::Abandoned };
-        let client = self.client.clone();
+        let report =
+            ReportRequest { worker_id: self.session.worker_id, attempt: job.attempt, outcome: Outcome::Abandoned };
+        let client = self.session.client.clone();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(250);
             for tries_left in (0..4).rev() {
@@ -272,6 +232,63 @@ impl Daemon {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Registers with the server under registration number `generation`, telling it which
+/// attempts are still alive here (`holding`); retries while the server is unreachable, saying
+/// so once per interval.
+pub(super) async fn register(
+    base: &Client,
+    config: &WorkerConfig,
+    key: &str,
+    inventory: &dyn GpuInventory,
+    max_jobs: u32,
+    holding: Vec<JobAttempt>,
+    generation: Generation,
+) -> anyhow::Result<Session> {
+    let mut failures = 0u32;
+    loop {
+        let request = RegisterRequest {
+            name: config.name.clone(),
+            protocol: shared::PROTOCOL_VERSION,
+            key: Some(key.to_string()),
+            capacity: Reservations::new(max_jobs, config.capabilities.clone()).capacity(&inventory.sample()),
+            holding: holding.clone(),
+        };
+        match base.register(&request).await {
+            Ok(response) => {
+                let client = base.with_session(&response).context("registering with the server")?;
+                if response.name != config.name {
+                    tracing::warn!(
+                        asked = %config.name, registered = %response.name,
+                        "a live worker on another box uses this name; registered under another (set --name)"
+                    );
+                }
+                tracing::info!(
+                    worker = %response.name, id = %response.worker_id, url = %client.base_url(),
+                    max_jobs, trainer = config.capabilities.trainer,
+                    "registered with the server"
+                );
+                return Ok(Session {
+                    client,
+                    worker_id: response.worker_id,
+                    instance: response.instance,
+                    generation,
+                    name: response.name,
+                    heartbeat: Duration::from_millis(response.heartbeat_ms.max(100)),
+                });
+            }
+            Err(error) if error.is_retryable() => {
+                failures += 1;
+                let delay = backoff(failures);
+                if failures == 1 || failures.is_multiple_of(10) {
+                    tracing::warn!(%error, retry_in = ?delay, "cannot register with the server; retrying with backoff");
+                }
+                tokio::time::sleep(delay).await;
+            }
+            Err(error) => return Err(error).context("registering with the server"),
         }
     }
 }
