@@ -161,7 +161,7 @@ pub async fn run(
     let resumed_from = prepared.as_ref().ok().and_then(|(_, prepared)| prepared.resumed_from);
     let mut checkpoints = None;
     let ended = match prepared {
-        Err(reason) => Ended { outcome: Outcome::Error { reason }, notes: Vec::new() },
+        Err(reason) => Ended { outcome: Outcome::Error { reason }, killed: None, notes: Vec::new() },
         Ok((log, prepared)) => {
             let port = if indices.len() > 1 { crate::job_env::free_port() } else { None };
             let mut env = crate::job_env::environment(&job, &dirs, &indices, port);
@@ -220,6 +220,7 @@ pub async fn run(
                     ended = &mut process => {
                         break ended.unwrap_or_else(|error| Ended {
                             outcome: Outcome::Error { reason: format!("the job's task failed: {error}") },
+                            killed: None,
                             notes: Vec::new(),
                         });
                     }
@@ -240,7 +241,7 @@ pub async fn run(
     let accounted = accounted.await.ok().flatten();
     let finished_at = now_ms();
     tracing::debug!(job = %job.id, attempt = job.attempt, outcome = ?ended.outcome, "process ended");
-    let lease_lost = matches!(ended.outcome, Outcome::Killed { ref reason } if reason == executor::LEASE_LOST);
+    let lease_lost = ended.killed == Some(executor::KillReason::LeaseLost);
     if let Some((stop_sync, syncing)) = checkpoints {
         let _ = stop_sync.send(());
         // The last state of the directory, for the next attempt should this one not be the last.
@@ -252,9 +253,8 @@ pub async fn run(
     }
     let mut delivered = false;
     if !lost && !lease_lost {
-        let times = (started_at, finished_at);
-        delivered =
-            finish(&context, &job, &dirs, &mut shipper, (ended, accounted), &gpus, times, resumed_from, &events).await;
+        let ran = Ran { ended, accounted, gpus: &gpus, started_at, finished_at, resumed_from };
+        delivered = finish(&context, &job, &dirs, &mut shipper, ran, &events).await;
     }
     release_slot(&context, &job, &dirs, (slot, code), delivered).await;
     let _ = events.send(AttemptEvent::Done(attempt)).await;
@@ -309,20 +309,30 @@ async fn release_slot(
     context.slots.give(slot);
 }
 
+/// How an attempt ran, for its finish request's record.
+struct Ran<'a> {
+    ended: Ended,
+    /// What it used of its GPUs (`None` for a CPU job).
+    accounted: Option<Accounted>,
+    /// Its GPUs: index and name.
+    gpus: &'a [(u32, String)],
+    started_at: i64,
+    finished_at: i64,
+    /// The attempt whose checkpoint it resumed from.
+    resumed_from: Option<u32>,
+}
+
 /// Builds the attempt's finish request (streaming first what is too large to go inline) and
 /// delivers it; true when all of it was delivered.
-#[allow(clippy::too_many_arguments)]
 async fn finish(
     context: &AttemptContext,
     job: &ClaimedJob,
     dirs: &AttemptDirs,
     shipper: &mut Shipper,
-    (mut ended, accounted): (Ended, Option<Accounted>),
-    gpus: &[(u32, String)],
-    (started_at, finished_at): (i64, i64),
-    resumed_from: Option<u32>,
+    ran: Ran<'_>,
     events: &mpsc::Sender<AttemptEvent>,
 ) -> bool {
+    let Ran { mut ended, accounted, gpus, started_at, finished_at, resumed_from } = ran;
     let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
     let mut result = None;
     ended.notes.extend(accounted.as_ref().and_then(|accounted| accounted.note.clone()));

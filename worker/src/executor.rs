@@ -31,9 +31,27 @@ pub const SHELL: &str = "/bin/sh";
 /// bash (`source .venv/bin/activate`, `conda activate`), as SkyPilot's `setup` runs in bash.
 pub const SETUP_SHELL: &str = "/bin/bash";
 
-/// The reason of an attempt the worker stopped because the server no longer holds it for it:
-/// such an attempt reports nothing.
-pub const LEASE_LOST: &str = "lease lost";
+/// Why the worker killed an attempt; its outcome says so in words (`Outcome::Killed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// A user cancelled it.
+    Cancelled,
+    /// The server no longer holds the attempt for this worker: it reports nothing.
+    LeaseLost,
+    /// It ran past its `timeout` of this many seconds.
+    TimedOut(u64),
+}
+
+impl KillReason {
+    pub fn outcome(self) -> Outcome {
+        let reason = match self {
+            KillReason::Cancelled => "cancelled".to_string(),
+            KillReason::LeaseLost => "lease lost".to_string(),
+            KillReason::TimedOut(limit) => format!("timed out after {limit} s"),
+        };
+        Outcome::Killed { reason }
+    }
+}
 
 /// Why the worker ends an attempt early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +91,8 @@ pub struct Launch<'a> {
 #[derive(Debug)]
 pub struct Ended {
     pub outcome: Outcome,
+    /// Why the worker killed it, when it did.
+    pub killed: Option<KillReason>,
     /// Sentences for the attempt's notes (the worker's disk filled up and the log was cut).
     pub notes: Vec<String>,
 }
@@ -87,7 +107,7 @@ pub async fn run(
 ) -> Ended {
     let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard, containment, attempt, slot, run_as } =
         launch;
-    let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, notes: Vec::new() };
+    let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, killed: None, notes: Vec::new() };
     let script = setup.map(|setup| setup_script(setup, &dirs.setup_done, command));
     let shell = if setup.is_some() && Path::new(SETUP_SHELL).exists() { SETUP_SHELL } else { SHELL };
     let command = script.as_deref().unwrap_or(command);
@@ -157,6 +177,7 @@ pub async fn run(
     };
     tokio::pin!(deadline);
     let mut stopped: Option<Outcome> = None;
+    let mut killed: Option<KillReason> = None;
     // The leader is not reaped before its group was killed (see `leader_exited`), so every
     // signal below reaches the job's own group and never a stranger given the same number.
     let exited = async {
@@ -171,17 +192,18 @@ pub async fn run(
         () = exited => None,
         status = child.wait(), if group.is_none() => Some(status),
         Some(reason) = stop.recv() => {
-            stopped = Some(match reason {
-                Stop::Cancel => Outcome::Killed { reason: "cancelled".into() },
-                Stop::Lost => Outcome::Killed { reason: LEASE_LOST.into() },
-                Stop::Abandon => Outcome::Abandoned,
-            });
+            killed = match reason {
+                Stop::Cancel => Some(KillReason::Cancelled),
+                Stop::Lost => Some(KillReason::LeaseLost),
+                Stop::Abandon => None,
+            };
+            stopped = Some(killed.map_or(Outcome::Abandoned, KillReason::outcome));
             terminate(group, grace).await;
             None
         }
         _ = &mut deadline => {
-            let limit = timeout.unwrap_or_default().as_secs();
-            stopped = Some(Outcome::Killed { reason: format!("timed out after {limit} s") });
+            killed = Some(KillReason::TimedOut(timeout.unwrap_or_default().as_secs()));
+            stopped = killed.map(KillReason::outcome);
             terminate(group, grace).await;
             None
         }
@@ -229,7 +251,7 @@ pub async fn run(
         }
         (_, outcome) => outcome,
     };
-    Ended { outcome, notes }
+    Ended { outcome, killed, notes }
 }
 
 /// The shell script of a job with a `setup:` line: the line, then (if it succeeded) a mark
