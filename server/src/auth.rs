@@ -8,13 +8,13 @@
 //! A token in the query string is refused outright: URLs end up in logs and histories.
 
 use crate::error::ApiError;
-use crate::state::AppState;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use std::path::Path;
+use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
 /// The name of the page's session cookie.
@@ -200,9 +200,9 @@ pub fn check(
 /// The middleware: every request passes [`check`] before anything else reads it. An answer to
 /// a known client (a valid token, or a server without tokens) is marked so, for the connection
 /// loop (`serve::Authenticated`).
-pub async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn authorize(State(tokens): State<Arc<Tokens>>, request: Request, next: Next) -> Response {
     let uri = request.uri();
-    let tokens = &state.config.tokens;
+    let tokens = &*tokens;
     let known = tokens.is_empty() || matches!(access_for(request.method(), uri.path()), Access::Only(_));
     match check(tokens, request.method(), uri.path(), uri.query(), request.headers()) {
         Ok(()) => {

@@ -54,7 +54,7 @@ pub fn router(state: AppState) -> Router {
             crate::error::ApiError::NotFound("no such endpoint; see the API list in README.md".into())
         })
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn_with_state(state.clone(), crate::auth::authorize))
+        .layer(middleware::from_fn_with_state(std::sync::Arc::new(state.config.tokens.clone()), crate::auth::authorize))
         .merge(metrics_public)
         .layer(middleware::from_fn_with_state(state.clone(), prometheus::time_request))
         // Spans name the path only: a query string may carry what should not be logged (a
