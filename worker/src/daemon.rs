@@ -191,7 +191,10 @@ pub async fn run(
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let cpu_threads = cpu_threads_per_job(cores, max_jobs).filter(|_| std::env::var_os("OMP_NUM_THREADS").is_none());
     let (events, mut received) = mpsc::channel(256);
-    let (config_work_dir, config_code_cache) = (config.work_dir.clone(), config.code_cache_bytes);
+    // Before registering, as ever: the code cache clears what an earlier run left half made.
+    let code = Arc::new(crate::code::CodeCache::new(&config.work_dir, config.code_cache_bytes, copier));
+    let inherited = Arc::new(crate::job_env::inherited_environment());
+    let in_git_tree = crate::results::inside_git_tree(&config.work_dir);
     let session = tokio::select! {
         registered = register(&base, &config, &identity.key, &*inventory, max_jobs, Vec::new(), 1) => registered?,
         _ = stop.recv() => return Ok(()),
@@ -209,13 +212,13 @@ pub async fn run(
         reserve: VecDeque::new(),
         events,
         hostname: crate::config::default_name(),
-        in_git_tree: false,
+        in_git_tree,
         guard: Arc::new(guard),
         containment: Arc::new(containment),
         run_as,
-        inherited: Arc::new(crate::job_env::inherited_environment()),
+        inherited,
         slots: Arc::default(),
-        code: Arc::new(crate::code::CodeCache::new(&config_work_dir, config_code_cache, copier)),
+        code,
         draining: false,
         finishing: Default::default(),
         slots_in_flight: 0,
@@ -225,7 +228,6 @@ pub async fn run(
         beats: Beats { in_flight: None, last_telemetry: None, failures: 0 },
         abort_deadline: None,
     };
-    daemon.in_git_tree = crate::results::inside_git_tree(&daemon.config.work_dir);
     let mut beat_tick = tokio::time::interval(daemon.session.heartbeat);
     beat_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut account_tick = tokio::time::interval(daemon.config.telemetry_interval.max(Duration::from_millis(100)));
