@@ -22,7 +22,7 @@ import os, random, sys
 root = sys.argv[1]
 random.seed(7)
 os.makedirs(root)
-# 4,950 small source files and 50 large ones: 48 MiB in all, as app dev bench code writes.
+# 4,950 small source files and 50 large ones: 48 MiB in all, as app-bench code writes.
 for i in range(4950):
     d = os.path.join(root, "src", f"package_{i // 100:03d}")
     os.makedirs(d, exist_ok=True)

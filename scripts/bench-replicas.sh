@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Issue 15's measurement: the queue on SQLite (one server) against PostgreSQL with 1, 2 and 3
-# replicas, in one run (`app dev bench replicas`): a 100,000-job submission and claim+finish
+# replicas, in one run (`app-bench replicas`): a 100,000-job submission and claim+finish
 # cycles/s of 64 simulated workers spread over the replicas. Starts Debian's PostgreSQL in a
 # temporary directory on a free loopback port (as `nobody` under root), with its default
 # durability (fsync, synchronous commit), and removes it afterwards.
 #
 #   scripts/bench-replicas.sh [--rounds 3] [--seconds 5] [--replicas 1,2,3] [--workers 64]
 #
-# APP_BIN runs that build instead of building target/release/app (an A/B runs this script
-# once per build and round, alternating). PG_SETTINGS adds server settings, e.g. PG_SETTINGS="-c synchronous_commit=off" (SQLite's
+# BENCH_BIN runs that `app-bench` build instead of building target/release/app-bench (an A/B
+# runs this script once per build and round, alternating); APP_BIN runs an `app` built before
+# the benchmarks left it (2026-11-28), as `app dev bench`.
+# PG_SETTINGS adds server settings, e.g. PG_SETTINGS="-c synchronous_commit=off" (SQLite's
 # queue.db commits without an fsync per transaction: a crash of the process loses nothing,
 # a power cut may lose the last commits; that is PostgreSQL's synchronous_commit=off).
 set -euo pipefail
@@ -19,8 +21,12 @@ if [ -z "$bin" ] || [ ! -x "$bin/initdb" ]; then
     ./scripts/install-test-deps.sh
     bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 fi
-app=${APP_BIN:-target/release/app}
-[ -n "${APP_BIN:-}" ] || cargo build --release --bin app
+if [ -n "${APP_BIN:-}" ]; then
+    bench=("$APP_BIN" dev bench)
+else
+    bench=("${BENCH_BIN:-target/release/app-bench}")
+    [ -n "${BENCH_BIN:-}" ] || cargo build --release -p bench
+fi
 
 dir=$(mktemp -d)
 as=()
@@ -40,4 +46,4 @@ for _ in $(seq 300); do
 done
 "$bin/pg_isready" -h 127.0.0.1 -p "$port" -q || { cat "$dir/server.log"; exit 1; }
 echo "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port"
-"$app" dev bench replicas --database-url "postgres://app@127.0.0.1:$port/postgres" "$@"
+"${bench[@]}" replicas --database-url "postgres://app@127.0.0.1:$port/postgres" "$@"

@@ -2,16 +2,16 @@
 # Installs what the tests and benchmarks use beyond Rust, when it is missing:
 #   docker-compose  to check docker-compose.yml (`docker compose config`), when no Docker CLI
 #                   plugin is there (the engine itself is not needed);
-#   parallel        GNU parallel, the baseline of `app dev bench worker`;
+#   parallel        GNU parallel, the baseline of `app-bench worker`;
 #   git, curl       git for the commit of a job's working tree, curl for scripts/quickstart.sh;
-#   chromium        Debian's Chromium, driven by the browser test (tests/browser.rs);
+#   chromium        Debian's Chromium, driven by the browser test (tests/e2e/browser.rs);
 #   nodejs, npm     to run that test's script, and `npm ci` of its packages (playwright-core)
 #                   in tests/browser when they are missing or older than its package-lock.json;
 #   prometheus      Debian's package, for `promtool check metrics` on the server's /metrics
-#                   (tests/ops.rs);
+#                   (tests/e2e/ops.rs);
 #   postgresql      Debian's server (initdb, postgres, pg_isready, psql), started per test in a
 #                   temporary directory by server/tests/postgres (as `nobody` when run as root);
-#   systemd         for `systemd-analyze verify` and `security` of deploy/systemd (tests/ops.rs);
+#   systemd         for `systemd-analyze verify` and `security` of deploy/systemd (tests/e2e/ops.rs);
 #   python3-venv    for .venv-deploy: the PyPI package kubernetes-validate (pinned), which checks
 #                   deploy/kubernetes against the Kubernetes JSON schemas it ships (offline).
 set -euo pipefail

@@ -28,12 +28,12 @@ if cargo nextest --version >/dev/null 2>&1; then
     cargo test --workspace --doc --features torch
     cargo nextest run --workspace --all-targets --features torch --no-fail-fast
     # Again on PostgreSQL (Debian's, started by the tests themselves): the server's API suite
-    # and the end-to-end suites of real server and worker processes (tests/replicas.rs runs
+    # and the end-to-end suites of real server and worker processes (its `replicas::` tests run
     # on PostgreSQL either way).
     APP_TEST_BACKEND=postgres cargo nextest run --workspace --all-targets --features torch --no-fail-fast \
-        -E 'binary(api) | (package(app) & kind(test) & !binary(replicas))'
+        -E 'binary(api) | (binary(e2e) & !test(/^replicas::/))'
 else
     cargo test --workspace --all-targets --features torch --no-fail-fast
     APP_TEST_BACKEND=postgres cargo test -p server --test api --no-fail-fast
-    APP_TEST_BACKEND=postgres cargo test -p app --tests --features torch --no-fail-fast
+    APP_TEST_BACKEND=postgres cargo test -p app --test e2e --features torch --no-fail-fast
 fi

@@ -1,8 +1,7 @@
 //! `app`: a distributed experiment queue for GPU sweeps. This file only parses the command
 //! line, sets up logging and hands over to `cli`.
 
-mod cli;
-
+use app::cli;
 use clap::Parser;
 use std::process::ExitCode;
 

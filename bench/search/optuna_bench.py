@@ -1,10 +1,10 @@
-"""Optuna's side of `app dev bench search`: the same problems, the same budgets, the same seeds.
+"""Optuna's side of `app-bench search`: the same problems, the same budgets, the same seeds.
 
 Usage: optuna_bench.py [SEEDS [FIRST_SEED]]
 
 Writes JSON: {"search": {problem: [[best after trial 1..100] per seed]},
               "pruning": {pruner: {"saved": median fraction, "best_in_top3": seeds}}}.
-Problems and learning curves are defined exactly as in src/cli/dev/bench_search.rs (SplitMix64
+Problems and learning curves are defined exactly as in bench/src/search.rs (SplitMix64
 noise), so both sides see the same numbers.
 """
 

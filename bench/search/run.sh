@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # app's TPE, random search and early stopping side by side with Optuna's.
 # Installs Optuna from PyPI into bench/search/.venv (once), runs Optuna on the problems of
-# src/cli/dev/bench_search.rs, then `app dev bench search` with those results. Usage:
+# bench/src/search.rs, then `app-bench search` with those results. Usage:
 #   bench/search/run.sh [SEEDS]        (default 15)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -17,7 +17,7 @@ trap 'rm -f "$results"' EXIT
 echo "optuna $("$venv/bin/python" -c 'import optuna; print(optuna.__version__)'): $seeds seeds" >&2
 "$venv/bin/python" "$here/optuna_bench.py" "$seeds" > "$results"
 cd "$root"
-cargo build --release --quiet --bin app
-./target/release/app dev bench search --seeds "$seeds" --optuna "$results"
+cargo build --release --quiet -p bench
+./target/release/app-bench search --seeds "$seeds" --optuna "$results"
 echo
-./target/release/app dev bench search --hostile
+./target/release/app-bench search --hostile

@@ -1,7 +1,7 @@
 //! Every hostile sweep file up to the server's 4 MiB body limit is refused while it is read,
 //! before anything is built (issue 10, item 3: 100,000 levels of `[` took 83 s before).
 //! Bounds are generous (1 s optimised, 8 s in the unoptimised test build); the release figures
-//! (under 0.1 s each) come from `app dev bench search --hostile` and are in
+//! (under 0.1 s each) come from `app-bench search --hostile` and are in
 //! docs/decisions/0025-one-bounded-streaming-yaml-pass.md.
 
 use std::time::{Duration, Instant};

@@ -1,21 +1,20 @@
 //! The command line. Without a verb, `app` serves (`--server-only`, `--client-only`, or both in
 //! one process); its flags are the serving modes' own (`settings`). Verbs against a server
 //! (`submit`, `status`, `wait`, ...) share one `UrlArg`; the trainer's verbs (`train`, `bench`)
-//! take their own YAML `--config`; maintainers' benchmarks live under `app dev`. One file per
-//! verb; tables and units in `table` and `format`.
+//! take their own YAML `--config`. One file per verb; tables and units in `table` and `format`.
+//! The maintainers' benchmarks are a binary of their own (bench/, `app-bench`).
 
 mod bench;
 mod cancel;
 mod capabilities;
-mod dev;
 mod files;
-mod format;
+pub mod format;
 mod logs;
 mod results;
 pub mod secrets;
 mod serve;
 mod settings;
-mod snapshot;
+pub mod snapshot;
 mod status;
 mod submit;
 mod sweeps;
@@ -32,7 +31,7 @@ use std::path::PathBuf;
 const AFTER_HELP: &str = "\
 Without a command, app serves: the server and a local worker (`app`), the head node alone
 (`app --server-only`) or a worker alone (`app --client-only --url http://HEAD:8000`).
-Every command has its own --help. Maintainers' benchmarks: `app dev bench --help`.";
+Every command has its own --help.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -108,9 +107,6 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Benchmark training settings: `app bench --config train.yaml --batch-sizes 256,1024 --amp bf16,off`.
     Bench(bench::BenchArgs),
-    /// Maintainers' tools: `app dev bench queue|worker|page|load|search|code|replicas`.
-    #[command(subcommand, hide = true)]
-    Dev(dev::DevCommand),
     /// What the built-in trainer finds on this machine, as JSON (asked by the worker at start).
     #[command(name = "probe-trainer", hide = true)]
     ProbeTrainer,
@@ -152,7 +148,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = args.config.clone();
             bench::run(args, config).await
         }
-        Command::Dev(command) => dev::run(command).await,
         Command::ProbeTrainer => capabilities::probe(),
     }
 }

@@ -1,4 +1,4 @@
-// The job page's side of code shipping, in headless Chromium. Run by tests/code.rs against a
+// The job page's side of code shipping, in headless Chromium. Run by tests/e2e/code.rs against a
 // server whose job JOB ran a snapshot with digest DIGEST from a dirty git tree.
 //
 //   node code.mjs SERVER_URL OUTPUT_DIR      (env: JOB, DIGEST, COMMIT, CHROMIUM)

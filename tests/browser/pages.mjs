@@ -1,5 +1,5 @@
 // Drives the web page in headless Chromium against a running server with a CPU-only worker.
-// Run by tests/browser.rs, which starts both and prepares:
+// Run by tests/e2e/browser.rs, which starts both and prepares:
 //   web-requeue   1 GPU job claimed by a "ghost" worker that sent GPU readings and vanished:
 //                 the reaper requeued it (REQUEUED_JOB, GHOST_WORKER);
 //   web-smoke     4 jobs that wait for GATE_FILE, then print a line, a `<script>` line and

@@ -1,5 +1,5 @@
 // The page's side of adaptive search and early stopping, in headless Chromium. Run by
-// tests/search.rs against a server whose sweep SWEEP stopped some runs early (STOPPED_JOB is
+// tests/e2e/search.rs against a server whose sweep SWEEP stopped some runs early (STOPPED_JOB is
 // one of them).
 //
 //   node search.mjs SERVER_URL OUTPUT_DIR      (env: SWEEP, STOPPED_JOB, CHROMIUM)

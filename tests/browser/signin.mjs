@@ -1,4 +1,4 @@
-// The sign-in of a server that requires tokens, in headless Chromium. Run by tests/browser.rs
+// The sign-in of a server that requires tokens, in headless Chromium. Run by tests/e2e/browser.rs
 // against a server started with a user token and one sweep submitted with it.
 //
 //   node signin.mjs SERVER_URL OUTPUT_DIR      (env: USER_TOKEN, SWEEP, CHROMIUM)

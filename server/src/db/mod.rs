@@ -205,7 +205,7 @@ impl Db {
     /// write starts the log again from its beginning; returns the WAL's size in pages before.
     /// Under a steady stream of writes a passive checkpoint never catches up with the end of
     /// the log, the log is never restarted and grows without bound (1.6 GB a minute with 500
-    /// workers heartbeating: `app dev bench load`). Waits for readers (busy timeout) meanwhile.
+    /// workers heartbeating: `app-bench load`). Waits for readers (busy timeout) meanwhile.
     /// The caller holds writes off meanwhile (`Queue::restart_wal` runs it between two write
     /// groups).
     pub async fn restart_wal(&self) -> sql::Result<i64> {

@@ -2,7 +2,6 @@
 //! leaderboard, parameter importance, the best-so-far curve, the finish estimate, and the GPU
 //! readings of a job's attempt.
 
-use crate::helpers::{wait_until, TestApp};
 use shared::api::{
     AnalysisQuery, ClaimRequest, ClaimedJob, DirectionBasis, GpuSample, HeartbeatRequest, JobAttempt, JobGpuQuery,
     MetricPoint, MetricsBatch, RegisterRequest, ReportRequest, WorkerId,
@@ -11,6 +10,7 @@ use shared::job::Outcome;
 use shared::placement::{Capacity, GpuSlot};
 use shared::sweep::Goal;
 use std::time::Duration;
+use testkit::{wait_until, TestApp};
 
 fn point(step: i64, name: &str, value: f64) -> MetricPoint {
     MetricPoint { step: Some(step), name: name.into(), value }
@@ -117,7 +117,7 @@ async fn the_best_so_far_follows_finishing_order_and_the_eta_needs_a_finished_an
     let app = TestApp::spawn().await;
     app.submit("name: pace\ncommand: echo {i}\nmetric: {name: acc, goal: maximize}\ngrid:\n  i: [1, 2, 3, 4]\n").await;
     let worker = app.register("pace-w", 4).await;
-    let request = ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0, reserve: 0 };
+    let request = ClaimRequest { capacity: testkit::cpu(2), wait_ms: 0, reserve: 0 };
     let mut jobs = app.client.claim(worker, &request).await.unwrap().jobs;
     jobs.sort_by_key(|job| job.index);
     let before = app.client.sweep_analysis("pace", &AnalysisQuery::default()).await.unwrap();

@@ -1,11 +1,11 @@
 //! Bearer tokens with two roles, the page's cookie session, and HTTPS with a private CA.
 
-use crate::helpers::{sweep_of, TestApp};
 use client::{Client, ClientOptions};
 use server::auth::Role;
 use server::config::TlsFiles;
 use shared::api::{ClaimRequest, JobQuery, RegisterRequest, SubmitQuery};
 use shared::placement::Capacity;
+use testkit::{sweep_of, TestApp};
 
 const USER: &str = "user-token-for-tests-0001";
 const WORKER: &str = "worker-token-for-tests-0001";

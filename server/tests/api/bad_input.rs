@@ -1,11 +1,11 @@
 //! Refused requests: each answers with a clear status and message, and leaves the queue as it
 //! was; the server keeps serving.
 
-use crate::helpers::{sweep_of, TestApp};
 use client::ClientError;
 use shared::api::{JobQuery, ReportRequest, SubmitQuery};
 use shared::job::Outcome;
 use std::time::{Duration, Instant};
+use testkit::{sweep_of, TestApp};
 
 /// Submits `yaml`, expects a 400, and checks nothing was stored.
 async fn refused(app: &TestApp, yaml: &str) -> String {
@@ -150,14 +150,14 @@ async fn hostile_yaml_is_refused_quickly_and_the_server_keeps_serving() {
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused in {:?}", started.elapsed());
     }
     assert!(app.client.sweeps().await.unwrap().is_empty());
-    app.submit(&crate::helpers::sweep_of("after", 2)).await;
+    app.submit(&testkit::sweep_of("after", 2)).await;
 }
 
 #[tokio::test]
 async fn claims_and_heartbeats_of_an_unregistered_worker_are_401_and_change_nothing() {
     let app = TestApp::spawn().await;
     app.submit(&sweep_of("waiting", 2)).await;
-    let claim = shared::api::ClaimRequest { capacity: crate::helpers::cpu(2), wait_ms: 0, reserve: 0 };
+    let claim = shared::api::ClaimRequest { capacity: testkit::cpu(2), wait_ms: 0, reserve: 0 };
     let error = app.client.claim(424_242.into(), &claim).await.unwrap_err();
     assert_eq!(error.status(), Some(401), "{error}");
     assert!(error.to_string().contains("register"), "{error}");

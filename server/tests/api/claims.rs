@@ -1,12 +1,12 @@
 //! Claiming: atomic hand-out under concurrency, priority order, long-poll, placement fit.
 
-use crate::helpers::{cpu, sweep_of, TestApp};
 use shared::api::{ClaimRequest, JobId, JobQuery};
 use shared::job::JobStatus;
 use shared::placement::{Capacity, GpuSlot};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::{cpu, sweep_of, TestApp};
 use tokio::sync::Barrier;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -181,7 +181,7 @@ async fn a_thousand_workers_behind_one_address_are_all_served() {
         for (worker, client) in &workers {
             let (worker, client) = (*worker, client.clone());
             claims.spawn(async move {
-                let request = ClaimRequest { capacity: crate::helpers::cpu(1), wait_ms, reserve: 0 };
+                let request = ClaimRequest { capacity: testkit::cpu(1), wait_ms, reserve: 0 };
                 client.claim(worker, &request).await
             });
         }

@@ -2,10 +2,10 @@
 //! carried by claimed jobs) and checkpoints (fenced uploads, the newest kept, restored to the
 //! next attempt only).
 
-use crate::helpers::{sweep_of, TestApp};
 use shared::api::{CodeSnapshot, ReportRequest, SubmitQuery, Workspace};
 use shared::job::Outcome;
 use std::path::{Path, PathBuf};
+use testkit::{sweep_of, TestApp};
 
 /// A small project packed as `app submit` packs it: its digest and the compressed file.
 fn packed_project(dir: &Path) -> (String, PathBuf) {

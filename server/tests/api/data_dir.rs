@@ -3,11 +3,11 @@
 //! before the marker existed is adopted with its own database.
 
 use super::finish::finish;
-use super::helpers::TestApp;
 use server::ServerConfig;
 use sha2::Digest;
 use shared::api::JobId;
 use std::path::{Path, PathBuf};
+use testkit::TestApp;
 
 /// A server with one finished job: a result version and a log on disk. Returns it stopped,
 /// with the job and the path of its result file.
@@ -89,14 +89,14 @@ async fn a_removed_database_beside_its_files_is_refused_and_nothing_is_touched()
 
 #[tokio::test]
 async fn a_database_of_another_instance_is_refused_naming_both() {
-    if crate::helpers::on_postgres() {
+    if testkit::on_postgres() {
         return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
     }
     let (app, _, _) = with_a_result().await;
     let data = app.data_path();
     let ours = marker(data);
     let mut other = TestApp::spawn().await;
-    other.submit(&super::helpers::sweep_of("theirs", 1)).await;
+    other.submit(&testkit::sweep_of("theirs", 1)).await;
     other.stop().await;
     let theirs = marker(other.data_path());
     assert_ne!(ours, theirs, "each database is its own instance");
@@ -113,7 +113,7 @@ async fn a_database_of_another_instance_is_refused_naming_both() {
 
 #[tokio::test]
 async fn a_directory_from_before_the_marker_is_adopted_with_its_database() {
-    if crate::helpers::on_postgres() {
+    if testkit::on_postgres() {
         return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
     }
     let (app, job, result) = with_a_result().await;

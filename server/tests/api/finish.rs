@@ -1,13 +1,13 @@
 //! The one-request end of an attempt (`POST /api/workers/{id}/finish`): everything applied in
 //! one transaction or nothing, the next jobs claimed with it, and its refusals.
 
-use crate::helpers::{cpu, sweep_of, TestApp};
 use sha2::{Digest, Sha256};
 use shared::api::{
     AttemptRecord, ClaimRequest, FinishRequest, InlineFile, InlineResult, JobQuery, LogQuery, LogTail, MetricPoint,
     MetricsTail, MAX_INLINE_BYTES,
 };
 use shared::job::{JobStatus, Outcome};
+use testkit::{cpu, sweep_of, TestApp};
 
 fn record() -> AttemptRecord {
     AttemptRecord {
@@ -103,7 +103,7 @@ async fn a_stale_finish_is_refused_whole_and_applies_nothing() {
     app.submit(&sweep_of("stale", 1)).await;
     let worker = app.register("w", 1).await;
     let job = app.claim(worker, 1).await.pop().unwrap();
-    crate::helpers::wait_until("the lease ran out", std::time::Duration::from_secs(10), || async {
+    testkit::wait_until("the lease ran out", std::time::Duration::from_secs(10), || async {
         (app.client.job(job.id).await.ok()?.status == JobStatus::Queued).then_some(())
     })
     .await;

@@ -1,9 +1,9 @@
 //! The job lifecycle: reports fenced by attempt, retries, leases, cancels, restarts.
 
-use crate::helpers::{cpu, sweep_of, wait_until, TestApp};
 use shared::api::{HeartbeatRequest, JobAttempt, JobQuery, RegisterRequest, ReportRequest, WorkerId};
 use shared::job::{JobStatus, Outcome};
 use std::time::Duration;
+use testkit::{cpu, sweep_of, wait_until, TestApp};
 
 fn exited(worker_id: WorkerId, attempt: u32, code: i32) -> ReportRequest {
     ReportRequest { worker_id, attempt, outcome: Outcome::Exited { code } }

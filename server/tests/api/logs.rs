@@ -1,10 +1,10 @@
 //! Logs: appends fenced by attempt and idempotent by offset, reads by page, follow mode, and
 //! the per-attempt cap.
 
-use crate::helpers::{wait_until, TestApp};
 use shared::api::{JobId, LogAppend, LogQuery, ReportRequest, WorkerId};
 use shared::job::{JobStatus, Outcome};
 use std::time::{Duration, Instant};
+use testkit::{wait_until, TestApp};
 
 fn at(worker_id: WorkerId, attempt: u32, offset: u64) -> LogAppend {
     LogAppend { worker_id, attempt, offset }
@@ -65,7 +65,7 @@ async fn a_gap_a_stale_attempt_or_another_worker_is_refused() {
 #[tokio::test]
 async fn a_queued_job_has_an_empty_unfinished_log() {
     let app = TestApp::spawn().await;
-    app.submit(&crate::helpers::sweep_of("waiting", 1)).await;
+    app.submit(&testkit::sweep_of("waiting", 1)).await;
     let job = app.client.jobs(&Default::default()).await.unwrap().jobs.remove(0);
     let chunk = app.client.log(job.id, &from(0)).await.unwrap();
     assert_eq!((chunk.attempt, chunk.text.as_str(), chunk.next_offset, chunk.finished), (0, "", 0, false));
@@ -74,7 +74,7 @@ async fn a_queued_job_has_an_empty_unfinished_log() {
 #[tokio::test]
 async fn a_follower_of_a_queued_job_gets_the_first_lines_of_its_first_attempt() {
     let app = TestApp::spawn().await;
-    app.submit(&crate::helpers::sweep_of("later", 1)).await;
+    app.submit(&testkit::sweep_of("later", 1)).await;
     let id = app.client.jobs(&Default::default()).await.unwrap().jobs[0].id;
     let client = app.client.clone();
     // As `app logs -f` does after an empty first answer: attempt 0 pinned.

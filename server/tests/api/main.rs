@@ -8,14 +8,11 @@ mod claims;
 mod code;
 mod data_dir;
 mod finish;
-mod helpers;
 mod lifecycle;
 mod logs;
 mod maintenance;
 mod metrics;
 mod page;
-#[path = "../postgres/pg_server.rs"]
-mod pg_server;
 mod results;
 mod search;
 mod sessions;

@@ -1,9 +1,9 @@
 //! Queue maintenance: bulk retries (listed ids, a sweep's failed jobs) and removing a finished
 //! sweep with its records and result files, refused while any of its jobs may still run.
 
-use crate::helpers::{sweep_of, TestApp};
 use shared::api::{AttemptRecord, ClaimedJob, JobId, JobQuery, ReportRequest, ResultUpload, WorkerId};
 use shared::job::{JobStatus, Outcome};
+use testkit::{sweep_of, TestApp};
 
 async fn finish(app: &TestApp, worker: WorkerId, job: &ClaimedJob, code: i32) {
     let report = ReportRequest { worker_id: worker, attempt: job.attempt, outcome: Outcome::Exited { code } };
@@ -166,7 +166,7 @@ async fn seal_a_file(app: &TestApp, worker: WorkerId, job: &ClaimedJob) {
 /// with a queued or running job whole, and say so.
 #[tokio::test]
 async fn the_deletes_are_guarded_by_the_jobs_statuses() {
-    if crate::helpers::on_postgres() {
+    if testkit::on_postgres() {
         return; // it opens the SQLite file itself
     }
     let mut app = TestApp::spawn().await;

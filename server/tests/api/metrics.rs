@@ -1,13 +1,13 @@
 //! Metrics batches (fenced, idempotent by offset) and their summaries on jobs; GPU telemetry
 //! carried by heartbeats.
 
-use crate::helpers::{sweep_of, wait_until, TestApp};
 use shared::api::{
     GpuSample, HeartbeatRequest, JobAttempt, JobQuery, MetricPoint, MetricSummary, MetricsBatch, ReportRequest,
     WorkerId,
 };
 use shared::job::{JobStatus, Outcome};
 use std::time::Duration;
+use testkit::{sweep_of, wait_until, TestApp};
 
 fn point(step: i64, name: &str, value: f64) -> MetricPoint {
     MetricPoint { step: Some(step), name: name.into(), value }
@@ -127,7 +127,7 @@ async fn heartbeats_store_telemetry_read_back_per_worker() {
 
 #[tokio::test]
 async fn telemetry_past_the_retention_window_is_pruned() {
-    if crate::helpers::on_postgres() {
+    if testkit::on_postgres() {
         return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
     }
     let app = TestApp::spawn_with(|config| config.telemetry_retention = Duration::from_millis(300)).await;

@@ -1,12 +1,12 @@
 //! What the web page reads: the page itself, the event stream, sorted job pages, attempts,
 //! bulk cancel, the overview and worker states.
 
-use crate::helpers::{sweep_of, wait_until, TestApp};
 use futures_util::StreamExt;
 use shared::api::{ClaimRequest, JobId, JobQuery, JobSort, RegisterRequest, ReportRequest, SortOrder, WorkerState};
 use shared::job::{JobStatus, Outcome};
 use shared::placement::{Capacity, GpuSlot};
 use std::time::Duration;
+use testkit::{sweep_of, wait_until, TestApp};
 
 fn two_gpus(job_slots: u32) -> Capacity {
     let gpu =

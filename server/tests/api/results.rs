@@ -1,12 +1,12 @@
 //! Versioned results: streamed uploads fenced by attempt, sealing against a manifest,
 //! immutable versions, downloads of listed files only, and paths that cannot escape.
 
-use crate::helpers::TestApp;
 use client::ClientError;
 use sha2::{Digest, Sha256};
 use shared::api::{AttemptRecord, ClaimedJob, JobId, ManifestEntry, ReportRequest, ResultUpload, WorkerId};
 use shared::job::Outcome;
 use std::path::{Path, PathBuf};
+use testkit::TestApp;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Writes `bytes` to a temporary file and returns it opened for upload.
@@ -205,7 +205,7 @@ async fn an_over_large_or_broken_upload_leaves_nothing_and_can_be_retried() {
     let broken = reqwest::Client::new().put(url).body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)));
     assert!(broken.send().await.map(|response| !response.status().is_success()).unwrap_or(true));
     let incoming = app.config.data_dir.join("results/.staging/.incoming");
-    crate::helpers::wait_until("the partial upload is removed", std::time::Duration::from_secs(5), || async {
+    testkit::wait_until("the partial upload is removed", std::time::Duration::from_secs(5), || async {
         (std::fs::read_dir(&incoming).unwrap().count() == 0).then_some(())
     })
     .await;
@@ -225,7 +225,7 @@ async fn uploads_of_an_attempt_that_ended_unsealed_are_cleaned_up() {
     assert!(staging.exists(), "the staging of a running attempt is kept");
     let report = ReportRequest { worker_id: worker, attempt: job.attempt, outcome: Outcome::Exited { code: 1 } };
     app.client.report(job.id, &report).await.unwrap();
-    crate::helpers::wait_until("the unsealed uploads are removed", std::time::Duration::from_secs(10), || async {
+    testkit::wait_until("the unsealed uploads are removed", std::time::Duration::from_secs(10), || async {
         (!staging.exists()).then_some(())
     })
     .await;

@@ -3,13 +3,13 @@
 //! across a restart; runs stopped early from their streamed metric; and the bad inputs refused
 //! at submit.
 
-use crate::helpers::{cpu, TestApp};
 use client::ClientError;
 use shared::api::{
     ClaimRequest, ClaimedJob, FinishRequest, HeartbeatRequest, JobAttempt, MetricPoint, MetricsBatch, MetricsTail,
     SearchMethod, SubmitQuery, WorkerId,
 };
 use shared::job::{JobStatus, Outcome};
+use testkit::{cpu, TestApp};
 
 /// A bayes sweep over `x` and `y` in [-1, 1], minimising `loss`.
 fn bayes(name: &str, run_cap: Option<u64>, seed: u64) -> String {

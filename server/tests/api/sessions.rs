@@ -2,10 +2,10 @@
 //! session, and a worker that registered with another server instance is told to register
 //! again; a holder of the shared worker token cannot act as another worker.
 
-use crate::helpers::{cpu, sweep_of, TestApp};
 use client::Client;
 use shared::api::{RegisterRequest, ReportRequest, INSTANCE_HEADER, SESSION_HEADER};
 use shared::job::{JobStatus, Outcome};
+use testkit::{cpu, sweep_of, TestApp};
 
 fn registration(name: &str, key: &str) -> RegisterRequest {
     RegisterRequest {

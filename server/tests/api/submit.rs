@@ -1,9 +1,9 @@
 //! Submitting sweeps: expansion on the server, dry runs, names, listings, config examples.
 
-use crate::helpers::{sweep_of, TestApp};
 use shared::api::{JobQuery, SubmitQuery};
 use shared::job::JobStatus;
 use std::path::Path;
+use testkit::{sweep_of, TestApp};
 
 const GRID: &str = "
 name: vaep-grid

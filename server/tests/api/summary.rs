@@ -1,8 +1,8 @@
 //! A sweep's leaderboard, as JSON and CSV: sorted by the sweep metric, top-k, quoting.
 
-use crate::helpers::TestApp;
 use shared::api::{MetricPoint, MetricsBatch};
 use shared::job::JobStatus;
+use testkit::TestApp;
 
 /// Submits a 4-job sweep ranked by `val_loss` with `goal`, claims every job and sends the
 /// given `val_loss` values (None: the job sends no metrics).
@@ -75,7 +75,7 @@ async fn the_csv_has_one_quoted_row_per_run_in_rank_order() {
 #[tokio::test]
 async fn a_sweep_without_metric_lists_runs_in_index_order_and_bad_requests_are_refused() {
     let app = TestApp::spawn().await;
-    app.submit(&crate::helpers::sweep_of("plain", 3)).await;
+    app.submit(&testkit::sweep_of("plain", 3)).await;
     let summary = app.client.summary("plain", None).await.unwrap();
     assert_eq!(indexes(&summary), [(0, None), (1, None), (2, None)]);
     assert!(summary.metric.is_none());
@@ -100,7 +100,7 @@ async fn every_top_k_is_the_head_of_the_full_leaderboard() {
         }
     }
     // Without a metric, the head is in index order.
-    app.submit(&crate::helpers::sweep_of("plain", 5)).await;
+    app.submit(&testkit::sweep_of("plain", 5)).await;
     let head = app.client.summary("plain", Some(3)).await.unwrap();
     assert_eq!(indexes(&head), [(0, None), (1, None), (2, None)]);
 }

@@ -1,12 +1,12 @@
 //! Upkeep that keeps a long-lived server small: the write-ahead log is truncated once a burst
 //! of writes is over (it would stay at its peak size on disk otherwise).
 
-use crate::helpers::{sweep_of, wait_until, TestApp};
 use std::time::Duration;
+use testkit::{sweep_of, wait_until, TestApp};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_write_ahead_log_shrinks_back_once_writes_pause() {
-    if crate::helpers::on_postgres() {
+    if testkit::on_postgres() {
         return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
     }
     let app = TestApp::spawn_with(|config| config.max_jobs_per_sweep = 200_000).await;

@@ -2,13 +2,11 @@
 //! test in a temporary directory): its schema is the SQLite one, table for table and trigger for
 //! trigger; opening refuses what it must, with words that say why.
 
-mod pg_server;
-
-use pg_server::PgServer;
 use server::db::backend::Engine;
 use server::db::{postgres, sql};
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, BTreeSet};
+use testkit::PgServer;
 
 /// One table as both backends can describe it.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,21 @@
+//! The end-to-end suites in one test binary: the real `app` binary as server and worker
+//! processes on loopback (testkit::process), one module per subject.
+
+mod auth;
+mod browser;
+mod checkpoints;
+mod cli;
+mod cli_queue;
+mod code;
+mod confinement;
+mod environment;
+mod faults;
+mod gpu;
+mod integrity;
+mod ops;
+mod quickstart;
+mod replicas;
+mod search;
+mod train;
+mod train_resume;
+mod worker;
