@@ -163,6 +163,12 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
     } else {
         sweep.jobs().take(SHOWN_JOBS).collect()
     };
+    // A script the command names that would not be shipped (`python3 trian.py`).
+    let mut warnings = sweep.warnings.clone();
+    if let (Some(project), Some((_, _, _, dir, _)), Some(first)) = (&project, &code, shown.first()) {
+        let files: Vec<std::path::PathBuf> = project.files.iter().map(|(path, _)| path.clone()).collect();
+        warnings.extend(super::script_check::missing_scripts(&first.command, dir, &files));
+    }
     let placeable = placeable_on_server(&args.url, &sweep).await;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -183,7 +189,7 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
             json!({"root": root, "files": files, "bytes": bytes, "dir": dir, "left_out": left_out})
         });
         let mut output = json!({
-            "name": name, "form": sweep.form, "count": sweep.count(), "warnings": sweep.warnings, "jobs": jobs,
+            "name": name, "form": sweep.form, "count": sweep.count(), "warnings": warnings, "jobs": jobs,
             "code": code,
             "search": plan
         });
@@ -193,7 +199,7 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
         writeln!(out, "{}", serde_json::to_string(&output)?)?;
         return Ok(());
     }
-    warn(&sweep.warnings);
+    warn(&warnings);
     match plan.as_ref().and_then(|plan| plan.adaptive.as_deref()) {
         Some(adaptive) => writeln!(out, "sweep {name} ({} form): {adaptive}", sweep.form)?,
         None => writeln!(out, "sweep {name} ({} form): {} jobs", sweep.form, sweep.count())?,

@@ -632,3 +632,30 @@ async fn only_apps_own_files_are_left_out_never_a_projects_look_alikes() {
         assert!(left_out.contains(&expected.to_string()), "{expected} not in {left_out:?}");
     }
 }
+
+#[test]
+fn a_dry_run_names_the_closest_file_to_a_misspelt_script() {
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("exp")).unwrap();
+    std::fs::write(root.join("exp/train.py"), "print('hi')\n").unwrap();
+    std::fs::write(root.join("exp/sweep.yaml"), "name: x\ncommand: python3 trian.py --lr {lr}\ngrid: {lr: [1, 2]}\n")
+        .unwrap();
+    let output = submit_in(&root.join("exp"), "http://127.0.0.1:9", &["sweep.yaml", "--dry-run"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let said = text(&output.stderr);
+    assert!(
+        said.contains("warning: `trian.py` is not in the code that would be shipped; did you mean `train.py`?"),
+        "{said}"
+    );
+    // W&B's `program`, spelt right: nothing to say.
+    let wandb = "program: train.py\nmethod: grid\nparameters:\n  lr: {values: [1, 2]}\n";
+    std::fs::write(root.join("exp/sweep.yaml"), wandb).unwrap();
+    let output = submit_in(&root.join("exp"), "http://127.0.0.1:9", &["sweep.yaml", "--dry-run"]);
+    assert!(!text(&output.stderr).contains("not in the code"), "{}", text(&output.stderr));
+    std::fs::write(root.join("exp/sweep.yaml"), wandb.replace("train.py", "trian.py")).unwrap();
+    let output = submit_in(&root.join("exp"), "http://127.0.0.1:9", &["sweep.yaml", "--dry-run", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let warnings = json["warnings"].to_string();
+    assert!(warnings.contains("`trian.py` is not in the code") && warnings.contains("`train.py`"), "{warnings}");
+}
