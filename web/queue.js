@@ -132,7 +132,8 @@ export function mount(root, route) {
   function renderSweeps() {
     const sweeps = showAllSweeps ? data.sweeps : data.sweeps.slice(0, SWEEPS_SHOWN);
     const rows = sweeps.map((sweep) => h('tr', { dataset: { sweep: sweep.name } },
-      h('td', {}, h('a', { href: links.sweep(sweep.name) }, sweep.name)),
+      h('td', {}, h('a', { href: links.sweep(sweep.name) }, sweep.name),
+        sweep.paused ? h('span.badge.status-failed', { title: sweep.paused.reason, dataset: { paused: '' } }, 'paused') : null),
       h('td', {}, progressBar(sweep.counts)),
       h('td.num', {}, `${count(sweep.counts.succeeded + sweep.counts.failed + sweep.counts.cancelled)} / ${count(total(sweep.counts))}`),
       h('td', {}, sweep.metric ? `${sweep.metric.name} (${sweep.metric.goal === 'maximize' ? 'max' : 'min'})` : h('span.muted', {}, '—')),

@@ -143,6 +143,7 @@ export function mount(root, route) {
         h('a.button', { href: links.queue({ sweep: sweep.name }) }, 'Jobs in the queue'),
         h('a.button', { href: url(`${base}/summary`, { format: 'csv' }), download: `${sweep.name}-summary.csv`, dataset: { download: 'csv' } }, 'Summary CSV'),
         h('a.button', { href: `${base}/summary`, download: `${sweep.name}-summary.json`, dataset: { download: 'json' } }, 'Summary JSON'),
+        sweep.paused ? h('button', { type: 'button', dataset: { action: 'resume' }, onclick: resumeSweep }, 'Resume sweep') : null,
         h('button.danger', { type: 'button', onclick: cancelSweep }, 'Cancel sweep')),
       h('details.source', { style: { flexBasis: '100%' } }, h('summary', {}, 'Sweep file'), h('pre.command', {}, sweep.source || '')));
   }
@@ -157,6 +158,9 @@ export function mount(root, route) {
       h('div.legend', {}, STATUSES.map((status) => h('a', { href: links.queue({ sweep: sweep.name, status }), dataset: { count: status } },
         h('i', { class: `status-${status}`, style: { background: `var(--${status})` } }), `${count(counts[status])} ${status}`))),
       searchLine(sweep.search),
+      sweep.paused
+        ? h('pre.paused.waiting-never', { dataset: { paused: '' } }, `Paused ${timeAgo(sweep.paused.at)}: ${sweep.paused.reason.replace(/^paused: /, '')}`)
+        : null,
       sweep.unplaceable
         ? h('p.waiting-never', { dataset: { unplaceable: '' } }, `Its queued jobs cannot run on any connected worker: ${sweep.unplaceable}. They wait until such a worker connects.`)
         : null,
@@ -240,6 +244,16 @@ export function mount(root, route) {
       rows: board.rows, metricNames, defaultMetric: rankMetric()?.name,
       compared: compared.length >= 2 ? compared : null, signal,
     });
+  }
+
+  async function resumeSweep() {
+    try {
+      const result = await post(`${base}/resume`);
+      toast(result.resumed ? `${sweep.name} resumed: its queued jobs may run again` : `${sweep.name} was not paused`);
+    } catch (error) {
+      toast(`Resume failed: ${error.message}`, 'error');
+    }
+    loader.now();
   }
 
   async function cancelSweep() {

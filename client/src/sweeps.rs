@@ -29,6 +29,11 @@ impl Client {
         self.post(&format!("/api/sweeps/{}/cancel", encode(key)), &()).await
     }
 
+    /// Resumes a sweep its failing runs paused.
+    pub async fn resume_sweep(&self, key: &str) -> ClientResult<ResumeResponse> {
+        self.post(&format!("/api/sweeps/{}/resume", encode(key)), &()).await
+    }
+
     pub async fn overview(&self) -> ClientResult<Overview> {
         self.get("/api/overview").await
     }

@@ -11,6 +11,7 @@ mod files;
 pub mod format;
 mod logs;
 mod results;
+mod script_check;
 pub mod secrets;
 mod serve;
 mod settings;

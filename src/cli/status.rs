@@ -53,6 +53,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             let sweep = detail.info;
             if !args.json {
                 writeln!(out, "{}", sweep_line(&sweep))?;
+                if let Some(paused) = &sweep.paused {
+                    writeln!(out, "{}", paused.reason)?;
+                }
                 if let Some(reason) = &detail.unplaceable {
                     writeln!(out, "its queued jobs cannot run on any connected worker: {reason}")?;
                 }
@@ -106,7 +109,7 @@ pub fn sweeps_table(sweeps: &[SweepInfo], now: i64, width: Option<u16>) -> Table
         let counts = &sweep.counts;
         wide.rows.push(vec![
             sweep.id.to_string(),
-            sweep.name.clone(),
+            shown_name(sweep),
             counts.total().to_string(),
             counts.queued.to_string(),
             counts.running.to_string(),
@@ -123,7 +126,7 @@ pub fn sweeps_table(sweeps: &[SweepInfo], now: i64, width: Option<u16>) -> Table
         for sweep in sweeps {
             narrow.rows.push(vec![
                 sweep.id.to_string(),
-                sweep.name.clone(),
+                shown_name(sweep),
                 sweep.counts.total().to_string(),
                 progress(&sweep.counts),
                 format::age(sweep.created_at, now),
@@ -134,6 +137,14 @@ pub fn sweeps_table(sweeps: &[SweepInfo], now: i64, width: Option<u16>) -> Table
         narrow
     };
     table::fit(wide, narrow, width)
+}
+
+/// The sweep's name, marked when its failing runs paused it.
+fn shown_name(sweep: &SweepInfo) -> String {
+    match sweep.paused {
+        Some(_) => format!("{} (paused)", sweep.name),
+        None => sweep.name.clone(),
+    }
 }
 
 /// `80 queued, 8 running, 17 succeeded`: the counts that are not zero, in lifecycle order.

@@ -1,5 +1,6 @@
-//! `app sweeps ls` and `app sweeps rm SWEEP... [--yes]`: list sweeps, or remove finished ones
-//! with their jobs' records and result files, after a confirmation (or `--yes`).
+//! `app sweeps ls`, `app sweeps rm SWEEP... [--yes]` and `app sweeps resume SWEEP...`: list
+//! sweeps, remove finished ones with their jobs' records and result files after a
+//! confirmation (or `--yes`), or resume sweeps their failing runs paused.
 
 use super::{format, table, UrlArg};
 use anyhow::Context;
@@ -13,6 +14,17 @@ pub enum SweepsCommand {
     Ls(LsArgs),
     /// Remove finished sweeps with their jobs, logs, metrics and result files.
     Rm(RmArgs),
+    /// Resume sweeps their failing runs paused (`max_initial_failures`, `max_consecutive_failures`).
+    Resume(ResumeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// The sweeps (ids or names).
+    #[arg(required = true, value_name = "SWEEP")]
+    pub sweeps: Vec<String>,
+    #[command(flatten)]
+    pub url: UrlArg,
 }
 
 #[derive(Debug, Args)]
@@ -40,7 +52,21 @@ pub async fn run(command: SweepsCommand) -> anyhow::Result<()> {
     match command {
         SweepsCommand::Ls(args) => list(args).await,
         SweepsCommand::Rm(args) => remove(args).await,
+        SweepsCommand::Resume(args) => resume(args).await,
     }
+}
+
+async fn resume(args: ResumeArgs) -> anyhow::Result<()> {
+    let client = super::client(&args.url)?;
+    let mut out = std::io::stdout().lock();
+    for key in &args.sweeps {
+        let answer = client.resume_sweep(key).await.with_context(|| format!("resuming sweep {key}"))?;
+        match answer.resumed {
+            true => writeln!(out, "resumed {key}: its queued jobs may run again")?,
+            false => writeln!(out, "{key} was not paused")?,
+        }
+    }
+    Ok(())
 }
 
 async fn list(args: LsArgs) -> anyhow::Result<()> {

@@ -103,6 +103,7 @@ fn sweeps() -> Vec<SweepInfo> {
             metric: Some(val_loss()),
             created_at: NOW - 42 * MINUTE,
             counts: counts(80, 8, 17, 2, 1),
+            paused: None,
         },
         SweepInfo {
             id: SweepId::new(2),
@@ -111,6 +112,7 @@ fn sweeps() -> Vec<SweepInfo> {
             metric: None,
             created_at: NOW - 26 * 60 * MINUTE,
             counts: counts(0, 0, 20, 0, 0),
+            paused: None,
         },
     ]
 }

@@ -57,11 +57,15 @@ pub async fn run(args: WaitArgs) -> anyhow::Result<()> {
     wait(&client, &target, timeout).await
 }
 
-/// Counts of the target's jobs now, and why its queued jobs cannot run, if they cannot.
+/// Counts of the target's jobs now, and why its queued jobs cannot run, if they cannot. A
+/// sweep its failing runs paused ends the wait with its reason.
 async fn counts(client: &Client, target: &Target) -> anyhow::Result<(StatusCounts, Option<String>)> {
     match target {
         Target::Sweep(key) => {
             let sweep = client.sweep(key).await.with_context(|| format!("following sweep {key}"))?;
+            if let Some(paused) = &sweep.info.paused {
+                anyhow::bail!("sweep {}: {}", sweep.info.name, paused.reason);
+            }
             Ok((sweep.info.counts, sweep.unplaceable))
         }
         Target::Job(id) => {

@@ -9,6 +9,8 @@
 //   web-analysis  24 random-search runs whose loss follows lr;
 //   web-gpu       1 GPU job finished by a worker that reported its GPU use: six readings of a
 //                 mostly idle GPU (MEASURED_JOB).
+// It submits web-from-page (the submit page) and, last, web-typo (a misspelt program that
+// pauses itself after three failed runs).
 //
 //   node pages.mjs SERVER_URL OUTPUT_DIR  (env: GATE_FILE, WORKER_NAME, GHOST_WORKER, REQUEUED_JOB, MEASURED_JOB, CHROMIUM)
 //
@@ -620,6 +622,27 @@ await step('every view at 390 px in dark mode', async () => {
     await showView(hash, ready, name);
     await fitsWidth(`the ${name} view`);
     await shot(`${name}-phone-dark`);
+  }
+});
+
+await step('issue 28 item 5: a sweep whose runs keep failing pauses; its page says why and resumes it', async () => {
+  await page.emulateMedia({ colorScheme: 'light' });
+  const yaml = 'name: web-typo\ncommand: python3 trian.py --lr {lr}\ngrid:\n  lr: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]\n';
+  await api('/api/sweeps', { method: 'POST', headers: { 'content-type': 'application/yaml' }, body: yaml });
+  await go('#/sweeps/web-typo');
+  const paused = page.locator('[data-paused]');
+  await paused.waitFor({ timeout: LONG });
+  const reason = await paused.textContent();
+  check(reason.includes('none has succeeded') && reason.includes('trian.py'), `the page says why, quoting the log: ${reason}`);
+  await go(`#/?sweep=web-typo`);
+  await page.locator('tr[data-sweep="web-typo"] [data-paused]').waitFor();
+  await go('#/sweeps/web-typo');
+  const failed = (await api('/api/sweeps/web-typo')).counts.failed;
+  await page.locator('button[data-action="resume"]').click();
+  // Resumed, its jobs run again (and, failing, pause it once more).
+  for (let tries = 0; (await api('/api/sweeps/web-typo')).counts.failed <= failed; tries++) {
+    check(tries < 300, 'the resumed sweep ran again within 30 s');
+    await page.waitForTimeout(100);
   }
 });
 

@@ -9,6 +9,7 @@ mod cli_queue;
 mod code;
 mod confinement;
 mod environment;
+mod fail_fast;
 mod faults;
 mod gpu;
 mod integrity;

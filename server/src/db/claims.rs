@@ -15,6 +15,11 @@ use shared::sweep::Resources;
 /// and [`dispatch_key`] follow it.
 pub const DISPATCH_ORDER: &str = "priority DESC, id";
 
+/// The jobs a claim may take: queued, and not held by a paused sweep (`db::fail_fast`). It is
+/// the predicate of the claims' partial index `jobs_queue` (migrations/0010): every text that
+/// walks that index says exactly this.
+pub const CLAIMABLE: &str = "status = 'queued' AND held = 0";
+
 /// [`DISPATCH_ORDER`] for rows already read.
 pub fn dispatch_key(priority: i64, id: JobId) -> (std::cmp::Reverse<i64>, i64) {
     (std::cmp::Reverse(priority), id.get())
@@ -75,12 +80,12 @@ pub struct PlainClaim {
     pub now: i64,
 }
 
-/// The queued jobs a worker without GPUs may run: none asking for a GPU or GPU memory, the
+/// The claimable jobs a worker without GPUs may run: none asking for a GPU or GPU memory, the
 /// trainer only if `trainer` (a parameter's place) is true. `shared::placement::place` accepts
 /// exactly these for such a worker, with an empty placement.
 pub fn plain_jobs(trainer: &str) -> String {
     format!(
-        "status = 'queued' AND (gpus IS NULL OR gpus <= 0) AND (gpu_memory IS NULL OR gpu_memory <= 0)
+        "{CLAIMABLE} AND (gpus IS NULL OR gpus <= 0) AND (gpu_memory IS NULL OR gpu_memory <= 0)
            AND (needs_trainer = 0 OR {trainer})"
     )
 }
@@ -163,7 +168,7 @@ pub async fn queued_candidates(
         let hint = engine.pick(" INDEXED BY jobs_queue", "");
         let sql = format!(
             "SELECT id, gpus, gpu_memory, exclusive, needs_trainer FROM jobs{hint}
-             WHERE status = 'queued' AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
+             WHERE {CLAIMABLE} AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
                AND (needs_trainer = 0 OR $3)
              ORDER BY {DISPATCH_ORDER} LIMIT $4"
         );

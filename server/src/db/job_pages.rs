@@ -149,20 +149,18 @@ pub async fn list(
     })
 }
 
-/// How many queued jobs are dispatched before the queued job `id` of `priority` (those before
-/// it in `claims::DISPATCH_ORDER`: priority first, then age). A range of the queue's index, not a scan of the table.
+/// How many claimable jobs are dispatched before the queued job `id` of `priority` (those
+/// before it in `claims::DISPATCH_ORDER`: priority first, then age; a paused sweep's held jobs
+/// are not in line). A range of the queue's index, not a scan of the table.
 pub async fn queue_position(pool: impl Into<PoolRef<'_>>, id: JobId, priority: i64) -> sql::Result<u64> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let ahead: i64 = sql::query_scalar(engine.pick(
-            "SELECT count(*) FROM jobs INDEXED BY jobs_queue
-         WHERE status = 'queued' AND (priority > $1 OR (priority = $1 AND id < $2))",
-            "SELECT count(*) FROM jobs WHERE status = 'queued' AND (priority > $1 OR (priority = $1 AND id < $2))",
-        ))
-        .bind(priority)
-        .bind(id.get())
-        .fetch_one(pool)
-        .await?;
+        let hint = engine.pick(" INDEXED BY jobs_queue", "");
+        let sql = format!(
+            "SELECT count(*) FROM jobs{hint} WHERE {} AND (priority > $1 OR (priority = $1 AND id < $2))",
+            super::claims::CLAIMABLE
+        );
+        let ahead: i64 = sql::query_scalar(&sql).bind(priority).bind(id.get()).fetch_one(pool).await?;
         Ok(ahead as u64)
     })
 }
@@ -175,9 +173,10 @@ pub async fn queue_positions(pool: impl Into<PoolRef<'_>>, ids: &[JobId]) -> any
         let sql = format!(
             "SELECT id, position FROM (
                  SELECT id, row_number() OVER (ORDER BY {order}) - 1 AS position
-                 FROM jobs{hint} WHERE status = 'queued') AS q
+                 FROM jobs{hint} WHERE {claimable}) AS q
              WHERE id IN (SELECT {ids})",
             order = super::claims::DISPATCH_ORDER,
+            claimable = super::claims::CLAIMABLE,
             ids = engine.json_ids(1),
         );
         let rows: Vec<(i64, i64)> = sql::query_as(&sql).bind(serde_json::to_string(ids)?).fetch_all(pool).await?;

@@ -17,6 +17,7 @@ pub mod checkpoints;
 pub mod claims;
 pub mod code;
 pub mod events;
+pub mod fail_fast;
 pub mod gpu;
 pub mod job_pages;
 pub mod jobs;

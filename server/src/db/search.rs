@@ -88,7 +88,8 @@ pub async fn open_searches(conn: impl Into<Conn<'_>>) -> sql::Result<Vec<OpenSea
             "SELECT q.sweep_id, q.run_cap, q.proposed, q.fallback, coalesce(c.jobs, 0) AS queued
              FROM sweep_search q
              LEFT JOIN {} c ON c.sweep_id = q.sweep_id AND c.status = 'queued'
-             WHERE q.open = 1 ORDER BY q.sweep_id",
+             WHERE q.open = 1 AND q.sweep_id NOT IN (SELECT id FROM sweeps WHERE paused_at IS NOT NULL)
+             ORDER BY q.sweep_id",
             super::sweeps::counted(engine)
         ))
         .fetch_all(&mut *conn)

@@ -2,7 +2,7 @@
 
 use super::backend::{on_conn, on_pool, Conn, DbRow, Engine, PoolRef};
 use super::sql;
-use shared::api::{StatusCounts, SweepDetail, SweepId, SweepInfo};
+use shared::api::{Paused, StatusCounts, SweepDetail, SweepId, SweepInfo};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric, Sweep, SweepForm};
 use std::fmt::Write as _;
@@ -43,8 +43,9 @@ pub async fn insert(
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         sql::query_scalar::<i64>(
-            "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+            "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at,
+                             max_initial_failures, max_consecutive_failures)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
         )
         .bind(name)
         .bind(form_text(sweep.form))
@@ -53,6 +54,8 @@ pub async fn insert(
         .bind(sweep.metric.as_ref().map(|metric| goal_text(metric.goal)))
         .bind(sweep.count() as i64)
         .bind(now)
+        .bind(i64::from(sweep.fail_fast.initial))
+        .bind(i64::from(sweep.fail_fast.consecutive))
         .fetch_one(&mut *conn)
         .await
         .map(SweepId::new)
@@ -187,6 +190,10 @@ fn info_from_row(row: &impl DbRow) -> sql::Result<SweepInfo> {
         }),
         created_at: row.get_as("created_at")?,
         counts: StatusCounts::default(),
+        paused: match row.get_as::<Option<i64>>("paused_at")? {
+            Some(at) => Some(Paused { at, reason: row.get_as::<Option<String>>("paused_reason")?.unwrap_or_default() }),
+            None => None,
+        },
     })
 }
 

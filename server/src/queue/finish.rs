@@ -110,7 +110,9 @@ impl Queue {
             let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
             self.search.cached_target(seen.sweep_id) == Some(false)
                 && super::fence::check(seen, at.attempt, worker, "finish").is_ok()
-                && super::reports::decide(seen, attempt, worker, &request.outcome).is_ok()
+                // A failure may pause its sweep (`fail_fast`): the general path looks.
+                && super::reports::decide(seen, attempt, worker, &request.outcome)
+                    .is_ok_and(|finish| finish.status != JobStatus::Failed)
                 && (requests.is_empty() || super::claims::plain_claim(&requests, 0, 0).is_some())
         });
         let tried = snapshot.is_some();
@@ -308,7 +310,7 @@ async fn full(
     search.has_target(tx, current.sweep_id).await?;
     let applied = db::jobs::finish(tx.conn().await?, &current, at.worker, &decision, now, false).await?;
     super::reports::settle(tx, attempt, &decision, applied)?;
-    super::reports::after_settled(tx, search, &current, attempt, &decision).await?;
+    super::reports::after_settled(tx, (search, logs.0), &current, attempt, &decision).await?;
     let jobs = match requests.is_empty() {
         true => Vec::new(),
         false => {

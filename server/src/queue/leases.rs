@@ -31,6 +31,9 @@ pub(super) async fn lose(tx: &mut Tx, lost: &[JobState], max_crashes: u32, now: 
                 tx.note(Change::Claimable);
             } else {
                 expiry.failed += 1;
+                if decision.status == JobStatus::Failed {
+                    super::fail_fast::after_failure(tx, held.sweep_id, None).await?;
+                }
             }
         }
     }

@@ -57,6 +57,21 @@ impl LogStore {
         file.write_all_at(bytes, offset)
     }
 
+    /// The last `lines` lines of an attempt's log, from at most its last 4 KiB (for messages;
+    /// empty when there is none).
+    pub fn tail(&self, sweep: SweepId, job: JobId, attempt: u32, lines: usize) -> String {
+        let Ok(file) = std::fs::File::open(self.path(sweep, job, attempt)) else { return String::new() };
+        let length = file.metadata().map(|meta| meta.len()).unwrap_or(0);
+        let start = length.saturating_sub(4096);
+        let mut bytes = vec![0; (length - start) as usize];
+        if file.read_exact_at(&mut bytes, start).is_err() {
+            return String::new();
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let all: Vec<&str> = text.lines().filter(|line| !line.trim().is_empty()).collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Up to `max` bytes from `offset`, never past `end` (the committed length).
     fn read(&self, sweep: SweepId, job: JobId, attempt: u32, offset: u64, end: u64) -> io::Result<Vec<u8>> {
         if offset >= end {

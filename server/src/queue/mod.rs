@@ -11,6 +11,7 @@ mod checkpoints;
 mod claims;
 mod code;
 pub mod events;
+mod fail_fast;
 mod fence;
 mod finish;
 mod jobs;

@@ -11,19 +11,19 @@ use shared::job::{self, Finish, JobStatus, Outcome};
 /// Applies `outcome` to the attempt if `worker` still holds it; returns the job's new status.
 pub(super) async fn apply_outcome(
     tx: &mut Tx,
-    search: &super::search::Controller,
+    (search, logs): (&super::search::Controller, &super::LogStore),
     attempt: JobAttempt,
     worker: WorkerId,
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
     let current = state_of(tx, attempt.job_id).await?;
-    apply_to(tx, search, current, attempt, worker, outcome).await
+    apply_to(tx, (search, logs), current, attempt, worker, outcome).await
 }
 
 /// [`apply_outcome`] on the state `current` just read in this write unit.
 pub(super) async fn apply_to(
     tx: &mut Tx,
-    search: &super::search::Controller,
+    (search, logs): (&super::search::Controller, &super::LogStore),
     current: crate::db::jobs::JobState,
     attempt: JobAttempt,
     worker: WorkerId,
@@ -32,21 +32,24 @@ pub(super) async fn apply_to(
     let decision = decide(&current, attempt, worker, outcome)?;
     let applied = db::jobs::finish(tx.conn().await?, &current, worker, &decision, now_ms(), false).await?;
     settle(tx, attempt, &decision, applied)?;
-    after_settled(tx, search, &current, attempt, &decision).await?;
+    after_settled(tx, (search, logs), &current, attempt, &decision).await?;
     Ok(decision.status)
 }
 
 /// What follows a settled decision in the same unit: a success may have reached its sweep's
-/// `metric.target` (see `search::Controller::after_success`).
+/// `metric.target` (see `search::Controller::after_success`); a failure may pause its sweep
+/// (`fail_fast`).
 pub(super) async fn after_settled(
     tx: &mut Tx,
-    search: &super::search::Controller,
+    (search, logs): (&super::search::Controller, &super::LogStore),
     current: &crate::db::jobs::JobState,
     attempt: JobAttempt,
     decision: &Finish,
 ) -> ApiResult<()> {
-    if decision.status == JobStatus::Succeeded {
-        search.after_success(tx, attempt.job_id, attempt.attempt, current.sweep_id).await?;
+    match decision.status {
+        JobStatus::Succeeded => search.after_success(tx, attempt.job_id, attempt.attempt, current.sweep_id).await?,
+        JobStatus::Failed => super::fail_fast::after_failure(tx, current.sweep_id, Some(logs)).await?,
+        _ => {}
     }
     Ok(())
 }
@@ -87,9 +90,11 @@ impl Queue {
     /// A worker's report of how an attempt ended.
     pub async fn report(&self, id: JobId, worker: WorkerId, attempt: u32, outcome: Outcome) -> ApiResult<JobStatus> {
         let attempt = JobAttempt { job_id: id, attempt };
-        let search = self.search.clone();
-        self.write(move |tx| Box::pin(async move { apply_outcome(tx, &search, attempt, worker, &outcome).await }))
-            .await
-            .inspect(|status| self.meters.reported(*status))
+        let (search, logs) = (self.search.clone(), self.logs.clone());
+        self.write(move |tx| {
+            Box::pin(async move { apply_outcome(tx, (&search, &logs), attempt, worker, &outcome).await })
+        })
+        .await
+        .inspect(|status| self.meters.reported(*status))
     }
 }

@@ -1,4 +1,5 @@
-//! `/api/sweeps`: submit (expanded here, on the server, in one transaction), list, show, cancel.
+//! `/api/sweeps`: submit (expanded here, on the server, in one transaction), list, show, cancel,
+//! resume (a sweep its failing runs paused).
 
 use crate::db;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult};
@@ -9,7 +10,9 @@ use axum::extract::State;
 use axum::response::AppendHeaders;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use shared::api::{CancelResponse, JobPreview, SearchPlan, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo};
+use shared::api::{
+    CancelResponse, JobPreview, ResumeResponse, SearchPlan, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo,
+};
 use shared::names::check_name;
 use std::sync::Arc;
 
@@ -21,6 +24,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/sweeps", post(submit).get(list))
         .route("/api/sweeps/{sweep}", get(show))
         .route("/api/sweeps/{sweep}/cancel", post(cancel))
+        .route("/api/sweeps/{sweep}/resume", post(resume))
 }
 
 async fn submit(
@@ -92,4 +96,8 @@ async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> A
 
 async fn cancel(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<CancelResponse>> {
     Ok(Json(state.queue.cancel_sweep(&key).await?))
+}
+
+async fn resume(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<ResumeResponse>> {
+    Ok(Json(state.queue.resume_sweep(&key).await?))
 }

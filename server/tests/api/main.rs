@@ -7,6 +7,7 @@ mod bad_input;
 mod claims;
 mod code;
 mod data_dir;
+mod fail_fast;
 mod finish;
 mod lifecycle;
 mod logs;

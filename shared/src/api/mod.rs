@@ -106,6 +106,26 @@ pub struct SweepInfo {
     pub metric: Option<Metric>,
     pub created_at: i64,
     pub counts: StatusCounts,
+    /// Set while its failing runs hold it: nothing of it is claimed or proposed until
+    /// `POST /api/sweeps/{key}/resume` (`app sweeps resume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Paused>,
+}
+
+/// Why and since when a sweep is paused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Paused {
+    /// Milliseconds since the epoch.
+    pub at: i64,
+    /// The failed runs that paused it, and the last lines of the last one's log.
+    pub reason: String,
+}
+
+/// `POST /api/sweeps/{key}/resume`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResumeResponse {
+    /// False when it was not paused (nothing changed).
+    pub resumed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

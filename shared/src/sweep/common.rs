@@ -1,5 +1,6 @@
 //! The keys the native and W&B forms share: `name`, `description`, `resources`, `metric`,
-//! `priority`, `retries`, `timeout`, and where and how jobs run (`code`, `workdir`, `env`,
+//! `priority`, `retries`, `timeout`, `max_initial_failures`, `max_consecutive_failures`, and
+//! where and how jobs run (`code`, `workdir`, `env`,
 //! `setup`, read by [`super::environment`]).
 
 use serde_norway::{Mapping, Value};
@@ -10,8 +11,21 @@ use super::read::{self, describe, get};
 use super::{Goal, Metric, Resources};
 
 /// The keys every form with sweep keys accepts.
-pub(crate) const SHARED_KEYS: [&str; 11] =
-    ["name", "description", "resources", "metric", "priority", "retries", "timeout", "code", "workdir", "env", "setup"];
+pub(crate) const SHARED_KEYS: [&str; 13] = [
+    "name",
+    "description",
+    "resources",
+    "metric",
+    "priority",
+    "retries",
+    "timeout",
+    "max_initial_failures",
+    "max_consecutive_failures",
+    "code",
+    "workdir",
+    "env",
+    "setup",
+];
 
 /// The sweep-wide settings that do not change from job to job.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -24,6 +38,7 @@ pub(crate) struct Settings {
     pub priority: i64,
     pub retries: u32,
     pub timeout_secs: Option<u64>,
+    pub fail_fast: super::FailFast,
     pub environment: Environment,
 }
 
@@ -53,6 +68,14 @@ pub(crate) fn parse_settings(root: &Mapping) -> Result<Settings, SweepError> {
     }
     if let Some(value) = get(root, "timeout") {
         settings.timeout_secs = Some(parse_timeout(value)?);
+    }
+    for (key, limit) in [
+        ("max_initial_failures", &mut settings.fail_fast.initial),
+        ("max_consecutive_failures", &mut settings.fail_fast.consecutive),
+    ] {
+        if let Some(value) = get(root, key) {
+            *limit = read::integer_in(value, key, 0, u32::MAX.into(), "a non-negative integer (0: never pause)")?;
+        }
     }
     Ok(settings)
 }
@@ -187,6 +210,20 @@ mod tests {
         assert_eq!(parsed.metric, Some(Metric { name: "acc".into(), goal: Goal::Maximize }));
         assert_eq!(settings("metric: {name: acc, target: 0.99}").unwrap().metric_target, Some(0.99));
         assert_eq!((parsed.priority, parsed.retries, parsed.timeout_secs), (-3, 2, Some(5400)));
+    }
+
+    #[test]
+    fn failing_runs_pause_after_three_at_first_and_ten_in_a_row_later() {
+        let fail_fast = settings("name: n").unwrap().fail_fast;
+        assert_eq!(fail_fast, super::super::FailFast { initial: 3, consecutive: 10 });
+        assert!(!fail_fast.pauses(2, false) && fail_fast.pauses(3, false));
+        assert!(!fail_fast.pauses(9, true) && fail_fast.pauses(10, true));
+        let set = settings("max_initial_failures: 1\nmax_consecutive_failures: 0").unwrap().fail_fast;
+        assert!(set.pauses(1, false) && !set.pauses(1_000, true), "0 turns the limit off");
+        for bad in ["max_initial_failures: -1", "max_consecutive_failures: many", "max_initial_failures: 1.5"] {
+            let key = bad.split(':').next().unwrap();
+            assert!(matches!(settings(bad), Err(SweepError::Invalid { path, .. }) if path == key), "{bad}");
+        }
     }
 
     #[test]

@@ -129,6 +129,33 @@ pub struct JobSpec {
     pub config: Option<String>,
 }
 
+/// When a sweep's failing runs pause it (as W&B's agent gives up after
+/// `WANDB_AGENT_MAX_INITIAL_FAILURES`): after `initial` failed runs while none of its runs has
+/// succeeded, or `consecutive` failed runs in a row after one has. Counted since the last
+/// success or resume; 0 turns a limit off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailFast {
+    /// `max_initial_failures` (3, W&B's default).
+    pub initial: u32,
+    /// `max_consecutive_failures` (10).
+    pub consecutive: u32,
+}
+
+impl Default for FailFast {
+    fn default() -> Self {
+        FailFast { initial: 3, consecutive: 10 }
+    }
+}
+
+impl FailFast {
+    /// Whether `failed_in_a_row` failed runs pause the sweep, given whether any run of it has
+    /// succeeded. A pure decision: the server counts, this decides.
+    pub fn pauses(&self, failed_in_a_row: u64, any_succeeded: bool) -> bool {
+        let limit = if any_succeeded { self.consecutive } else { self.initial };
+        limit > 0 && failed_in_a_row >= u64::from(limit)
+    }
+}
+
 /// A parsed and validated sweep, ready to count and expand.
 #[derive(Debug, Clone)]
 pub struct Sweep {
@@ -142,6 +169,8 @@ pub struct Sweep {
     pub retries: u32,
     /// Per-job wall-clock limit in seconds.
     pub timeout_secs: Option<u64>,
+    /// When failing runs pause the sweep.
+    pub fail_fast: FailFast,
     /// How runs are chosen: built up front, or proposed one at a time.
     pub search: Search,
     /// When running runs are stopped early, if ever.
@@ -229,8 +258,17 @@ impl Sweep {
         early_stop: Option<EarlyStop>,
         warnings: Vec<String>,
     ) -> Sweep {
-        let common::Settings { name, metric, metric_target, resources, priority, retries, timeout_secs, environment } =
-            settings;
+        let common::Settings {
+            name,
+            metric,
+            metric_target,
+            resources,
+            priority,
+            retries,
+            timeout_secs,
+            fail_fast,
+            environment,
+        } = settings;
         Sweep {
             name,
             form,
@@ -240,6 +278,7 @@ impl Sweep {
             priority,
             retries,
             timeout_secs,
+            fail_fast,
             search,
             early_stop,
             environment,
