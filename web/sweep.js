@@ -161,6 +161,7 @@ export function mount(root, route) {
       sweep.paused
         ? h('pre.paused.waiting-never', { dataset: { paused: '' } }, `Paused ${timeAgo(sweep.paused.at)}: ${sweep.paused.reason.replace(/^paused: /, '')}`)
         : null,
+      sweep.metric_missing ? h('p.waiting-never', { dataset: { metricMissing: sweep.metric_missing.name } }, metricMissingText(sweep.metric_missing)) : null,
       sweep.unplaceable
         ? h('p.waiting-never', { dataset: { unplaceable: '' } }, `Its queued jobs cannot run on any connected worker: ${sweep.unplaceable}. They wait until such a worker connects.`)
         : null,
@@ -244,6 +245,15 @@ export function mount(root, route) {
       rows: board.rows, metricNames, defaultMetric: rankMetric()?.name,
       compared: compared.length >= 2 ? compared : null, signal,
     });
+  }
+
+  /** The sweep's metric that no finished run reported, with what they did report. */
+  function metricMissingText(missing) {
+    const runs = missing.finished === 1 ? 'run has' : 'runs have';
+    let text = `The metric ${missing.name} has not arrived: ${count(missing.finished)} finished ${runs} not reported it`;
+    text += missing.arrived.length ? `; they reported ${missing.arrived.join(', ')}` : '; no run reported any metric (write JSON lines to $APP_METRICS_FILE)';
+    if (missing.did_you_mean) text += `. Did you mean ${missing.did_you_mean}?`;
+    return text;
   }
 
   async function resumeSweep() {

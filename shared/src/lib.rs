@@ -10,6 +10,7 @@ pub mod capabilities;
 pub mod dotted;
 pub mod history;
 pub mod job;
+pub mod metric_check;
 pub mod names;
 pub mod placement;
 pub mod search;

@@ -50,6 +50,14 @@ pub async fn run(args: ResultsArgs) -> anyhow::Result<()> {
         )?,
         None => writeln!(out, "sweep {} (no metric: in index order)", summary.sweep)?,
     }
+    // Said on stderr, before the table: a ranking by a metric nobody reported ranks nothing.
+    if summary.metric.is_some() {
+        if let Ok(detail) = client.sweep(&args.sweep).await {
+            if let Some(missing) = detail.metric_missing {
+                eprintln!("warning: {}", missing.sentence());
+            }
+        }
+    }
     if summary.rows.is_empty() {
         writeln!(out, "no runs yet")?;
         return Ok(());

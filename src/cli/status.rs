@@ -56,6 +56,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 if let Some(paused) = &sweep.paused {
                     writeln!(out, "{}", paused.reason)?;
                 }
+                if let Some(missing) = &detail.metric_missing {
+                    writeln!(out, "warning: {}", missing.sentence())?;
+                }
                 if let Some(reason) = &detail.unplaceable {
                     writeln!(out, "its queued jobs cannot run on any connected worker: {reason}")?;
                 }

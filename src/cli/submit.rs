@@ -188,8 +188,10 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
                 left_out.entries.iter().map(|(path, why)| json!({"path": path, "why": why})).collect();
             json!({"root": root, "files": files, "bytes": bytes, "dir": dir, "left_out": left_out})
         });
+        let sources = sweep.metric.as_ref().map(|metric| metric_sources(&metric.name));
         let mut output = json!({
             "name": name, "form": sweep.form, "count": sweep.count(), "warnings": warnings, "jobs": jobs,
+            "metric_sources": sources,
             "code": code,
             "search": plan
         });
@@ -206,6 +208,9 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
     }
     if let Some(early_stop) = plan.as_ref().and_then(|plan| plan.early_stop.as_deref()) {
         writeln!(out, "  {early_stop}")?;
+    }
+    if let Some(metric) = &sweep.metric {
+        writeln!(out, "  metric {}: {}", metric.name, metric_sources(&metric.name))?;
     }
     if sweep.search.is_adaptive() && !shown.is_empty() {
         writeln!(out, "  first runs (drawn before any result is in):")?;
@@ -265,6 +270,13 @@ async fn placeable_on_server(url: &super::UrlArg, sweep: &Sweep) -> Option<anyho
 }
 
 /// Keys of the file that have no effect here, said on stderr (stdout stays for the result).
+/// Where a job's metric `name` can come from, for the dry run: a metric nobody reports leaves
+/// the leaderboard empty and bayes and early stopping blind.
+fn metric_sources(name: &str) -> String {
+    let example = serde_json::to_string(&json!({"step": 3, name: 0.12})).unwrap_or_default();
+    format!("each job reports it by appending JSON lines to $APP_METRICS_FILE ({example})")
+}
+
 fn warn(warnings: &[String]) {
     for warning in warnings {
         eprintln!("warning: {warning}");

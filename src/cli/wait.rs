@@ -57,22 +57,30 @@ pub async fn run(args: WaitArgs) -> anyhow::Result<()> {
     wait(&client, &target, timeout).await
 }
 
-/// Counts of the target's jobs now, and why its queued jobs cannot run, if they cannot. A
-/// sweep its failing runs paused ends the wait with its reason.
-async fn counts(client: &Client, target: &Target) -> anyhow::Result<(StatusCounts, Option<String>)> {
+/// What a wait follows: the target's counts, why its queued jobs cannot run (if they cannot)
+/// and, for a sweep, its metric when finished runs have not reported it.
+struct Seen {
+    counts: StatusCounts,
+    unplaceable: Option<String>,
+    metric_missing: Option<String>,
+}
+
+/// The target now. A sweep its failing runs paused ends the wait with its reason.
+async fn counts(client: &Client, target: &Target) -> anyhow::Result<Seen> {
     match target {
         Target::Sweep(key) => {
             let sweep = client.sweep(key).await.with_context(|| format!("following sweep {key}"))?;
             if let Some(paused) = &sweep.info.paused {
                 anyhow::bail!("sweep {}: {}", sweep.info.name, paused.reason);
             }
-            Ok((sweep.info.counts, sweep.unplaceable))
+            let metric_missing = sweep.metric_missing.map(|missing| missing.sentence());
+            Ok(Seen { counts: sweep.info.counts, unplaceable: sweep.unplaceable, metric_missing })
         }
         Target::Job(id) => {
             let job = client.job(*id).await.with_context(|| format!("following job {id}"))?;
             let mut counts = StatusCounts::default();
             counts.add(job.status, 1);
-            Ok((counts, job.waiting.and_then(|waiting| waiting.reason)))
+            Ok(Seen { counts, unplaceable: job.waiting.and_then(|waiting| waiting.reason), metric_missing: None })
         }
     }
 }
@@ -84,8 +92,9 @@ fn finished(counts: &StatusCounts) -> u64 {
 /// Waits until no job of `target` is queued or running; an error when any failed.
 pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -> anyhow::Result<()> {
     let started = Instant::now();
-    let (mut counts, mut unplaceable) = counts(client, target).await?;
+    let Seen { mut counts, mut unplaceable, mut metric_missing } = counts(client, target).await?;
     let mut said: Option<String> = None;
+    let mut said_metric = false;
     // Drawn only on a terminal (indicatif hides itself otherwise).
     let bar = ProgressBar::new(counts.total());
     bar.set_style(
@@ -108,6 +117,11 @@ pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -
             }
             said = unplaceable.clone();
         }
+        // Once, as soon as a finished run shows it: not at the end of a long sweep.
+        if let (false, Some(missing)) = (said_metric, &metric_missing) {
+            bar.suspend(|| eprintln!("warning: {}: {missing}", name(target)));
+            said_metric = true;
+        }
         if let Some(limit) = timeout {
             if started.elapsed() >= limit {
                 bar.finish_and_clear();
@@ -124,9 +138,12 @@ pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
-        (counts, unplaceable) = self::counts(client, target).await?;
+        Seen { counts, unplaceable, metric_missing } = self::counts(client, target).await?;
     }
     bar.finish_and_clear();
+    if let (false, Some(missing)) = (said_metric, &metric_missing) {
+        eprintln!("warning: {}: {missing}", name(target));
+    }
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

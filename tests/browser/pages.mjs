@@ -9,8 +9,8 @@
 //   web-analysis  24 random-search runs whose loss follows lr;
 //   web-gpu       1 GPU job finished by a worker that reported its GPU use: six readings of a
 //                 mostly idle GPU (MEASURED_JOB).
-// It submits web-from-page (the submit page) and, last, web-typo (a misspelt program that
-// pauses itself after three failed runs).
+// It submits web-from-page (the submit page) and, last, web-blind (its metric never arrives)
+// and web-typo (a misspelt program that pauses itself after three failed runs).
 //
 //   node pages.mjs SERVER_URL OUTPUT_DIR  (env: GATE_FILE, WORKER_NAME, GHOST_WORKER, REQUEUED_JOB, MEASURED_JOB, CHROMIUM)
 //
@@ -623,6 +623,17 @@ await step('every view at 390 px in dark mode', async () => {
     await fitsWidth(`the ${name} view`);
     await shot(`${name}-phone-dark`);
   }
+});
+
+await step('issue 28 item 4: a metric no finished run reported is said on the sweep page, with what did arrive', async () => {
+  await page.emulateMedia({ colorScheme: 'light' });
+  const yaml = 'name: web-blind\nmetric: {name: val_loss, goal: minimize}\ncommand: |\n  echo \'{"val/loss": 0.5}\' >> "$APP_METRICS_FILE"\ngrid: {i: [1]}\n';
+  await api('/api/sweeps', { method: 'POST', headers: { 'content-type': 'application/yaml' }, body: yaml });
+  await go('#/sweeps/web-blind');
+  const missing = page.locator('[data-metric-missing="val_loss"]');
+  await missing.waitFor({ timeout: LONG });
+  const text = await missing.textContent();
+  check(text.includes('they reported val/loss') && text.includes('Did you mean val/loss?'), `the page names what arrived: ${text}`);
 });
 
 await step('issue 28 item 5: a sweep whose runs keep failing pauses; its page says why and resumes it', async () => {

@@ -51,3 +51,46 @@ async fn a_misspelt_program_pauses_its_sweep_after_three_runs() {
     .await;
     assert!(count(&jobs, JobStatus::Failed) <= failed + 4 && count(&jobs, JobStatus::Queued) > 0, "{jobs:?}");
 }
+
+/// A script that reports `val/loss` in a sweep ranked by `val_loss`: `app submit --wait` says
+/// so as soon as a run has finished, naming what did arrive; `app status SWEEP` and `app
+/// results` say it too, and the dry run says where the metric must come from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metric_that_never_arrives_is_said_with_what_did() {
+    let server = ServerProcess::start();
+    let _worker = WorkerProcess::start(&server.url, "box", &["--max-jobs", "2"]);
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(
+        project.path().join("report.sh"),
+        "printf '{\"val/loss\": %s}\\n' \"$1\" >> \"$APP_METRICS_FILE\"\n",
+    )
+    .unwrap();
+    let yaml =
+        "name: blind\ncommand: sh report.sh {x}\nmetric: {name: val_loss, goal: minimize}\ngrid: {x: [1, 2, 3]}\n";
+    std::fs::write(project.path().join("sweep.yaml"), yaml).unwrap();
+    let submit = |extra: &[&str]| {
+        app()
+            .current_dir(project.path())
+            .args(["submit", "sweep.yaml", "--url", &server.url])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let dry = submit(&["--dry-run"]);
+    let said = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        said.contains("metric val_loss: each job reports it by appending JSON lines to $APP_METRICS_FILE"),
+        "{said}"
+    );
+    let waited = submit(&["--wait"]);
+    let warned = String::from_utf8_lossy(&waited.stderr);
+    assert!(waited.status.success(), "{warned}");
+    assert!(
+        warned.matches("has not arrived").count() == 1 && warned.contains("did you mean `val/loss`?"),
+        "said once, with the likely name: {warned}"
+    );
+    let status = app().args(["status", "blind", "--url", &server.url]).output().unwrap();
+    assert!(String::from_utf8_lossy(&status.stdout).contains("did you mean `val/loss`?"));
+    let results = app().args(["results", "blind", "--url", &server.url]).output().unwrap();
+    assert!(String::from_utf8_lossy(&results.stderr).contains("the metric `val_loss` has not arrived"));
+}

@@ -309,3 +309,31 @@ pub async fn sweep_top_jobs(
         Ok((jobs, summaries(pool, &ids).await?))
     })
 }
+
+/// Runs per status looked at by [`arrived_names`]: the most recently finished.
+const ARRIVED_RUNS: u32 = 200;
+
+/// The metric names the sweep's most recently finished runs (succeeded or failed, up to
+/// [`ARRIVED_RUNS`] of each, index ranges of `jobs_by_sweep_status`) reported, sorted; at most
+/// 50. Bounded, so a sweep's page costs the same with 100 or 100,000 finished runs.
+pub async fn arrived_names(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sql::Result<Vec<String>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, _engine| {
+        let recent = |status: &str| {
+            format!(
+                "SELECT id FROM (SELECT id FROM jobs WHERE sweep_id = $1 AND status = '{status}'
+                                 ORDER BY finished_at DESC LIMIT $2) AS {status}_runs"
+            )
+        };
+        sql::query_scalar(&format!(
+            "SELECT DISTINCT name FROM job_metric_summaries
+             WHERE job_id IN ({} UNION ALL {}) ORDER BY name LIMIT 50",
+            recent("succeeded"),
+            recent("failed")
+        ))
+        .bind(sweep.get())
+        .bind(ARRIVED_RUNS)
+        .fetch_all(pool)
+        .await
+    })
+}

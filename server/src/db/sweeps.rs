@@ -216,7 +216,7 @@ pub async fn find(pool: impl Into<PoolRef<'_>>, key: &str) -> anyhow::Result<Opt
         let mut info = info_from_row(&row)?;
         info.counts = counts(pool, Some(info.id)).await?;
         let search = super::search::state(pool, info.id).await?;
-        Ok(Some(SweepDetail { info, source: row.get_as("source")?, search, unplaceable: None }))
+        Ok(Some(SweepDetail { info, source: row.get_as("source")?, search, unplaceable: None, metric_missing: None }))
     })
 }
 

@@ -3,7 +3,8 @@
 use super::{Change, Queue};
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
-use shared::api::{CancelResponse, SweepDetail, SweepId, Workspace};
+use shared::api::{CancelResponse, SweepDetail, SweepId, SweepInfo, Workspace};
+use shared::metric_check::MetricMissing;
 use shared::sweep::{ExpandOptions, Sweep};
 use std::sync::Arc;
 
@@ -65,6 +66,17 @@ impl Queue {
         self.search.submitted(submitted.sweep_id, parsed);
         tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
         Ok(submitted)
+    }
+
+    /// The sweep's metric, when runs have finished and none of them reported it.
+    pub async fn metric_missing(&self, sweep: &SweepInfo) -> ApiResult<Option<MetricMissing>> {
+        let Some(metric) = &sweep.metric else { return Ok(None) };
+        let finished = sweep.counts.succeeded + sweep.counts.failed;
+        if finished == 0 {
+            return Ok(None);
+        }
+        let arrived = db::metrics::arrived_names(self.reader(), sweep.id).await?;
+        Ok(MetricMissing::check(&metric.name, finished, arrived))
     }
 
     /// A sweep by id or name.

@@ -91,6 +91,7 @@ async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> A
     if sweep.info.counts.queued > 0 {
         sweep.unplaceable = state.queue.sweep_unplaceable(sweep.info.id).await?;
     }
+    sweep.metric_missing = state.queue.metric_missing(&sweep.info).await?;
     Ok(Json(sweep))
 }
 

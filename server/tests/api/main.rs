@@ -12,6 +12,7 @@ mod finish;
 mod lifecycle;
 mod logs;
 mod maintenance;
+mod metric_missing;
 mod metrics;
 mod page;
 mod results;

@@ -140,6 +140,9 @@ pub struct SweepDetail {
     /// Why its queued jobs cannot run on any connected worker, when they cannot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unplaceable: Option<String>,
+    /// Its `metric.name`, when runs have finished and none reported it (and what they did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric_missing: Option<crate::metric_check::MetricMissing>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
