@@ -35,10 +35,19 @@ export function leaderboardPanel({ onTick, onClear }) {
   let last = null;
   const ticked = new Set();
 
-  function columnsOf(rows, directions, metric) {
+  /** Parameters with one value in every run (two runs or more): said once, not as columns. */
+  function constantsOf(rows) {
+    if (rows.length < 2) return [];
+    const flat = rows.map((row) => flatParams(row.params));
+    return Object.keys(flat[0]).filter((name) => flat.every((params) => name in params && exactText(params[name]) === exactText(flat[0][name])))
+      .map((name) => [name, flat[0][name]]);
+  }
+
+  function columnsOf(rows, directions, metric, constants) {
     const flat = new Map(rows.map((row) => [row.job_id, flatParams(row.params)]));
+    const fixed = new Set(constants.map(([name]) => name));
     const paramNames = [];
-    for (const params of flat.values()) for (const key of Object.keys(params)) if (!paramNames.includes(key)) paramNames.push(key);
+    for (const params of flat.values()) for (const key of Object.keys(params)) if (!paramNames.includes(key) && !fixed.has(key)) paramNames.push(key);
     const metricNames = directions.map((direction) => direction.name).filter((name) => name !== metric?.name);
     const clash = new Set(paramNames.filter((name) => metricNames.includes(name) || name === metric?.name));
     const goalOf = new Map(directions.map((direction) => [direction.name, direction.goal]));
@@ -213,7 +222,8 @@ export function leaderboardPanel({ onTick, onClear }) {
     if (next) last = next;
     if (!last) return;
     const { summary, directions, metric, filter, capped } = last;
-    const columns = columnsOf(summary.rows, directions, metric);
+    const constants = constantsOf(summary.rows);
+    const columns = columnsOf(summary.rows, directions, metric, constants);
     const present = new Set(summary.rows.map((row) => row.job_id));
     for (const id of [...ticked]) if (!present.has(id)) ticked.delete(id);
     const shown = filter ? summary.rows.filter(filter) : summary.rows;
@@ -235,6 +245,10 @@ export function leaderboardPanel({ onTick, onClear }) {
     fill(element,
       h('h2', {}, 'Leaderboard', h('span.muted', { style: { fontWeight: 400 } }, counted),
         ticked.size ? h('span.muted.compare-count', { style: { fontWeight: 400 } }, `· ${ticked.size} ticked to compare`) : null),
+      constants.length
+        ? h('p.muted.constants', { dataset: { constants: constants.map(([name]) => name).join(',') } }, 'The same in every run: ',
+          constants.map(([name, value], at) => [at ? ', ' : '', h('code', {}, `${name}=${exactText(value)}`)]))
+        : null,
       filter
         ? h('p.filter-note', { dataset: { shown: String(shown.length) } }, `${count(shown.length)} of ${count(summary.rows.length)} runs inside the brushed ranges of the parallel coordinates. `,
           h('button.small', { type: 'button', onclick: onClear }, 'clear brushes'))

@@ -7,24 +7,27 @@ pub mod progress;
 
 use serde_json::Value;
 use shared::api::{DirectionBasis, MetricDirection, MetricSummary, SummaryRow, SweepSummary};
+use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric};
 use std::collections::BTreeSet;
 
 /// Scores each row by the sweep metric (its min when minimizing, its max when maximizing),
 /// sorts best first with ties and unscored rows in index order, numbers the scored rows
 /// from 1, and keeps the first `top`. Without a metric, rows stay in index order. Runs
-/// stopped early come after the ranked runs, unranked: their score is from part of a run.
+/// stopped early, then runs cancelled by hand, come after the ranked runs, unranked: their
+/// score is from part of a run.
 pub fn rank(mut rows: Vec<SummaryRow>, metric: Option<&Metric>, top: Option<u32>) -> Vec<SummaryRow> {
     for row in &mut rows {
         row.score = metric.and_then(|metric| Some(best_of(row.metrics.get(&metric.name)?, metric.goal)));
         row.rank = None;
     }
     let maximize = matches!(metric, Some(Metric { goal: Goal::Maximize, .. }));
-    // Ranked runs, then runs stopped early, then runs without a score.
-    let group = |row: &SummaryRow| match (row.score, &row.stopped_early) {
-        (Some(_), None) => 0,
-        (_, Some(_)) => 1,
-        (None, None) => 2,
+    // Ranked runs, then runs stopped early, then runs cancelled by hand, then runs without a score.
+    let group = |row: &SummaryRow| match (row.score, &row.stopped_early, row.status) {
+        (_, Some(_), _) => 1,
+        (Some(_), None, JobStatus::Cancelled) => 2,
+        (Some(_), None, _) => 0,
+        (None, None, _) => 3,
     };
     rows.sort_by(|a, b| {
         group(a).cmp(&group(b)).then_with(|| match (a.score, b.score) {
@@ -272,7 +275,6 @@ mod tests {
     use super::*;
     use serde_json::json;
     use shared::api::JobId;
-    use shared::job::JobStatus;
 
     fn row(index: u64, loss: Option<f64>) -> SummaryRow {
         let mut metrics = std::collections::BTreeMap::new();
@@ -354,6 +356,11 @@ mod tests {
         assert_eq!(order(&ranked), [(4, Some(1)), (1, Some(2)), (0, None), (3, None), (2, None)]);
         let top = rank(ranked.clone(), Some(&metric(Goal::Minimize)), Some(2));
         assert_eq!(order(&top), [(4, Some(1)), (1, Some(2))], "a stopped run never takes a place in the top");
+        // A run cancelled by hand mid-run is not ranked with its partial value either: it comes
+        // after the stopped ones, before the runs without a value.
+        let cancelled = SummaryRow { status: JobStatus::Cancelled, ..row(5, Some(0.01)) };
+        let with = rank([ranked.clone(), vec![cancelled]].concat(), Some(&metric(Goal::Minimize)), None);
+        assert_eq!(order(&with), [(4, Some(1)), (1, Some(2)), (0, None), (3, None), (5, None), (2, None)]);
         let csv = to_csv(&SweepSummary { sweep: "s".into(), metric: Some(metric(Goal::Minimize)), rows: ranked });
         assert!(csv.lines().nth(3).unwrap().starts_with(",0,100,stopped_early,0.1,"), "{csv}");
     }

@@ -62,8 +62,61 @@ pub async fn run(args: ResultsArgs) -> anyhow::Result<()> {
         writeln!(out, "no runs yet")?;
         return Ok(());
     }
-    writeln!(out, "{}", table::render(&leaderboard(&summary, table::terminal_width())))?;
+    // Parameters every run has the same value of (W&B's `value:`) are said once, not as columns.
+    let (constants, summary) = without_constants(summary);
+    let width = table::terminal_width();
+    if !constants.is_empty() {
+        writeln!(out, "the same in every run:")?;
+        for (name, value) in &constants {
+            writeln!(out, "{}", fit(&format!("  {name}={value}"), width))?;
+        }
+    }
+    writeln!(out, "{}", table::render(&leaderboard(&summary, width)))?;
     Ok(())
+}
+
+/// `line` cut to `width` characters with an ellipsis (whole without a width: piped output).
+fn fit(line: &str, width: Option<u16>) -> String {
+    match width.map(usize::from) {
+        Some(width) if line.chars().count() > width => {
+            line.chars().take(width.saturating_sub(1)).chain(std::iter::once('…')).collect()
+        }
+        _ => line.to_string(),
+    }
+}
+
+/// A run's status as the table says it: a run stopped early is not one cancelled by hand.
+fn status_word(row: &SummaryRow) -> String {
+    match row.stopped_early {
+        Some(_) => "stopped early".to_string(),
+        None => row.status.to_string(),
+    }
+}
+
+/// Splits off the parameters that have one value in every row (when there are two rows or
+/// more), shown as `name=value`; the rows keep the others.
+pub fn without_constants(mut summary: SweepSummary) -> (Vec<(String, String)>, SweepSummary) {
+    if summary.rows.len() < 2 {
+        return (Vec::new(), summary);
+    }
+    let names = format::param_names(summary.rows.iter().map(|row| &row.params));
+    let first = &summary.rows[0].params;
+    let constant: Vec<String> = names
+        .into_iter()
+        .filter(|name| {
+            let value = first.get(name);
+            value.is_some() && summary.rows.iter().all(|row| row.params.get(name) == value)
+        })
+        .collect();
+    let shown = constant.iter().map(|name| (name.clone(), format::param_value(&first[name]))).collect();
+    for row in &mut summary.rows {
+        if let serde_json::Value::Object(params) = &mut row.params {
+            for name in &constant {
+                params.remove(name);
+            }
+        }
+    }
+    (shown, summary)
 }
 
 /// The leaderboard: rank, the ranking metric's best value, the run, the other metrics' last
@@ -113,7 +166,7 @@ pub fn leaderboard(summary: &SweepSummary, width: Option<u16>) -> Table {
         let (ranked, rest) = values.split_at(usize::from(ranking.is_some()));
         let mut cells = vec![rank(row)];
         cells.extend(ranked.iter().cloned());
-        cells.extend([row.job_id.to_string(), row.index.to_string(), row.status.to_string()]);
+        cells.extend([row.job_id.to_string(), row.index.to_string(), status_word(row)]);
         cells.extend(rest.iter().cloned());
         cells.extend(params.iter().map(|name| row.params.get(name).map(format::param_value).unwrap_or_default()));
         wide.rows.push(cells);

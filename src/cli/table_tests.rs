@@ -261,3 +261,24 @@ fn workers_table() {
 fn files_listing_in_human_units() {
     insta::assert_snapshot!(at_widths(|width| files::listing(&versions(), NOW, width)));
 }
+
+#[test]
+fn the_leaderboard_says_constants_once_and_names_runs_stopped_early() {
+    let mut summary = leaderboard_summary();
+    summary.rows[2].stopped_early =
+        Some(shared::api::StoppedEarly { rung: 3, cutoff: Some(0.3), reason: "stopped early".into(), at: 1 });
+    summary.rows[2].status = JobStatus::Cancelled;
+    summary.rows[2].rank = None;
+    let (constants, varying) = results::without_constants(summary);
+    let names: Vec<&str> = constants.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["hidden_dims", "optimizer"], "{constants:?}");
+    assert_eq!(constants[1].1, "adamw");
+    let wide = table::render(&results::leaderboard(&varying, Some(200)));
+    let header = wide.lines().next().unwrap();
+    assert!(header.contains("│ lr") && !header.contains("optimizer") && !header.contains("hidden_dims"), "{wide}");
+    assert!(wide.contains("stopped early") && wide.matches("cancelled").count() == 0, "{wide}");
+    // One run: nothing is constant across runs.
+    let mut one = leaderboard_summary();
+    one.rows.truncate(1);
+    assert!(results::without_constants(one).0.is_empty());
+}

@@ -270,27 +270,45 @@ mod with_torch {
         // A worker's two-rank job: WORLD_SIZE and MASTER_PORT set, no RANK. Once training runs,
         // rank 1 is killed; the launcher stops rank 0 and fails within seconds, naming rank 1.
         let dir = tempfile::tempdir().unwrap();
-        let port = testkit::free_port().to_string();
-        let mut command = app();
-        command
-            .args(["train", "--out"])
-            .arg(dir.path())
-            .args(["--set", "device=cpu", "--set", "epochs=1000", "--set", "data={samples: 4096, features: 64}"])
-            .args(["--set", "model={hidden_dims: [256, 256]}"])
-            .env("WORLD_SIZE", "2")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", &port)
-            .env_remove("APP_METRICS_FILE")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        let mut launcher = command.spawn().unwrap();
         let log = dir.path().join("training.log");
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while !std::fs::read_to_string(&log).is_ok_and(|text| text.contains("epoch 1 ")) {
-            assert!(std::time::Instant::now() < deadline, "training did not start");
-            assert!(launcher.try_wait().unwrap().is_none(), "the launcher exited early");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        // MASTER_PORT is a port found free a moment before; beside the PostgreSQL clusters
+        // other tests start, it can be taken in between: a launcher that exits before training
+        // starts is tried again on another port (at most three times, saying why each time).
+        let mut early = Vec::new();
+        let mut launcher = loop {
+            assert!(early.len() < 3, "the launcher exited early three times:\n{}", early.join("\n---\n"));
+            let port = testkit::free_port().to_string();
+            let mut command = app();
+            command
+                .args(["train", "--out"])
+                .arg(dir.path())
+                .args(["--set", "device=cpu", "--set", "epochs=1000", "--set", "data={samples: 4096, features: 64}"])
+                .args(["--set", "model={hidden_dims: [256, 256]}"])
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env_remove("APP_METRICS_FILE")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped());
+            let mut launcher = command.spawn().unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            let started = loop {
+                if std::fs::read_to_string(&log).is_ok_and(|text| text.contains("epoch 1 ")) {
+                    break true;
+                }
+                assert!(std::time::Instant::now() < deadline, "training did not start");
+                if launcher.try_wait().unwrap().is_some() {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            if started {
+                break launcher;
+            }
+            let mut said = String::new();
+            std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut said).unwrap();
+            early.push(format!("MASTER_PORT {port}: {said}"));
+        };
         let ranks = children(launcher.id());
         assert_eq!(ranks.len(), 2, "two rank processes: {ranks:?}");
         let rank_one = *ranks.iter().find(|pid| rank_of(**pid).as_deref() == Some("1")).expect("rank 1");

@@ -252,7 +252,8 @@ fn sweep_job_of(row: &impl DbRow) -> anyhow::Result<SweepJob> {
 }
 
 /// The jobs of the first `top` rows of a sweep's leaderboard (as `leaderboard::rank` orders
-/// them: best score first, ties and unscored jobs by index), with their summaries. Selected
+/// them: best score first, cancelled and stopped runs never among them, ties and unscored jobs
+/// by index), with their summaries. Selected
 /// in SQL, so the top of a 100,000-job sweep costs a sort of scores, not a read of every job.
 pub async fn sweep_top_jobs(
     pool: impl Into<PoolRef<'_>>,
@@ -270,7 +271,8 @@ pub async fn sweep_top_jobs(
             };
             ids = sql::query_scalar::<i64>(&format!(
                 "SELECT j.id FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
-             WHERE j.sweep_id = $1 AND s.name = $2 ORDER BY {score} {direction}, j.idx LIMIT $3"
+             WHERE j.sweep_id = $1 AND s.name = $2 AND j.status <> 'cancelled'
+             ORDER BY {score} {direction}, j.idx LIMIT $3"
             ))
             .bind(sweep.get())
             .bind(&metric.name)
@@ -282,12 +284,16 @@ pub async fn sweep_top_jobs(
             .collect();
         }
         if (ids.len() as u32) < top {
-            let unscored: Vec<JobId> = sql::query_scalar::<i64>(
+            // Then the runs listed after the ranked ones: cancelled (stopped early or by hand,
+            // whatever their value), then those without a value, by index.
+            // Without a metric, rows stay in index order.
+            let cancelled_first = if metric.is_some() { "j.status = 'cancelled' DESC, " } else { "" };
+            let unscored: Vec<JobId> = sql::query_scalar::<i64>(&format!(
                 "SELECT j.id FROM jobs j WHERE j.sweep_id = $1
-               AND NOT EXISTS (SELECT 1 FROM job_metric_summaries s
-                               WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = $2)
-             ORDER BY j.idx LIMIT $3",
-            )
+               AND (j.status = 'cancelled' OR NOT EXISTS (SELECT 1 FROM job_metric_summaries s
+                               WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = $2))
+             ORDER BY {cancelled_first}j.idx LIMIT $3"
+            ))
             .bind(sweep.get())
             .bind(metric.map(|metric| metric.name.as_str()).unwrap_or(""))
             .bind(i64::from(top - ids.len() as u32))

@@ -104,3 +104,29 @@ async fn every_top_k_is_the_head_of_the_full_leaderboard() {
     let head = app.client.summary("plain", Some(3)).await.unwrap();
     assert_eq!(indexes(&head), [(0, None), (1, None), (2, None)]);
 }
+
+/// Issue 28 item 6: a run cancelled by hand mid-run keeps its partial value out of the
+/// ranking, in the full leaderboard and in a top-k alike; it is listed after the ranked runs.
+#[tokio::test]
+async fn a_run_cancelled_by_hand_is_not_ranked_with_its_partial_value() {
+    let app = TestApp::spawn().await;
+    scored_sweep(&app, "cut", "minimize", [Some(0.3), Some(0.05), Some(0.1), None]).await;
+    // Job index 1 has the best value so far; then it is cancelled and its worker ends it.
+    let jobs =
+        app.client.jobs(&shared::api::JobQuery { sweep: Some("cut".into()), ..Default::default() }).await.unwrap();
+    let best = jobs.jobs.iter().find(|job| job.index == 1).unwrap();
+    app.client.cancel_job(best.id).await.unwrap();
+    let worker = best.worker_id.unwrap();
+    let killed = shared::api::ReportRequest {
+        worker_id: worker,
+        attempt: best.attempt,
+        outcome: shared::job::Outcome::Killed { reason: "cancelled".into() },
+    };
+    assert_eq!(app.client.report(best.id, &killed).await.unwrap().status, JobStatus::Cancelled);
+    let summary = app.client.summary("cut", None).await.unwrap();
+    assert_eq!(indexes(&summary), [(2, Some(1)), (0, Some(2)), (1, None), (3, None)]);
+    let top = app.client.summary("cut", Some(2)).await.unwrap();
+    assert_eq!(indexes(&top), [(2, Some(1)), (0, Some(2))], "a cancelled run takes no place in the top");
+    let three = app.client.summary("cut", Some(3)).await.unwrap();
+    assert_eq!(indexes(&three), [(2, Some(1)), (0, Some(2)), (1, None)], "then it follows the ranked runs");
+}
