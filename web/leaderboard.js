@@ -222,7 +222,8 @@ export function leaderboardPanel({ onTick, onClear }) {
     if (next) last = next;
     if (!last) return;
     const { summary, directions, metric, filter, capped } = last;
-    const constants = constantsOf(summary.rows);
+    // Not when capped: the same in the best rows shown is not the same in every run.
+    const constants = capped ? [] : constantsOf(summary.rows);
     const columns = columnsOf(summary.rows, directions, metric, constants);
     const present = new Set(summary.rows.map((row) => row.job_id));
     for (const id of [...ticked]) if (!present.has(id)) ticked.delete(id);

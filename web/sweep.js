@@ -250,7 +250,7 @@ export function mount(root, route) {
   /** The sweep's metric that no finished run reported, with what they did report. */
   function metricMissingText(missing) {
     const runs = missing.finished === 1 ? 'run has' : 'runs have';
-    let text = `The metric ${missing.name} has not arrived: ${count(missing.finished)} finished ${runs} not reported it`;
+    let text = `The metric ${missing.name} has not arrived: ${count(missing.finished)} succeeded ${runs} not reported it`;
     text += missing.arrived.length ? `; they reported ${missing.arrived.join(', ')}` : '; no run reported any metric (write JSON lines to $APP_METRICS_FILE)';
     if (missing.did_you_mean) text += `. Did you mean ${missing.did_you_mean}?`;
     return text;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 pub struct MetricMissing {
     /// The metric the sweep ranks by.
     pub name: String,
-    /// Runs finished (succeeded or failed) so far.
+    /// Runs succeeded so far.
     pub finished: u64,
     /// The metric names its finished runs did report (at most a few dozen), sorted.
     pub arrived: Vec<String>,
@@ -18,7 +18,7 @@ pub struct MetricMissing {
 }
 
 impl MetricMissing {
-    /// `None` when the metric arrived or no run has finished yet.
+    /// `None` when the metric arrived or no run has succeeded yet (`finished`: runs succeeded).
     pub fn check(name: &str, finished: u64, arrived: Vec<String>) -> Option<MetricMissing> {
         if finished == 0 || arrived.iter().any(|reported| reported == name) {
             return None;
@@ -31,7 +31,7 @@ impl MetricMissing {
     pub fn sentence(&self) -> String {
         let runs = if self.finished == 1 { "run has" } else { "runs have" };
         let mut text =
-            format!("the metric `{}` has not arrived: {} finished {runs} not reported it", self.name, self.finished);
+            format!("the metric `{}` has not arrived: {} succeeded {runs} not reported it", self.name, self.finished);
         match self.arrived.is_empty() {
             true => text.push_str("; no run reported any metric (write JSON lines to $APP_METRICS_FILE)"),
             false => {
@@ -85,7 +85,7 @@ mod tests {
         assert_eq!(missing.did_you_mean.as_deref(), Some("val/loss"));
         assert_eq!(
             missing.sentence(),
-            "the metric `val_loss` has not arrived: 12 finished runs have not reported it; they reported `epoch`, \
+            "the metric `val_loss` has not arrived: 12 succeeded runs have not reported it; they reported `epoch`, \
              `train/loss`, `val/loss`: did you mean `val/loss`?"
         );
         assert_eq!(
@@ -94,6 +94,6 @@ mod tests {
         );
         assert_eq!(MetricMissing::check("accuracy", 2, names(&["loss", "lr"])).unwrap().did_you_mean, None);
         let none = MetricMissing::check("loss", 1, Vec::new()).unwrap();
-        assert!(none.sentence().contains("1 finished run has not") && none.sentence().contains("$APP_METRICS_FILE"));
+        assert!(none.sentence().contains("1 succeeded run has not") && none.sentence().contains("$APP_METRICS_FILE"));
     }
 }

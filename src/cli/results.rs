@@ -62,8 +62,12 @@ pub async fn run(args: ResultsArgs) -> anyhow::Result<()> {
         writeln!(out, "no runs yet")?;
         return Ok(());
     }
-    // Parameters every run has the same value of (W&B's `value:`) are said once, not as columns.
-    let (constants, summary) = without_constants(summary);
+    // Parameters every run has the same value of (W&B's `value:`) are said once, not as columns
+    // (not for a top: the same in the best N is not the same in every run).
+    let (constants, summary) = match args.top {
+        None => without_constants(summary),
+        Some(_) => (Vec::new(), summary),
+    };
     let width = table::terminal_width();
     if !constants.is_empty() {
         writeln!(out, "the same in every run:")?;

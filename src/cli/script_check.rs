@@ -23,14 +23,17 @@ pub fn missing_scripts(command: &str, start_dir: &str, files: &[PathBuf]) -> Vec
     }
     let mut warning = format!("`{word}` is not in the code that would be shipped");
     if let Some(closest) = closest(&wanted, files) {
-        let shown = closest.strip_prefix(start_dir).unwrap_or(&closest);
-        warning.push_str(&format!("; did you mean `{}`?", shown.display()));
+        match closest.strip_prefix(start_dir) {
+            Ok(shown) => warning.push_str(&format!("; did you mean `{}`?", shown.display())),
+            Err(_) => warning.push_str(&format!("; did you mean `{}` (from the project's root)?", closest.display())),
+        }
     }
     vec![warning]
 }
 
 fn names_a_script(word: &str) -> bool {
-    if word.starts_with('-') || word.starts_with('/') || word.contains(['=', '$', '{', '*']) {
+    // Options, absolute or home paths, expansions, and quoted scripts (`bash -c "..."`).
+    if word.starts_with(['-', '/', '~']) || word.contains(['=', '$', '{', '*']) || word.contains(char::is_whitespace) {
         return false;
     }
     let extension = Path::new(word).extension().and_then(|extension| extension.to_str());
@@ -104,5 +107,9 @@ mod tests {
             "outside the root: not ours to say"
         );
         assert!(missing_scripts("python 'unterminated", "", &shipped).is_empty());
+        assert!(missing_scripts("bash -c \"python trian.py\"", "", &shipped).is_empty(), "a quoted script: not ours");
+        assert!(missing_scripts("python ~/elsewhere.py", "", &shipped).is_empty());
+        let outside = missing_scripts("python utils.py", "exp", &shipped);
+        assert_eq!(outside, ["`utils.py` is not in the code that would be shipped; did you mean `common/util.py` (from the project's root)?"]);
     }
 }

@@ -211,7 +211,7 @@ pub async fn mark_running(
                 gpu_ids = (SELECT {gpus} FROM {pair} WHERE {id} = jobs.id),
                 lease_expires_at = $2, started_at = $3, finished_at = NULL, exit_code = NULL, reason = NULL,
                 cancel_requested = 0
-             WHERE status = 'queued' AND id IN (SELECT {id} FROM {pair})
+             WHERE {CLAIMABLE} AND id IN (SELECT {id} FROM {pair})
              RETURNING {CLAIMED_COLUMNS}"
         );
         let rows = sql::query(&sql).bind(pairs).bind(lease_until).bind(now).fetch_all(&mut *conn).await?;

@@ -251,9 +251,9 @@ fn sweep_job_of(row: &impl DbRow) -> anyhow::Result<SweepJob> {
     })
 }
 
-/// The jobs of the first `top` rows of a sweep's leaderboard (as `leaderboard::rank` orders
-/// them: best score first, cancelled and stopped runs never among them, ties and unscored jobs
-/// by index), with their summaries. Selected
+/// Jobs that hold the first `top` rows of a sweep's leaderboard (as `leaderboard::rank` orders
+/// them: best score first among runs not cancelled, then cancelled runs with a value, then the
+/// unscored by index), with their summaries: a superset that `rank` orders and cuts. Selected
 /// in SQL, so the top of a 100,000-job sweep costs a sort of scores, not a read of every job.
 pub async fn sweep_top_jobs(
     pool: impl Into<PoolRef<'_>>,
@@ -284,19 +284,33 @@ pub async fn sweep_top_jobs(
             .collect();
         }
         if (ids.len() as u32) < top {
-            // Then the runs listed after the ranked ones: cancelled (stopped early or by hand,
-            // whatever their value), then those without a value, by index.
-            // Without a metric, rows stay in index order.
-            let cancelled_first = if metric.is_some() { "j.status = 'cancelled' DESC, " } else { "" };
-            let unscored: Vec<JobId> = sql::query_scalar::<i64>(&format!(
+            // Then what `rank` lists after the ranked runs: every cancelled run with a value
+            // (stopped early or by hand; `rank` orders them), then the first runs without one
+            // by index. A superset of the rest of the top, ranked and cut by the caller.
+            if let Some(metric) = metric {
+                let cancelled: Vec<JobId> = sql::query_scalar::<i64>(
+                    "SELECT j.id FROM job_metric_summaries s JOIN jobs j ON j.id = s.job_id AND j.attempt = s.attempt
+                 WHERE j.sweep_id = $1 AND s.name = $2 AND j.status = 'cancelled' LIMIT $3",
+                )
+                .bind(sweep.get())
+                .bind(&metric.name)
+                .bind(CANCELLED_SCORED)
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .map(JobId::new)
+                .collect();
+                ids.extend(cancelled);
+            }
+            let unscored: Vec<JobId> = sql::query_scalar::<i64>(
                 "SELECT j.id FROM jobs j WHERE j.sweep_id = $1
-               AND (j.status = 'cancelled' OR NOT EXISTS (SELECT 1 FROM job_metric_summaries s
-                               WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = $2))
-             ORDER BY {cancelled_first}j.idx LIMIT $3"
-            ))
+               AND NOT EXISTS (SELECT 1 FROM job_metric_summaries s
+                               WHERE s.job_id = j.id AND s.attempt = j.attempt AND s.name = $2)
+             ORDER BY j.idx LIMIT $3",
+            )
             .bind(sweep.get())
             .bind(metric.map(|metric| metric.name.as_str()).unwrap_or(""))
-            .bind(i64::from(top - ids.len() as u32))
+            .bind(i64::from(top))
             .fetch_all(pool)
             .await?
             .into_iter()
@@ -316,13 +330,17 @@ pub async fn sweep_top_jobs(
     })
 }
 
+/// Cancelled runs with a value read for a top-k at most (they follow the ranked runs).
+const CANCELLED_SCORED: i64 = 10_000;
+
 /// Runs per status looked at by [`arrived_names`]: the most recently finished.
 const ARRIVED_RUNS: u32 = 200;
 
 /// The metric names the sweep's most recently finished runs (succeeded or failed, up to
-/// [`ARRIVED_RUNS`] of each, index ranges of `jobs_by_sweep_status`) reported, sorted; at most
-/// 50. Bounded, so a sweep's page costs the same with 100 or 100,000 finished runs.
-pub async fn arrived_names(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sql::Result<Vec<String>> {
+/// [`ARRIVED_RUNS`] of each, index ranges of `jobs_by_sweep_status`) reported, sorted, with
+/// `wanted` first if it is among them; at most 50. Bounded, so a sweep's page costs the same
+/// with 100 or 100,000 finished runs.
+pub async fn arrived_names(pool: impl Into<PoolRef<'_>>, sweep: SweepId, wanted: &str) -> sql::Result<Vec<String>> {
     let pool = pool.into();
     on_pool!(pool, |pool, _engine| {
         let recent = |status: &str| {
@@ -331,15 +349,19 @@ pub async fn arrived_names(pool: impl Into<PoolRef<'_>>, sweep: SweepId) -> sql:
                                  ORDER BY finished_at DESC LIMIT $2) AS {status}_runs"
             )
         };
-        sql::query_scalar(&format!(
-            "SELECT DISTINCT name FROM job_metric_summaries
-             WHERE job_id IN ({} UNION ALL {}) ORDER BY name LIMIT 50",
+        let mut names: Vec<String> = sql::query_scalar(&format!(
+            "SELECT name FROM (SELECT DISTINCT name FROM job_metric_summaries
+                               WHERE job_id IN ({} UNION ALL {})) AS arrived
+             ORDER BY name = $3 DESC, name LIMIT 50",
             recent("succeeded"),
             recent("failed")
         ))
         .bind(sweep.get())
         .bind(ARRIVED_RUNS)
+        .bind(wanted)
         .fetch_all(pool)
-        .await
+        .await?;
+        names.sort();
+        Ok(names)
     })
 }

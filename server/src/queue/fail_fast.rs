@@ -53,11 +53,15 @@ impl Queue {
     pub async fn resume_sweep(&self, key: &str) -> ApiResult<ResumeResponse> {
         let sweep = self.find_sweep(key).await?;
         let id = sweep.info.id;
+        let search = self.search.clone();
         let resumed = self
             .write(move |tx| {
                 Box::pin(async move {
                     let resumed = db::fail_fast::resume(tx.conn().await?, id, now_ms()).await?;
                     if resumed {
+                        // An adaptive sweep proposes again: the claims' hint must look (set in
+                        // this unit, so a claim batch after it sees it).
+                        search.reopen();
                         tx.note(Change::Claimable);
                         tx.note(Change::Page);
                     }

@@ -68,15 +68,15 @@ impl Queue {
         Ok(submitted)
     }
 
-    /// The sweep's metric, when runs have finished and none of them reported it.
+    /// The sweep's metric, when runs have succeeded and none of its finished runs reported it
+    /// (a run that crashed before reporting anything is not a sign of a misnamed metric).
     pub async fn metric_missing(&self, sweep: &SweepInfo) -> ApiResult<Option<MetricMissing>> {
         let Some(metric) = &sweep.metric else { return Ok(None) };
-        let finished = sweep.counts.succeeded + sweep.counts.failed;
-        if finished == 0 {
+        if sweep.counts.succeeded == 0 {
             return Ok(None);
         }
-        let arrived = db::metrics::arrived_names(self.reader(), sweep.id).await?;
-        Ok(MetricMissing::check(&metric.name, finished, arrived))
+        let arrived = db::metrics::arrived_names(self.reader(), sweep.id, &metric.name).await?;
+        Ok(MetricMissing::check(&metric.name, sweep.counts.succeeded, arrived))
     }
 
     /// A sweep by id or name.

@@ -105,3 +105,19 @@ async fn after_a_success_only_the_consecutive_limit_pauses_and_zero_never_does()
     let error = refused.unwrap_err();
     assert!(error.status() == Some(400) && error.to_string().contains("max_initial_failures"), "{error}");
 }
+
+#[tokio::test]
+async fn a_resumed_adaptive_sweep_proposes_runs_again() {
+    let app = TestApp::spawn().await;
+    app.submit("name: adapt\ncommand: \"echo {lr}\"\nsearch: random\ngrid: {lr: [1, 2, 3]}\n").await;
+    let worker = app.register("w", 1).await;
+    for _ in 0..3 {
+        assert_eq!(run_one(&app, worker, 1).await, Some(JobStatus::Failed), "a run is made for each claim");
+    }
+    assert!(app.client.sweep("adapt").await.unwrap().info.paused.is_some());
+    // Paused: no run is proposed, and the claim that found none leaves the controller's hint off.
+    assert_eq!(run_one(&app, worker, 0).await, None);
+    assert_eq!(run_one(&app, worker, 0).await, None);
+    assert!(app.client.resume_sweep("adapt").await.unwrap().resumed);
+    assert_eq!(run_one(&app, worker, 0).await, Some(JobStatus::Succeeded), "resumed, it proposes again");
+}

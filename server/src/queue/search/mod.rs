@@ -67,6 +67,12 @@ impl Controller {
         self.replicated.as_ref().map_or(0, |count| count.load(Ordering::SeqCst))
     }
 
+    /// Sets the hint again, in the writer's order, for a unit that may have made an adaptive
+    /// sweep open to claims again (a resume: its search was left out while it was paused).
+    pub(in crate::queue) fn reopen(&self) {
+        self.maybe_open.store(true, Ordering::SeqCst);
+    }
+
     /// Clears the hint as of `generation` (see [`Controller::generation`]).
     pub(in crate::queue) fn clear_hint(&self, generation: u64) {
         self.cleared_at.store(generation, Ordering::SeqCst);
