@@ -85,6 +85,14 @@ async fn counts(client: &Client, target: &Target) -> anyhow::Result<Seen> {
     }
 }
 
+/// Warns of a sweep's metric that its runs have not reported, if so; answers whether it did.
+fn say_missing(target: &Target, missing: &Option<String>) -> bool {
+    if let Some(missing) = missing {
+        eprintln!("warning: {}: {missing}", name(target));
+    }
+    missing.is_some()
+}
+
 fn finished(counts: &StatusCounts) -> u64 {
     counts.succeeded + counts.failed + counts.cancelled
 }
@@ -118,9 +126,8 @@ pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -
             said = unplaceable.clone();
         }
         // Once, as soon as a finished run shows it: not at the end of a long sweep.
-        if let (false, Some(missing)) = (said_metric, &metric_missing) {
-            bar.suspend(|| eprintln!("warning: {}: {missing}", name(target)));
-            said_metric = true;
+        if !said_metric {
+            said_metric = bar.suspend(|| say_missing(target, &metric_missing));
         }
         if let Some(limit) = timeout {
             if started.elapsed() >= limit {
@@ -141,8 +148,8 @@ pub async fn wait(client: &Client, target: &Target, timeout: Option<Duration>) -
         Seen { counts, unplaceable, metric_missing } = self::counts(client, target).await?;
     }
     bar.finish_and_clear();
-    if let (false, Some(missing)) = (said_metric, &metric_missing) {
-        eprintln!("warning: {}: {missing}", name(target));
+    if !said_metric {
+        say_missing(target, &metric_missing);
     }
     let mut out = std::io::stdout().lock();
     writeln!(

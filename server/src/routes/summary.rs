@@ -28,13 +28,11 @@ async fn summary(
         Some(other) => return Err(ApiError::BadRequest(format!("unknown format `{other}`; use `json` or `csv`"))),
     };
     let sweep = state.queue.find_sweep(&key).await?.info;
-    // Runs stopped early rank after the others: a top of N reads N more than there are of them.
     let mut stopped = db::search::stopped_in_sweep(state.queue.reader(), sweep.id).await?;
+    // A top's ranked places come from runs not cancelled; the runs stopped early (cancelled)
+    // are read after them by `sweep_top_jobs` itself.
     let (jobs, mut summaries) = match query.top {
-        Some(top) => {
-            let read = top.saturating_add(stopped.len().min(u32::MAX as usize) as u32);
-            db::metrics::sweep_top_jobs(state.queue.reader(), sweep.id, sweep.metric.as_ref(), read).await?
-        }
+        Some(top) => db::metrics::sweep_top_jobs(state.queue.reader(), sweep.id, sweep.metric.as_ref(), top).await?,
         None => db::metrics::sweep_jobs(state.queue.reader(), sweep.id).await?,
     };
     let ids: Vec<_> = jobs.iter().map(|job| job.id).collect();
