@@ -140,7 +140,8 @@ export function mount(root) {
     textarea.value = await chosen.text();
     draft.text = textarea.value;
     if (!name.value.trim()) {
-      // Like `app submit FILE`: the file's stem names a sweep whose file has no `name:`.
+      // The file's stem names a sweep whose file has no `name:` (`app submit` puts its project
+      // first, `myproj/sweep`; a page is not told which directory a chosen file is in).
       name.value = chosen.name.replace(/\.(ya?ml)$/i, '');
       draft.name = name.value;
     }

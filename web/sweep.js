@@ -141,8 +141,8 @@ export function mount(root, route) {
           metric ? `ranked by ${metric.name} (${metric.goal})` : 'no metric declared', ' · created ', timeAgo(sweep.created_at))),
       h('div.toolbar', {},
         h('a.button', { href: links.queue({ sweep: sweep.name }) }, 'Jobs in the queue'),
-        h('a.button', { href: url(`${base}/summary`, { format: 'csv' }), download: `${sweep.name}-summary.csv`, dataset: { download: 'csv' } }, 'Summary CSV'),
-        h('a.button', { href: `${base}/summary`, download: `${sweep.name}-summary.json`, dataset: { download: 'json' } }, 'Summary JSON'),
+        h('a.button', { href: url(`${base}/summary`, { format: 'csv' }), download: `${fileStem(sweep.name)}-summary.csv`, dataset: { download: 'csv' } }, 'Summary CSV'),
+        h('a.button', { href: `${base}/summary`, download: `${fileStem(sweep.name)}-summary.json`, dataset: { download: 'json' } }, 'Summary JSON'),
         sweep.paused ? h('button', { type: 'button', dataset: { action: 'resume' }, onclick: resumeSweep }, 'Resume sweep') : null,
         h('button.danger', { type: 'button', onclick: cancelSweep }, 'Cancel sweep')),
       h('details.source', { style: { flexBasis: '100%' } }, h('summary', {}, 'Sweep file'), h('pre.command', {}, sweep.source || '')));
@@ -292,4 +292,9 @@ export function mount(root, route) {
     refresh: () => loader.schedule(),
     destroy: stop,
   };
+}
+
+/** A sweep's name as the start of a file name: `myproj/sweep` → `myproj+sweep`, as on the server's disk. */
+function fileStem(name) {
+  return name.replaceAll('/', '+');
 }

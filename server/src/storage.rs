@@ -10,6 +10,7 @@
 use futures_util::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
 use shared::api::{JobId, ManifestEntry};
+use shared::names::sweep_dir_name;
 use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -79,9 +80,16 @@ impl Layout {
         self.staging_root().join(format!("{job}-{attempt}"))
     }
 
+    /// A sweep's results directory, relative to the data dir: `results/<sweep>`, one level
+    /// whatever the name (`myproj/sweep` is `results/myproj+sweep`, see `sweep_dir_name`), so
+    /// no sweep's directory is inside another's.
+    pub fn sweep_path(sweep: &str) -> String {
+        format!("results/{}", sweep_dir_name(sweep))
+    }
+
     /// A result version's directory, relative to the data dir (as stored and shown).
     pub fn version_path(sweep: &str, index: u64, attempt: u32) -> String {
-        format!("results/{sweep}/{index}/v{attempt}")
+        format!("{}/{index}/v{attempt}", Layout::sweep_path(sweep))
     }
 
     /// Where version directories the database has no record of are set aside (see

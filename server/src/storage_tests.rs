@@ -44,6 +44,16 @@ fn version_paths_are_relative_to_the_data_dir() {
     assert_eq!(layout.staging(JobId::new(4), 2), Path::new("/data/results/.staging/4-2"));
 }
 
+#[test]
+fn a_project_sweep_has_one_flat_directory_beside_the_others() {
+    assert_eq!(Layout::sweep_path("myproj/sweep"), "results/myproj+sweep");
+    assert_eq!(Layout::version_path("myproj/sweep-2", 0, 1), "results/myproj+sweep-2/0/v1");
+    // Not under `results/myproj/`, where a sweep named `myproj` keeps its index directories.
+    assert_eq!(Layout::version_path("myproj/0", 1, 1), "results/myproj+0/1/v1");
+    assert_eq!(Layout::version_path("myproj", 0, 1), "results/myproj/0/v1");
+    assert!(check_relative_path(&Layout::version_path("myproj/sweep", 0, 1)).is_ok());
+}
+
 #[tokio::test]
 async fn a_received_file_is_hashed_as_it_arrives() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,7 +10,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use shared::api::{SearchPlan, SubmitQuery};
-use shared::names::name_from_stem;
+use shared::names::default_sweep_name;
 use shared::sweep::{Code, ExpandOptions, JobSpec, Sweep};
 use std::io::Write;
 use std::path::PathBuf;
@@ -64,7 +64,8 @@ pub async fn run(args: SubmitArgs) -> anyhow::Result<()> {
     let source =
         std::fs::read_to_string(&args.file).with_context(|| format!("reading sweep file {}", args.file.display()))?;
     let stem = args.file.file_stem().map(|stem| stem.to_string_lossy().to_string()).unwrap_or_default();
-    let default_name = name_from_stem(&stem);
+    let project = super::snapshot::project::directory_name(&args.file);
+    let default_name = default_sweep_name(project.as_deref(), &stem);
     if args.dry_run {
         return dry_run(&args, &source, &default_name).await;
     }

@@ -108,6 +108,51 @@ fn submit_status_and_cancel_against_a_real_server_process() {
     );
 }
 
+#[test]
+fn a_sweep_file_without_a_name_is_named_after_its_project_and_file() {
+    let server = ServerProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Git looks no higher than the temporary directory, whatever holds it.
+    let ceiling = dir.path().parent().unwrap();
+    let submit = |file: &std::path::Path| {
+        let output = app()
+            .arg("submit")
+            .arg(file)
+            .args(["--no-code", "--json", "--url", &server.url])
+            .env("GIT_CEILING_DIRECTORIES", ceiling)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        answer["name"].as_str().unwrap().to_string()
+    };
+    let nameless = "command: 'true'\ngrid:\n  i: [0, 1]\n";
+    // Outside git: the sweep file's own directory.
+    std::fs::create_dir(dir.path().join("myproj")).unwrap();
+    let file = dir.path().join("myproj/sweep.yaml");
+    std::fs::write(&file, nameless).unwrap();
+    assert_eq!(submit(&file), "myproj/sweep");
+    assert_eq!(submit(&file), "myproj/sweep-2");
+    // In git: the work tree's top, wherever in it the file is; made a plain name.
+    let repo = dir.path().join("Other Repo");
+    std::fs::create_dir_all(repo.join("configs")).unwrap();
+    let init = std::process::Command::new("git").arg("init").arg("-q").arg(&repo).output().unwrap();
+    assert!(init.status.success(), "{}", stderr(&init));
+    std::fs::write(repo.join("configs/sweep.yaml"), nameless).unwrap();
+    assert_eq!(submit(&repo.join("configs/sweep.yaml")), "Other-Repo/sweep");
+    // A name in the file is kept as written.
+    let named = dir.path().join("myproj/named.yaml");
+    std::fs::write(&named, format!("name: team/grid\n{nameless}")).unwrap();
+    assert_eq!(submit(&named), "team/grid");
+
+    let status = app().args(["status", "myproj/sweep-2", "--url", &server.url]).output().unwrap();
+    assert!(stdout(&status).contains("sweep myproj/sweep-2 (id 2): 2 jobs: 2 queued"), "{}", stdout(&status));
+    let cancel = app().args(["cancel", "myproj/sweep", "--url", &server.url]).output().unwrap();
+    assert!(stdout(&cancel).contains("2 cancelled"), "{}{}", stdout(&cancel), stderr(&cancel));
+    let results = app().args(["results", "Other-Repo/sweep", "--url", &server.url]).output().unwrap();
+    assert!(results.status.success(), "{}", stderr(&results));
+}
+
 fn help(args: &[&str]) -> String {
     let output = app().args(args).arg("--help").env_remove("COLUMNS").output().unwrap();
     assert!(output.status.success(), "{args:?} --help: {}", stderr(&output));

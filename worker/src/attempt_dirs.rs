@@ -44,7 +44,7 @@ impl AttemptDirs {
 
     /// Where an attempt is kept for a look: `<work_dir>/<sweep>/<index>/attempt-<n>`.
     pub fn kept(work_dir: &Path, job: &ClaimedJob) -> PathBuf {
-        work_dir.join(&job.sweep).join(job.index.to_string()).join(format!("attempt-{}", job.attempt))
+        work_dir.join(shared::names::sweep_dir_name(&job.sweep)).join(job.index.to_string()).join(format!("attempt-{}", job.attempt))
     }
 
     pub(crate) fn at(root: PathBuf) -> AttemptDirs {

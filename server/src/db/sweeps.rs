@@ -12,11 +12,12 @@ use std::fmt::Write as _;
 const JOBS_PER_STATEMENT: usize = 4_000;
 
 /// Returns `base`, or `base-2`, `base-3`, ... whichever is free (shortening `base` so the
-/// name stays within the 100 characters names may have).
+/// name stays within the 100 characters names may have). The suffix goes on the last part of
+/// a `project/sweep` name (`myproj/sweep-2`); a cut just after its `/` drops the `/`.
 pub async fn unique_name(conn: impl Into<Conn<'_>>, base: &str) -> sql::Result<String> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let base = if base.len() > 90 { &base[..90] } else { base };
+        let base = if base.len() > 90 { base[..90].trim_end_matches('/') } else { base };
         let taken: Vec<String> = sql::query_scalar("SELECT name FROM sweeps WHERE name = $1 OR name LIKE $2 || '-%'")
             .bind(base)
             .bind(base)

@@ -8,8 +8,10 @@
 use super::{Change, Queue};
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
+use crate::storage::Layout;
 use shared::api::{JobId, RetryResponse, SweepRemoved};
 use shared::job::{self, JobStatus};
+use shared::names::sweep_dir_name;
 use std::collections::HashSet;
 use std::path::PathBuf;
 
@@ -100,8 +102,8 @@ impl Queue {
         // the same name, or the same sweep and job ids (SQLite reuses the highest ones), never
         // shares a directory with files on their way out; then removed. Names never start
         // with `.`, ids are numbers.
-        let directory = self.layout.absolute(&format!("results/{}", sweep.name));
-        let doomed = self.layout.absolute(&format!("results/.removed-{}-{}", sweep.id, sweep.name));
+        let directory = self.layout.absolute(&Layout::sweep_path(&sweep.name));
+        let doomed = self.layout.absolute(&format!("results/.removed-{}-{}", sweep.id, sweep_dir_name(&sweep.name)));
         let logs = self.logs.sweep_dir(sweep.id);
         let checkpoints: Vec<PathBuf> = removal.job_ids.iter().map(|job| self.checkpoint_dir(*job)).collect();
         let stamp = now_ms();

@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use shared::api::{
     CancelResponse, JobPreview, ResumeResponse, SearchPlan, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo,
 };
-use shared::names::check_name;
+use shared::names::check_sweep_name;
 use std::sync::Arc;
 
 /// Jobs shown by a dry run.
@@ -39,7 +39,7 @@ async fn submit(
     let source = Arc::new(body?);
     let sweep = state.queue.parse_sweep(source.clone(), query.command.clone()).await?;
     let base_name = sweep.name.clone().or(query.name.clone()).unwrap_or_else(|| "sweep".into());
-    check_name("sweep", &base_name).map_err(ApiError::BadRequest)?;
+    check_sweep_name(&base_name).map_err(ApiError::BadRequest)?;
     let search = SearchPlan::of(&sweep);
     if query.dry_run {
         // An adaptive sweep shows its first runs: they are drawn before any result is in.

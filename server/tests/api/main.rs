@@ -14,6 +14,7 @@ mod logs;
 mod maintenance;
 mod metric_missing;
 mod metrics;
+mod names;
 mod page;
 mod results;
 mod search;

@@ -61,8 +61,7 @@ pub fn find(sweep_file: &Path, given: &[PathBuf]) -> anyhow::Result<Project> {
             dir.display()
         )
     })?;
-    let git_root =
-        git_text(&dir, &["rev-parse", "--show-toplevel"]).and_then(|top| PathBuf::from(top).canonicalize().ok());
+    let git_root = git_root(&dir);
     let root = git_root.clone().unwrap_or(dir);
     if root == Path::new("/") {
         anyhow::bail!(
@@ -262,6 +261,21 @@ fn git_state(root: &Path) -> (Option<String>, bool) {
         _ => true,
     };
     (commit, dirty)
+}
+
+/// The name of the project's directory (see [`find`] for which one that is), or `None` when
+/// the file cannot be resolved or its project is `/`: a sweep file without `name:` is named
+/// after it (`myproj/sweep`).
+pub fn directory_name(sweep_file: &Path) -> Option<String> {
+    let file = sweep_file.canonicalize().ok()?;
+    let dir = file.parent()?;
+    let root = git_root(dir).unwrap_or_else(|| dir.to_path_buf());
+    Some(root.file_name()?.to_string_lossy().into_owned())
+}
+
+/// The top of the git work tree holding `dir`, without symlinks.
+fn git_root(dir: &Path) -> Option<PathBuf> {
+    git_text(dir, &["rev-parse", "--show-toplevel"]).and_then(|top| PathBuf::from(top).canonicalize().ok())
 }
 
 /// The trimmed output of a git command in `dir`, when it succeeds.
