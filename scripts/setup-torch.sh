@@ -11,7 +11,9 @@
 #                                     GPU box needs, and what `import torch` needs even on CPU
 #                                     (scripts/bench-trainer.sh runs PyTorch for comparison),
 #                                     plus numpy and safetensors (the checkpoint tests load our
-#                                     checkpoints in Python with them).
+#                                     checkpoints in Python with them), and the loggers whose
+#                                     capture the end-to-end tests check with the real packages:
+#                                     wandb, tensorboard (torch.utils.tensorboard) and lightning.
 #
 # Idempotent: a second run finds everything in place and returns in well under a second.
 set -euo pipefail
@@ -21,6 +23,8 @@ TORCH_VERSION=2.11.0          # tch 0.24.0 is built for torch 2.11; tch 0.26 nee
 CUDA_RUNTIME="nvidia-cuda-runtime==13.0.96.*"   # the versions torch 2.11.0's cuda-toolkit 13.0.2 pins
 CUDA_CUPTI="nvidia-cuda-cupti==13.0.85.*"
 venv=.venv-torch
+# Pinned: tests/e2e/capture.rs runs scripts that use them unchanged.
+LOGGERS="wandb==0.31.0 tensorboard==2.21.0 lightning==2.6.6"
 
 full=0
 case "${1:-}" in
@@ -30,7 +34,7 @@ case "${1:-}" in
 esac
 
 # Bump REVISION when the set of packages changes, so existing set-ups install the new ones.
-REVISION=2
+REVISION=3
 stamp="$venv/.setup-torch-$TORCH_VERSION-$([ "$full" = 1 ] && echo full || echo cpu)-$REVISION"
 full_stamp="$venv/.setup-torch-$TORCH_VERSION-full-$REVISION"
 if [ -e "$stamp" ] || [ -e "$full_stamp" ]; then
@@ -43,7 +47,7 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 
 if [ "$full" = 1 ]; then
     echo "setup-torch: installing torch==$TORCH_VERSION with its CUDA libraries into $venv" >&2
-    pip install "torch==$TORCH_VERSION" numpy safetensors
+    pip install "torch==$TORCH_VERSION" numpy safetensors $LOGGERS
 else
     echo "setup-torch: installing torch==$TORCH_VERSION (no dependencies) and the CUDA runtime into $venv" >&2
     pip install --no-deps "torch==$TORCH_VERSION" "$CUDA_RUNTIME" "$CUDA_CUPTI"

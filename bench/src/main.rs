@@ -1,12 +1,13 @@
 //! `app-bench`: the maintainers' benchmarks of app itself, a binary of its own beside `app`
 //! (which ships none of this). It links the same libraries as `app`, with the same global
 //! allocator, so the server a benchmark starts in this process runs as `app`'s does.
-//! `app-bench NAME` runs one of seven benchmarks: `queue`, `worker`, `page` (the web page's
+//! `app-bench NAME` runs one of eight benchmarks: `queue`, `worker`, `page` (the web page's
 //! endpoints), `load` (many simulated workers), `search` (TPE and early stopping against
-//! Optuna, hostile sweep files), `code` (code shipping) and `replicas` (SQLite against
+//! Optuna, hostile sweep files), `capture` (scripts' own loggers), `code` (code shipping) and `replicas` (SQLite against
 //! PostgreSQL replicas). Those that need a server start it in this process. (`app bench` is
 //! the trainer's benchmark, for users.) Build: `cargo build --release -p bench`.
 
+mod capture;
 mod code;
 mod load;
 mod page;
@@ -46,6 +47,8 @@ enum Bench {
     Load(load::BenchLoadArgs),
     /// Search: app's TPE, random search and early stopping against Optuna (bench/search/run.sh).
     Search(search::BenchSearchArgs),
+    /// Capturing scripts' own loggers: Python start-up, a wandb.log call, SummaryWriter to server.
+    Capture(capture::BenchCaptureArgs),
     /// Code shipping: pack and upload, unchanged re-submit, a worker's fetch and unpack (5,000 files, 50 MB).
     Code(code::BenchCodeArgs),
     /// SQLite against PostgreSQL with 1, 2 and 3 replicas: submission and claim+finish/s
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
             Bench::Page(args) => page::run(args).await,
             Bench::Load(args) => load::run(args).await,
             Bench::Search(args) => search::run(args).await,
+            Bench::Capture(args) => capture::run(args).await,
             Bench::Code(args) => code::run(args).await,
             Bench::Replicas(args) => replicas::run(args).await,
         }

@@ -11,6 +11,7 @@ pub mod dotted;
 pub mod history;
 pub mod job;
 pub mod metric_check;
+pub mod metric_pattern;
 pub mod names;
 pub mod placement;
 pub mod search;

@@ -3,6 +3,23 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The longest metric name kept; names become CSV columns, map keys and page labels.
+pub const MAX_NAME_BYTES: usize = 200;
+
+/// Why a metric name a job reported cannot be kept, if it cannot: empty, longer than
+/// [`MAX_NAME_BYTES`], or holding control characters (they would garble a terminal or a log).
+pub fn name_problem(name: &str) -> Option<String> {
+    if name.trim().is_empty() {
+        Some("an empty metric name".to_string())
+    } else if name.len() > MAX_NAME_BYTES {
+        Some(format!("a metric name of {} bytes (at most {MAX_NAME_BYTES})", name.len()))
+    } else if name.chars().any(char::is_control) {
+        Some(format!("the metric name {:?} holds control characters", name.chars().take(60).collect::<String>()))
+    } else {
+        None
+    }
+}
+
 /// A sweep's `metric.name` that none of its finished runs has reported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetricMissing {

@@ -189,7 +189,7 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
                 left_out.entries.iter().map(|(path, why)| json!({"path": path, "why": why})).collect();
             json!({"root": root, "files": files, "bytes": bytes, "dir": dir, "left_out": left_out})
         });
-        let sources = sweep.metric.as_ref().map(|metric| metric_sources(&metric.name));
+        let sources = sweep.metric.as_ref().map(|metric| metric_sources(&metric.name, &sweep.environment));
         let mut output = json!({
             "name": name, "form": sweep.form, "count": sweep.count(), "warnings": warnings, "jobs": jobs,
             "metric_sources": sources,
@@ -211,7 +211,7 @@ async fn dry_run(args: &SubmitArgs, source: &str, default_name: &str) -> anyhow:
         writeln!(out, "  {early_stop}")?;
     }
     if let Some(metric) = &sweep.metric {
-        writeln!(out, "  metric {}: {}", metric.name, metric_sources(&metric.name))?;
+        writeln!(out, "  metric {}: {}", metric.name, metric_sources(&metric.name, &sweep.environment))?;
     }
     if sweep.search.is_adaptive() && !shown.is_empty() {
         writeln!(out, "  first runs (drawn before any result is in):")?;
@@ -270,12 +270,24 @@ async fn placeable_on_server(url: &super::UrlArg, sweep: &Sweep) -> Option<anyho
     }
 }
 
-/// Keys of the file that have no effect here, said on stderr (stdout stays for the result).
 /// Where a job's metric `name` can come from, for the dry run: a metric nobody reports leaves
 /// the leaderboard empty and bayes and early stopping blind.
-fn metric_sources(name: &str) -> String {
+fn metric_sources(name: &str, environment: &shared::sweep::Environment) -> String {
     let example = serde_json::to_string(&json!({"step": 3, name: 0.12})).unwrap_or_default();
-    format!("each job reports it by appending JSON lines to $APP_METRICS_FILE ({example})")
+    let mut sources = Vec::new();
+    if !environment.capture_off {
+        sources.push(format!("wandb.log({{\"{name}\": ...}})"));
+        sources.push("TensorBoard scalars, Lightning's CSVLogger, Hugging Face's trainer_state.json or MLflow's mlruns/ under the job's directory".to_string());
+    }
+    if !environment.metrics_regex.is_empty() {
+        sources.push("printed lines matching metrics_regex".to_string());
+    }
+    sources.push(format!("JSON lines appended to $APP_METRICS_FILE ({example})"));
+    let last = sources.pop().unwrap_or_default();
+    match sources.is_empty() {
+        true => format!("each job reports it through {last}"),
+        false => format!("each job reports it through {}, or {last}", sources.join(", ")),
+    }
 }
 
 fn warn(warnings: &[String]) {

@@ -79,7 +79,9 @@ async fn a_metric_that_never_arrives_is_said_with_what_did() {
     let dry = submit(&["--dry-run"]);
     let said = String::from_utf8_lossy(&dry.stdout);
     assert!(
-        said.contains("metric val_loss: each job reports it by appending JSON lines to $APP_METRICS_FILE"),
+        said.contains(
+            "metric val_loss: each job reports it through wandb.log({\"val_loss\": ...}), TensorBoard scalars"
+        ) && said.contains("or JSON lines appended to $APP_METRICS_FILE"),
         "{said}"
     );
     let waited = submit(&["--wait"]);

@@ -3,6 +3,7 @@
 
 mod auth;
 mod browser;
+mod capture;
 mod checkpoints;
 mod cli;
 mod cli_queue;

@@ -7,6 +7,7 @@
 use crate::accounting::Accounted;
 use crate::attempt_dirs::AttemptDirs;
 use crate::checkpoints::{self, CheckpointSync};
+use crate::collect::{Collector, Sources};
 use crate::config::WorkerConfig;
 use crate::executor::{self, Ended, Launch, Stop};
 use crate::guard::Guard;
@@ -67,6 +68,8 @@ pub struct AttemptContext {
     pub code: Arc<crate::code::CodeCache>,
     /// `OMP_NUM_THREADS` for CPU jobs sharing the box (see `reservations::cpu_threads_per_job`).
     pub cpu_threads: Option<u32>,
+    /// The Python files that capture `wandb.log` (`collect::python`), when they could be written.
+    pub capture_dir: Option<Arc<std::path::PathBuf>>,
 }
 
 fn now_ms() -> i64 {
@@ -137,8 +140,9 @@ pub async fn run(
     let dirs = AttemptDirs::for_slot(&config.work_dir, slot);
     let indices: Vec<u32> = gpus.iter().map(|(index, _)| *index).collect();
     let started_at = now_ms();
-    let mut shipper =
-        Shipper::new(context.client.clone(), context.worker_id, attempt, dirs.log.clone(), dirs.metrics.clone());
+    let own_files = (dirs.metrics.clone(), dirs.capture.clone());
+    let collector = Collector::new(dirs.stream.clone(), own_files, dirs.log.clone(), Sources::default());
+    let mut shipper = Shipper::new(context.client.clone(), context.worker_id, attempt, collector);
     let mut lost = false;
     // Jobs of another user get directories made afresh (see `run_as`).
     let prepared = match dirs.prepare(&job, context.run_as.is_some()).await {
@@ -173,6 +177,38 @@ pub async fn run(
             let own = std::env::current_exe().ok();
             env.extend(own.and_then(|exe| crate::job_env::path_with(&exe, std::env::var_os("PATH").as_deref())));
             env.extend(prepared.env);
+            let variable = |name: &str| {
+                let set = env.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.clone());
+                set.or_else(|| {
+                    let inherited = context.inherited.iter().find(|(key, _)| key == name);
+                    inherited.map(|(_, value)| value.to_string_lossy().into_owned())
+                })
+            };
+            let identity = context.run_as.as_ref().map(|user| user.ids());
+            let sources = Sources::of(&job.workspace, (&prepared.cwd, &dirs.output), identity, variable);
+            if let Some(dir) = context.capture_dir.as_deref().filter(|_| sources.capture) {
+                let pythonpath = crate::collect::python::pythonpath(dir, variable("PYTHONPATH").as_deref());
+                env.push(pythonpath);
+            }
+            // Before the job starts: the loggers' files already there are not its own. An
+            // empty directory (the usual short job's) needs no look, nor a blocking thread.
+            let own_files = (dirs.metrics.clone(), dirs.capture.clone());
+            let mut collector = Collector::new(dirs.stream.clone(), own_files, dirs.log.clone(), sources);
+            if collector.has_trees() {
+                let looked = tokio::task::spawn_blocking(move || {
+                    collector.look_before();
+                    collector
+                });
+                collector = match looked.await {
+                    Ok(collector) => collector,
+                    Err(error) => {
+                        tracing::warn!(job = %job.id, %error, "looking for loggers' files failed; reading none");
+                        let own_files = (dirs.metrics.clone(), dirs.capture.clone());
+                        Collector::new(dirs.stream.clone(), own_files, dirs.log.clone(), Sources::default())
+                    }
+                };
+            }
+            shipper.collect_with(collector);
             let written = Arc::new(Notify::new());
             let timeout = job.timeout_secs.map(Duration::from_secs);
             let sync = CheckpointSync::new(
@@ -224,7 +260,7 @@ pub async fn run(
                             notes: Vec::new(),
                         });
                     }
-                    _ = tick(&written, config.ship_interval) => {
+                    _ = tick(&written, config.ship_interval, shipper.watching()) => {
                         if lost { continue; }
                         if let Err(ShipError::Lost(reason)) = shipper.ship(false).await {
                             tracing::warn!(job = %job.id, %reason, "the server no longer holds this attempt for us; stopping it");
@@ -451,10 +487,13 @@ async fn collect_outputs(dirs: &AttemptDirs, reader: Option<(u32, u32)>) -> Vec<
     files
 }
 
-async fn tick(written: &Notify, interval: Duration) {
-    // Ship as output arrives, but at most every `interval`, and at least that often.
+async fn tick(written: &Notify, interval: Duration, watching: bool) {
+    // Ship as output arrives, but at most every `interval`, and at least every 4 of them; every
+    // one when loggers' files are read (they grow without a printed line to wake us).
     tokio::time::sleep(interval).await;
-    let _ = tokio::time::timeout(interval * 3, written.notified()).await;
+    if !watching {
+        let _ = tokio::time::timeout(interval * 3, written.notified()).await;
+    }
 }
 
 fn describe(outcome: &Outcome) -> String {

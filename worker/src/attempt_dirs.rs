@@ -29,6 +29,11 @@ pub struct AttemptDirs {
     pub config: PathBuf,
     /// `APP_METRICS_FILE`.
     pub metrics: PathBuf,
+    /// What the shipper ships: the metrics of every source, gathered by `collect`.
+    pub stream: PathBuf,
+    /// `APP_CAPTURE_FILE`: the rows the Python hook mirrors from `wandb.log`, kept apart from
+    /// the job's own `APP_METRICS_FILE` (a script may open that one with "w").
+    pub capture: PathBuf,
     /// stdout and stderr, as shipped to the server.
     pub log: PathBuf,
     /// `WANDB_SWEEP_PARAM_PATH` of a W&B-form job: its parameters as W&B's agent writes them,
@@ -44,7 +49,10 @@ impl AttemptDirs {
 
     /// Where an attempt is kept for a look: `<work_dir>/<sweep>/<index>/attempt-<n>`.
     pub fn kept(work_dir: &Path, job: &ClaimedJob) -> PathBuf {
-        work_dir.join(shared::names::sweep_dir_name(&job.sweep)).join(job.index.to_string()).join(format!("attempt-{}", job.attempt))
+        work_dir
+            .join(shared::names::sweep_dir_name(&job.sweep))
+            .join(job.index.to_string())
+            .join(format!("attempt-{}", job.attempt))
     }
 
     pub(crate) fn at(root: PathBuf) -> AttemptDirs {
@@ -58,6 +66,8 @@ impl AttemptDirs {
             output: root.join("output"),
             config: root.join("config.yaml"),
             metrics: root.join("metrics.jsonl"),
+            stream: root.join("metrics.stream.jsonl"),
+            capture: root.join("capture.jsonl"),
             log: root.join("job.log"),
             wandb_params: root.join("wandb-params.yaml"),
             root,
@@ -75,9 +85,9 @@ impl AttemptDirs {
         for file in [&self.wandb_params, &self.setup_done, &self.checkpoint_archive] {
             remove_if_there(file)?;
         }
-        for file in [&self.config, &self.metrics, &self.log] {
+        for file in [&self.config, &self.metrics, &self.stream, &self.capture, &self.log] {
             if std::fs::symlink_metadata(file).is_ok() {
-                reuse_file(file, b"", false, file == &self.metrics)?;
+                reuse_file(file, b"", false, file != &self.config && file != &self.log)?;
             }
         }
         Ok(())
@@ -121,6 +131,8 @@ impl AttemptDirs {
                 std::fs::write(&dirs.wandb_params, wandb)?;
             }
             reuse_file(&dirs.metrics, b"", false, true)?;
+            reuse_file(&dirs.stream, b"", false, true)?;
+            reuse_file(&dirs.capture, b"", false, true)?;
             reuse_file(&dirs.log, b"", true, false)
         };
         // A slot emptied by its last attempt (the usual case) needs a handful of small calls:

@@ -88,6 +88,7 @@ struct Daemon {
     inherited: Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>,
     slots: Arc<crate::slots::Slots>,
     code: Arc<crate::code::CodeCache>,
+    capture_dir: Option<Arc<std::path::PathBuf>>,
     draining: bool,
     /// Attempts whose process ended and whose finish request is still being built, with when
     /// their process ended: the finish will claim the next jobs, so no claim of its own is
@@ -195,6 +196,13 @@ pub async fn run(
     let code = Arc::new(crate::code::CodeCache::new(&config.work_dir, config.code_cache_bytes, copier));
     let inherited = Arc::new(crate::job_env::inherited_environment());
     let in_git_tree = crate::results::inside_git_tree(&config.work_dir);
+    let capture_dir = match crate::collect::python::install(&config.work_dir) {
+        Ok(dir) => Some(Arc::new(dir)),
+        Err(error) => {
+            tracing::warn!(%error, "writing the Python files that capture wandb.log failed: jobs' W&B calls are not captured");
+            None
+        }
+    };
     let session = tokio::select! {
         registered = register(&base, &config, &identity.key, &*inventory, max_jobs, Vec::new(), 1) => registered?,
         _ = stop.recv() => return Ok(()),
@@ -219,6 +227,7 @@ pub async fn run(
         inherited,
         slots: Arc::default(),
         code,
+        capture_dir,
         draining: false,
         finishing: Default::default(),
         slots_in_flight: 0,

@@ -180,6 +180,7 @@ impl Daemon {
             slots: self.slots.clone(),
             code: self.code.clone(),
             cpu_threads: self.cpu_threads,
+            capture_dir: self.capture_dir.clone(),
         };
         tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
     }

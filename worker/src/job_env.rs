@@ -12,6 +12,9 @@ pub fn param_variable(name: &str) -> String {
     variable
 }
 
+/// The longest `APP_PARAMS` set (each `APP_PARAM_<NAME>` is set whatever its length).
+const MAX_PARAMS_VARIABLE: usize = 32 * 1024;
+
 /// The environment a job sees, besides the worker's own.
 pub fn environment(
     job: &ClaimedJob,
@@ -28,6 +31,7 @@ pub fn environment(
         ("APP_CONFIG".to_string(), path(&dirs.config)),
         ("APP_OUTPUT_DIR".to_string(), path(&dirs.output)),
         ("APP_METRICS_FILE".to_string(), path(&dirs.metrics)),
+        ("APP_CAPTURE_FILE".to_string(), path(&dirs.capture)),
         ("APP_CHECKPOINT_DIR".to_string(), path(&dirs.checkpoint)),
         // CUDA numbers GPUs by speed unless told otherwise; NVML (and --gpus) by PCI bus.
         ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
@@ -42,6 +46,12 @@ pub fn environment(
             };
             env.push((param_variable(name), text));
         }
+    }
+    // The run's parameters as one JSON object: what `wandb.config` holds (collect::python).
+    // Left out when large: Linux refuses a command whose one variable is over 128 KiB.
+    let params = job.params.to_string();
+    if params.len() <= MAX_PARAMS_VARIABLE {
+        env.push(("APP_PARAMS".to_string(), params));
     }
     if job.form == shared::sweep::SweepForm::Wandb {
         env.push(("WANDB_SWEEP_PARAM_PATH".to_string(), path(&dirs.wandb_params)));

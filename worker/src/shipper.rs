@@ -1,9 +1,13 @@
 //! Ships an attempt's log and metrics to the server from the files the job writes.
 //!
-//! The files are the buffer: while the server is unreachable nothing is lost, and shipping
+//! Metrics go through the attempt's stream file, which `collect` fills from every source (the
+//! job's `APP_METRICS_FILE`, loggers' files, printed lines) before each pass. The files are
+//! the buffer: while the server is unreachable nothing is lost, and shipping
 //! resumes from the last acknowledged offset when it is back. Every upload names its offset,
 //! so a retry after a lost answer is not stored twice.
 
+use crate::collect::Collector;
+use crate::metric_budget::Budget;
 use client::{Client, ClientError};
 use shared::api::{JobAttempt, LogAppend, LogTail, MetricPoint, MetricsBatch, MetricsTail, WorkerId};
 use std::path::PathBuf;
@@ -38,30 +42,56 @@ pub struct Shipper {
     log_offset: u64,
     metrics_offset: u64,
     metrics_lines: u64,
+    /// Fills `metrics_path` from the attempt's sources; away only while a pass runs.
+    collector: Option<Collector>,
+    budget: Budget,
 }
 
 impl Shipper {
-    pub fn new(
-        client: Client,
-        worker_id: WorkerId,
-        attempt: JobAttempt,
-        log_path: PathBuf,
-        metrics_path: PathBuf,
-    ) -> Shipper {
+    pub fn new(client: Client, worker_id: WorkerId, attempt: JobAttempt, collector: Collector) -> Shipper {
         Shipper {
             client,
             worker_id,
             attempt,
-            log_path,
-            metrics_path,
+            log_path: collector.log().to_path_buf(),
+            metrics_path: collector.stream().to_path_buf(),
             log_offset: 0,
             metrics_offset: 0,
             metrics_lines: 0,
+            collector: Some(collector),
+            budget: Budget::default(),
         }
+    }
+
+    /// Reads the attempt's metrics from `collector` from now on (made just before the job
+    /// starts, when its directory is known).
+    pub fn collect_with(&mut self, collector: Collector) {
+        self.collector = Some(collector);
+    }
+
+    /// Whether the collector reads loggers' files (see [`Collector::watching`]).
+    pub fn watching(&self) -> bool {
+        self.collector.as_ref().is_some_and(Collector::watching)
+    }
+
+    /// One pass of the collector: in place when it is light, else on a blocking thread.
+    async fn collect(&mut self, final_pass: bool) {
+        let Some(mut collector) = self.collector.take() else { return };
+        if collector.light(final_pass) {
+            collector.collect(final_pass);
+            self.collector = Some(collector);
+            return;
+        }
+        let pass = tokio::task::spawn_blocking(move || {
+            collector.collect(final_pass);
+            collector
+        });
+        self.collector = pass.await.ok();
     }
 
     /// Sends everything new. On the final pass a last metrics line without a newline counts.
     pub async fn ship(&mut self, final_pass: bool) -> Result<(), ShipError> {
+        self.collect(final_pass).await;
         // Metrics first: a skipped line adds a warning to the log, which then ships too.
         self.ship_metrics(final_pass).await?;
         self.ship_log().await
@@ -110,15 +140,19 @@ impl Shipper {
                 }
                 consumed += line.len();
                 self.metrics_lines += 1;
-                match parse_line(line) {
-                    Ok(parsed) => points.extend(parsed),
-                    Err(reason) => {
-                        warnings.push_str(&format!("[app] metrics line {} skipped: {reason}\n", self.metrics_lines))
-                    }
+                let (parsed, problem) = parse_line(line);
+                points.extend(parsed);
+                if let Some(reason) = problem {
+                    warnings.push_str(&format!("[app] metrics line {} skipped: {reason}\n", self.metrics_lines));
                 }
             }
             let offset = self.metrics_offset + consumed as u64;
+            let (points, note) = self.budget.admit(points);
+            if let Some(note) = note {
+                warnings.push_str(&format!("[app] {note}\n"));
+            }
             if !points.is_empty() {
+                let sent = points.len();
                 let batch = MetricsBatch { worker_id: self.worker_id, attempt: self.attempt.attempt, offset, points };
                 match self.client.send_metrics(self.attempt.job_id, &batch).await {
                     Ok(_) => {}
@@ -131,7 +165,9 @@ impl Shipper {
                         warnings.push_str(&format!("[app] metrics refused by the server: {error}\n"));
                     }
                     Err(error) => {
-                        // Not consumed: these lines are read (and counted) again next time.
+                        // Not consumed: these lines are read (and counted, and paid for) again
+                        // next time.
+                        self.budget.refund(sent);
                         self.metrics_lines -= bytes[..consumed].iter().filter(|b| **b == b'\n').count() as u64;
                         return Err(classify(error));
                     }
@@ -153,6 +189,7 @@ impl Shipper {
     /// to the log first). `None`: too much, ship it with [`Shipper::ship`] instead. All file
     /// work is one trip to a blocking thread.
     pub async fn tail(&mut self, max: u64) -> Option<(Option<LogTail>, Option<MetricsTail>)> {
+        self.collect(true).await;
         let (log_path, metrics_path) = (self.log_path.clone(), self.metrics_path.clone());
         let (log_offset, metrics_offset, lines) = (self.log_offset, self.metrics_offset, self.metrics_lines);
         // A job that printed nothing since the last shipment (the usual short job) needs no
@@ -165,6 +202,21 @@ impl Shipper {
         let read = move || tail_of((&log_path, log_offset), (&metrics_path, metrics_offset), lines, max);
         let (log, metrics, lines) = tokio::task::spawn_blocking(read).await.ok()??;
         self.metrics_lines = lines;
+        let mut log = log;
+        let metrics = metrics.map(|tail| {
+            let (points, note) = self.budget.admit(tail.points);
+            if let Some(note) = note {
+                // Into the log file too, so its bytes stay what the offsets say.
+                let line = format!("[app] {note}\n");
+                use std::io::Write;
+                let appended = std::fs::OpenOptions::new().append(true).open(&self.log_path);
+                if appended.and_then(|mut file| file.write_all(line.as_bytes())).is_ok() {
+                    let tail = log.get_or_insert_with(|| LogTail { offset: self.log_offset, data: Vec::new() });
+                    tail.data.extend_from_slice(line.as_bytes());
+                }
+            }
+            MetricsTail { points, ..tail }
+        });
         Some((log, metrics))
     }
 }
@@ -200,9 +252,10 @@ fn tail_of(
         let mut warnings = String::new();
         for line in bytes.split_inclusive(|byte| *byte == b'\n') {
             lines += 1;
-            match parse_line(line) {
-                Ok(parsed) => points.extend(parsed),
-                Err(reason) => warnings.push_str(&format!("[app] metrics line {lines} skipped: {reason}\n")),
+            let (parsed, problem) = parse_line(line);
+            points.extend(parsed);
+            if let Some(reason) = problem {
+                warnings.push_str(&format!("[app] metrics line {lines} skipped: {reason}\n"));
             }
         }
         if !warnings.is_empty() {
@@ -218,22 +271,35 @@ fn tail_of(
 }
 
 /// `{"step": 3, "val_loss": 0.12, "lr": 1e-3}` gives one point per finite number but `step`;
-/// empty lines give none. Anything else is refused with a reason.
-pub fn parse_line(line: &[u8]) -> Result<Vec<MetricPoint>, String> {
+/// empty lines give none. A line that is not a JSON object gives none and a reason; a name
+/// that cannot be kept (too long, control characters) is left out, with a reason.
+pub fn parse_line(line: &[u8]) -> (Vec<MetricPoint>, Option<String>) {
     let text = String::from_utf8_lossy(line);
     let text = text.trim();
     if text.is_empty() {
-        return Ok(Vec::new());
+        return (Vec::new(), None);
     }
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|error| format!("not JSON ({error})"))?;
-    let object = value.as_object().ok_or_else(|| "not a JSON object".to_string())?;
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(error) => return (Vec::new(), Some(format!("not JSON ({error})"))),
+    };
+    let Some(object) = value.as_object() else { return (Vec::new(), Some("not a JSON object".to_string())) };
     let step = object.get("step").and_then(|step| step.as_i64().or_else(|| step.as_f64().map(|f| f as i64)));
-    Ok(object
+    let mut problem = None;
+    let points = object
         .iter()
         .filter(|(name, _)| name.as_str() != "step")
         .filter_map(|(name, value)| value.as_f64().filter(|v| v.is_finite()).map(|value| (name, value)))
+        .filter(|(name, _)| match shared::metric_check::name_problem(name) {
+            Some(why) => {
+                problem.get_or_insert(format!("{why}, left out"));
+                false
+            }
+            None => true,
+        })
         .map(|(name, value)| MetricPoint { step, name: name.clone(), value })
-        .collect())
+        .collect();
+    (points, problem)
 }
 
 async fn file_length(path: &PathBuf) -> u64 {
@@ -267,12 +333,16 @@ mod tests {
 
     #[test]
     fn metric_lines_become_points_and_garbage_is_refused() {
-        let points = parse_line(br#"{"step": 3, "val_loss": 0.12, "lr": 1e-3, "tag": "x"}"#).unwrap();
-        assert_eq!(points.len(), 2);
+        let (points, problem) = parse_line(br#"{"step": 3, "val_loss": 0.12, "lr": 1e-3, "tag": "x"}"#);
+        assert_eq!((points.len(), problem), (2, None));
         assert_eq!(points[0], MetricPoint { step: Some(3), name: "val_loss".into(), value: 0.12 });
-        assert!(parse_line(b"\n").unwrap().is_empty());
-        assert!(parse_line(b"loss=0.3").unwrap_err().contains("not JSON"));
-        assert!(parse_line(b"[1, 2]").unwrap_err().contains("object"));
-        assert_eq!(parse_line(br#"{"acc": 0.5}"#).unwrap()[0].step, None);
+        assert_eq!(parse_line(b"\n"), (Vec::new(), None));
+        assert!(parse_line(b"loss=0.3").1.unwrap().contains("not JSON"));
+        assert!(parse_line(b"[1, 2]").1.unwrap().contains("object"));
+        assert_eq!(parse_line(br#"{"acc": 0.5}"#).0[0].step, None);
+        let long = format!(r#"{{"{}": 1, "ok": 2, "bell\u0007": 3}}"#, "x".repeat(10_000));
+        let (points, problem) = parse_line(long.as_bytes());
+        assert_eq!(points.iter().map(|point| point.name.as_str()).collect::<Vec<_>>(), ["ok"]);
+        assert!(problem.unwrap().contains("10000 bytes"), "the first bad name is named");
     }
 }

@@ -15,14 +15,23 @@ struct Stored {
     env: Vec<(String, String)>,
     #[serde(default)]
     setup: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    capture_off: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    metrics_regex: Vec<String>,
 }
 
 /// Records where and how the jobs of `sweep_id` run (in the transaction that inserts it).
 pub async fn set_workspace(conn: impl Into<Conn<'_>>, sweep_id: SweepId, workspace: &Workspace) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let stored =
-            Stored { workdir: workspace.workdir.clone(), env: workspace.env.clone(), setup: workspace.setup.clone() };
+        let stored = Stored {
+            workdir: workspace.workdir.clone(),
+            env: workspace.env.clone(),
+            setup: workspace.setup.clone(),
+            capture_off: workspace.capture_off,
+            metrics_regex: workspace.metrics_regex.clone(),
+        };
         let json = serde_json::to_string(&stored).map_err(|error| sql::Error::Encode(error.to_string()))?;
         let code = workspace.code.as_ref();
         sql::query(
@@ -67,6 +76,8 @@ pub async fn workspace_of(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyho
             workdir: stored.workdir,
             env: stored.env,
             setup: stored.setup,
+            capture_off: stored.capture_off,
+            metrics_regex: stored.metrics_regex,
         })
     })
 }

@@ -160,6 +160,8 @@ impl Queue {
             workdir: environment.workdir.clone(),
             env: environment.env.clone(),
             setup: environment.setup.clone(),
+            capture_off: environment.capture_off,
+            metrics_regex: environment.metrics_regex.clone(),
         })
     }
 }

@@ -49,6 +49,17 @@ pub(super) async fn record(
     points: &[MetricPoint],
 ) -> ApiResult<Stored> {
     let sweep_id = super::fence::holder(tx.conn().await?, job, attempt, worker, "metrics batch").await?.sweep_id;
+    // What the routes' parsing lets through from an older worker or the finish's tail: a
+    // point with an unusable name or value is dropped, never stored.
+    let usable =
+        |point: &MetricPoint| point.value.is_finite() && shared::metric_check::name_problem(&point.name).is_none();
+    let kept: Vec<MetricPoint>;
+    let points = if points.iter().all(usable) {
+        points
+    } else {
+        kept = points.iter().filter(|point| usable(point)).cloned().collect();
+        &kept[..]
+    };
     let (stored_offset, stored_points) = db::metrics::progress(tx.conn().await?, job, attempt).await?;
     if offset <= stored_offset {
         return Ok(Stored { offset: stored_offset, sweep_id, fresh: false });

@@ -11,9 +11,6 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use shared::api::{JobId, MetricPoint, MetricSeries, MetricsAck, WorkerId};
 
-/// Longest metric name kept; names become CSV columns and map keys.
-const MAX_NAME_BYTES: usize = 200;
-
 pub fn router() -> Router<AppState> {
     Router::new().route("/api/jobs/{id}/metrics", get(series).post(record))
 }
@@ -39,7 +36,7 @@ struct IncomingPoint {
 /// than refused, so one odd line in a metrics file cannot stall the worker's stream.
 fn usable(point: IncomingPoint) -> Option<MetricPoint> {
     let value = point.value.filter(|value| value.is_finite())?;
-    let named = !point.name.trim().is_empty() && point.name.len() <= MAX_NAME_BYTES;
+    let named = shared::metric_check::name_problem(&point.name).is_none();
     named.then_some(MetricPoint { step: point.step, name: point.name, value })
 }
 

@@ -47,7 +47,7 @@ async fn a_snapshot_is_stored_once_under_its_digest_and_every_claimed_job_carrie
     assert_eq!(stored_snapshots(&app), [format!("{digest}.tar.zst")]);
 
     let yaml = "name: shipped\ncommand: python train.py --i {i}\nenv: {OMP_NUM_THREADS: 2}\nsetup: source env.sh\n\
-                grid:\n  i: [0, 1]\n";
+                capture: none\nmetrics_regex: 'loss=(?P<loss>\\S+)'\ngrid:\n  i: [0, 1]\n";
     let query = SubmitQuery {
         code: Some(digest.clone()),
         code_dir: Some("src".into()),
@@ -66,6 +66,8 @@ async fn a_snapshot_is_stored_once_under_its_digest_and_every_claimed_job_carrie
         workdir: None,
         env: vec![("OMP_NUM_THREADS".into(), "2".into())],
         setup: Some("source env.sh".into()),
+        capture_off: true,
+        metrics_regex: vec![r"loss=(?P<loss>\S+)".into()],
     };
     assert_eq!(app.client.sweep_workspace("shipped").await.unwrap(), expected);
     let worker = app.register("code-w", 2).await;

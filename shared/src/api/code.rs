@@ -52,6 +52,13 @@ pub struct Workspace {
     /// A shell line run before the command, in the same shell.
     #[serde(default)]
     pub setup: Option<String>,
+    /// `capture: none`: metrics only from `APP_METRICS_FILE` and `metrics_regex`, not from the
+    /// loggers a script calls (W&B's API, TensorBoard, Lightning, Hugging Face, MLflow).
+    #[serde(default)]
+    pub capture_off: bool,
+    /// `metrics_regex`: patterns over the job's printed lines (see `shared::metric_pattern`).
+    #[serde(default)]
+    pub metrics_regex: Vec<String>,
 }
 
 /// A job's stored checkpoint: the newest one an attempt of it uploaded.

@@ -1,7 +1,7 @@
 //! The keys the native and W&B forms share: `name`, `description`, `resources`, `metric`,
 //! `priority`, `retries`, `timeout`, `max_initial_failures`, `max_consecutive_failures`, and
-//! where and how jobs run (`code`, `workdir`, `env`,
-//! `setup`, read by [`super::environment`]).
+//! where and how jobs run (`code`, `workdir`, `env`, `setup`, `capture`, `metrics_regex`, read
+//! by [`super::environment`]).
 
 use serde_norway::{Mapping, Value};
 
@@ -11,7 +11,7 @@ use super::read::{self, describe, get};
 use super::{Goal, Metric, Resources};
 
 /// The keys every form with sweep keys accepts.
-pub(crate) const SHARED_KEYS: [&str; 13] = [
+pub(crate) const SHARED_KEYS: [&str; 15] = [
     "name",
     "description",
     "resources",
@@ -25,6 +25,8 @@ pub(crate) const SHARED_KEYS: [&str; 13] = [
     "workdir",
     "env",
     "setup",
+    "capture",
+    "metrics_regex",
 ];
 
 /// The sweep-wide settings that do not change from job to job.

@@ -22,7 +22,7 @@ pub enum Code {
     None,
 }
 
-/// The sweep's `code`, `workdir`, `env` and `setup`.
+/// The sweep's `code`, `workdir`, `env`, `setup`, `capture` and `metrics_regex`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Environment {
     pub code: Code,
@@ -32,6 +32,11 @@ pub struct Environment {
     pub env: Vec<(String, String)>,
     /// A shell line run before the command in the same shell.
     pub setup: Option<String>,
+    /// `capture: none`: the worker reads metrics only from `APP_METRICS_FILE` (and
+    /// `metrics_regex`), not from the loggers a script calls (W&B, TensorBoard, ...).
+    pub capture_off: bool,
+    /// `metrics_regex`: patterns over the job's printed lines that give metric points.
+    pub metrics_regex: Vec<String>,
 }
 
 /// Variables the worker sets for every job; a sweep may not replace them.
@@ -71,6 +76,18 @@ pub(crate) fn parse_environment(root: &Mapping) -> Result<Environment, SweepErro
     if let Some(env) = get(root, "env") {
         environment.env = parse_env(read::mapping(env, "env")?)?;
     }
+    if let Some(capture) = get(root, "capture") {
+        environment.capture_off = match read::string(capture, "capture")?.as_str() {
+            "none" => true,
+            "auto" => false,
+            other => {
+                return Err(invalid("capture", format!("expected `auto` (the default) or `none`, found `{other}`")))
+            }
+        };
+    }
+    if let Some(patterns) = get(root, "metrics_regex") {
+        environment.metrics_regex = parse_metrics_regex(patterns)?;
+    }
     if let Some(setup) = get(root, "setup") {
         let line = read::string(setup, "setup")?;
         if line.contains('\0') {
@@ -102,6 +119,39 @@ fn parse_env(map: &Mapping) -> Result<Vec<(String, String)>, SweepError> {
         variables.push((name, text));
     }
     Ok(variables)
+}
+
+/// The most `metrics_regex` patterns a sweep takes, and the longest one.
+const MAX_PATTERNS: usize = 16;
+const MAX_PATTERN_LENGTH: usize = 1_000;
+
+/// One pattern or a list of them, each compiled here so a bad one is refused at submit time.
+/// A pattern gives points through its named groups: `name` and `value` (one point per match,
+/// for `key=value` lines), or any other names (each a metric); a group `step` is the step.
+fn parse_metrics_regex(value: &Value) -> Result<Vec<String>, SweepError> {
+    let patterns = match value {
+        Value::Sequence(items) => items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| read::string(item, &format!("metrics_regex[{index}]")))
+            .collect::<Result<Vec<_>, _>>()?,
+        other => vec![read::string(other, "metrics_regex")?],
+    };
+    if patterns.len() > MAX_PATTERNS {
+        return Err(invalid("metrics_regex", format!("at most {MAX_PATTERNS} patterns, found {}", patterns.len())));
+    }
+    for (index, pattern) in patterns.iter().enumerate() {
+        let path = if matches!(value, Value::Sequence(_)) {
+            format!("metrics_regex[{index}]")
+        } else {
+            "metrics_regex".to_string()
+        };
+        crate::metric_pattern::MetricPattern::new(pattern).map_err(|why| invalid(path, why))?;
+        if pattern.len() > MAX_PATTERN_LENGTH {
+            return Err(invalid("metrics_regex", format!("a pattern is at most {MAX_PATTERN_LENGTH} characters")));
+        }
+    }
+    Ok(patterns)
 }
 
 fn check_name(key: &Value, name: &str, path: &str) -> Result<(), SweepError> {
