@@ -8,9 +8,14 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 seeds="${1:-15}"
 venv="$here/.venv"
+# Pinned: TPESampler's default is the independent TPE in Optuna 4 and the multivariate one in
+# Optuna 5, so "Optuna TPE" would change meaning with whatever pip picked (decision 0075).
+optuna_version="5.0.0"
 if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet "optuna>=4,<6"
+fi
+if [ "$("$venv/bin/python" -c 'import optuna; print(optuna.__version__)' 2>/dev/null)" != "$optuna_version" ]; then
+    "$venv/bin/pip" install --quiet "optuna==$optuna_version"
 fi
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT

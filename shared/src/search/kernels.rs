@@ -55,6 +55,19 @@ enum Part {
     Fixed,
 }
 
+/// How wide each kernel is in a numerical dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Bandwidth {
+    /// Per point, the larger gap to its sorted neighbours in that dimension (Optuna's
+    /// independent TPE, and Optuna 5's multivariate one).
+    #[default]
+    NeighbourGap,
+    /// One width per dimension from the number of points and of `searched` dimensions
+    /// (Optuna 4's `multivariate=True`): measured in the comparison tests, not shipped.
+    #[cfg(test)]
+    Scott { searched: usize },
+}
+
 /// A weighted mixture of product kernels over every dimension.
 pub(crate) struct Mixture {
     dimensions: Vec<Dimension>,
@@ -65,12 +78,13 @@ pub(crate) struct Mixture {
 }
 
 impl Mixture {
-    pub(crate) fn new(space: &Space, points: &[&[f64]]) -> Mixture {
+    pub(crate) fn new(space: &Space, points: &[&[f64]], bandwidth: Bandwidth) -> Mixture {
         let dimensions: Vec<Dimension> = space.params.iter().map(dimension).collect();
         let count = points.len();
         let mut kernels: Vec<Vec<Part>> = vec![Vec::with_capacity(dimensions.len()); count + 1];
         for (position, dimension) in dimensions.iter().enumerate() {
-            let parts = parts(*dimension, points.iter().map(|point| point[position]).collect());
+            let values = points.iter().map(|point| point[position]).collect();
+            let parts = parts(*dimension, values, bandwidth);
             for (kernel, part) in kernels.iter_mut().zip(parts) {
                 kernel.push(part);
             }
@@ -147,7 +161,7 @@ impl Mixture {
 }
 
 /// The kernels' parts in one dimension: one per point, then the prior.
-fn parts(dimension: Dimension, points: Vec<f64>) -> Vec<Part> {
+fn parts(dimension: Dimension, points: Vec<f64>, bandwidth: Bandwidth) -> Vec<Part> {
     let count = points.len();
     match dimension {
         Dimension::Fixed => vec![Part::Fixed; count + 1],
@@ -168,7 +182,11 @@ fn parts(dimension: Dimension, points: Vec<f64>) -> Vec<Part> {
         Dimension::Numerical { low, high, log, .. } => {
             let width = high - low;
             let means: Vec<f64> = points.iter().map(|point| if log { point.ln() } else { *point }).collect();
-            let sigmas = bandwidths(&means, low, high);
+            let sigmas = match bandwidth {
+                Bandwidth::NeighbourGap => bandwidths(&means, low, high),
+                #[cfg(test)]
+                Bandwidth::Scott { searched } => scott(means.len(), searched, low, high),
+            };
             let normal = |mean: f64, sigma: f64| {
                 let mass = normal_cdf((high - mean) / sigma) - normal_cdf((low - mean) / sigma);
                 Part::Normal { mean, sigma, log_mass: mass.max(1e-300).ln() }
@@ -178,6 +196,17 @@ fn parts(dimension: Dimension, points: Vec<f64>) -> Vec<Part> {
             parts
         }
     }
+}
+
+/// Optuna 4's multivariate bandwidth, one for every kernel of a dimension:
+/// `0.2 n^(-1/(d+4))` of the range for `n` points in `d` searched dimensions, then clipped as
+/// [`bandwidths`] clips.
+#[cfg(test)]
+fn scott(count: usize, searched: usize, low: f64, high: f64) -> Vec<f64> {
+    let width = high - low;
+    let sigma = 0.2 * (count.max(1) as f64).powf(-1.0 / (searched as f64 + 4.0)) * width;
+    let min_sigma = width / 100f64.min(count as f64 + 2.0);
+    vec![sigma.clamp(min_sigma, width); count]
 }
 
 /// Optuna's bandwidths: the larger gap to the sorted neighbours (range ends included; the

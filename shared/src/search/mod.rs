@@ -7,6 +7,8 @@
 //! and applies what they decide (a new job, a cancel). Given the same inputs they return the
 //! same answer, so a controller restarted after a crash proposes and stops exactly as before.
 
+#[cfg(test)]
+mod comparison;
 pub mod early_stop;
 mod kernels;
 pub mod space;
