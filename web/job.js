@@ -121,7 +121,7 @@ export function mount(root, route) {
     fill(headBox,
       h('div.grow', {},
         h('h1', {}, `Job ${job.id} `, runBadge(job), job.cancel_requested && job.status === 'running' ? h('span.muted', {}, job.stopped_early ? ' stopping early…' : ' cancelling…') : null),
-        h('div.sub', {}, 'sweep ', h('a', { href: links.sweep(job.sweep) }, job.sweep), ` · index ${job.index} · attempt ${job.attempt}`),
+        h('div.sub', {}, 'sweep ', h('a', { href: links.sweep(job.sweep) }, job.sweep), ` (${job.owner}'s) · index ${job.index} · attempt ${job.attempt}`),
         job.reason ? h('div.reason', { dataset: { reason: job.reason } }, reasonText(job.reason)) : null),
       h('div.toolbar', {}, controls));
   }

@@ -1,6 +1,6 @@
-// The queue page (#/): counts by status, the newest sweeps, and every job in a filtered,
-// sorted table paged by the server (it stays fast with 100,000 jobs); cancel, retry,
-// priority, and cancel of a selection.
+// The queue page (#/): counts by status, the newest sweeps with their owners, and every job in
+// a filtered (status, sweep, worker, owner), sorted table paged by the server (it stays fast
+// with 100,000 jobs); cancel, retry, priority, and cancel of a selection.
 
 import { get, post } from './api.js';
 import {
@@ -38,6 +38,7 @@ function readQuery(query) {
     status: STATUSES.includes(query.status) ? query.status : '',
     sweep: query.sweep || '',
     worker: query.worker || '',
+    owner: query.owner || '',
     sort: query.sort && COLUMNS.some((column) => column.sort === query.sort) ? query.sort : 'id',
     order: query.order === 'asc' ? 'asc' : query.order === 'desc' ? 'desc' : '',
     page: Math.max(1, Number.parseInt(query.page, 10) || 1),
@@ -78,6 +79,7 @@ export function mount(root, route) {
       status: state.status,
       sweep: state.sweep,
       worker: state.worker,
+      owner: state.owner,
       sort: state.sort,
       order: orderOf(state),
       limit: state.size,
@@ -130,25 +132,32 @@ export function mount(root, route) {
   }
 
   function renderSweeps() {
-    const sweeps = showAllSweeps ? data.sweeps : data.sweeps.slice(0, SWEEPS_SHOWN);
-    const rows = sweeps.map((sweep) => h('tr', { dataset: { sweep: sweep.name } },
+    // The owner filter keeps one user's sweeps here too; the list is fetched whole, so the
+    // filter's choices stay every owner.
+    const owned = state.owner ? data.sweeps.filter((sweep) => sweep.owner === state.owner) : data.sweeps;
+    const sweeps = showAllSweeps ? owned : owned.slice(0, SWEEPS_SHOWN);
+    const rows = sweeps.map((sweep) => h('tr', { dataset: { sweep: sweep.name, owner: sweep.owner } },
       h('td', {}, h('a', { href: links.sweep(sweep.name) }, sweep.name),
         sweep.paused ? h('span.badge.status-failed', { title: sweep.paused.reason, dataset: { paused: '' } }, 'paused') : null),
+      h('td.col-owner', {}, h('a', { href: links.queue({ owner: sweep.owner }), title: `only ${sweep.owner}'s sweeps and jobs` }, sweep.owner)),
       h('td', {}, progressBar(sweep.counts)),
       h('td.num', {}, `${count(sweep.counts.succeeded + sweep.counts.failed + sweep.counts.cancelled)} / ${count(total(sweep.counts))}`),
       h('td', {}, sweep.metric ? `${sweep.metric.name} (${sweep.metric.goal === 'maximize' ? 'max' : 'min'})` : h('span.muted', {}, '—')),
       h('td', {}, timeAgo(sweep.created_at)),
       h('td', {}, h('button.small', { type: 'button', onclick: () => change({ sweep: sweep.name, page: 1 }) }, 'jobs'))));
-    const more = data.sweeps.length > SWEEPS_SHOWN
+    const more = owned.length > SWEEPS_SHOWN
       ? h('button.small', { type: 'button', onclick: () => { showAllSweeps = !showAllSweeps; renderSweeps(); } },
-        showAllSweeps ? 'show fewer' : `show all ${data.sweeps.length}`)
+        showAllSweeps ? 'show fewer' : `show all ${owned.length}`)
       : null;
+    let empty = null;
+    if (data.sweeps.length === 0) empty = 'No sweeps yet. Submit one on the Submit page or with `app submit sweep.yaml`.';
+    else if (owned.length === 0) empty = `No sweeps of ${state.owner}.`;
     fill(sweepsBox,
       h('h2', {}, 'Sweeps', more),
-      data.sweeps.length === 0
-        ? message('No sweeps yet. Submit one on the Submit page or with `app submit sweep.yaml`.')
+      empty
+        ? message(empty)
         : h('div.table-wrap.short', {}, h('table', {},
-          h('thead', {}, h('tr', {}, ['Sweep', 'Progress', 'Done', 'Metric', 'Created', ''].map((label) => h('th', {}, label)))),
+          h('thead', {}, h('tr', {}, ['Sweep', 'Owner', 'Progress', 'Done', 'Metric', 'Created', ''].map((label) => h('th', {}, label)))),
           h('tbody', {}, rows))));
   }
 
@@ -157,6 +166,8 @@ export function mount(root, route) {
     if (state.sweep && !sweepNames.includes(state.sweep)) sweepNames.unshift(state.sweep);
     const workerNames = data.workers.map((worker) => worker.name);
     if (state.worker && !workerNames.includes(state.worker)) workerNames.unshift(state.worker);
+    const owners = [...new Set(data.sweeps.map((sweep) => sweep.owner))].sort();
+    if (state.owner && !owners.includes(state.owner)) owners.unshift(state.owner);
     const select = (name, label, values, value) => h('label', {}, `${label} `,
       h('select', { name, onchange: (event) => change({ [name]: event.target.value, page: 1 }) },
         h('option', { value: '' }, 'all'),
@@ -165,8 +176,9 @@ export function mount(root, route) {
       select('status', 'Status', STATUSES, state.status),
       select('sweep', 'Sweep', sweepNames, state.sweep),
       select('worker', 'Worker', workerNames, state.worker),
-      (state.status || state.sweep || state.worker)
-        ? h('button.small', { type: 'button', onclick: () => change({ status: '', sweep: '', worker: '', page: 1 }) }, 'clear filters')
+      select('owner', 'Owner', owners, state.owner),
+      (state.status || state.sweep || state.worker || state.owner)
+        ? h('button.small', { type: 'button', onclick: () => change({ status: '', sweep: '', worker: '', owner: '', page: 1 }) }, 'clear filters')
         : null,
       h('span.spacer'),
       h('label', {}, 'Per page ', h('select', { name: 'size', onchange: (event) => change({ size: event.target.value, page: 1 }) },
@@ -338,6 +350,7 @@ export function mount(root, route) {
       status: next.status,
       sweep: next.sweep,
       worker: next.worker,
+      owner: next.owner,
       sort: next.sort === 'id' ? '' : next.sort,
       order: next.order,
       page: next.page > 1 ? next.page : '',

@@ -2,9 +2,10 @@
 // per GPU with its utilisation and memory over the last hour, temperature and power, and the
 // running jobs that hold it with the memory each declared, and what the worker's binary can run
 // (the built-in trainer, with its torch and whether it found CUDA). Lost workers come last, dimmed.
+// Above them, the GPU-hours each user's jobs held over the last 24 hours and 7 days.
 
 import { get, segment } from './api.js';
-import { h, fill, badge, message, timeAgo, bytes, refresher } from './dom.js';
+import { h, fill, badge, message, timeAgo, bytes, number, refresher } from './dom.js';
 import { Chart, palette } from './charts.js';
 import { links } from './nav.js';
 
@@ -18,10 +19,11 @@ export function mount(root) {
   const rows = new Map(); // `${worker}/${gpu index}` → {element, util, memory, readings}
   const listBox = h('div.workers');
   const errorBox = h('div');
+  const usageBox = h('section.panel.usage');
   fill(root,
     h('div.page-head', {}, h('div.grow', {}, h('h1', {}, 'Workers'),
       h('div.sub', {}, 'Each worker daemon and its GPUs; GPU readings of the last hour.'))),
-    errorBox, listBox);
+    errorBox, usageBox, listBox);
   fill(listBox, h('p.muted', {}, 'Loading…'));
 
   async function load() {
@@ -33,15 +35,36 @@ export function mount(root) {
       return;
     }
     fill(errorBox);
-    const [telemetry, holdings] = await Promise.all([
+    const [telemetry, holdings, usage] = await Promise.all([
       Promise.all(workers.map((worker) =>
         get(`/api/workers/${segment(worker.name)}/telemetry`, {}, { signal }).catch((error) => (error.name === 'AbortError' ? [] : error)))),
       Promise.all(workers.map((worker) => (worker.running
         ? get('/api/jobs', { worker: worker.name, status: 'running', limit: 1000 }, { signal }).then((page) => page.jobs, () => [])
         : []))),
+      get('/api/usage', {}, { signal }).catch((error) => error),
     ]);
     if (signal.aborted) return;
+    renderUsage(usage);
     render(workers, telemetry, holdings);
+  }
+
+  /** One row per user: GPU-hours their jobs held over the last 24 hours and 7 days. */
+  function renderUsage(usage) {
+    if (usage instanceof Error) {
+      fill(usageBox, h('h2', {}, 'GPU time by user'), message(`Cannot load GPU time: ${usage.message}`, 'error'));
+      return;
+    }
+    const hours = (value) => (value === 0 ? h('span.muted', {}, '0') : number(value));
+    const rows = usage.users.map((user) => h('tr', { dataset: { user: user.user } },
+      h('td', {}, h('a', { href: links.queue({ owner: user.user }), title: `${user.user}'s sweeps and jobs` }, user.user)),
+      h('td.num', { dataset: { window: '24h' } }, hours(user.gpu_hours_24h)),
+      h('td.num', { dataset: { window: '7d' } }, hours(user.gpu_hours_7d))));
+    fill(usageBox,
+      h('h2', {}, 'GPU time by user'),
+      h('p.muted', {}, 'GPU-hours (GPUs times hours) of attempts that ended in the window, as their workers measured them.'),
+      h('div.table-wrap.short', {}, h('table', {},
+        h('thead', {}, h('tr', {}, h('th', {}, 'User'), h('th.num', {}, 'Last 24 h'), h('th.num', {}, 'Last 7 days'))),
+        h('tbody', {}, rows))));
   }
 
   /** 0 for a working worker, 1 for a lost one, 2 for one that left. */

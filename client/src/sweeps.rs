@@ -20,6 +20,21 @@ impl Client {
         self.get("/api/sweeps").await
     }
 
+    /// The sweeps `query` asks for (one owner's).
+    pub async fn sweeps_where(&self, query: &SweepQuery) -> ClientResult<Vec<SweepInfo>> {
+        self.send(Method::GET, "/api/sweeps", None, |builder| builder.query(query)).await
+    }
+
+    /// The user this client's token names.
+    pub async fn whoami(&self) -> ClientResult<Whoami> {
+        self.get("/api/whoami").await
+    }
+
+    /// GPU-hours per user over the last 24 hours and 7 days.
+    pub async fn usage(&self) -> ClientResult<Usage> {
+        self.get("/api/usage").await
+    }
+
     /// A sweep by id or name.
     pub async fn sweep(&self, key: &str) -> ClientResult<SweepDetail> {
         self.get(&format!("/api/sweeps/{}", encode(key))).await

@@ -117,7 +117,8 @@ pub struct ServerFile {
     pub unrecorded_retention_secs: Option<f64>,
     pub max_upload_bytes: Option<u64>,
     pub max_attempt_upload_bytes: Option<u64>,
-    /// Files with one token per line (see `auth`).
+    /// Files with one token per line (see `auth`); a user token's line may name its user
+    /// (`NAME:TOKEN`, `admin:NAME:TOKEN`).
     pub user_token_file: Option<PathBuf>,
     pub worker_token_file: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
@@ -127,7 +128,10 @@ pub struct ServerFile {
     pub max_connections: Option<usize>,
     pub max_connections_per_address: Option<usize>,
     pub metrics_public: Option<bool>,
-    /// A user token given as a value (APP_USER_TOKEN); never read from a file's table.
+    /// Users who may change anyone's sweeps, besides those whose tokens say `admin:`.
+    pub admins: Option<Vec<String>>,
+    /// User tokens given as a value (APP_USER_TOKEN, comma-separated `[admin:][NAME:]TOKEN`);
+    /// never read from a file's table.
     #[serde(skip)]
     pub user_token: Option<String>,
     /// A worker token given as a value (APP_WORKER_TOKEN); never read from a file's table.
@@ -171,6 +175,7 @@ impl ServerFile {
             max_connections: self.max_connections.or(lower.max_connections),
             max_connections_per_address: self.max_connections_per_address.or(lower.max_connections_per_address),
             metrics_public: self.metrics_public.or(lower.metrics_public),
+            admins: self.admins.or(lower.admins),
         }
     }
 }
@@ -257,8 +262,8 @@ impl ServerConfig {
             self.max_attempt_upload_bytes = value;
         }
         // A token value and a token file may both be given: every token listed is accepted.
-        if let Some(token) = &file.user_token {
-            self.tokens.add(crate::auth::Role::User, token, "APP_USER_TOKEN")?;
+        if let Some(tokens) = &file.user_token {
+            self.tokens.add_users(tokens, "APP_USER_TOKEN")?;
         }
         if let Some(token) = &file.worker_token {
             self.tokens.add(crate::auth::Role::Worker, token, "APP_WORKER_TOKEN")?;
@@ -268,6 +273,9 @@ impl ServerConfig {
         }
         if let Some(path) = &file.worker_token_file {
             self.tokens.add_file(crate::auth::Role::Worker, path)?;
+        }
+        if let Some(admins) = &file.admins {
+            self.tokens.make_admins(admins)?;
         }
         match (&file.tls_cert, &file.tls_key) {
             (Some(cert), Some(key)) => self.tls = Some(TlsFiles { cert: cert.clone(), key: key.clone() }),

@@ -4,6 +4,9 @@
 //! name may be two plain names joined by one `/` (`myproj/sweep`, as `app submit` names a file
 //! without `name:` after its project): URLs carry it percent-encoded as one segment, and on disk
 //! it is one directory, [`sweep_dir_name`].
+//!
+//! A user's name (what a user token carries, a sweep's owner) is stricter: 1 to 32 of
+//! `a-z 0-9 _ . -`, so it fits a Prometheus label and a table column as it is.
 
 /// Longest name, `/` included.
 pub const MAX_NAME_BYTES: usize = 100;
@@ -11,6 +14,24 @@ pub const MAX_NAME_BYTES: usize = 100;
 /// What stands for a sweep name's `/` in a directory name. No name holds it, so the mapping
 /// cannot make two names one directory, and a name without `/` is its own directory.
 const DIR_SEPARATOR: char = '+';
+
+/// The user of a token that names none, and of every request to a server without tokens.
+pub const DEFAULT_USER: &str = "default";
+
+/// Longest user name.
+pub const MAX_USER_NAME_BYTES: usize = 32;
+
+/// A user's name: 1 to 32 of `a-z`, `0-9`, `_`, `.`, `-`. The error does not repeat the name:
+/// in a token file, text before a `:` that is no name may be part of a token.
+pub fn check_user_name(name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-');
+    if name.is_empty() || name.len() > MAX_USER_NAME_BYTES || !name.chars().all(allowed) {
+        return Err(format!(
+            "a user name is 1 to {MAX_USER_NAME_BYTES} of a-z, 0-9, `_`, `.` and `-` (lower case, no spaces)"
+        ));
+    }
+    Ok(())
+}
 
 /// A worker's name (or one part of a sweep's): a plain name.
 pub fn check_name(kind: &str, name: &str) -> Result<(), String> {
@@ -98,6 +119,17 @@ mod tests {
         assert!(check_name("worker", &"x".repeat(100)).is_ok());
         for bad in ["", "../etc", "a/b", ".hidden", "-x", "with space", "a+b", &"x".repeat(101)] {
             assert!(check_name("worker", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn user_names_are_short_lower_case_and_plain() {
+        for good in ["default", "user-a", "j.doe_2", "0", &"x".repeat(32)] {
+            assert!(check_user_name(good).is_ok(), "{good:?} refused");
+        }
+        for bad in ["", "Alice", "a b", "a:b", "a/b", "é", &"x".repeat(33)] {
+            let error = check_user_name(bad).unwrap_err();
+            assert!(bad.is_empty() || !error.contains(bad), "the error repeats {bad:?}: {error}");
         }
     }
 

@@ -30,7 +30,8 @@ pub struct RetryArgs {
     /// Treat every target as a sweep (id or name), even a number.
     #[arg(long)]
     pub sweep: bool,
-    /// Retry the failed jobs of every sweep (or of the sweeps named).
+    /// Retry the failed jobs of every sweep you may change (yours; an admin's: every sweep),
+    /// or of the sweeps named.
     #[arg(long)]
     pub failed: bool,
     #[command(flatten)]
@@ -101,7 +102,10 @@ pub async fn retry(args: RetryArgs) -> anyhow::Result<()> {
     );
     if args.failed && sweeps.is_empty() {
         let at = client.base_url().to_string();
-        let all = client.sweeps().await.with_context(|| format!("listing sweeps at {at}"))?;
+        // Others' sweeps would be refused: only the caller's own are asked for, unless an admin.
+        let me = client.whoami().await.with_context(|| format!("asking {at} who your token names"))?;
+        let query = shared::api::SweepQuery { owner: (!me.admin).then_some(me.name) };
+        let all = client.sweeps_where(&query).await.with_context(|| format!("listing sweeps at {at}"))?;
         sweeps = all.into_iter().filter(|sweep| sweep.counts.failed > 0).map(|sweep| sweep.name).collect();
         if sweeps.is_empty() {
             println!("no failed jobs");

@@ -24,6 +24,7 @@ mod table;
 mod table_tests;
 mod train;
 mod wait;
+mod whoami;
 mod workers;
 
 use clap::{Args, Parser, Subcommand};
@@ -101,6 +102,8 @@ pub enum Command {
     Retry(cancel::RetryArgs),
     /// The workers: state, GPUs, running jobs.
     Workers(workers::WorkersArgs),
+    /// The user your token names (and whether an admin).
+    Whoami(whoami::WhoamiArgs),
     /// List sweeps, or remove finished ones with their results (`app sweeps rm NAME`).
     #[command(subcommand)]
     Sweeps(sweeps::SweepsCommand),
@@ -140,6 +143,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel(args) => cancel::run(args).await,
         Command::Retry(args) => cancel::retry(args).await,
         Command::Workers(args) => workers::run(args).await,
+        Command::Whoami(args) => whoami::run(args).await,
         Command::Sweeps(command) => sweeps::run(command).await,
         Command::Train(args) => {
             let config = args.config.clone();

@@ -50,8 +50,9 @@ pub struct ServerFlags {
     /// --data-dir for results and logs [env: APP_DATABASE_URL]
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// File of user tokens, one per line: submit, cancel, read [env: APP_USER_TOKEN_FILE; a
-    /// token itself: APP_USER_TOKEN]
+    /// File of user tokens, one per line: `TOKEN` (the user `default`), `NAME:TOKEN` or
+    /// `admin:NAME:TOKEN`; users submit, read, and change their own sweeps [env:
+    /// APP_USER_TOKEN_FILE; the tokens themselves: APP_USER_TOKEN, comma-separated]
     #[arg(long, value_name = "FILE")]
     pub user_token_file: Option<PathBuf>,
     /// File of worker tokens, one per line: register, claim, report [env:

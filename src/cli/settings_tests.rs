@@ -168,6 +168,30 @@ fn the_embedded_worker_uses_the_servers_worker_token_and_keeps_its_url_for_later
 }
 
 #[test]
+fn user_tokens_name_their_users_in_the_environment_and_admins_come_from_the_file() {
+    use server::auth::{Caller, Holder};
+    let (a, b, plain) = ("aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb", "cccccccccccccccccccc");
+    let listed = format!("user-a:{a}, admin:user-b:{b},{plain}");
+    let admins = || file("[server]\nadmins = [\"user-a\"]\n");
+    let tokens =
+        settings(Mode::ServerOnly, admins(), env(&[("APP_USER_TOKEN", &listed)]), Layer::default()).server.tokens;
+    let user = |name: &str, admin| Some(Holder::User(Caller { name: name.into(), admin }));
+    assert_eq!(tokens.holder_of(a), user("user-a", true), "made an admin by the file's list");
+    assert_eq!(tokens.holder_of(b), user("user-b", true));
+    assert_eq!(tokens.holder_of(plain), user("default", false));
+    assert_eq!(tokens.user_names(), ["default", "user-a", "user-b"]);
+    // An admin no token names is refused, by name; a bad entry by its place, never its token.
+    let error =
+        assemble(Mode::ServerOnly, admins(), env(&[("APP_USER_TOKEN", plain)]), Layer::default(), false).unwrap_err();
+    assert!(error.to_string().contains("`admins` lists `user-a`"), "{error}");
+    let bad = format!("user-a:{a},Bob:{b}");
+    let error = assemble(Mode::ServerOnly, Layer::default(), env(&[("APP_USER_TOKEN", &bad)]), Layer::default(), false)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("APP_USER_TOKEN (entry 2) has a bad name") && !error.contains(b), "{error}");
+}
+
+#[test]
 fn tls_files_go_together_across_layers() {
     let both = file("[server]\ntls_cert = \"a.pem\"\ntls_key = \"a.key\"\n");
     let error = assemble(Mode::ServerOnly, both, Layer::default(), flags(&["--tls-cert", "b.pem"]), false).unwrap_err();

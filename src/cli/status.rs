@@ -1,12 +1,14 @@
-//! `app status [SWEEP] [--status S] [--json]`: the sweeps in the queue, or jobs (of one sweep,
-//! or of every sweep with `--status`) with their start, duration and best metric; a queued
-//! job says why it waits (its place in the queue, or why no connected worker can run it).
+//! `app status [SWEEP] [--status S] [--mine | --user NAME] [--json]`: the sweeps in the queue
+//! with their owners, or jobs (of one sweep, or of every sweep with `--status`) with their
+//! start, duration and best metric; a queued job says why it waits (its place in the queue, or
+//! why no connected worker can run it). `--mine` and `--user` keep one user's sweeps and jobs,
+//! filtered by the server (`?owner=`).
 
 use super::{format, table, UrlArg};
 use anyhow::Context;
 use clap::Args;
 use comfy_table::Table;
-use shared::api::{Job, JobQuery, JobSort, SortOrder, StatusCounts, SweepInfo};
+use shared::api::{Job, JobQuery, JobSort, SortOrder, StatusCounts, SweepInfo, SweepQuery};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric};
 use std::io::Write;
@@ -22,11 +24,30 @@ pub struct StatusArgs {
     /// How many jobs to list.
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
-    /// Print JSON: the list of sweeps, or {"total": N, "jobs": [...]}.
+    /// Print JSON: the list of sweeps (each with its `owner`), or {"total": N, "jobs": [...]}.
     #[arg(long)]
     pub json: bool,
+    /// Only your own sweeps and their jobs (the user your token names: `app whoami`).
+    #[arg(long, conflicts_with = "user")]
+    pub mine: bool,
+    /// Only this user's sweeps and their jobs.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
     #[command(flatten)]
     pub url: UrlArg,
+}
+
+/// The owner `--mine` or `--user` asks for, if either.
+pub async fn owner_asked(client: &client::Client, mine: bool, user: Option<&str>) -> anyhow::Result<Option<String>> {
+    if let Some(name) = user {
+        shared::names::check_user_name(name).map_err(|why| anyhow::anyhow!("--user {name}: {why}"))?;
+        return Ok(Some(name.to_string()));
+    }
+    if !mine {
+        return Ok(None);
+    }
+    let me = client.whoami().await.context("asking the server who your token names (for --mine)")?;
+    Ok(Some(me.name))
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
@@ -34,20 +55,25 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     let width = table::terminal_width();
     let now = format::now_ms();
+    let owner = owner_asked(&client, args.mine, args.user.as_deref()).await?;
     let (metric, query) = match (&args.sweep, args.status) {
         (None, None) => {
             let at = client.base_url().to_string();
-            let sweeps = client.sweeps().await.with_context(|| format!("listing sweeps at {at}"))?;
+            let query = SweepQuery { owner: owner.clone() };
+            let sweeps = client.sweeps_where(&query).await.with_context(|| format!("listing sweeps at {at}"))?;
             if args.json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&sweeps)?)?;
             } else if sweeps.is_empty() {
-                writeln!(out, "no sweeps yet: submit one with `app submit FILE`")?;
+                match &owner {
+                    Some(owner) => writeln!(out, "no sweeps of {owner}")?,
+                    None => writeln!(out, "no sweeps yet: submit one with `app submit FILE`")?,
+                }
             } else {
                 writeln!(out, "{}", table::render(&sweeps_table(&sweeps, now, width)))?;
             }
             return Ok(());
         }
-        (None, Some(status)) => (None, JobQuery { status: Some(status), ..JobQuery::default() }),
+        (None, Some(status)) => (None, JobQuery { status: Some(status), owner, ..JobQuery::default() }),
         (Some(key), status) => {
             let detail = client.sweep(key).await.with_context(|| format!("looking up sweep {key}"))?;
             let sweep = detail.info;
@@ -63,7 +89,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                     writeln!(out, "its queued jobs cannot run on any connected worker: {reason}")?;
                 }
             }
-            let query = JobQuery { sweep: Some(sweep.id.to_string()), status, ..JobQuery::default() };
+            let query = JobQuery { sweep: Some(sweep.id.to_string()), status, owner, ..JobQuery::default() };
             (sweep.metric, query)
         }
     };
@@ -90,10 +116,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `sweep vaep-grid (id 3): 108 jobs: 80 queued, 8 running, 20 succeeded` (counts that are
-/// zero left out, so the line fits a terminal).
+/// `sweep vaep-grid (id 3): 108 jobs: 80 queued, 8 running, 20 succeeded; owner user-a`
+/// (counts that are zero left out, so the line fits a terminal).
 fn sweep_line(sweep: &SweepInfo) -> String {
-    format!("sweep {} (id {}): {} jobs: {}", sweep.name, sweep.id, sweep.counts.total(), progress(&sweep.counts))
+    let (name, id, total, progress) = (&sweep.name, sweep.id, sweep.counts.total(), progress(&sweep.counts));
+    format!("sweep {name} (id {id}): {total} jobs: {progress}; owner {}", sweep.owner)
 }
 
 pub fn goal_word(goal: Goal) -> &'static str {
@@ -103,16 +130,28 @@ pub fn goal_word(goal: Goal) -> &'static str {
     }
 }
 
-/// One row per sweep, newest first (as the server lists them): a column per status, or when
-/// that does not fit, one `progress` cell with the counts that are not zero.
+/// One row per sweep, newest first (as the server lists them), with its owner: a column per
+/// status, or when that does not fit, one `progress` cell with the counts that are not zero
+/// (and the owner under the name).
 pub fn sweeps_table(sweeps: &[SweepInfo], now: i64, width: Option<u16>) -> Table {
-    let mut wide =
-        table::Layout::new(["id", "sweep", "jobs", "queued", "running", "succeeded", "failed", "cancelled", "created"]);
+    let mut wide = table::Layout::new([
+        "id",
+        "sweep",
+        "owner",
+        "jobs",
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "created",
+    ]);
     for sweep in sweeps {
         let counts = &sweep.counts;
         wide.rows.push(vec![
             sweep.id.to_string(),
             shown_name(sweep),
+            sweep.owner.clone(),
             counts.total().to_string(),
             counts.queued.to_string(),
             counts.running.to_string(),
@@ -122,14 +161,15 @@ pub fn sweeps_table(sweeps: &[SweepInfo], now: i64, width: Option<u16>) -> Table
             format::age(sweep.created_at, now),
         ]);
     }
-    wide.right = vec![0, 2, 3, 4, 5, 6, 7];
-    wide.fixed = vec![0, 2, 3, 4, 5, 6, 7, 8];
+    wide.right = vec![0, 3, 4, 5, 6, 7, 8];
+    wide.fixed = vec![0, 2, 3, 4, 5, 6, 7, 8, 9];
     let narrow = || {
-        let mut narrow = table::Layout::new(["id", "sweep", "jobs", "progress", "created"]);
+        // The owner goes under the sweep's name.
+        let mut narrow = table::Layout::new(["id", "sweep\nowner", "jobs", "progress", "created"]);
         for sweep in sweeps {
             narrow.rows.push(vec![
                 sweep.id.to_string(),
-                shown_name(sweep),
+                format!("{}\n{}", shown_name(sweep), sweep.owner),
                 sweep.counts.total().to_string(),
                 progress(&sweep.counts),
                 format::age(sweep.created_at, now),

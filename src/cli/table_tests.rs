@@ -54,6 +54,7 @@ fn job(id: i64, index: u64, status: JobStatus, attempt: u32) -> Job {
         id: JobId::new(id),
         sweep_id: SweepId::new(3),
         sweep: "vaep-grid".into(),
+        owner: "user-a".into(),
         index,
         params: vaep_params(index),
         command: "python train.py".into(),
@@ -99,6 +100,7 @@ fn sweeps() -> Vec<SweepInfo> {
         SweepInfo {
             id: SweepId::new(3),
             name: "vaep-grid".into(),
+            owner: "user-a".into(),
             form: SweepForm::Native,
             metric: Some(val_loss()),
             created_at: NOW - 42 * MINUTE,
@@ -108,6 +110,7 @@ fn sweeps() -> Vec<SweepInfo> {
         SweepInfo {
             id: SweepId::new(2),
             name: "wandb-random-search-with-a-long-name".into(),
+            owner: "lab.lead".into(),
             form: SweepForm::Wandb,
             metric: None,
             created_at: NOW - 26 * 60 * MINUTE,

@@ -171,6 +171,18 @@ await step('the queue page lists the submitted jobs before they run', async () =
   await page.evaluate(() => { window.__sameDocument = true; });
 });
 
+await step('issue 29 item 1: each sweep shows its owner, and the owner filter keeps one user\'s', async () => {
+  check(await page.locator(`.sweeps tr[data-sweep="${SMOKE}"][data-owner="default"]`).count() === 1, 'the smoke sweep is default\'s');
+  await go('#/?owner=nobody');
+  await page.locator('.sweeps', { hasText: 'No sweeps of nobody.' }).waitFor();
+  await page.locator('tr.empty-row', { hasText: 'No jobs match.' }).waitFor();
+  check(await page.locator('select[name="owner"]').inputValue() === 'nobody', 'the filter shows the owner asked for');
+  await go('#/?owner=default');
+  await jobRows(SMOKE).nth(3).waitFor();
+  await go('#/');
+  await jobRows(SMOKE).nth(3).waitFor();
+});
+
 await step('item 7: a requeued job shows no worker and no running duration in the queue', async () => {
   const row = page.locator(`tr[data-job-id="${requeuedJob}"]`);
   await go(`#/?sweep=web-requeue`);
@@ -455,6 +467,10 @@ await step('the workers page shows the worker, the lost ghost last, and which jo
   check(await page.locator(`.worker-card[data-worker="${workerName}"] [data-trainer="${trainer}"]`).count() === 1,
     `the worker's card says whether it has the trainer (${trainer})`);
   check(await ghost.locator('.gpu-row').count() === 2, 'the ghost has two GPU rows');
+  // The measured job held a GPU for a minute: its owner's GPU-hours say so.
+  const week = page.locator('section.usage tr[data-user="default"] td[data-window="7d"]');
+  await week.waitFor();
+  check((await week.innerText()).trim() === '0.01667', `default's GPU-hours over 7 days: ${await week.innerText()}`);
   await shot('workers-desktop-light');
 });
 

@@ -129,3 +129,91 @@ async fn tokens_never_reach_the_server_log_even_at_trace_level() {
         assert!(!text.contains(token), "a token reached the log");
     }
 }
+
+const USER_A: &str = "e2e-user-a-token-0123456789";
+const USER_B: &str = "e2e-user-b-token-0123456789";
+
+/// `app ARGS` against `url` as the holder of `token`: (success, stdout, stderr).
+fn app_as(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
+    let output = app().args(args).args(["--url", url]).env("APP_TOKEN", token).output().unwrap();
+    (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned(), stderr(&output))
+}
+
+#[tokio::test]
+async fn two_users_of_one_token_file_see_everything_and_change_only_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (user_file, worker_file) = (dir.path().join("users"), dir.path().join("worker"));
+    std::fs::write(&user_file, format!("# the lab\nuser-a:{USER_A}\nuser-b:{USER_B}\n")).unwrap();
+    std::fs::write(&worker_file, format!("{WORKER}\n")).unwrap();
+    let server = ServerProcess::start_with(&format!(
+        "user_token_file = {:?}\nworker_token_file = {:?}\n",
+        user_file, worker_file
+    ));
+    let url = server.url.as_str();
+    for (name, token) in [("grid-a", USER_A), ("grid-b", USER_B)] {
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, format!("name: {name}\ncommand: 'true'\ngrid:\n  i: [1, 2]\n")).unwrap();
+        let (ok, _, err) = app_as(url, token, &["submit", &file.to_string_lossy()]);
+        assert!(ok, "{name}: {err}");
+    }
+
+    let (ok, out, err) = app_as(url, USER_A, &["whoami"]);
+    assert!(ok && out == "user-a\n", "{out}{err}");
+    let (_, out, _) = app_as(url, USER_B, &["whoami"]);
+    assert_eq!(out, "user-b\n");
+
+    // --mine is the caller's own; --user anyone's; without either, everyone's with owners.
+    let sweeps = |args: &[&str], token| -> Vec<(String, String)> {
+        let (ok, out, err) = app_as(url, token, &[&["status", "--json"], args].concat());
+        assert!(ok, "{err}");
+        let listed: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+        listed
+            .iter()
+            .map(|sweep| (sweep["name"].as_str().unwrap().into(), sweep["owner"].as_str().unwrap().into()))
+            .collect()
+    };
+    let pair = |name: &str, owner: &str| (name.to_string(), owner.to_string());
+    assert_eq!(sweeps(&["--mine"], USER_A), [pair("grid-a", "user-a")]);
+    assert_eq!(sweeps(&["--mine"], USER_B), [pair("grid-b", "user-b")]);
+    assert_eq!(sweeps(&["--user", "user-a"], USER_B), [pair("grid-a", "user-a")]);
+    assert_eq!(sweeps(&[], USER_B), [pair("grid-b", "user-b"), pair("grid-a", "user-a")]);
+    let (_, table, _) = app_as(url, USER_B, &["status"]);
+    assert!(table.contains("owner") && table.contains("user-a") && table.contains("user-b"), "{table}");
+
+    // user-b may not cancel user-a's sweep: refused with the owner named, and nothing changed.
+    let (ok, _, err) = app_as(url, USER_B, &["cancel", "grid-a"]);
+    assert!(!ok && err.contains("sweep grid-a belongs to user-a"), "{err}");
+    let (ok, out, _) = app_as(url, USER_B, &["status", "grid-a", "--json"]);
+    let jobs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && jobs["jobs"].as_array().unwrap().iter().all(|job| job["status"] == "queued"), "{jobs}");
+    // Its owner may.
+    let (ok, out, err) = app_as(url, USER_A, &["cancel", "grid-a"]);
+    assert!(ok && out.contains("2 cancelled"), "{out}{err}");
+}
+
+#[test]
+fn a_bad_user_token_file_stops_the_server_naming_the_line_but_not_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users");
+    let secret = "secret-part-of-a-token-0123";
+    for (text, says) in [
+        (format!("user-a:{USER_A}\nUser B:{secret}\n"), "line 2 has a bad name"),
+        (format!("user-a:{secret}\nuser-b:{secret}\n"), "is also user-a's"),
+        (format!("user-a:{WORKER}\n"), "also a worker token"),
+    ] {
+        std::fs::write(&users, &text).unwrap();
+        let output = app()
+            .args(["--server-only", "--bind", &format!("127.0.0.1:{}", free_port()), "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--user-token-file")
+            .arg(&users)
+            .env("APP_WORKER_TOKEN", WORKER)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let message = stderr(&output);
+        assert!(!output.status.success() && message.contains(says), "{text:?}: {message}");
+        assert!(message.contains(&users.display().to_string()), "the file is named: {message}");
+        assert!(!message.contains(secret) && !message.contains(WORKER), "a token reached the message: {message}");
+    }
+}

@@ -172,6 +172,7 @@ fn each_verbs_help_shows_only_its_own_flags() {
         &["cancel"],
         &["retry"],
         &["workers"],
+        &["whoami"],
         &["sweeps", "rm"],
         &["sweeps", "ls"],
         &["train"],

@@ -7,8 +7,8 @@ use super::sql;
 use shared::api::{Job, JobId, JobPage, JobSort, SortOrder, SweepId, WorkerId};
 use shared::job::JobStatus;
 
-const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, w.name AS worker_name, a.notes AS notes,
-         es.rung AS stop_rung, es.cutoff AS stop_cutoff, es.reason AS stop_reason, es.stopped_at
+const JOB_SELECT: &str = "SELECT j.*, s.name AS sweep_name, s.owner AS sweep_owner, w.name AS worker_name,
+         a.notes AS notes, es.rung AS stop_rung, es.cutoff AS stop_cutoff, es.reason AS stop_reason, es.stopped_at
      FROM jobs j JOIN sweeps s ON s.id = j.sweep_id LEFT JOIN workers w ON w.id = j.worker_id
      LEFT JOIN job_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
      LEFT JOIN early_stops es ON es.job_id = j.id AND es.attempt = j.attempt";
@@ -19,6 +19,7 @@ fn job_from_row(row: &impl DbRow) -> anyhow::Result<Job> {
         id: JobId::new(row.get_as("id")?),
         sweep_id: SweepId::new(row.get_as("sweep_id")?),
         sweep: row.get_as("sweep_name")?,
+        owner: row.get_as("sweep_owner")?,
         index: row.get_as::<i64>("idx")? as u64,
         params: serde_json::from_str(&params)?,
         command: row.get_as("command")?,
@@ -72,6 +73,8 @@ pub struct JobFilter {
     pub status: Option<JobStatus>,
     pub sweep_id: Option<SweepId>,
     pub worker_id: Option<WorkerId>,
+    /// Only the jobs of this user's sweeps.
+    pub owner: Option<String>,
 }
 
 fn push_filter<'a>(query: &mut sql::Builder<'a>, filter: &'a JobFilter) {
@@ -84,6 +87,9 @@ fn push_filter<'a>(query: &mut sql::Builder<'a>, filter: &'a JobFilter) {
     }
     if let Some(worker_id) = filter.worker_id {
         query.push(" AND j.worker_id = ").push_bind(worker_id.get());
+    }
+    if let Some(owner) = &filter.owner {
+        query.push(" AND j.sweep_id IN (SELECT id FROM sweeps WHERE owner = ").push_bind(owner.as_str()).push(")");
     }
 }
 

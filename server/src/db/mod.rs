@@ -32,6 +32,7 @@ pub mod sql;
 pub mod sqlite;
 pub mod sweeps;
 pub mod telemetry;
+pub mod usage;
 pub mod workers;
 
 use anyhow::Context;

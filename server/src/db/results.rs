@@ -114,7 +114,8 @@ impl VersionColumns {
     }
 }
 
-/// Records a sealed version; false if the attempt already has one.
+/// Records a sealed version, and the GPU time its attempt held as its sweep owner's
+/// (`usage`); false if the attempt already has one (nothing is counted again).
 pub async fn insert(conn: impl Into<Conn<'_>>, version: &ResultVersion) -> anyhow::Result<bool> {
     let mut conn = conn.into();
     let columns = VersionColumns::of(version)?;
@@ -130,8 +131,17 @@ pub async fn insert(conn: impl Into<Conn<'_>>, version: &ResultVersion) -> anyho
             .bind(version.stored_at)
             .fetch_optional(&mut *conn)
             .await?;
+        if let (Some(_), Some(seconds)) = (&inserted, gpu_seconds(&version.record)) {
+            super::usage::add(&mut *conn, version.job_id, version.stored_at, seconds).await?;
+        }
         Ok(inserted.is_some())
     })
+}
+
+/// The GPU time an attempt's record says it held, when it held some.
+pub fn gpu_seconds(record: &shared::api::AttemptRecord) -> Option<f64> {
+    let hours = record.gpu_usage.as_ref()?.gpu_hours;
+    (hours.is_finite() && hours > 0.0).then_some(hours * 3600.0)
 }
 
 fn version_of(row: &impl DbRow) -> anyhow::Result<ResultVersion> {

@@ -2,7 +2,7 @@
 
 use super::backend::{on_conn, on_pool, Conn, DbRow, Engine, PoolRef};
 use super::sql;
-use shared::api::{Paused, StatusCounts, SweepDetail, SweepId, SweepInfo};
+use shared::api::{JobId, Paused, StatusCounts, SweepDetail, SweepId, SweepInfo};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric, Sweep, SweepForm};
 use std::fmt::Write as _;
@@ -34,9 +34,10 @@ pub async fn unique_name(conn: impl Into<Conn<'_>>, base: &str) -> sql::Result<S
     })
 }
 
+/// Inserts the sweep's row, owned by `owner` (for good: nothing changes a sweep's owner).
 pub async fn insert(
     conn: impl Into<Conn<'_>>,
-    name: &str,
+    (name, owner): (&str, &str),
     sweep: &Sweep,
     source: &str,
     now: i64,
@@ -45,8 +46,8 @@ pub async fn insert(
     on_conn!(conn, |conn, engine| {
         sql::query_scalar::<i64>(
             "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at,
-                             max_initial_failures, max_consecutive_failures)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+                             max_initial_failures, max_consecutive_failures, owner)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
         )
         .bind(name)
         .bind(form_text(sweep.form))
@@ -57,6 +58,7 @@ pub async fn insert(
         .bind(now)
         .bind(i64::from(sweep.fail_fast.initial))
         .bind(i64::from(sweep.fail_fast.consecutive))
+        .bind(owner)
         .fetch_one(&mut *conn)
         .await
         .map(SweepId::new)
@@ -147,6 +149,39 @@ pub async fn name_and_form_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Re
     })
 }
 
+/// The sweep's name and owner.
+pub async fn name_and_owner_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Result<(String, String)> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sql::query_as("SELECT name, owner FROM sweeps WHERE id = $1").bind(id.get()).fetch_one(&mut *conn).await
+    })
+}
+
+/// The first of `ids` (in id order) whose sweep is not `owner`'s: the job, its sweep's name and
+/// its sweep's owner. Ids of no job are left to the caller.
+pub async fn first_job_not_owned(
+    conn: impl Into<Conn<'_>>,
+    ids: &[JobId],
+    owner: &str,
+) -> anyhow::Result<Option<(JobId, String, String)>> {
+    let mut conn = conn.into();
+    let ids = serde_json::to_string(ids)?;
+    on_conn!(conn, |conn, engine| {
+        let row: Option<(i64, String, String)> = sql::query_as(engine.pick(
+            "SELECT j.id, s.name, s.owner FROM jobs j JOIN sweeps s ON s.id = j.sweep_id
+             WHERE j.id IN (SELECT value FROM json_each($1)) AND s.owner <> $2 ORDER BY j.id LIMIT 1",
+            "SELECT j.id, s.name, s.owner FROM jobs j JOIN sweeps s ON s.id = j.sweep_id
+             WHERE j.id IN (SELECT value::bigint FROM jsonb_array_elements_text($1::jsonb) AS e(value))
+               AND s.owner <> $2 ORDER BY j.id LIMIT 1",
+        ))
+        .bind(ids.as_str())
+        .bind(owner)
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(row.map(|(id, name, owner)| (JobId::new(id), name, owner)))
+    })
+}
+
 pub async fn name_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Result<String> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
@@ -184,6 +219,7 @@ fn info_from_row(row: &impl DbRow) -> sql::Result<SweepInfo> {
     Ok(SweepInfo {
         id: SweepId::new(row.get_as("id")?),
         name: row.get_as("name")?,
+        owner: row.get_as("owner")?,
         form: parse_form(&form),
         metric: metric_name.map(|name| Metric {
             name,
@@ -253,11 +289,16 @@ pub async fn fold_count_moves(pool: &sqlx::PgPool) -> sql::Result<u64> {
     Ok(folded.get_at::<i64>(0)? as u64)
 }
 
-/// Newest first.
-pub async fn list(pool: impl Into<PoolRef<'_>>) -> anyhow::Result<Vec<SweepInfo>> {
+/// Newest first; only `owner`'s when given.
+pub async fn list(pool: impl Into<PoolRef<'_>>, owner: Option<&str>) -> anyhow::Result<Vec<SweepInfo>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
-        let rows = sql::query("SELECT * FROM sweeps ORDER BY id DESC").fetch_all(pool).await?;
+        let rows = match owner {
+            Some(owner) => {
+                sql::query("SELECT * FROM sweeps WHERE owner = $1 ORDER BY id DESC").bind(owner).fetch_all(pool).await?
+            }
+            None => sql::query("SELECT * FROM sweeps ORDER BY id DESC").fetch_all(pool).await?,
+        };
         let mut sweeps = rows.iter().map(info_from_row).collect::<sql::Result<Vec<_>>>()?;
         let per_sweep = sql::query(&format!("SELECT sweep_id, status, jobs AS n FROM {} AS c", counted(engine)))
             .fetch_all(pool)

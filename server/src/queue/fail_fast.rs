@@ -50,8 +50,9 @@ pub(super) async fn after_failure(tx: &mut Tx, sweep_id: SweepId, logs: Option<&
 impl Queue {
     /// Resumes a paused sweep (by id or name): its queued jobs may be claimed again, and its
     /// failures are counted afresh.
-    pub async fn resume_sweep(&self, key: &str) -> ApiResult<ResumeResponse> {
+    pub async fn resume_sweep(&self, caller: &crate::auth::Caller, key: &str) -> ApiResult<ResumeResponse> {
         let sweep = self.find_sweep(key).await?;
+        super::owners::sweep(caller, &sweep.info)?;
         let id = sweep.info.id;
         let search = self.search.clone();
         let resumed = self

@@ -180,12 +180,16 @@ struct Context {
     lane: Lane,
 }
 
-/// A finish with no log, metrics, notes or files: its outcome and at most a result record.
+/// A finish with no log, metrics, notes or files: its outcome and at most a result record, one
+/// without GPU time (that is counted as its owner's on the general path, by
+/// `db::results::insert`: the step lane's owners store records without it).
 fn is_bare(request: &FinishRequest) -> bool {
     request.log.is_none()
         && request.metrics.is_none()
         && request.notes.is_empty()
-        && request.result.as_ref().is_none_or(|result| result.files.is_empty() && result.streamed.is_empty())
+        && request.result.as_ref().is_none_or(|result| {
+            result.files.is_empty() && result.streamed.is_empty() && db::results::gpu_seconds(&result.record).is_none()
+        })
 }
 
 /// What a finish's unit works with of the queue, on either path.

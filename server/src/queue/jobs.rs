@@ -1,7 +1,9 @@
 //! What users do to jobs: cancel (one, many), retry, reprioritise. Each is one write unit that
-//! reads the job's state, asks `shared::job` what the action does, and applies it guarded.
+//! reads the job's state, checks that the caller may change it (`owners`), asks `shared::job`
+//! what the action does, and applies it guarded.
 
 use super::{Change, Queue, Tx};
+use crate::auth::Caller;
 use crate::db::{self, jobs::JobState, now_ms};
 use crate::error::{ApiError, ApiResult};
 use shared::api::{BulkCancelResponse, CancelResponse, JobAttempt, JobId};
@@ -18,16 +20,24 @@ pub(super) async fn state_of(tx: &mut Tx, id: JobId) -> ApiResult<JobState> {
     db::jobs::state(tx.conn().await?, id).await?.ok_or_else(|| no_job(id))
 }
 
+/// The job's state, once `caller` proved it may change the job (see `owners`).
+async fn state_for(tx: &mut Tx, caller: &Caller, id: JobId) -> ApiResult<JobState> {
+    let current = state_of(tx, id).await?;
+    super::owners::job(tx, caller, id, current.sweep_id).await?;
+    Ok(current)
+}
+
 fn raced(id: JobId) -> ApiError {
     ApiError::Conflict(format!("job {id} changed while this request ran; try again"))
 }
 
 impl Queue {
     /// Cancels a queued job at once, or flags a running one for its worker to kill.
-    pub async fn cancel_job(&self, id: JobId) -> ApiResult<CancelResponse> {
+    pub async fn cancel_job(&self, caller: &Caller, id: JobId) -> ApiResult<CancelResponse> {
+        let caller = caller.clone();
         self.write(move |tx| {
             Box::pin(async move {
-                let current = state_of(tx, id).await?;
+                let current = state_for(tx, &caller, id).await?;
                 let mut response = CancelResponse::default();
                 match job::cancel(current.status) {
                     CancelEffect::Now => {
@@ -60,15 +70,17 @@ impl Queue {
     }
 
     /// Cancels every listed job that is queued or running; the others are named in `skipped`.
-    pub async fn cancel_jobs(&self, ids: Vec<JobId>) -> ApiResult<BulkCancelResponse> {
+    pub async fn cancel_jobs(&self, caller: &Caller, ids: Vec<JobId>) -> ApiResult<BulkCancelResponse> {
         if ids.len() > MAX_BULK {
             return Err(ApiError::BadRequest(format!(
                 "{} ids in one cancel; at most {MAX_BULK} (cancel a whole sweep with POST /api/sweeps/{{sweep}}/cancel)",
                 ids.len()
             )));
         }
+        let caller = caller.clone();
         self.write(move |tx| {
             Box::pin(async move {
+                super::owners::jobs(tx, &caller, &ids).await?;
                 let (cancelled, requested) = db::jobs::cancel_many(tx.conn().await?, &ids, now_ms()).await?;
                 for id in cancelled.iter().chain(&requested) {
                     tx.note(Change::Job(*id));
@@ -88,10 +100,11 @@ impl Queue {
     }
 
     /// Puts a failed or cancelled job back in the queue.
-    pub async fn retry_job(&self, id: JobId) -> ApiResult<()> {
+    pub async fn retry_job(&self, caller: &Caller, id: JobId) -> ApiResult<()> {
+        let caller = caller.clone();
         self.write(move |tx| {
             Box::pin(async move {
-                let current = state_of(tx, id).await?;
+                let current = state_for(tx, &caller, id).await?;
                 if !job::can_retry(current.status) {
                     return Err(ApiError::Conflict(format!(
                         "job {id} is {}; only failed or cancelled jobs can be retried",
@@ -108,10 +121,11 @@ impl Queue {
     }
 
     /// Changes the priority of a job that is not finished.
-    pub async fn set_priority(&self, id: JobId, priority: i64) -> ApiResult<()> {
+    pub async fn set_priority(&self, caller: &Caller, id: JobId, priority: i64) -> ApiResult<()> {
+        let caller = caller.clone();
         self.write(move |tx| {
             Box::pin(async move {
-                let current = state_of(tx, id).await?;
+                let current = state_for(tx, &caller, id).await?;
                 if !job::can_change_priority(current.status) {
                     return Err(ApiError::Conflict(format!(
                         "job {id} is {}; its priority no longer matters",

@@ -6,6 +6,7 @@
 //! between the two leaves files without records, never records without files.
 
 use super::{Change, Queue};
+use crate::auth::Caller;
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use crate::storage::Layout;
@@ -23,7 +24,7 @@ fn retryable() -> Vec<JobStatus> {
 impl Queue {
     /// Queues the listed failed or cancelled jobs again, in one statement; the other ids are
     /// named in `skipped` and left as they were.
-    pub async fn retry_jobs(&self, ids: Vec<JobId>) -> ApiResult<RetryResponse> {
+    pub async fn retry_jobs(&self, caller: &Caller, ids: Vec<JobId>) -> ApiResult<RetryResponse> {
         if ids.len() > super::jobs::MAX_BULK {
             return Err(ApiError::BadRequest(format!(
                 "{} ids in one retry; at most {} (retry a sweep's failed jobs with POST /api/sweeps/{{sweep}}/retry)",
@@ -32,9 +33,11 @@ impl Queue {
             )));
         }
         let asked = ids.clone();
+        let caller = caller.clone();
         let retried = self
             .write(move |tx| {
                 Box::pin(async move {
+                    super::owners::jobs(tx, &caller, &ids).await?;
                     let retried = db::maintenance::retry_jobs(tx.conn().await?, &ids, &retryable()).await?;
                     note_retried(tx, &retried);
                     Ok(retried)
@@ -49,8 +52,9 @@ impl Queue {
     }
 
     /// Queues every failed job of the sweep again (cancelled ones stay: cancelling was a choice).
-    pub async fn retry_sweep(&self, key: &str) -> ApiResult<RetryResponse> {
+    pub async fn retry_sweep(&self, caller: &Caller, key: &str) -> ApiResult<RetryResponse> {
         let sweep = self.find_sweep(key).await?.info;
+        super::owners::sweep(caller, &sweep)?;
         let id = sweep.id;
         let retried = self
             .write(move |tx| {
@@ -68,8 +72,9 @@ impl Queue {
     }
 
     /// Removes a sweep none of whose jobs is queued or running, then its files.
-    pub async fn remove_sweep(&self, key: &str) -> ApiResult<SweepRemoved> {
+    pub async fn remove_sweep(&self, caller: &Caller, key: &str) -> ApiResult<SweepRemoved> {
         let sweep = self.find_sweep(key).await?.info;
+        super::owners::sweep(caller, &sweep)?;
         let (id, name, key) = (sweep.id, sweep.name.clone(), key.to_string());
         let busy = move || {
             ApiError::Conflict(format!(

@@ -20,6 +20,7 @@ pub mod logs;
 mod maintenance;
 pub mod meters;
 mod metrics;
+mod owners;
 mod relay;
 mod reports;
 mod results;

@@ -1,6 +1,7 @@
 //! Sweeps: submission (parsed off the async executor, inserted in one write unit) and cancel.
 
 use super::{Change, Queue};
+use crate::auth::Caller;
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
 use shared::api::{CancelResponse, SweepDetail, SweepId, SweepInfo, Workspace};
@@ -28,24 +29,25 @@ impl Queue {
     }
 
     /// Stores a parsed sweep and all its jobs in one transaction, under a name made unique,
-    /// with the workspace its jobs run in (see `code`).
+    /// owned by `owner`, with the workspace its jobs run in (see `code`).
     pub async fn submit(
         &self,
         sweep: Arc<Sweep>,
         source: Arc<String>,
-        base_name: String,
+        (base_name, owner): (String, String),
         workspace: Workspace,
     ) -> ApiResult<Submitted> {
         let form = sweep.form;
         let workspace = Arc::new(workspace);
         let stored_workspace = workspace.clone();
         let (parsed, search) = (sweep.clone(), self.search.clone());
+        let submitter = owner.clone();
         let submitted = self
             .write(move |tx| {
                 Box::pin(async move {
                     let now = now_ms();
                     let name = db::sweeps::unique_name(tx.conn().await?, &base_name).await?;
-                    let sweep_id = db::sweeps::insert(tx.conn().await?, &name, &sweep, &source, now).await?;
+                    let sweep_id = db::sweeps::insert(tx.conn().await?, (&name, &owner), &sweep, &source, now).await?;
                     let count = db::sweeps::insert_jobs(tx.conn().await?, sweep_id, &sweep, now).await?;
                     super::code::set_workspace(tx, sweep_id, &stored_workspace).await?;
                     search.on_submit(tx, sweep_id, &sweep).await?;
@@ -64,7 +66,7 @@ impl Queue {
             workspaces.insert(submitted.sweep_id, workspace);
         }
         self.search.submitted(submitted.sweep_id, parsed);
-        tracing::info!(sweep = %submitted.name, jobs = submitted.count, "sweep submitted");
+        tracing::info!(sweep = %submitted.name, jobs = submitted.count, owner = %submitter, "sweep submitted");
         Ok(submitted)
     }
 
@@ -85,8 +87,9 @@ impl Queue {
     }
 
     /// Cancels a sweep: its queued jobs at once, its running ones at their workers.
-    pub async fn cancel_sweep(&self, key: &str) -> ApiResult<CancelResponse> {
+    pub async fn cancel_sweep(&self, caller: &Caller, key: &str) -> ApiResult<CancelResponse> {
         let sweep = self.find_sweep(key).await?;
+        super::owners::sweep(caller, &sweep.info)?;
         let id = sweep.info.id;
         let response = self
             .write(move |tx| {

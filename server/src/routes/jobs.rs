@@ -2,6 +2,7 @@
 //! worker's report of a finished attempt.
 
 use super::session_worker::SessionWorker;
+use crate::auth::Caller;
 use crate::db::{self, job_pages::JobFilter};
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::queue::Queue;
@@ -32,7 +33,7 @@ pub fn router() -> Router<AppState> {
 
 async fn list(State(state): State<AppState>, ApiQuery(query): ApiQuery<JobQuery>) -> ApiResult<Json<JobPage>> {
     let queue = &state.queue;
-    let mut filter = JobFilter { status: query.status, ..JobFilter::default() };
+    let mut filter = JobFilter { status: query.status, owner: query.owner.clone(), ..JobFilter::default() };
     if let Some(key) = &query.sweep {
         filter.sweep_id = Some(queue.find_sweep(key).await?.info.id);
     }
@@ -72,30 +73,36 @@ async fn attempts(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) ->
     Ok(Json(shared::history::attempts(&db::events::list(state.queue.reader(), id).await?)))
 }
 
-async fn cancel(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<CancelResponse>> {
-    Ok(Json(state.queue.cancel_job(id).await?))
+async fn cancel(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<JobId>,
+) -> ApiResult<Json<CancelResponse>> {
+    Ok(Json(state.queue.cancel_job(&caller, id).await?))
 }
 
 /// Cancels every listed job that is queued or running, in one transaction; the others are
 /// named in `skipped` and left as they were.
 async fn cancel_many(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request): ApiJson<BulkCancelRequest>,
 ) -> ApiResult<Json<BulkCancelResponse>> {
-    Ok(Json(state.queue.cancel_jobs(request.ids).await?))
+    Ok(Json(state.queue.cancel_jobs(&caller, request.ids).await?))
 }
 
-async fn retry(State(state): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<Job>> {
-    state.queue.retry_job(id).await?;
+async fn retry(State(state): State<AppState>, caller: Caller, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<Job>> {
+    state.queue.retry_job(&caller, id).await?;
     Ok(Json(job(&state.queue, id).await?))
 }
 
 async fn priority(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<JobId>,
     ApiJson(request): ApiJson<PriorityRequest>,
 ) -> ApiResult<Json<Job>> {
-    state.queue.set_priority(id, request.priority).await?;
+    state.queue.set_priority(&caller, id, request.priority).await?;
     Ok(Json(job(&state.queue, id).await?))
 }
 

@@ -19,6 +19,7 @@ mod summary;
 mod sweeps;
 mod telemetry;
 mod uploads;
+mod users;
 mod workers;
 
 use crate::state::AppState;
@@ -49,6 +50,7 @@ pub fn router(state: AppState) -> Router {
         .merge(session::router())
         .merge(summary::router())
         .merge(telemetry::router())
+        .merge(users::router())
         .merge(metrics_guarded)
         .fallback(|| async {
             crate::error::ApiError::NotFound("no such endpoint; see the API list in README.md".into())

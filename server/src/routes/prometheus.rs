@@ -4,9 +4,10 @@
 //! handles) and gauges read now from the database: jobs by sweep and status (the kept
 //! counts), workers by state, and each GPU's latest reading, labelled as DCGM exporter users
 //! expect to find them (`worker`, `gpu` index, `uuid`, `model`), in base units (ratios,
-//! bytes, degrees Celsius, watts). The answer is OpenMetrics when the scraper asks for it (as
-//! Prometheus does) and the classic text format 0.0.4 otherwise (curl, `promtool check
-//! metrics`). Behind the user token unless the server is told `metrics_public`.
+//! bytes, degrees Celsius, watts), and each user's GPU time over the last day and week
+//! (`user`, `window`). The answer is OpenMetrics when the scraper asks for it (as Prometheus
+//! does) and the classic text format 0.0.4 otherwise (curl, `promtool check metrics`). Behind
+//! the user token unless the server is told `metrics_public`.
 
 use crate::db::{self, now_ms};
 use crate::error::ApiResult;
@@ -59,6 +60,12 @@ struct GpuLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UsageLabels {
+    user: String,
+    window: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: String,
 }
@@ -99,6 +106,7 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> ApiResult
         workers,
     );
     register_gpus(&mut registry, &gpus);
+    register_usage(&mut registry, &state).await?;
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)
         .map_err(|error| anyhow::anyhow!("encoding the metrics: {error}"))?;
@@ -148,6 +156,29 @@ fn register_gpus(registry: &mut Registry, gpus: &[(String, GpuSample)]) {
     registry.register("app_gpu_memory_total_bytes", "GPU memory in all", total);
     registry.register("app_gpu_temperature_celsius", "GPU core temperature", temperature);
     registry.register("app_gpu_power_watts", "GPU power draw", power);
+}
+
+/// GPU time per user over the last 24 hours and 7 days, in GPU-seconds (Prometheus' base unit;
+/// `GET /api/usage` says hours). The `user` label takes the names user tokens carry, no other
+/// (labels stay bounded): an owner no token names any more is left out here and listed by
+/// `GET /api/usage`.
+async fn register_usage(registry: &mut Registry, state: &AppState) -> ApiResult<()> {
+    let names = state.config.tokens.user_names();
+    let seconds = Family::<UsageLabels, Gauge<f64, AtomicU64>>::default();
+    for usage in super::users::usage_now(state).await?.users {
+        if !names.contains(&usage.user) {
+            continue;
+        }
+        for (window, value) in [("24h", usage.gpu_hours_24h), ("7d", usage.gpu_hours_7d)] {
+            seconds.get_or_create(&UsageLabels { user: usage.user.clone(), window: window.into() }).set(value * 3600.0);
+        }
+    }
+    registry.register(
+        "app_user_gpu_seconds",
+        "GPU time each user's attempts held (GPUs times seconds, as workers measured it), over the last 24h or 7d",
+        seconds,
+    );
+    Ok(())
 }
 
 /// Whether the scraper takes OpenMetrics (Prometheus asks for it first).

@@ -1,6 +1,7 @@
-//! `/api/sweeps`: submit (expanded here, on the server, in one transaction), list, show, cancel,
-//! resume (a sweep its failing runs paused).
+//! `/api/sweeps`: submit (expanded here, on the server, in one transaction, owned by the
+//! caller), list (all, or one owner's), show, cancel, resume (a sweep its failing runs paused).
 
+use crate::auth::Caller;
 use crate::db;
 use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult};
 use crate::queue;
@@ -12,6 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use shared::api::{
     CancelResponse, JobPreview, ResumeResponse, SearchPlan, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo,
+    SweepQuery,
 };
 use shared::names::check_sweep_name;
 use std::sync::Arc;
@@ -29,6 +31,7 @@ pub fn router() -> Router<AppState> {
 
 async fn submit(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<SubmitQuery>,
     body: Result<String, StringRejection>,
 ) -> ApiResult<(AppendHeaders<[(&'static str, String); 1]>, Json<SubmitResponse>)> {
@@ -62,7 +65,7 @@ async fn submit(
     }
     let (form, warnings) = (sweep.form, sweep.warnings.clone());
     let workspace = state.queue.workspace_for(&sweep, &query).await?;
-    let submitted = state.queue.submit(Arc::new(sweep), source, base_name, workspace).await?;
+    let submitted = state.queue.submit(Arc::new(sweep), source, (base_name, caller.name), workspace).await?;
     let response = SubmitResponse {
         sweep_id: Some(submitted.sweep_id),
         name: submitted.name,
@@ -82,8 +85,8 @@ fn preview(job: shared::sweep::JobSpec) -> Result<JobPreview, ApiError> {
     Ok(JobPreview { index: job.index, params, command: job.command })
 }
 
-async fn list(State(state): State<AppState>) -> ApiResult<Json<Vec<SweepInfo>>> {
-    Ok(Json(db::sweeps::list(state.queue.reader()).await?))
+async fn list(State(state): State<AppState>, ApiQuery(query): ApiQuery<SweepQuery>) -> ApiResult<Json<Vec<SweepInfo>>> {
+    Ok(Json(db::sweeps::list(state.queue.reader(), query.owner.as_deref()).await?))
 }
 
 async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<SweepDetail>> {
@@ -95,10 +98,18 @@ async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> A
     Ok(Json(sweep))
 }
 
-async fn cancel(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<CancelResponse>> {
-    Ok(Json(state.queue.cancel_sweep(&key).await?))
+async fn cancel(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(key): ApiPath<String>,
+) -> ApiResult<Json<CancelResponse>> {
+    Ok(Json(state.queue.cancel_sweep(&caller, &key).await?))
 }
 
-async fn resume(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<ResumeResponse>> {
-    Ok(Json(state.queue.resume_sweep(&key).await?))
+async fn resume(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(key): ApiPath<String>,
+) -> ApiResult<Json<ResumeResponse>> {
+    Ok(Json(state.queue.resume_sweep(&caller, &key).await?))
 }

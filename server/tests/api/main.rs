@@ -15,6 +15,7 @@ mod maintenance;
 mod metric_missing;
 mod metrics;
 mod names;
+mod owners;
 mod page;
 mod results;
 mod search;

@@ -336,6 +336,80 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
     sqlite.close().await;
 }
 
+/// The last schema version before sweeps had owners (migrations/0011).
+const BEFORE_OWNERS: i64 = 10;
+
+/// Rows of a database from before owners: a sweep, its job, and two attempts' records, one with
+/// half an hour of GPU time (stored at 02:00:00.123 on the first day of 1970) and one without.
+const BEFORE_OWNERS_ROWS: &str = r#"
+    INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 'old', 'native', 'x', 1, 0);
+    INSERT INTO jobs (id, sweep_id, idx, params, command, created_at) VALUES (1, 1, 0, '{}', 'true', 0);
+    INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at) VALUES
+        (1, 1, 'a', '[]', '{"gpu_usage":{"gpus":[0],"samples":1,"gpu_hours":0.5}}', '{}', '{}', 7200123),
+        (1, 2, 'b', '[]', '{"outcome":"exited with code 0"}', '{}', '{}', 7200999);
+"#;
+
+/// Then a sweep of user-a's. (GPU time is added by the server as records are stored, on both
+/// backends alike: `owners::each_users_gpu_hours_are_counted...` in server/tests/api.)
+const AFTER_OWNERS_ROWS: &str = "
+    INSERT INTO sweeps (id, name, form, source, job_count, created_at, owner) VALUES (2, 'new', 'native', 'x', 1, 0, 'user-a');
+";
+
+const OWNERS: &str = "SELECT name, owner FROM sweeps ORDER BY id";
+const USAGE: &str = "SELECT owner, hour_at, gpu_seconds FROM user_gpu_usage ORDER BY owner";
+
+#[tokio::test]
+async fn a_database_from_before_owners_gives_its_sweeps_to_default_on_both_backends() {
+    // SQLite: migrated by hand up to the version before owners, as an older build left it.
+    let directory = tempfile::tempdir().unwrap();
+    let migrator = sqlx::migrate!("../migrations");
+    {
+        let conn = rusqlite::Connection::open(directory.path().join("queue.db")).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL,
+                 installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, success BOOLEAN NOT NULL,
+                 checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)",
+        )
+        .unwrap();
+        for migration in migrator.iter().filter(|migration| migration.version <= BEFORE_OWNERS) {
+            conn.execute_batch(&migration.sql).unwrap();
+            conn.execute(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+                 VALUES (?1, ?2, TRUE, ?3, 1)",
+                rusqlite::params![migration.version, &*migration.description, &*migration.checksum],
+            )
+            .unwrap();
+        }
+        conn.execute_batch(BEFORE_OWNERS_ROWS).unwrap();
+    }
+    let sqlite = server::db::Db::open(directory.path()).await.unwrap();
+    sqlite.sqlite_connection().unwrap().unwrap().execute_batch(AFTER_OWNERS_ROWS).unwrap();
+    let readers = sqlite.reader.sqlite().unwrap();
+    let owners: Vec<(String, String)> = sql::query_as(OWNERS).fetch_all(readers).await.unwrap();
+    let usage: Vec<(String, i64, f64)> = sql::query_as(USAGE).fetch_all(readers).await.unwrap();
+
+    // PostgreSQL: the same, by sqlx's migrator given the migrations before owners only.
+    let pg = PgServer::start();
+    let pool = PgPool::connect(&pg.url).await.unwrap();
+    let mut before = sqlx::migrate!("../migrations-postgres");
+    before.migrations =
+        before.iter().filter(|migration| migration.version <= BEFORE_OWNERS).cloned().collect::<Vec<_>>().into();
+    before.run(&pool).await.unwrap();
+    sqlx::raw_sql(BEFORE_OWNERS_ROWS).execute(&pool).await.unwrap();
+    let opened = postgres::open(&pg.url, 30_000).await.unwrap();
+    assert!(!opened.created, "an existing database, migrated on");
+    sqlx::raw_sql(AFTER_OWNERS_ROWS).execute(&opened.pool).await.unwrap();
+
+    let expected_owners = [("old", "default"), ("new", "user-a")].map(|(name, owner)| (name.into(), owner.into()));
+    assert_eq!(owners, expected_owners, "sweeps from before owners are the user default's");
+    assert_eq!(owners, sqlx::query_as::<_, (String, String)>(OWNERS).fetch_all(&opened.pool).await.unwrap());
+    // The record stored before counted once, as default's, in the hour it was stored in (02:00);
+    // the record without GPU time counts nothing.
+    assert_eq!(usage, [("default".to_string(), 7_200_000, 1800.0)]);
+    assert_eq!(usage, sqlx::query_as::<_, (String, i64, f64)>(USAGE).fetch_all(&opened.pool).await.unwrap());
+    sqlite.close().await;
+}
+
 #[tokio::test]
 async fn replicas_opening_one_new_database_together_migrate_it_once() {
     let pg = PgServer::start();

@@ -12,6 +12,10 @@ use serde_json::Value;
 mod ids;
 pub use ids::{JobId, SweepId, WorkerId};
 
+fn default_user() -> String {
+    crate::names::DEFAULT_USER.to_string()
+}
+
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -102,6 +106,10 @@ impl StatusCounts {
 pub struct SweepInfo {
     pub id: SweepId,
     pub name: String,
+    /// The user whose token submitted it (`default` for a token without a name, a server
+    /// without tokens, and sweeps submitted before owners were kept).
+    #[serde(default = "default_user")]
+    pub owner: String,
     pub form: SweepForm,
     pub metric: Option<Metric>,
     pub created_at: i64,
@@ -145,11 +153,21 @@ pub struct SweepDetail {
     pub metric_missing: Option<crate::metric_check::MetricMissing>,
 }
 
+/// Query of `GET /api/sweeps`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SweepQuery {
+    /// Only the sweeps of this user.
+    pub owner: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
     pub sweep_id: SweepId,
     pub sweep: String,
+    /// Its sweep's owner.
+    #[serde(default = "default_user")]
+    pub owner: String,
     pub index: u64,
     pub params: Value,
     pub command: String,
@@ -200,6 +218,9 @@ pub struct JobQuery {
     pub sweep: Option<String>,
     /// Worker name.
     pub worker: Option<String>,
+    /// Only the jobs of this user's sweeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     pub limit: Option<u32>,
     pub offset: Option<u64>,
     /// The column to order by (default: id).
@@ -492,3 +513,5 @@ mod search;
 pub use search::*;
 mod gpu;
 pub use gpu::*;
+mod users;
+pub use users::*;
