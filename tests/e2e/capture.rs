@@ -227,7 +227,11 @@ grid: {i: [1]}
     let flooded = done("flood").await;
     let loss = flooded.metrics["loss"];
     assert_eq!((loss.last, loss.step), (199_999.0, Some(199_999)), "the latest value is kept");
-    assert!(loss.count <= 30_000, "thinned to the budget: {} points", loss.count);
+    // The budget: a burst of 20,000, then 1,000 a second for as long as the job ran (a loaded
+    // machine makes the job slower, and the budget larger with it).
+    let ran_ms = flooded.finished_at.unwrap_or_default() - flooded.started_at.unwrap_or_default();
+    let budget = 20_000 + (ran_ms.max(0) as u64 + 2_000);
+    assert!(loss.count < 200_000 && loss.count <= budget, "thinned to the budget {budget}: {} points", loss.count);
     let log = server.client().log(flooded.id, &Default::default()).await.unwrap().text;
     assert!(log.contains("faster than 1000 points a second"), "{log}");
 }
