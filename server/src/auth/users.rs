@@ -113,7 +113,7 @@ mod tests {
             (format!("a:b:{secret}"), "is not `TOKEN`"),
             (format!("admin:a:b:{secret}"), "is not `TOKEN`"),
             (format!("{secret}:"), "no token"),
-            (format!("admin:user-a:"), "no token"),
+            ("admin:user-a:".to_string(), "no token"),
             (format!(":{secret}"), "bad name"),
             (format!("User-A:{secret}"), "bad name"),
             (format!("Secret-Part:{secret}"), "bad name"),
