@@ -11,6 +11,7 @@
 mod comparison;
 pub mod early_stop;
 mod kernels;
+pub mod problems;
 pub mod space;
 pub mod tpe;
 
