@@ -123,7 +123,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 async fn measure_sqlite(args: &BenchReplicasArgs) -> anyhow::Result<Figures> {
-    let server = BenchServer::start(|_| {}).await?;
+    let jobs = args.jobs;
+    let server =
+        BenchServer::start(move |config| config.max_jobs_per_sweep = config.max_jobs_per_sweep.max(jobs)).await?;
     let measured = measure(args, std::slice::from_ref(&server.url)).await;
     server.stop().await?;
     measured
@@ -133,11 +135,12 @@ async fn measure_postgres(args: &BenchReplicasArgs, url: &str, count: u32) -> an
     let shared = tempfile::tempdir()?;
     let mut replicas = Vec::new();
     for _ in 0..count {
-        let (url, data_dir) = (url.to_string(), shared.path().to_path_buf());
+        let (url, data_dir, jobs) = (url.to_string(), shared.path().to_path_buf(), args.jobs);
         replicas.push(
             BenchServer::start(move |config| {
                 config.database_url = Some(url);
                 config.data_dir = data_dir;
+                config.max_jobs_per_sweep = config.max_jobs_per_sweep.max(jobs);
             })
             .await?,
         );

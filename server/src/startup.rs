@@ -71,6 +71,7 @@ pub async fn run(
     }
     let state = AppState { queue: queue.clone(), config, shutting_down: shutting_down.clone() };
     let reaper = tokio::spawn(crate::reaper::run(queue.clone(), shutting_down.clone()));
+    let expansions = tokio::spawn(crate::queue::expansions::run(queue.clone(), shutting_down.clone()));
     let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(queue.clone(), shutting_down));
     drop(queue);
     if let Ok(address) = listener.local_addr() {
@@ -96,6 +97,7 @@ pub async fn run(
     };
     let _ = reaper.await;
     let _ = checkpointer.await;
+    let _ = expansions.await;
     // The writer and the dispatcher end once the last handle on the queue (in the state the
     // routes held) is gone.
     tasks.finish().await;

@@ -98,6 +98,7 @@ pub async fn pause(conn: impl Into<Conn<'_>>, sweep_id: SweepId, reason: &str, n
         if done.rows_affected() == 0 {
             return Ok(false);
         }
+        super::sweep_jobs::complete(&mut *conn, sweep_id).await?;
         sql::query("UPDATE jobs SET held = 1 WHERE sweep_id = $1 AND status = 'queued' AND held = 0")
             .bind(sweep_id.get())
             .execute(&mut *conn)

@@ -387,6 +387,7 @@ pub async fn request_cancel(conn: impl Into<Conn<'_>>, attempt: JobAttempt) -> s
 /// cancelled now and how many running ones were flagged.
 pub async fn cancel_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId, now: i64) -> sql::Result<(Vec<JobId>, u64)> {
     let mut conn = conn.into();
+    super::sweep_jobs::complete(&mut conn, sweep_id).await?;
     on_conn!(conn, |conn, engine| {
         let cancelled: Vec<i64> = sql::query_scalar(
             "UPDATE jobs SET status = 'cancelled', reason = 'cancelled', finished_at = $1
@@ -415,6 +416,7 @@ pub async fn cancel_queued_of_sweep(
     now: i64,
 ) -> sql::Result<Vec<JobId>> {
     let mut conn = conn.into();
+    super::sweep_jobs::complete(&mut conn, sweep_id).await?;
     on_conn!(conn, |conn, engine| {
         let cancelled: Vec<i64> = sql::query_scalar(
             "UPDATE jobs SET status = 'cancelled', reason = $1, finished_at = $2

@@ -132,12 +132,17 @@ pub async fn delete_sweep(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> anyho
                 .await?;
         }
         let removed =
-            sql::query("DELETE FROM sweeps WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE sweep_id = $2)")
-                .bind(sweep_id.get())
-                .bind(sweep_id.get())
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
+            // Nor while rows of it are still to be written (`sweep_jobs`): they are queued jobs.
+            sql::query(
+                "DELETE FROM sweeps WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE sweep_id = $2)
+                   AND NOT EXISTS (SELECT 1 FROM job_expansions WHERE sweep_id = $3)",
+            )
+            .bind(sweep_id.get())
+            .bind(sweep_id.get())
+            .bind(sweep_id.get())
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
         if removed != 1 {
             return Ok(None);
         }

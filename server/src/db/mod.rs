@@ -30,6 +30,7 @@ pub mod scrape;
 pub mod search;
 pub mod sql;
 pub mod sqlite;
+pub mod sweep_jobs;
 pub mod sweeps;
 pub mod telemetry;
 pub mod usage;

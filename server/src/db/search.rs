@@ -10,7 +10,6 @@
 use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
 use super::sql;
 use shared::api::{JobId, SearchMethod, SearchState, StoppedEarly, SweepId};
-use shared::sweep::{JobSpec, Sweep};
 use std::collections::HashMap;
 
 /// A metric value as SQL, `NULL` unless finite.
@@ -161,42 +160,6 @@ pub async fn trials(conn: impl Into<Conn<'_>>, sweep_id: SweepId, metric: &str) 
         .fetch_one(&mut *conn)
         .await?;
         Ok(serde_json::from_str(packed.as_deref().unwrap_or("[]"))?)
-    })
-}
-
-/// Inserts proposed jobs (queued, with the sweep's resources and settings) and counts them.
-pub async fn insert_jobs(
-    conn: impl Into<Conn<'_>>,
-    sweep_id: SweepId,
-    sweep: &Sweep,
-    jobs: &[JobSpec],
-    now: i64,
-) -> sql::Result<()> {
-    let mut conn = conn.into();
-    on_conn!(conn, |conn, engine| {
-        let resources = &sweep.resources;
-        for job in jobs {
-            sql::query(
-                "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                               timeout_secs, priority, retries_left, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-            )
-            .bind(sweep_id.get())
-            .bind(job.index as i64)
-            .bind(&job.params)
-            .bind(&job.command)
-            .bind(job.config.as_deref())
-            .bind(resources.gpus.map(i64::from))
-            .bind(resources.gpu_memory.map(|bytes| bytes as i64))
-            .bind(resources.exclusive.map(i64::from))
-            .bind(sweep.timeout_secs.map(|secs| secs as i64))
-            .bind(sweep.priority)
-            .bind(i64::from(sweep.retries))
-            .bind(now)
-            .execute(&mut *conn)
-            .await?;
-        }
-        super::sweeps::count_new_jobs(&mut *conn, sweep_id, jobs.len() as u64).await
     })
 }
 

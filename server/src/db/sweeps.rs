@@ -1,15 +1,10 @@
-//! `sweeps`, and the bulk insert of a sweep's jobs.
+//! `sweeps` (a sweep's jobs are `sweep_jobs`).
 
-use super::backend::{on_conn, on_pool, Conn, DbRow, Engine, PoolRef};
+use super::backend::{on_conn, on_pool, Conn, DbRow, PoolRef};
 use super::sql;
 use shared::api::{JobId, Paused, StatusCounts, SweepDetail, SweepId, SweepInfo};
 use shared::job::JobStatus;
 use shared::sweep::{Goal, Metric, Sweep, SweepForm};
-use std::fmt::Write as _;
-
-/// Jobs per INSERT statement: 4 bound values per job stays under SQLite's 32,766-variable
-/// limit, and few statements is what makes a 100,000-job sweep insert in a fraction of a second.
-const JOBS_PER_STATEMENT: usize = 4_000;
 
 /// Returns `base`, or `base-2`, `base-3`, ... whichever is free (shortening `base` so the
 /// name stays within the 100 characters names may have). The suffix goes on the last part of
@@ -62,63 +57,6 @@ pub async fn insert(
         .fetch_one(&mut *conn)
         .await
         .map(SweepId::new)
-    })
-}
-
-/// Inserts every job of the sweep, in index order, a few thousand per statement.
-pub async fn insert_jobs(conn: impl Into<Conn<'_>>, sweep_id: SweepId, sweep: &Sweep, now: i64) -> sql::Result<u64> {
-    let mut conn = conn.into();
-    on_conn!(conn, |conn, engine| {
-        let resources = &sweep.resources;
-        let mut jobs = sweep.jobs().peekable();
-        let mut inserted = 0;
-        let mut batch = Vec::with_capacity(JOBS_PER_STATEMENT);
-        while jobs.peek().is_some() {
-            batch.clear();
-            batch.extend(jobs.by_ref().take(JOBS_PER_STATEMENT));
-            // Values shared by the whole sweep are bound once; each row binds only its own four.
-            // Every parameter is an anonymous `?`: sqlx looks up each numbered `?NNN` by name, which
-            // SQLite answers with a linear scan, quadratic over a statement with thousands of them.
-            // PostgreSQL numbers its parameters (`$N`), and at most 65,535 of them a statement.
-            let mut sql = String::with_capacity(300 + batch.len() * 24);
-            sql.push_str(engine.pick(
-                "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                               timeout_secs, priority, retries_left, created_at, needs_trainer)
-             SELECT ?, column1, column2, column3, column4, ?, ?, ?, ?, ?, ?, ?, ? FROM (VALUES ",
-                "INSERT INTO jobs (sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                               timeout_secs, priority, retries_left, created_at, needs_trainer)
-             SELECT $1, column1, column2, column3, column4, $2, $3, $4, $5, $6, $7, $8, $9 FROM (VALUES ",
-            ));
-            for position in 0..batch.len() {
-                if position > 0 {
-                    sql.push(',');
-                }
-                match engine {
-                    Engine::Sqlite => sql.push_str("(?,?,?,?)"),
-                    Engine::Postgres => {
-                        let first = 10 + position * 4;
-                        let _ = write!(sql, "(${first},${},${},${})", first + 1, first + 2, first + 3);
-                    }
-                }
-            }
-            sql.push_str(") AS v");
-            let mut query = sql::query(&sql)
-                .bind(sweep_id.get())
-                .bind(resources.gpus.map(i64::from))
-                .bind(resources.gpu_memory.map(|bytes| bytes as i64))
-                .bind(resources.exclusive.map(i64::from))
-                .bind(sweep.timeout_secs.map(|secs| secs as i64))
-                .bind(sweep.priority)
-                .bind(i64::from(sweep.retries))
-                .bind(now)
-                .bind(i64::from(resources.trainer));
-            for job in batch.drain(..) {
-                query = query.bind(job.index as i64).bind(job.params).bind(job.command).bind(job.config);
-            }
-            inserted += query.execute(&mut *conn).await?.rows_affected();
-        }
-        count_new_jobs(&mut *conn, sweep_id, inserted).await?;
-        Ok(inserted)
     })
 }
 

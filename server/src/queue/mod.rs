@@ -11,6 +11,7 @@ mod checkpoints;
 mod claims;
 mod code;
 pub mod events;
+pub mod expansions;
 mod fail_fast;
 mod fence;
 mod finish;
@@ -89,6 +90,8 @@ pub struct Queue {
     meters: meters::Meters,
     /// The sweep controller (adaptive runs, early stopping).
     search: Arc<search::Controller>,
+    /// Told when a submission left rows for the background (see `expansions`).
+    expansions: tokio::sync::Notify,
 }
 
 /// The service's background tasks, awaited at shutdown.
@@ -143,6 +146,7 @@ impl Queue {
             draining: Mutex::default(),
             meters: meters::Meters::default(),
             search,
+            expansions: tokio::sync::Notify::new(),
         });
         let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
         (queue, Tasks { writer: writer_task, dispatcher })

@@ -28,7 +28,8 @@ impl Queue {
             .map_err(|error| ApiError::BadRequest(error.to_string()))
     }
 
-    /// Stores a parsed sweep and all its jobs in one transaction, under a name made unique,
+    /// Stores a parsed sweep and its jobs in one transaction (a large sweep's first jobs, the
+    /// others following in the background: see `expansions`), under a name made unique,
     /// owned by `owner`, with the workspace its jobs run in (see `code`).
     pub async fn submit(
         &self,
@@ -42,13 +43,22 @@ impl Queue {
         let stored_workspace = workspace.clone();
         let (parsed, search) = (sweep.clone(), self.search.clone());
         let submitter = owner.clone();
+        let now = now_ms();
+        let (engine, ready) = (self.db().engine(), sweep.clone());
+        // Rendering and encoding many jobs takes a while (a million: 0.4 s): not on the executor.
+        let prepared = match db::sweep_jobs::Prepared::worth_a_thread(&sweep) {
+            false => db::sweep_jobs::Prepared::of(&sweep, engine, now),
+            true => tokio::task::spawn_blocking(move || db::sweep_jobs::Prepared::of(&ready, engine, now))
+                .await
+                .map_err(|error| anyhow::anyhow!("preparing a sweep's jobs: {error}"))?,
+        };
+        let expanding = prepared.expanding();
         let submitted = self
             .write(move |tx| {
                 Box::pin(async move {
-                    let now = now_ms();
                     let name = db::sweeps::unique_name(tx.conn().await?, &base_name).await?;
                     let sweep_id = db::sweeps::insert(tx.conn().await?, (&name, &owner), &sweep, &source, now).await?;
-                    let count = db::sweeps::insert_jobs(tx.conn().await?, sweep_id, &sweep, now).await?;
+                    let count = db::sweep_jobs::insert(tx.conn().await?, sweep_id, &sweep, &prepared, now).await?;
                     super::code::set_workspace(tx, sweep_id, &stored_workspace).await?;
                     search.on_submit(tx, sweep_id, &sweep).await?;
                     tx.note(Change::Claimable);
@@ -56,6 +66,9 @@ impl Queue {
                 })
             })
             .await?;
+        if expanding {
+            self.rows_left();
+        }
         if let Ok(mut names) = self.sweep_names.write() {
             names.insert(submitted.sweep_id, (submitted.name.clone(), form));
         }

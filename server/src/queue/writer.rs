@@ -140,7 +140,16 @@ enum Work {
     /// Runs alone, with no transaction open on the writer (a WAL restart must see no open
     /// write transaction, else it waits for itself).
     Outside(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>),
+    /// Runs in a group of its own when the writer is idle, or once per [`BACKGROUND_EVERY`]
+    /// while it is not (see [`Writer::write_in_background`]).
+    Background(RunUnit),
 }
+
+/// A background unit waits until no other unit has come for this long: units that come in a
+/// steady stream (finishes and claims) leave gaps shorter than this between their groups.
+const IDLE: std::time::Duration = std::time::Duration::from_millis(2);
+/// Under a steady stream of other units, a background unit still runs this often.
+const BACKGROUND_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Sends write units to the writer task.
 #[derive(Clone)]
@@ -167,6 +176,26 @@ impl Writer {
         T: Send + 'static,
         F: for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
     {
+        self.send_unit(unit, Work::Unit).await
+    }
+
+    /// Runs `unit` as [`Writer::write`] does, but in a group of its own, when no other unit has
+    /// come for [`IDLE`], or (under a steady stream of them) after [`BACKGROUND_EVERY`]: for
+    /// work nobody waits on, so that it delays the units that are waited on by one such unit
+    /// at most, and rarely. Background units run in the order sent.
+    pub async fn write_in_background<T, F>(&self, unit: F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
+    {
+        self.send_unit(unit, Work::Background).await
+    }
+
+    async fn send_unit<T, F>(&self, unit: F, kind: fn(RunUnit) -> Work) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut Tx) -> BoxFuture<'c, ApiResult<T>> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let run: RunUnit = Box::new(move |tx| {
             Box::pin(async move {
@@ -174,7 +203,7 @@ impl Writer {
                 Box::new(Pending { result, reply }) as Box<dyn Settle>
             })
         });
-        self.sender.send(Work::Unit(run)).await.map_err(|_| ApiError::ShuttingDown)?;
+        self.sender.send(kind(run)).await.map_err(|_| ApiError::ShuttingDown)?;
         answer.await.map_err(|_| self.unanswered())?
     }
 
@@ -285,17 +314,50 @@ impl Thread {
         // PostgreSQL's one-statement step groups run on a connection of their own.
         let mut lane: Option<PgConnection> = None;
         let mut waiting: VecDeque<Work> = VecDeque::new();
+        let mut background: VecDeque<RunUnit> = VecDeque::new();
+        let mut background_ran = std::time::Instant::now();
+        // When the last unit other than a background one came.
+        let mut foreground_came = std::time::Instant::now();
+        let arrive = |work: Work, waiting: &mut VecDeque<Work>, background: &mut VecDeque<RunUnit>| match work {
+            Work::Background(unit) => background.push_back(unit),
+            work => waiting.push_back(work),
+        };
         loop {
             if waiting.is_empty() {
-                match receiver.blocking_recv() {
-                    Some(work) => waiting.push_back(work),
+                let quiet = IDLE.saturating_sub(foreground_came.elapsed());
+                let next = match background.is_empty() {
+                    true => receiver.blocking_recv(),
+                    false => match self.handle.block_on(tokio::time::timeout(quiet, receiver.recv())) {
+                        Ok(next) => next,
+                        Err(_) => {
+                            // Nothing else came for IDLE: the background unit's turn.
+                            let unit = background.pop_front().expect("a background unit waits");
+                            connection =
+                                self.handle.block_on(self.run_units(connection.take(), VecDeque::from([unit])));
+                            background_ran = std::time::Instant::now();
+                            continue;
+                        }
+                    },
+                };
+                match next {
+                    Some(work) => arrive(work, &mut waiting, &mut background),
                     None => return,
                 }
             }
             while waiting.len() < MAX_GROUP {
                 match receiver.try_recv() {
-                    Ok(work) => waiting.push_back(work),
+                    Ok(work) => arrive(work, &mut waiting, &mut background),
                     Err(_) => break,
+                }
+            }
+            if !waiting.is_empty() {
+                foreground_came = std::time::Instant::now();
+            }
+            if background_ran.elapsed() >= BACKGROUND_EVERY {
+                if let Some(unit) = background.pop_front() {
+                    connection = self.handle.block_on(self.run_units(connection.take(), VecDeque::from([unit])));
+                    background_ran = std::time::Instant::now();
+                    continue;
                 }
             }
             // The units at the head of one kind form a group (the order units came in is kept);
@@ -320,6 +382,7 @@ impl Thread {
                     }
                     connection = self.handle.block_on(self.run_steps(connection.take(), &mut lane, group));
                 }
+                Some(Work::Background(unit)) => background.push_back(unit),
                 None => {}
             }
         }

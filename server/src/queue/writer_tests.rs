@@ -192,3 +192,39 @@ async fn a_units_changes_are_announced_once_committed() {
     let changed = tokio::time::timeout(std::time::Duration::from_secs(10), page.wait_for(|now| *now > seen)).await;
     assert_eq!(*changed.unwrap().unwrap(), seen + 1, "the refused unit announced nothing, the other once");
 }
+
+/// A unit that inserts `value` and notes it in `order`, in the background or not.
+async fn noted(writer: Writer, value: i64, order: Arc<Mutex<Vec<i64>>>, background: bool) -> ApiResult<()> {
+    fn unit(tx: &mut Tx, value: i64, order: Arc<Mutex<Vec<i64>>>) -> BoxFuture<'_, ApiResult<()>> {
+        Box::pin(async move {
+            crate::db::sql::query("INSERT INTO rows (value) VALUES ($1)")
+                .bind(value)
+                .execute(tx.conn().await?.into_sqlite().unwrap())
+                .await?;
+            order.lock().unwrap().push(value);
+            Ok(())
+        })
+    }
+    match background {
+        true => writer.write_in_background(move |tx| unit(tx, value, order)).await,
+        false => writer.write(move |tx| unit(tx, value, order)).await,
+    }
+}
+
+/// A background unit sent before a unit that is waited on runs after it, and on its own once
+/// the writer is idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_unit_gives_way_to_the_units_waited_on() {
+    let (_directory, reader, writer) = writer_on_file().await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (release, _held) = writer.hold().await;
+    let background = tokio::spawn(noted(writer.clone(), 1, order.clone(), true));
+    writer.wait_for_queued(1).await;
+    let waited_on = tokio::spawn(noted(writer.clone(), 2, order.clone(), false));
+    writer.wait_for_queued(2).await;
+    drop(release);
+    waited_on.await.unwrap().unwrap();
+    background.await.unwrap().unwrap();
+    assert_eq!(*order.lock().unwrap(), [2, 1], "the unit waited on went first");
+    assert_eq!(stored(&reader), [1, 2], "both committed");
+}

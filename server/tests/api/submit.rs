@@ -103,3 +103,33 @@ async fn every_config_example_expands_to_its_documented_count() {
     }
     assert!(checked >= 3, "expected the native, W&B and CVLab-Kit examples, found {checked}");
 }
+
+/// A sweep this large is written in the background after its submission (decision 0076):
+/// claims taken meanwhile get its jobs in index order, the last one last, and none twice. (A
+/// sweep submitted after it may start before its unwritten rows: the order between sweeps holds
+/// only as long as the writing keeps ahead of the claims, which it does by far in release builds.)
+#[tokio::test]
+async fn a_large_sweep_is_claimed_in_index_order_while_its_rows_are_written() {
+    const JOBS: u64 = 24_001;
+    let app = TestApp::spawn().await;
+    let values: Vec<String> = (0..JOBS).map(|value| value.to_string()).collect();
+    let response =
+        app.submit(&format!("name: big\ncommand: \"true {{a}}\"\ngrid:\n  a: [{}]\n", values.join(", "))).await;
+    assert_eq!(response.count, JOBS);
+    let later = app.submit("name: later\ncommand: \"true\"\n").await;
+    assert_eq!(later.count, 1);
+    let worker = app.register("w", 1_000).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut claimed = Vec::new();
+    while claimed.len() < JOBS as usize + 1 {
+        assert!(std::time::Instant::now() < deadline, "only {} jobs claimed", claimed.len());
+        let jobs = app.claim(worker, 1_000).await;
+        if jobs.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        claimed.extend(jobs.into_iter().map(|job| (job.sweep, job.index)));
+    }
+    let big: Vec<u64> = claimed.iter().filter(|(sweep, _)| sweep == "big").map(|(_, index)| *index).collect();
+    assert_eq!(big, (0..JOBS).collect::<Vec<_>>(), "every job once, in index order");
+    assert!(claimed.contains(&("later".to_string(), 0)));
+}

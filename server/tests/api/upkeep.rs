@@ -9,12 +9,14 @@ async fn the_write_ahead_log_shrinks_back_once_writes_pause() {
     if testkit::on_postgres() {
         return; // about the SQLite file itself (PostgreSQL: server/tests/postgres)
     }
-    let app = TestApp::spawn_with(|config| config.max_jobs_per_sweep = 200_000).await;
+    let app = TestApp::spawn().await;
     let wal = app.data_path().join("queue.db-wal");
     let size = || std::fs::metadata(&wal).map(|meta| meta.len()).unwrap_or(0);
-    // A burst of writes: one 150,000-job sweep grows the log past the 16 MiB threshold.
-    let values: Vec<String> = (0..150_000).map(|i| i.to_string()).collect();
-    app.submit(&format!("name: burst\ncommand: \"echo {{i}}\"\ngrid:\n  i: [{}]\n", values.join(", "))).await;
+    // A burst of writes in one unit: 8,000 jobs (written in their submission's unit, as a sweep
+    // of more is not) with 3 KB commands grow the log past the 16 MiB threshold.
+    let values: Vec<String> = (0..8_000).map(|i| i.to_string()).collect();
+    let padding = "x".repeat(3_000);
+    app.submit(&format!("name: burst\ncommand: \"echo {{i}} {padding}\"\ngrid:\n  i: [{}]\n", values.join(", "))).await;
     let peak = size();
     assert!(peak > 16 << 20, "the burst did not grow the log ({peak} bytes)");
     wait_until("the log is truncated after the writes paused", Duration::from_secs(30), || async {
@@ -23,5 +25,5 @@ async fn the_write_ahead_log_shrinks_back_once_writes_pause() {
     .await;
     app.submit(&sweep_of("after", 3)).await;
     let counts = app.client.sweep("burst").await.unwrap().info.counts;
-    assert_eq!(counts.queued, 150_000, "nothing was lost by the truncation");
+    assert_eq!(counts.queued, 8_000, "nothing was lost by the truncation");
 }

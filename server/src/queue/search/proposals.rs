@@ -166,7 +166,7 @@ async fn make_runs(tx: &mut Tx, sweep: &Sweep, search: &db::search::OpenSearch, 
     if made == 0 {
         return Ok(());
     }
-    db::search::insert_jobs(tx.conn().await?, id, sweep, &jobs, now_ms()).await?;
+    db::sweep_jobs::insert_proposed(tx.conn().await?, id, sweep, &jobs, now_ms()).await?;
     let after = search.proposed + made;
     if !db::search::advance(tx.conn().await?, id, search.proposed, after, fallback).await? {
         // Another pass moved it first (it cannot inside the single writer, but the guard is
