@@ -5,6 +5,7 @@
 CREATE TABLE job_expansions (
     sweep_id BIGINT NOT NULL REFERENCES sweeps (id),
     first_id BIGINT NOT NULL,
+    priority BIGINT NOT NULL,
     rows     BYTEA  NOT NULL,
     PRIMARY KEY (sweep_id, first_id)
 );

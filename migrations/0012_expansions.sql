@@ -7,6 +7,8 @@ CREATE TABLE job_expansions (
     sweep_id INTEGER NOT NULL REFERENCES sweeps (id),
     -- The id of the chunk's first job; the others follow it, one each.
     first_id INTEGER NOT NULL,
+    -- The sweep's priority: chunks of a higher one are written first.
+    priority INTEGER NOT NULL,
     rows     BLOB    NOT NULL,
     PRIMARY KEY (sweep_id, first_id)
 );

@@ -37,6 +37,14 @@ pub struct BenchArgs {
     /// Dispatch latency samples.
     #[arg(long, default_value_t = 100)]
     pub samples: u32,
+    /// A server already running, with an empty queue and no tokens (`app --server-only` started
+    /// apart, so that the simulated workers talk to it as separate processes do and each side's
+    /// CPU is counted apart), instead of one started in this process.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// With `--url`: the server's process, whose CPU per claim+finish cycle is then printed.
+    #[arg(long, requires = "url")]
+    pub server_pid: Option<u32>,
 }
 
 /// A grid of `jobs` trivial runs (two axes, so the count is exact for multiples of 1000).
@@ -85,11 +93,19 @@ pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let grid_jobs = args.grid_jobs;
-    let bench = crate::server::BenchServer::start(|config| {
-        config.max_jobs_per_sweep = config.max_jobs_per_sweep.max(grid_jobs);
-    })
-    .await?;
-    let url = bench.url.clone();
+    let bench = match &args.url {
+        Some(_) => None,
+        None => Some(
+            crate::server::BenchServer::start(|config| {
+                config.max_jobs_per_sweep = config.max_jobs_per_sweep.max(grid_jobs);
+            })
+            .await?,
+        ),
+    };
+    let url = match (&bench, &args.url) {
+        (Some(bench), _) => bench.url.clone(),
+        (None, url) => url.clone().unwrap_or_default(),
+    };
     let client = Client::new(&url)?;
     let http = reqwest::Client::new();
     println!("queue benchmark on {} ({} cores), server at {url}", std::env::consts::ARCH, num_cpus());
@@ -147,14 +163,26 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     summarise("fastest", &|sorted| sorted.first().copied().unwrap_or(f64::NAN));
     summarise("median", &|sorted| percentile(sorted, 0.5));
 
+    let ticks = |pid: Option<u32>| pid.and_then(|pid| crate::worker::cpu_ticks(pid).ok());
+    let before = (ticks(args.server_pid), ticks(Some(std::process::id())));
     let cycles =
         claim_throughput(std::slice::from_ref(&client), args.workers, Duration::from_secs(args.seconds)).await?;
+    let after = (ticks(args.server_pid), ticks(Some(std::process::id())));
     println!(
         "(c) claim+finish with {} workers over {} s: {cycles} cycles, {:.0} cycles/s",
         args.workers,
         args.seconds,
         cycles as f64 / args.seconds as f64
     );
+    // Clock ticks are 10 ms: over seconds of cycles, µs per cycle to within a few percent.
+    let per_cycle = |ticks: u64| ticks as f64 * 1e4 / cycles.max(1) as f64;
+    if let ((Some(server_before), Some(own_before)), (Some(server_after), Some(own_after))) = (before, after) {
+        println!(
+            "(c) CPU per cycle: server process {:.0} µs, this process (the simulated workers) {:.0} µs",
+            per_cycle(server_after - server_before),
+            per_cycle(own_after - own_before)
+        );
+    }
 
     for sweep in client.sweeps().await? {
         client.cancel_sweep(&sweep.name).await?;
@@ -168,7 +196,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         percentile(&latencies, 0.99),
         latencies.last().copied().unwrap_or(f64::NAN)
     );
-    bench.stop().await?;
+    if let Some(bench) = bench {
+        bench.stop().await?;
+    }
     Ok(())
 }
 

@@ -98,7 +98,7 @@ pub async fn pause(conn: impl Into<Conn<'_>>, sweep_id: SweepId, reason: &str, n
         if done.rows_affected() == 0 {
             return Ok(false);
         }
-        super::sweep_jobs::complete(&mut *conn, sweep_id).await?;
+        // Rows of it still to be written are written held (`sweep_jobs`).
         sql::query("UPDATE jobs SET held = 1 WHERE sweep_id = $1 AND status = 'queued' AND held = 0")
             .bind(sweep_id.get())
             .execute(&mut *conn)
@@ -127,6 +127,7 @@ pub async fn resume(conn: impl Into<Conn<'_>>, sweep_id: SweepId, now: i64) -> s
             .bind(sweep_id.get())
             .execute(&mut *conn)
             .await?;
+        super::sweep_jobs::hold_last_while_expanding(&mut *conn, sweep_id).await?;
         Ok(true)
     })
 }

@@ -7,9 +7,11 @@
 //! them, and stores the others as encoded chunks in `job_expansions`. SQLite gives every later
 //! row an id above the largest, so no other insert takes an id in the gap, and dispatch order
 //! (priority, then id) stays submission order. The last job is `held` until the expansion
-//! ends, so it does not run before the others. A change to all of a sweep's queued jobs
-//! (cancel, pause) first writes the rest of its rows ([`complete`]); removal is refused while
-//! the held last job is queued.
+//! ends, so it does not run before the others. Chunks are written by priority, then in
+//! submission order. Cancelling all of a sweep's queued jobs first writes the rest of its rows
+//! ([`complete`]); a paused sweep's rows are written held, and its resume keeps the last job
+//! held while chunks remain ([`hold_last_while_expanding`]); removal is refused while chunks
+//! remain.
 
 use super::backend::{on_conn, Conn, Engine};
 use super::sql;
@@ -27,6 +29,8 @@ const CHUNK_JOBS: usize = 2_000;
 /// A sweep with more jobs than this is expanded after its submission (on SQLite); up to this
 /// many are written in 50 ms or less.
 const EXPAND_ABOVE: u64 = 20_000;
+// An expansion has a chunk: only writing its last chunk releases the held last job.
+const _: () = assert!(EXPAND_ABOVE > FIRST_JOBS as u64 + 1);
 
 /// What every job of a sweep is inserted with besides its own index, params, command and config.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,7 +144,7 @@ pub async fn insert(
             let base = next_id(&mut conn).await?;
             insert_rows(&mut conn, sweep_id, &shared, first, Some(base)).await?;
             for (offset, rows) in chunks {
-                store_chunk(&mut conn, sweep_id, base + *offset as i64, rows).await?;
+                store_chunk(&mut conn, sweep_id, (base + *offset as i64, shared.priority), rows).await?;
             }
             let count = *count;
             // The last job is written now, so that no other insert takes an id below it, and held
@@ -171,19 +175,45 @@ pub async fn insert_proposed(
     super::sweeps::count_new_jobs(&mut conn, sweep_id, jobs.len() as u64).await
 }
 
-/// Writes the oldest chunk of rows an expansion has left; the sweep it belongs to, or `None`
-/// when no expansion has any left.
-pub async fn fill_next(conn: impl Into<Conn<'_>>) -> sql::Result<Option<SweepId>> {
+/// What [`fill_next`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Filled {
+    /// No chunk is left (but those of the sweeps skipped).
+    Nothing,
+    /// A chunk of this sweep was written.
+    Wrote(SweepId),
+    /// This sweep's next chunk cannot be written (it does not decode, or its rows are refused),
+    /// and nothing of it was: why.
+    Refused(SweepId, String),
+}
+
+/// Writes the next chunk of rows an expansion has left (the highest priority's, then the
+/// oldest sweep's, then its first), skipping the sweeps in `skip`.
+pub async fn fill_next(conn: impl Into<Conn<'_>>, skip: &[SweepId]) -> sql::Result<Filled> {
     let mut conn = conn.into();
+    let skip = serde_json::to_string(skip).unwrap_or_else(|_| "[]".into());
     let next: Option<(i64, i64, Vec<u8>)> = on_conn!(conn, |conn, engine| {
-        sql::query_as("SELECT sweep_id, first_id, rows FROM job_expansions ORDER BY sweep_id, first_id LIMIT 1")
-            .fetch_optional(conn)
-            .await
+        sql::query_as(&format!(
+            "SELECT sweep_id, first_id, rows FROM job_expansions WHERE sweep_id NOT IN (SELECT {})
+             ORDER BY priority DESC, sweep_id, first_id LIMIT 1",
+            engine.json_ids(1)
+        ))
+        .bind(&skip)
+        .fetch_optional(conn)
+        .await
     })?;
-    let Some((sweep_id, first_id, rows)) = next else { return Ok(None) };
+    let Some((sweep_id, first_id, rows)) = next else { return Ok(Filled::Nothing) };
     let sweep_id = SweepId::new(sweep_id);
-    write_chunk(&mut conn, sweep_id, first_id, &rows).await?;
-    Ok(Some(sweep_id))
+    // Refused before anything of the chunk is written (a failed statement changes nothing).
+    let (shared, rows) = match decode_chunk(&rows) {
+        Ok(decoded) => decoded,
+        Err(error) => return Ok(Filled::Refused(sweep_id, error.to_string())),
+    };
+    if let Err(error) = insert_rows(&mut conn, sweep_id, &shared, &rows, Some(first_id)).await {
+        return Ok(Filled::Refused(sweep_id, error.to_string()));
+    }
+    finish_chunk(&mut conn, sweep_id, first_id, rows.len()).await?;
+    Ok(Filled::Wrote(sweep_id))
 }
 
 /// Writes every row the sweep's expansion has left (none, nearly always); how many.
@@ -198,7 +228,10 @@ pub async fn complete(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sql::Resu
                 .await
         })?;
         let Some((first_id, rows)) = next else { return Ok(written) };
-        written += write_chunk(&mut conn, sweep_id, first_id, &rows).await?;
+        let (shared, rows) = decode_chunk(&rows)?;
+        insert_rows(&mut conn, sweep_id, &shared, &rows, Some(first_id)).await?;
+        finish_chunk(&mut conn, sweep_id, first_id, rows.len()).await?;
+        written += rows.len() as u64;
     }
 }
 
@@ -217,11 +250,17 @@ async fn next_id(conn: &mut Conn<'_>) -> sql::Result<i64> {
     })
 }
 
-async fn store_chunk(conn: &mut Conn<'_>, sweep_id: SweepId, first_id: i64, rows: &[u8]) -> sql::Result<()> {
+async fn store_chunk(
+    conn: &mut Conn<'_>,
+    sweep_id: SweepId,
+    (first_id, priority): (i64, i64),
+    rows: &[u8],
+) -> sql::Result<()> {
     on_conn!(conn, |conn, engine| {
-        sql::query("INSERT INTO job_expansions (sweep_id, first_id, rows) VALUES ($1, $2, $3)")
+        sql::query("INSERT INTO job_expansions (sweep_id, first_id, priority, rows) VALUES ($1, $2, $3, $4)")
             .bind(sweep_id.get())
             .bind(first_id)
+            .bind(priority)
             .bind(rows)
             .execute(conn)
             .await?;
@@ -236,13 +275,29 @@ async fn hold(conn: &mut Conn<'_>, id: i64) -> sql::Result<()> {
     })
 }
 
-/// Writes one stored chunk and drops it; after the sweep's last, releases its held last job
-/// (unless the sweep is paused, which holds every queued job). Returns the rows written.
-async fn write_chunk(conn: &mut Conn<'_>, sweep_id: SweepId, first_id: i64, encoded: &[u8]) -> sql::Result<u64> {
-    let (shared, rows) =
-        decode(encoded).map_err(|why| sql::Error::Decode { column: "job_expansions.rows".into(), why: why.into() })?;
-    insert_rows(conn, sweep_id, &shared, &rows, Some(first_id)).await?;
+fn decode_chunk(encoded: &[u8]) -> sql::Result<(Shared, Vec<JobSpec>)> {
+    decode(encoded).map_err(|why| sql::Error::Decode { column: "job_expansions.rows".into(), why: why.into() })
+}
+
+/// After a stored chunk's `count` rows were inserted: holds them if the sweep is paused, drops
+/// the chunk, and after the sweep's last chunk releases its held last job (unless the sweep is
+/// paused, which holds every queued job).
+async fn finish_chunk(conn: &mut Conn<'_>, sweep_id: SweepId, first_id: i64, count: usize) -> sql::Result<()> {
+    // The job after this chunk: the next chunk's first, or (after the last chunk) the last job.
+    let after = first_id + count as i64;
     on_conn!(conn, |conn, engine| {
+        let paused: bool =
+            sql::query_scalar("SELECT EXISTS (SELECT 1 FROM sweeps WHERE id = $1 AND paused_at IS NOT NULL)")
+                .bind(sweep_id.get())
+                .fetch_one(&mut *conn)
+                .await?;
+        if paused {
+            sql::query("UPDATE jobs SET held = 1 WHERE id >= $1 AND id < $2 AND status = 'queued'")
+                .bind(first_id)
+                .bind(after)
+                .execute(&mut *conn)
+                .await?;
+        }
         sql::query("DELETE FROM job_expansions WHERE sweep_id = $1 AND first_id = $2")
             .bind(sweep_id.get())
             .bind(first_id)
@@ -252,18 +307,32 @@ async fn write_chunk(conn: &mut Conn<'_>, sweep_id: SweepId, first_id: i64, enco
             .bind(sweep_id.get())
             .fetch_one(&mut *conn)
             .await?;
-        if !left {
-            sql::query(
-                "UPDATE jobs SET held = 0
-             WHERE id = (SELECT max(id) FROM jobs WHERE sweep_id = $1) AND status = 'queued' AND held = 1
-               AND NOT EXISTS (SELECT 1 FROM sweeps WHERE id = $2 AND paused_at IS NOT NULL)",
-            )
-            .bind(sweep_id.get())
-            .bind(sweep_id.get())
-            .execute(&mut *conn)
-            .await?;
+        if !left && !paused {
+            sql::query("UPDATE jobs SET held = 0 WHERE id = $1 AND sweep_id = $2 AND status = 'queued' AND held = 1")
+                .bind(after)
+                .bind(sweep_id.get())
+                .execute(&mut *conn)
+                .await?;
         }
-        Ok(rows.len() as u64)
+        Ok(())
+    })
+}
+
+/// After a resume released the sweep's held jobs: holds its last job again while rows before it
+/// are still to be written.
+pub async fn hold_last_while_expanding(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sql::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sql::query(
+            "UPDATE jobs SET held = 1
+             WHERE id = (SELECT max(id) FROM jobs WHERE sweep_id = $1) AND status = 'queued'
+               AND EXISTS (SELECT 1 FROM job_expansions WHERE sweep_id = $2)",
+        )
+        .bind(sweep_id.get())
+        .bind(sweep_id.get())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
     })
 }
 

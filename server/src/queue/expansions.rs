@@ -5,6 +5,8 @@
 
 use super::{Change, Queue};
 use crate::db;
+use crate::db::sweep_jobs::Filled;
+use shared::api::SweepId;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -18,18 +20,18 @@ impl Queue {
         self.expansions.notify_one();
     }
 
-    /// Writes the oldest chunk left, in the writer's idle time (or its bounded share of a busy
-    /// writer's); whether one was.
-    async fn fill_next(&self) -> crate::error::ApiResult<bool> {
+    /// Writes the next chunk left, but those of the sweeps in `skip`, in the writer's idle time
+    /// (or its bounded share of a busy writer's).
+    async fn fill_next(&self, skip: Vec<SweepId>) -> crate::error::ApiResult<Filled> {
         self.writer
-            .write_in_background(|tx| {
+            .write_in_background(move |tx| {
                 Box::pin(async move {
-                    let filled = db::sweep_jobs::fill_next(tx.conn().await?).await?;
-                    if filled.is_some() {
+                    let filled = db::sweep_jobs::fill_next(tx.conn().await?, &skip).await?;
+                    if let Filled::Wrote(_) = filled {
                         tx.note(Change::Claimable);
                         tx.note(Change::Page);
                     }
-                    Ok(filled.is_some())
+                    Ok(filled)
                 })
             })
             .await
@@ -39,6 +41,8 @@ impl Queue {
 /// Writes the rows left by submissions (and by a server stopped before it had written them all)
 /// until the server shuts down.
 pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
+    // Sweeps whose next chunk cannot be written: the others' go on (tried again at a restart).
+    let mut stuck: Vec<SweepId> = Vec::new();
     // Rows an earlier run of the server left.
     queue.rows_left();
     loop {
@@ -50,9 +54,13 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
             if *shutting_down.borrow() {
                 return;
             }
-            match queue.fill_next().await {
-                Ok(true) => {}
-                Ok(false) => break,
+            match queue.fill_next(stuck.clone()).await {
+                Ok(Filled::Wrote(_)) => {}
+                Ok(Filled::Nothing) => break,
+                Ok(Filled::Refused(sweep, why)) => {
+                    tracing::error!(%sweep, %why, "the rest of a large sweep's jobs cannot be written; its other jobs run");
+                    stuck.push(sweep);
+                }
                 Err(_) if *shutting_down.borrow() => return,
                 Err(error) => {
                     tracing::error!(%error, "writing the rows of a large sweep; trying again in 5 s");

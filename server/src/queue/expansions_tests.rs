@@ -83,10 +83,26 @@ async fn the_rows_left_by_a_submission_are_written_in_order_even_after_a_restart
     tasks.finish().await;
 }
 
+/// Pauses (`true`) or resumes the sweep in a write unit.
+async fn set_paused(queue: &Queue, sweep: SweepId, paused: bool) {
+    let changed = queue
+        .write(move |tx| {
+            Box::pin(async move {
+                Ok(match paused {
+                    true => db::fail_fast::pause(tx.conn().await?, sweep, "a test", 1).await?,
+                    false => db::fail_fast::resume(tx.conn().await?, sweep, 2).await?,
+                })
+            })
+        })
+        .await
+        .unwrap();
+    assert!(changed);
+}
+
 #[tokio::test]
-async fn cancelling_or_pausing_a_sweep_first_writes_the_rows_it_has_left_and_removal_waits_for_them() {
+async fn a_cancel_writes_the_rows_left_first_a_pause_holds_them_and_removal_waits() {
     let directory = tempfile::tempdir().unwrap();
-    let (queue, tasks, _stop) = start(&directory).await;
+    let (queue, tasks, stop) = start(&directory).await;
     let cancelled = submit(&queue, "cancelled").await;
     let response = queue.cancel_sweep(&Caller::open(), "cancelled").await.unwrap();
     assert_eq!(response.cancelled, JOBS);
@@ -94,21 +110,6 @@ async fn cancelling_or_pausing_a_sweep_first_writes_the_rows_it_has_left_and_rem
     let counts = db::sweeps::counts(queue.reader(), Some(cancelled)).await.unwrap();
     assert_eq!((counts.queued, counts.cancelled), (0, JOBS));
 
-    let paused = submit(&queue, "paused").await;
-    let done = queue
-        .write(move |tx| {
-            Box::pin(async move { Ok(db::fail_fast::pause(tx.conn().await?, paused, "a test", 1).await?) })
-        })
-        .await
-        .unwrap();
-    assert!(done);
-    let (rows, held, chunks, _, _) = rows_of(&directory, paused);
-    assert_eq!((rows, held, chunks), (JOBS as i64, JOBS as i64, 0), "every job written, and held");
-    queue
-        .write(move |tx| Box::pin(async move { Ok(db::fail_fast::resume(tx.conn().await?, paused, 2).await?) }))
-        .await
-        .unwrap();
-    assert_eq!(rows_of(&directory, paused).1, 0, "a resumed sweep holds none, its last job included");
     // Every job written so far ended one by one: the sweep still has jobs to come, and stays.
     let ended = submit(&queue, "ended").await;
     let removed = queue
@@ -130,6 +131,42 @@ async fn cancelling_or_pausing_a_sweep_first_writes_the_rows_it_has_left_and_rem
         .unwrap();
     assert!(!removed, "a sweep with rows still to be written is not removed");
     assert_eq!(rows_of(&directory, ended).2, 10, "nor are its rows");
+    queue.cancel_sweep(&Caller::open(), "ended").await.unwrap();
+
+    // A pause holds what is written and leaves the rest to the background, which writes it held.
+    let paused = submit(&queue, "paused").await;
+    set_paused(&queue, paused, true).await;
+    let (rows, held, chunks, _, _) = rows_of(&directory, paused);
+    assert_eq!((rows, held, chunks), (4_001, 4_001, 10), "every job written is held, the rest left");
+    set_paused(&queue, paused, false).await;
+    assert_eq!(rows_of(&directory, paused).1, 1, "resumed, the last job stays held while rows are to come");
+    set_paused(&queue, paused, true).await;
+    let background = tokio::spawn(run(queue.clone(), stop.subscribe()));
+    let (rows, held, _, _, out_of_place) = wait_for_rows(&directory, paused).await;
+    assert_eq!((rows, held, out_of_place), (JOBS as i64, JOBS as i64, 0), "written held, the last one too");
+    set_paused(&queue, paused, false).await;
+    assert_eq!(rows_of(&directory, paused).1, 0, "a resumed sweep holds none, its last job included");
+    stop.send(true).unwrap();
+    background.await.unwrap();
+    drop(queue);
+    tasks.finish().await;
+}
+
+#[tokio::test]
+async fn a_chunk_that_cannot_be_written_stops_its_sweep_only() {
+    let directory = tempfile::tempdir().unwrap();
+    let (queue, tasks, stop) = start(&directory).await;
+    let damaged = submit(&queue, "damaged").await;
+    let sound = submit(&queue, "sound").await;
+    let conn = rusqlite::Connection::open(directory.path().join("queue.db")).unwrap();
+    conn.execute("UPDATE job_expansions SET rows = x'09' WHERE sweep_id = ?1", [damaged.get()]).unwrap();
+    let background = tokio::spawn(run(queue.clone(), stop.subscribe()));
+    let (rows, held, _, _, out_of_place) = wait_for_rows(&directory, sound).await;
+    assert_eq!((rows, held, out_of_place), (JOBS as i64, 0, 0), "the later sweep was written in full");
+    let (rows, held, chunks, _, _) = rows_of(&directory, damaged);
+    assert_eq!((rows, held, chunks), (4_001, 1, 10), "the damaged one keeps what it had, its last job held");
+    stop.send(true).unwrap();
+    background.await.unwrap();
     drop(queue);
     tasks.finish().await;
 }

@@ -40,6 +40,7 @@ use sqlx::{PgConnection, Postgres};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
@@ -145,11 +146,12 @@ enum Work {
     Background(RunUnit),
 }
 
-/// A background unit waits until no other unit has come for this long: units that come in a
-/// steady stream (finishes and claims) leave gaps shorter than this between their groups.
-const IDLE: std::time::Duration = std::time::Duration::from_millis(2);
-/// Under a steady stream of other units, a background unit still runs this often.
-const BACKGROUND_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+/// A background unit waits until the writer has had no other unit for this long: units that
+/// come in a steady stream (finishes and claims) leave gaps shorter than this between groups.
+const IDLE: Duration = Duration::from_millis(2);
+/// Under a steady stream of other units, a background unit still runs this long after it
+/// became the next one (or after the one before it ran).
+const BACKGROUND_EVERY: Duration = Duration::from_millis(100);
 
 /// Sends write units to the writer task.
 #[derive(Clone)]
@@ -279,14 +281,38 @@ impl Writer {
     }
 }
 
+/// Files `work` as waiting, or (a background unit) as background; a background unit that
+/// becomes the next one is due `every` from now.
+fn arrive(
+    work: Work,
+    waiting: &mut VecDeque<Work>,
+    background: &mut VecDeque<RunUnit>,
+    (due, every): (&mut Instant, Duration),
+) {
+    match work {
+        Work::Background(unit) => {
+            if background.is_empty() {
+                *due = Instant::now() + every;
+            }
+            background.push_back(unit);
+        }
+        work => waiting.push_back(work),
+    }
+}
+
 /// Starts the writer thread on `pool` (SQLite: its own connection to the database file;
 /// PostgreSQL: one connection of the pool); it ends when every [`Writer`] is dropped, and the
 /// returned receiver is told then. Call from inside the runtime.
 pub fn start(pool: WriterPool, events: Events) -> (Writer, oneshot::Receiver<()>) {
+    start_with(pool, events, BACKGROUND_EVERY)
+}
+
+/// [`start`], with background units due `background_every` after they became the next one.
+fn start_with(pool: WriterPool, events: Events, background_every: Duration) -> (Writer, oneshot::Receiver<()>) {
     let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
     let refused = Arc::new(Mutex::new(None));
     let (ended, ends) = oneshot::channel();
-    let state = Thread { handle: Handle::current(), pool, events, refused: refused.clone() };
+    let state = Thread { handle: Handle::current(), pool, events, refused: refused.clone(), background_every };
     std::thread::Builder::new()
         .name("app-writer".into())
         .spawn(move || {
@@ -306,6 +332,8 @@ struct Thread {
     pool: WriterPool,
     events: Events,
     refused: Arc<Mutex<Option<ApiError>>>,
+    /// [`BACKGROUND_EVERY`], but in tests.
+    background_every: Duration,
 }
 
 impl Thread {
@@ -315,50 +343,46 @@ impl Thread {
         let mut lane: Option<PgConnection> = None;
         let mut waiting: VecDeque<Work> = VecDeque::new();
         let mut background: VecDeque<RunUnit> = VecDeque::new();
-        let mut background_ran = std::time::Instant::now();
-        // When the last unit other than a background one came.
-        let mut foreground_came = std::time::Instant::now();
-        let arrive = |work: Work, waiting: &mut VecDeque<Work>, background: &mut VecDeque<RunUnit>| match work {
-            Work::Background(unit) => background.push_back(unit),
-            work => waiting.push_back(work),
-        };
+        // When the next background unit runs even while other units keep coming: BACKGROUND_EVERY
+        // after it became the next one, or after the one before it ran.
+        let mut background_due = Instant::now();
+        // When the writer last ran (or found waiting) units other than background ones.
+        let mut foreground_busy = Instant::now();
         loop {
             if waiting.is_empty() {
-                let quiet = IDLE.saturating_sub(foreground_came.elapsed());
+                let quiet = IDLE.saturating_sub(foreground_busy.elapsed());
                 let next = match background.is_empty() {
                     true => receiver.blocking_recv(),
                     false => match self.handle.block_on(tokio::time::timeout(quiet, receiver.recv())) {
                         Ok(next) => next,
                         Err(_) => {
-                            // Nothing else came for IDLE: the background unit's turn.
-                            let unit = background.pop_front().expect("a background unit waits");
-                            connection =
-                                self.handle.block_on(self.run_units(connection.take(), VecDeque::from([unit])));
-                            background_ran = std::time::Instant::now();
+                            // Nothing else for IDLE: the background unit's turn.
+                            connection = self.run_background(connection, &mut background, &mut background_due);
                             continue;
                         }
                     },
                 };
                 match next {
-                    Some(work) => arrive(work, &mut waiting, &mut background),
+                    Some(work) => {
+                        arrive(work, &mut waiting, &mut background, (&mut background_due, self.background_every))
+                    }
                     None => return,
                 }
             }
             while waiting.len() < MAX_GROUP {
                 match receiver.try_recv() {
-                    Ok(work) => arrive(work, &mut waiting, &mut background),
+                    Ok(work) => {
+                        arrive(work, &mut waiting, &mut background, (&mut background_due, self.background_every))
+                    }
                     Err(_) => break,
                 }
             }
-            if !waiting.is_empty() {
-                foreground_came = std::time::Instant::now();
+            if !background.is_empty() && Instant::now() >= background_due {
+                connection = self.run_background(connection, &mut background, &mut background_due);
+                continue;
             }
-            if background_ran.elapsed() >= BACKGROUND_EVERY {
-                if let Some(unit) = background.pop_front() {
-                    connection = self.handle.block_on(self.run_units(connection.take(), VecDeque::from([unit])));
-                    background_ran = std::time::Instant::now();
-                    continue;
-                }
+            if waiting.is_empty() {
+                continue;
             }
             // The units at the head of one kind form a group (the order units came in is kept);
             // an outside task at the head runs alone.
@@ -382,10 +406,25 @@ impl Thread {
                     }
                     connection = self.handle.block_on(self.run_steps(connection.take(), &mut lane, group));
                 }
-                Some(Work::Background(unit)) => background.push_back(unit),
-                None => {}
+                // `arrive` keeps background units out of `waiting`.
+                Some(Work::Background(_)) | None => {}
             }
+            foreground_busy = Instant::now();
         }
+    }
+
+    /// Runs the next background unit in a group of its own; the one after it is due
+    /// [`BACKGROUND_EVERY`] later.
+    fn run_background(
+        &self,
+        connection: Option<WriterConn>,
+        background: &mut VecDeque<RunUnit>,
+        due: &mut Instant,
+    ) -> Option<WriterConn> {
+        let Some(unit) = background.pop_front() else { return connection };
+        let connection = self.handle.block_on(self.run_units(connection, VecDeque::from([unit])));
+        *due = Instant::now() + self.background_every;
+        connection
     }
 
     fn refuse(&self, why: Option<ApiError>) {

@@ -215,7 +215,13 @@ async fn noted(writer: Writer, value: i64, order: Arc<Mutex<Vec<i64>>>, backgrou
 /// the writer is idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_unit_gives_way_to_the_units_waited_on() {
-    let (_directory, reader, writer) = writer_on_file().await;
+    let (directory, reader, _) = writer_on_file().await;
+    // Never due while other units wait: only the order is under test.
+    let (writer, _ended) = start_with(
+        WriterPool::Sqlite(directory.path().join("writer.db")),
+        Events::default(),
+        Duration::from_secs(3600),
+    );
     let order = Arc::new(Mutex::new(Vec::new()));
     let (release, _held) = writer.hold().await;
     let background = tokio::spawn(noted(writer.clone(), 1, order.clone(), true));
@@ -227,4 +233,23 @@ async fn a_background_unit_gives_way_to_the_units_waited_on() {
     background.await.unwrap().unwrap();
     assert_eq!(*order.lock().unwrap(), [2, 1], "the unit waited on went first");
     assert_eq!(stored(&reader), [1, 2], "both committed");
+}
+
+/// A background unit that has waited its time runs before the units that keep coming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_unit_due_runs_before_the_units_waiting() {
+    let (directory, reader, _) = writer_on_file().await;
+    let (writer, _ended) =
+        start_with(WriterPool::Sqlite(directory.path().join("writer.db")), Events::default(), Duration::ZERO);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (release, _held) = writer.hold().await;
+    let background = tokio::spawn(noted(writer.clone(), 1, order.clone(), true));
+    writer.wait_for_queued(1).await;
+    let waited_on = tokio::spawn(noted(writer.clone(), 2, order.clone(), false));
+    writer.wait_for_queued(2).await;
+    drop(release);
+    waited_on.await.unwrap().unwrap();
+    background.await.unwrap().unwrap();
+    assert_eq!(*order.lock().unwrap(), [1, 2], "the background unit was due");
+    assert_eq!(stored(&reader), [1, 2]);
 }
