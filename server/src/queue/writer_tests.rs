@@ -211,17 +211,12 @@ async fn noted(writer: Writer, value: i64, order: Arc<Mutex<Vec<i64>>>, backgrou
     }
 }
 
-/// A background unit sent before a unit that is waited on runs after it, and on its own once
-/// the writer is idle.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_background_unit_gives_way_to_the_units_waited_on() {
+/// The order two units ran in on a writer whose background units are due `every` after they
+/// became the next one: a background unit (1), then a unit waited on (2), both sent while the
+/// writer was busy. Checks that both committed.
+async fn order_of_two_units(every: Duration) -> Vec<i64> {
     let (directory, reader, _) = writer_on_file().await;
-    // Never due while other units wait: only the order is under test.
-    let (writer, _ended) = start_with(
-        WriterPool::Sqlite(directory.path().join("writer.db")),
-        Events::default(),
-        Duration::from_secs(3600),
-    );
+    let (writer, _ended) = start_with(WriterPool::Sqlite(directory.path().join("writer.db")), Events::default(), every);
     let order = Arc::new(Mutex::new(Vec::new()));
     let (release, _held) = writer.hold().await;
     let background = tokio::spawn(noted(writer.clone(), 1, order.clone(), true));
@@ -231,25 +226,21 @@ async fn a_background_unit_gives_way_to_the_units_waited_on() {
     drop(release);
     waited_on.await.unwrap().unwrap();
     background.await.unwrap().unwrap();
-    assert_eq!(*order.lock().unwrap(), [2, 1], "the unit waited on went first");
     assert_eq!(stored(&reader), [1, 2], "both committed");
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+/// A background unit sent before a unit that is waited on runs after it, and on its own once
+/// the writer is idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_unit_gives_way_to_the_units_waited_on() {
+    // Never due while other units wait: only the order is under test.
+    assert_eq!(order_of_two_units(Duration::from_secs(3600)).await, [2, 1], "the unit waited on went first");
 }
 
 /// A background unit that has waited its time runs before the units that keep coming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_unit_due_runs_before_the_units_waiting() {
-    let (directory, reader, _) = writer_on_file().await;
-    let (writer, _ended) =
-        start_with(WriterPool::Sqlite(directory.path().join("writer.db")), Events::default(), Duration::ZERO);
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let (release, _held) = writer.hold().await;
-    let background = tokio::spawn(noted(writer.clone(), 1, order.clone(), true));
-    writer.wait_for_queued(1).await;
-    let waited_on = tokio::spawn(noted(writer.clone(), 2, order.clone(), false));
-    writer.wait_for_queued(2).await;
-    drop(release);
-    waited_on.await.unwrap().unwrap();
-    background.await.unwrap().unwrap();
-    assert_eq!(*order.lock().unwrap(), [1, 2], "the background unit was due");
-    assert_eq!(stored(&reader), [1, 2]);
+    assert_eq!(order_of_two_units(Duration::ZERO).await, [1, 2], "the background unit was due");
 }
