@@ -8,6 +8,7 @@
 pub mod api;
 pub mod capabilities;
 pub mod dotted;
+pub mod fair_share;
 pub mod history;
 pub mod job;
 pub mod metric_check;
