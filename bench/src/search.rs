@@ -197,13 +197,7 @@ fn median_at(seeds: &[Value], trials: usize) -> Option<f64> {
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[middle]
-    } else {
-        (values[middle - 1] + values[middle]) / 2.0
-    }
+    trainer::bench::median(&mut values)
 }
 
 // --- learning curves ---------------------------------------------------------------------

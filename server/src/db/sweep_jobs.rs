@@ -169,8 +169,9 @@ pub async fn insert_proposed(
     now: i64,
 ) -> sql::Result<()> {
     let mut conn = conn.into();
+    let shared = Shared::of(sweep, now);
     for batch in jobs.chunks(JOBS_PER_STATEMENT) {
-        insert_rows(&mut conn, sweep_id, &Shared::of(sweep, now), batch, None).await?;
+        insert_rows(&mut conn, sweep_id, &shared, batch, None).await?;
     }
     super::sweeps::count_new_jobs(&mut conn, sweep_id, jobs.len() as u64).await
 }
@@ -233,14 +234,6 @@ pub async fn complete(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sql::Resu
         finish_chunk(&mut conn, sweep_id, first_id, rows.len()).await?;
         written += rows.len() as u64;
     }
-}
-
-/// Whether any expansion has rows left (at start-up: one interrupted by a stop).
-pub async fn any_left(conn: impl Into<Conn<'_>>) -> sql::Result<bool> {
-    let mut conn = conn.into();
-    on_conn!(conn, |conn, engine| {
-        sql::query_scalar("SELECT EXISTS (SELECT 1 FROM job_expansions)").fetch_one(conn).await
-    })
 }
 
 /// The id SQLite would give the next row.

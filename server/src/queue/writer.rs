@@ -46,6 +46,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use conn::close;
 pub use conn::WriterConn;
+pub use order::start;
+#[cfg(test)]
+use order::start_with;
 use steps::run_step_group;
 
 /// Units waiting to be written, at most (senders wait beyond that: back pressure).
@@ -141,17 +144,10 @@ enum Work {
     /// Runs alone, with no transaction open on the writer (a WAL restart must see no open
     /// write transaction, else it waits for itself).
     Outside(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>),
-    /// Runs in a group of its own when the writer is idle, or once per [`BACKGROUND_EVERY`]
-    /// while it is not (see [`Writer::write_in_background`]).
+    /// Runs in a group of its own when the writer is idle, or once its turn comes under load
+    /// (see [`Writer::write_in_background`]).
     Background(RunUnit),
 }
-
-/// A background unit waits until the writer has had no other unit for this long: units that
-/// come in a steady stream (finishes and claims) leave gaps shorter than this between groups.
-const IDLE: Duration = Duration::from_millis(2);
-/// Under a steady stream of other units, a background unit still runs this long after it
-/// became the next one (or after the one before it ran).
-const BACKGROUND_EVERY: Duration = Duration::from_millis(100);
 
 /// Sends write units to the writer task.
 #[derive(Clone)]
@@ -181,10 +177,11 @@ impl Writer {
         self.send_unit(unit, Work::Unit).await
     }
 
-    /// Runs `unit` as [`Writer::write`] does, but in a group of its own, when no other unit has
-    /// come for [`IDLE`], or (under a steady stream of them) after [`BACKGROUND_EVERY`]: for
-    /// work nobody waits on, so that it delays the units that are waited on by one such unit
-    /// at most, and rarely. Background units run in the order sent.
+    /// Runs `unit` as [`Writer::write`] does, but in a group of its own, when the writer has had
+    /// no other unit for [`order::IDLE`], or (under a steady stream of them) once it has been
+    /// the next background unit for [`order::BACKGROUND_EVERY`]: for work nobody waits on, so
+    /// that it delays the units that are waited on by one such unit at most, and rarely.
+    /// Background units run in the order sent.
     pub async fn write_in_background<T, F>(&self, unit: F) -> ApiResult<T>
     where
         T: Send + 'static,
@@ -281,152 +278,17 @@ impl Writer {
     }
 }
 
-/// Files `work` as waiting, or (a background unit) as background; a background unit that
-/// becomes the next one is due `every` from now.
-fn arrive(
-    work: Work,
-    waiting: &mut VecDeque<Work>,
-    background: &mut VecDeque<RunUnit>,
-    (due, every): (&mut Instant, Duration),
-) {
-    match work {
-        Work::Background(unit) => {
-            if background.is_empty() {
-                *due = Instant::now() + every;
-            }
-            background.push_back(unit);
-        }
-        work => waiting.push_back(work),
-    }
-}
-
-/// Starts the writer thread on `pool` (SQLite: its own connection to the database file;
-/// PostgreSQL: one connection of the pool); it ends when every [`Writer`] is dropped, and the
-/// returned receiver is told then. Call from inside the runtime.
-pub fn start(pool: WriterPool, events: Events) -> (Writer, oneshot::Receiver<()>) {
-    start_with(pool, events, BACKGROUND_EVERY)
-}
-
-/// [`start`], with background units due `background_every` after they became the next one.
-fn start_with(pool: WriterPool, events: Events, background_every: Duration) -> (Writer, oneshot::Receiver<()>) {
-    let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
-    let refused = Arc::new(Mutex::new(None));
-    let (ended, ends) = oneshot::channel();
-    let state = Thread { handle: Handle::current(), pool, events, refused: refused.clone(), background_every };
-    std::thread::Builder::new()
-        .name("app-writer".into())
-        .spawn(move || {
-            // Inside the runtime's context, so that what the units drop (a pool connection)
-            // and spawn can reach it.
-            let _context = state.handle.enter();
-            state.run(receiver);
-            let _ = ended.send(());
-        })
-        .expect("starting the writer thread");
-    (Writer { sender, refused }, ends)
-}
-
 /// What the writer thread works with.
 struct Thread {
     handle: Handle,
     pool: WriterPool,
     events: Events,
     refused: Arc<Mutex<Option<ApiError>>>,
-    /// [`BACKGROUND_EVERY`], but in tests.
+    /// [`order::BACKGROUND_EVERY`], but in tests.
     background_every: Duration,
 }
 
 impl Thread {
-    fn run(&self, mut receiver: mpsc::Receiver<Work>) {
-        let mut connection: Option<WriterConn> = None;
-        // PostgreSQL's one-statement step groups run on a connection of their own.
-        let mut lane: Option<PgConnection> = None;
-        let mut waiting: VecDeque<Work> = VecDeque::new();
-        let mut background: VecDeque<RunUnit> = VecDeque::new();
-        // When the next background unit runs even while other units keep coming: BACKGROUND_EVERY
-        // after it became the next one, or after the one before it ran.
-        let mut background_due = Instant::now();
-        // When the writer last ran (or found waiting) units other than background ones.
-        let mut foreground_busy = Instant::now();
-        loop {
-            if waiting.is_empty() {
-                let quiet = IDLE.saturating_sub(foreground_busy.elapsed());
-                let next = match background.is_empty() {
-                    true => receiver.blocking_recv(),
-                    false => match self.handle.block_on(tokio::time::timeout(quiet, receiver.recv())) {
-                        Ok(next) => next,
-                        Err(_) => {
-                            // Nothing else for IDLE: the background unit's turn.
-                            connection = self.run_background(connection, &mut background, &mut background_due);
-                            continue;
-                        }
-                    },
-                };
-                match next {
-                    Some(work) => {
-                        arrive(work, &mut waiting, &mut background, (&mut background_due, self.background_every))
-                    }
-                    None => return,
-                }
-            }
-            while waiting.len() < MAX_GROUP {
-                match receiver.try_recv() {
-                    Ok(work) => {
-                        arrive(work, &mut waiting, &mut background, (&mut background_due, self.background_every))
-                    }
-                    Err(_) => break,
-                }
-            }
-            if !background.is_empty() && Instant::now() >= background_due {
-                connection = self.run_background(connection, &mut background, &mut background_due);
-                continue;
-            }
-            if waiting.is_empty() {
-                continue;
-            }
-            // The units at the head of one kind form a group (the order units came in is kept);
-            // an outside task at the head runs alone.
-            match waiting.pop_front() {
-                Some(Work::Outside(task)) => self.handle.block_on(task()),
-                Some(Work::Unit(unit)) => {
-                    let mut group = VecDeque::from([unit]);
-                    while let Some(Work::Unit(_)) = waiting.front() {
-                        if let Some(Work::Unit(unit)) = waiting.pop_front() {
-                            group.push_back(unit);
-                        }
-                    }
-                    connection = self.handle.block_on(self.run_units(connection.take(), group));
-                }
-                Some(Work::Step(unit)) => {
-                    let mut group = VecDeque::from([*unit]);
-                    while let Some(Work::Step(_)) = waiting.front() {
-                        if let Some(Work::Step(unit)) = waiting.pop_front() {
-                            group.push_back(*unit);
-                        }
-                    }
-                    connection = self.handle.block_on(self.run_steps(connection.take(), &mut lane, group));
-                }
-                // `arrive` keeps background units out of `waiting`.
-                Some(Work::Background(_)) | None => {}
-            }
-            foreground_busy = Instant::now();
-        }
-    }
-
-    /// Runs the next background unit in a group of its own; the one after it is due
-    /// [`BACKGROUND_EVERY`] later.
-    fn run_background(
-        &self,
-        connection: Option<WriterConn>,
-        background: &mut VecDeque<RunUnit>,
-        due: &mut Instant,
-    ) -> Option<WriterConn> {
-        let Some(unit) = background.pop_front() else { return connection };
-        let connection = self.handle.block_on(self.run_units(connection, VecDeque::from([unit])));
-        *due = Instant::now() + self.background_every;
-        connection
-    }
-
     fn refuse(&self, why: Option<ApiError>) {
         if let Ok(mut refused) = self.refused.lock() {
             *refused = why;
@@ -645,6 +507,8 @@ fn is_database_failure(error: &ApiError) -> bool {
 
 #[path = "writer_conn.rs"]
 mod conn;
+#[path = "writer_order.rs"]
+mod order;
 #[path = "writer_steps.rs"]
 mod steps;
 #[cfg(test)]
