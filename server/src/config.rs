@@ -3,6 +3,7 @@
 //! optional. The `app` binary stacks the layers (`over`) and applies the result once.
 
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -59,6 +60,8 @@ pub struct ServerConfig {
     pub max_connections_per_address: usize,
     /// `/metrics` answers without a token (for a Prometheus that scrapes without one).
     pub metrics_public: bool,
+    /// Fair share between users: weights, quotas, the half-life of usage (issue 29).
+    pub shares: shared::fair_share::Policy,
 }
 
 /// PEM files of the server's certificate chain and private key.
@@ -93,6 +96,7 @@ impl Default for ServerConfig {
             max_connections: None,
             max_connections_per_address: 256,
             metrics_public: false,
+            shares: shared::fair_share::Policy::default(),
         }
     }
 }
@@ -130,6 +134,14 @@ pub struct ServerFile {
     pub metrics_public: Option<bool>,
     /// Users who may change anyone's sweeps, besides those whose tokens say `admin:`.
     pub admins: Option<Vec<String>>,
+    /// Usage counts half as much after this many seconds (fair share; 7 days by default).
+    pub share_half_life_secs: Option<f64>,
+    /// Users' weights in the fair share (`[server.shares]`, NAME = weight; 1 if not listed).
+    pub shares: Option<BTreeMap<String, Weight>>,
+    /// Users' quotas (`[server.quotas]`, NAME = { max_gpus, max_running }).
+    pub quotas: Option<BTreeMap<String, QuotaFile>>,
+    /// The quota of a user `quotas` does not list (none by default).
+    pub default_quota: Option<QuotaFile>,
     /// User tokens given as a value (APP_USER_TOKEN, comma-separated `[admin:][NAME:]TOKEN`);
     /// never read from a file's table.
     #[serde(skip)]
@@ -137,6 +149,30 @@ pub struct ServerFile {
     /// A worker token given as a value (APP_WORKER_TOKEN); never read from a file's table.
     #[serde(skip)]
     pub worker_token: Option<String>,
+}
+
+/// A weight as the config gives it: read as any value, so that one that is not a number is
+/// refused with the user's name rather than a type error.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Weight {
+    Number(f64),
+    Text(String),
+    Other(serde::de::IgnoredAny),
+}
+
+/// One user's quota as the config gives it; a key left out is no limit.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaFile {
+    pub max_gpus: Option<u32>,
+    pub max_running: Option<u32>,
+}
+
+impl From<QuotaFile> for shared::fair_share::Quota {
+    fn from(file: QuotaFile) -> Self {
+        shared::fair_share::Quota { max_gpus: file.max_gpus, max_running: file.max_running }
+    }
 }
 
 impl ServerFile {
@@ -176,6 +212,10 @@ impl ServerFile {
             max_connections_per_address: self.max_connections_per_address.or(lower.max_connections_per_address),
             metrics_public: self.metrics_public.or(lower.metrics_public),
             admins: self.admins.or(lower.admins),
+            share_half_life_secs: self.share_half_life_secs.or(lower.share_half_life_secs),
+            shares: self.shares.or(lower.shares),
+            quotas: self.quotas.or(lower.quotas),
+            default_quota: self.default_quota.or(lower.default_quota),
         }
     }
 }
@@ -277,10 +317,51 @@ impl ServerConfig {
         if let Some(admins) = &file.admins {
             self.tokens.make_admins(admins)?;
         }
+        self.apply_shares(file)?;
         match (&file.tls_cert, &file.tls_key) {
             (Some(cert), Some(key)) => self.tls = Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
             (None, None) => {}
             _ => anyhow::bail!("`tls_cert` and `tls_key` go together: set both or neither"),
+        }
+        Ok(())
+    }
+}
+
+impl ServerConfig {
+    /// The fair-share keys: each name a user name, each weight a number above 0, the
+    /// half-life a positive number of seconds.
+    fn apply_shares(&mut self, file: &ServerFile) -> anyhow::Result<()> {
+        let name = |table: &str, user: &str| {
+            shared::names::check_user_name(user)
+                .map_err(|why| anyhow::anyhow!("`[server.{table}]` lists a bad name, {user:?}: {why}"))
+        };
+        if let Some(value) = file.share_half_life_secs {
+            anyhow::ensure!(
+                value.is_finite() && value > 0.0,
+                "`share_half_life_secs` must be a number of seconds above 0, not {value}"
+            );
+            self.shares.half_life_secs = value;
+        }
+        if let Some(shares) = &file.shares {
+            for (user, weight) in shares {
+                name("shares", user)?;
+                let weight = match weight {
+                    Weight::Number(number) => shared::fair_share::check_weight(user, *number),
+                    Weight::Text(text) => Err(format!("the share of `{user}` must be a number above 0, not {text:?}")),
+                    Weight::Other(_) => Err(format!("the share of `{user}` must be a number above 0")),
+                };
+                let weight = weight.map_err(|why| anyhow::anyhow!("`[server.shares]`: {why}"))?;
+                self.shares.weights.insert(user.clone(), weight);
+            }
+        }
+        if let Some(quotas) = &file.quotas {
+            for (user, quota) in quotas {
+                name("quotas", user)?;
+                self.shares.quotas.insert(user.clone(), (*quota).into());
+            }
+        }
+        if let Some(quota) = file.default_quota {
+            self.shares.default_quota = quota.into();
         }
         Ok(())
     }

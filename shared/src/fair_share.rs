@@ -1,12 +1,14 @@
 //! Fair share between a lab's users (issue 29, item 2), decided without the database: the order
 //! in which waiting users get freed GPUs, and whether a user's quota lets them start a job.
 //!
-//! As Slurm's fair-share factor: a user's usage is GPU-seconds (a CPU-only job counts its slots
-//! as GPUs) decayed with a half-life, and the user whose decayed usage per unit of weight is
+//! As Slurm's fair-share factor: a user's usage is GPU-seconds (a job without GPUs counts as one
+//! GPU) decayed with a half-life, and the user whose decayed usage per unit of weight is
 //! lowest is the furthest below their share and goes first. Within one user, the queue's own
-//! order (priority, then submission) holds; a user alone gets everything. Not yet wired into the
-//! claim path: the claim will feed these functions what the database holds.
+//! order (priority, then submission) holds; a user alone gets everything. A claim batch feeds
+//! [`allot`] what the database holds (`server::queue::claims`).
 
+use crate::placement::{place, Capacity, Placement};
+use crate::sweep::Resources;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -65,16 +67,29 @@ pub fn decay(usage: f64, age_secs: f64, half_life_secs: f64) -> f64 {
     usage * 0.5f64.powf(age_secs.max(0.0) / half_life_secs)
 }
 
-/// The order in which waiting users get freed GPUs, from each one's decayed usage: the lowest
-/// usage per unit of weight first (the furthest below their share), ties by name.
-pub fn order<'a>(waiting: &'a [(String, f64)], policy: &Policy) -> Vec<&'a str> {
-    let mut standing: Vec<(f64, &str)> =
-        waiting.iter().map(|(user, usage)| (usage.max(0.0) / policy.weight(user), user.as_str())).collect();
+/// The order in which waiting users get free places, from each one's usage now (`(user,
+/// GPU-seconds)`): their indices, the lowest usage per unit of weight first (the furthest below
+/// their share), ties by name.
+pub fn order(usages: &[(&str, f64)], policy: &Policy) -> Vec<usize> {
+    let mut standing: Vec<(f64, &str, usize)> = usages
+        .iter()
+        .enumerate()
+        .map(|(at, (user, usage))| (standing(*usage) / policy.weight(user), *user, at))
+        .collect();
     standing.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-    standing.into_iter().map(|(_, user)| user).collect()
+    standing.into_iter().map(|(_, _, at)| at).collect()
 }
 
-/// What a user holds now: GPUs (a CPU-only job's slots count as GPUs) and running jobs.
+/// Usage as it ranks: never below 0, and a usage that is not a number last, never first.
+fn standing(usage: f64) -> f64 {
+    if usage.is_nan() {
+        f64::INFINITY
+    } else {
+        usage.max(0.0)
+    }
+}
+
+/// What a user holds now: GPUs and running jobs (a CPU-only job holds a job and no GPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Held {
     pub gpus: u32,
@@ -123,6 +138,81 @@ pub fn admits(user: &str, held: Held, gpus: u32, policy: &Policy) -> Result<(), 
     Ok(())
 }
 
+/// What a job started counts as, per GPU (or per job without GPUs), until it has run longer: a
+/// minute. Each job a batch picks counts it at once for the choices after it, and a running job
+/// at least it (`server::db::shares::holdings`). Without it, users of equal standing would see
+/// every GPU freed at once go to the first by name.
+pub const START_CHARGE_SECS: f64 = 60.0;
+
+/// A waiting user in a claim batch: their usage now (decayed GPU-seconds, running attempts'
+/// time so far included), what they hold, and their queued jobs in their own dispatch order.
+#[derive(Debug, Clone)]
+pub struct Contender<'a> {
+    pub user: &'a str,
+    pub usage: f64,
+    pub held: Held,
+    pub jobs: Vec<&'a Resources>,
+}
+
+/// One job given: to request `request`, user `user`'s job `job` (indices into [`allot`]'s
+/// arguments), on `placement`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pick {
+    pub request: usize,
+    pub user: usize,
+    pub job: usize,
+    pub placement: Placement,
+}
+
+/// Fills each request (in arrival order) job by job: each free place goes to the user
+/// furthest below their share ([`order`]) who has a job that fits it and that their quota
+/// admits, taking that user's first such job. Each job started counts as [`START_CHARGE_SECS`]
+/// of its GPUs (or slot) for the rest of the batch, and as held for the quotas.
+pub fn allot(requests: &[Capacity], contenders: &[Contender<'_>], policy: &Policy) -> Vec<Pick> {
+    let mut usage: Vec<f64> = contenders.iter().map(|contender| standing(contender.usage)).collect();
+    let mut held: Vec<Held> = contenders.iter().map(|contender| contender.held).collect();
+    let mut taken: Vec<Vec<bool>> = contenders.iter().map(|contender| vec![false; contender.jobs.len()]).collect();
+    let mut picks = Vec::new();
+    for (request, capacity) in requests.iter().enumerate() {
+        let mut free = capacity.clone();
+        // A user with nothing that fits and is admitted has nothing later in this request
+        // either: the room only shrinks and their holdings only grow.
+        let mut done = vec![false; contenders.len()];
+        while free.job_slots > 0 {
+            let usages: Vec<(&str, f64)> =
+                contenders.iter().zip(&usage).map(|(contender, usage)| (contender.user, *usage)).collect();
+            let mut chosen = None;
+            for user in order(&usages, policy) {
+                let name = contenders[user].user;
+                if done[user] {
+                    continue;
+                }
+                chosen = contenders[user].jobs.iter().enumerate().find_map(|(job, resources)| {
+                    if taken[user][job] {
+                        return None;
+                    }
+                    let placement = place(resources, &free)?;
+                    admits(name, held[user], placement.gpus.len() as u32, policy).ok()?;
+                    Some((user, job, placement))
+                });
+                match chosen {
+                    Some(_) => break,
+                    None => done[user] = true,
+                }
+            }
+            let Some((user, job, placement)) = chosen else { break };
+            let gpus = placement.gpus.len() as u32;
+            free.reserve(contenders[user].jobs[job], &placement);
+            taken[user][job] = true;
+            held[user].gpus += gpus;
+            held[user].running += 1;
+            usage[user] += f64::from(gpus.max(1)) * START_CHARGE_SECS;
+            picks.push(Pick { request, user, job, placement });
+        }
+    }
+    picks
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,10 +227,10 @@ mod tests {
 
     #[test]
     fn the_user_furthest_below_their_share_goes_first() {
-        let waiting = vec![("a".to_string(), 100.0), ("b".to_string(), 150.0), ("c".to_string(), 100.0)];
+        let waiting = [("a", 100.0), ("b", 150.0), ("c", 100.0)];
         // b's 150 GPU-seconds at weight 2 stand as 75: below a and c's 100; a before c by name.
-        assert_eq!(order(&waiting, &policy()), ["b", "a", "c"]);
-        assert_eq!(order(&[("solo".to_string(), 1e9)], &policy()), ["solo"], "a user alone goes first");
+        assert_eq!(order(&waiting, &policy()), [1, 0, 2]);
+        assert_eq!(order(&[("solo", 1e9)], &policy()), [0], "a user alone goes first");
     }
 
     #[test]
@@ -164,6 +254,69 @@ mod tests {
         );
         assert_eq!(admits("a", Held { gpus: 6, running: 2 }, 2, &policy), Ok(()));
         assert_eq!(admits("b", Held { gpus: 1_000, running: 1_000 }, 8, &policy), Ok(()), "no quota, no limit");
+    }
+
+    /// A worker with `gpus` free 80 GB GPUs and a slot for each.
+    fn worker(gpus: u32) -> Capacity {
+        let gpu = |index| crate::placement::GpuSlot {
+            index,
+            memory_total: 80 << 30,
+            memory_free: 80 << 30,
+            exclusive_held: false,
+            shared_jobs: 0,
+        };
+        Capacity { job_slots: gpus, gpus: (0..gpus).map(gpu).collect(), ..Capacity::default() }
+    }
+
+    fn gpus(count: u32) -> Resources {
+        Resources { gpus: Some(count), ..Resources::default() }
+    }
+
+    /// The users of `picks`, in the order given.
+    fn users(picks: &[Pick], contenders: &[Contender<'_>]) -> Vec<String> {
+        picks.iter().map(|pick| contenders[pick.user].user.to_string()).collect()
+    }
+
+    #[test]
+    fn freed_gpus_go_by_standing_and_each_start_counts_for_the_rest_of_the_batch() {
+        let one = gpus(1);
+        let contender = |user, usage| Contender { user, usage, held: Held::default(), jobs: vec![&one; 8] };
+        let even = [contender("b", 0.0), contender("a", 0.0)];
+        let picks = allot(&[worker(4)], &even, &Policy::default());
+        assert_eq!(users(&picks, &even), ["a", "b", "a", "b"], "equal standing: alternate, ties by name");
+        let behind = [contender("a", 0.0), contender("b", 150.0)];
+        let picks = allot(&[worker(4)], &behind, &Policy::default());
+        assert_eq!(users(&picks, &behind), ["a", "a", "a", "b"], "a is 150 GPU-seconds behind b");
+        let weighted = [contender("a", 0.0), contender("b", 0.0)];
+        let picks = allot(&[worker(3), worker(3)], &weighted, &policy());
+        assert_eq!(users(&picks, &weighted), ["a", "b", "b", "a", "b", "b"], "b weighs 2: a third for a");
+        let picked: Vec<(usize, usize)> = picks.iter().map(|pick| (pick.request, pick.user)).collect();
+        assert_eq!(picked.iter().filter(|(request, _)| *request == 1).count(), 3, "the second worker filled too");
+        let alone = [contender("a", 1e9)];
+        assert_eq!(allot(&[worker(4)], &alone, &Policy::default()).len(), 4, "a user alone gets everything");
+    }
+
+    #[test]
+    fn a_job_that_does_not_fit_or_is_over_quota_gives_way_to_the_next() {
+        let (one, four) = (gpus(1), gpus(4));
+        let contenders = [
+            Contender {
+                user: "a",
+                usage: 0.0,
+                held: Held { gpus: 6, running: 1 },
+                jobs: vec![&four, &one, &one, &one],
+            },
+            Contender { user: "b", usage: 500.0, held: Held::default(), jobs: vec![&one; 4] },
+        ];
+        let picks = allot(&[worker(4)], &contenders, &policy());
+        // a may hold 8 GPUs and 3 jobs: its 4-GPU job would make 10, and one 1-GPU job later
+        // it runs 3; the rest goes to b, whatever its usage.
+        assert_eq!(users(&picks, &contenders), ["a", "a", "b", "b"]);
+        assert_eq!((picks[0].job, picks[1].job), (1, 2), "a's own order, past the job over its quota");
+        let places: Vec<&[u32]> = picks.iter().map(|pick| pick.placement.gpus.as_slice()).collect();
+        let mut all: Vec<u32> = places.concat();
+        all.sort_unstable();
+        assert_eq!(all, [0, 1, 2, 3], "each GPU given once");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Property tests of `shared::fair_share`: on a simulated cluster where every user always has
-//! work waiting, giving each freed GPU to the first user `order` names (among those `admits`)
-//! keeps every user within their quota, and each user's share of the GPU time converges to
-//! their weight.
+//! work waiting, filling the freed GPUs with `allot` (as a claim batch does) keeps every user
+//! within their quota, and each user's share of the GPU time converges to their weight.
 
 use proptest::prelude::*;
-use shared::fair_share::{admits, decay, order, Held, Policy, Quota};
+use shared::fair_share::{allot, decay, Contender, Held, Policy, Quota};
+use shared::placement::{Capacity, GpuSlot};
+use shared::sweep::Resources;
 use std::collections::BTreeMap;
 
 /// A running job: its user, GPUs and the time step at which it ends.
@@ -12,6 +13,13 @@ struct Running {
     user: usize,
     gpus: u32,
     ends: u64,
+}
+
+/// A worker with `gpus` free GPUs and a slot for each.
+fn worker(gpus: u32) -> Capacity {
+    let gpu =
+        |index| GpuSlot { index, memory_total: 80 << 30, memory_free: 80 << 30, exclusive_held: false, shared_jobs: 0 };
+    Capacity { job_slots: gpus, gpus: (0..gpus).map(gpu).collect(), ..Capacity::default() }
 }
 
 /// Runs `steps` time steps of a cluster of `gpus` GPUs shared by backlogged users whose jobs
@@ -22,22 +30,29 @@ fn simulate(policy: &Policy, users: &[String], sizes: &[u32], durations: &[u64],
     let mut late_time = vec![0.0; users.len()];
     let mut running: Vec<Running> = Vec::new();
     let mut next_duration = durations.iter().cycle();
+    let resources: Vec<Resources> =
+        sizes.iter().map(|size| Resources { gpus: Some(*size), ..Resources::default() }).collect();
     for step in 0..steps {
         running.retain(|job| job.ends > step);
-        loop {
-            let free = gpus - running.iter().map(|job| job.gpus).sum::<u32>();
-            let waiting: Vec<(String, f64)> = users.iter().cloned().zip(usage.iter().copied()).collect();
-            let held = |user: usize| Held {
-                gpus: running.iter().filter(|job| job.user == user).map(|job| job.gpus).sum(),
-                running: running.iter().filter(|job| job.user == user).count() as u32,
-            };
-            let chosen = order(&waiting, policy).into_iter().find_map(|name| {
-                let user = users.iter().position(|candidate| candidate == name).unwrap();
-                (sizes[user] <= free && admits(name, held(user), sizes[user], policy).is_ok()).then_some(user)
-            });
-            let Some(user) = chosen else { break };
+        // The free GPUs as one worker's claim, filled by `allot` as the server fills a batch.
+        let free = gpus - running.iter().map(|job| job.gpus).sum::<u32>();
+        let held = |user: usize| Held {
+            gpus: running.iter().filter(|job| job.user == user).map(|job| job.gpus).sum(),
+            running: running.iter().filter(|job| job.user == user).count() as u32,
+        };
+        let contenders: Vec<Contender<'_>> = users
+            .iter()
+            .enumerate()
+            .map(|(user, name)| Contender {
+                user: name,
+                usage: usage[user],
+                held: held(user),
+                jobs: vec![&resources[user]; free as usize],
+            })
+            .collect();
+        for pick in allot(&[worker(free)], &contenders, policy) {
             let duration = *next_duration.next().unwrap();
-            running.push(Running { user, gpus: sizes[user], ends: step + duration });
+            running.push(Running { user: pick.user, gpus: pick.placement.gpus.len() as u32, ends: step + duration });
         }
         for (user, name) in users.iter().enumerate() {
             let quota = policy.quota(name);

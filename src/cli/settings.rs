@@ -68,6 +68,11 @@ pub struct ServerFlags {
     /// Serve /metrics (Prometheus) without a token; other endpoints keep theirs
     #[arg(long)]
     pub metrics_public: bool,
+    /// Fair share between users: their usage counts half as much after this many seconds
+    /// (default 604800, 7 days); weights and quotas are the config's [server.shares] and
+    /// [server.quotas]
+    #[arg(long, value_name = "SECONDS")]
+    pub share_half_life_secs: Option<f64>,
     /// Allow listening beyond loopback without tokens (anyone who reaches the port can then
     /// run commands on every worker)
     #[arg(long)]
@@ -212,6 +217,7 @@ impl Layer {
                 tls_cert: server.tls_cert.clone(),
                 tls_key: server.tls_key.clone(),
                 metrics_public: server.metrics_public.then_some(true),
+                share_half_life_secs: server.share_half_life_secs,
                 ..ServerFile::default()
             },
             worker: WorkerFile {

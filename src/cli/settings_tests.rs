@@ -273,3 +273,39 @@ fn a_database_url_is_seen_to_hold_a_password() {
     assert!(!url_has_password("postgres://app@db:5432/app"));
     assert!(!url_has_password("postgres://db/app?user=x:y"));
 }
+
+#[test]
+fn shares_and_quotas_come_from_the_file_and_bad_weights_are_refused_by_name() {
+    use shared::fair_share::Quota;
+    let text = "[server]\nshare_half_life_secs = 86400\n[server.shares]\nuser-a = 2\nuser-b = 0.5\n\
+                [server.quotas]\nuser-a = { max_gpus = 8, max_running = 3 }\nuser-c = { max_gpus = 2 }\n\
+                [server.default_quota]\nmax_running = 10\n";
+    let shares = settings(Mode::ServerOnly, file(text), Layer::default(), Layer::default()).server.shares;
+    assert_eq!(shares.half_life_secs, 86_400.0);
+    assert_eq!((shares.weight("user-a"), shares.weight("user-b"), shares.weight("other")), (2.0, 0.5, 1.0));
+    assert_eq!(shares.quota("user-a"), Quota { max_gpus: Some(8), max_running: Some(3) });
+    assert_eq!(shares.quota("user-c"), Quota { max_gpus: Some(2), max_running: None });
+    assert_eq!(shares.quota("other"), Quota { max_gpus: None, max_running: Some(10) });
+    let flag = settings(Mode::ServerOnly, file(text), Layer::default(), flags(&["--share-half-life-secs", "60"]));
+    assert_eq!(flag.server.shares.half_life_secs, 60.0, "the flag beats the file");
+
+    for (text, expected) in [
+        ("[server.shares]\nuser-a = 0\n", "the share of `user-a` must be a number above 0, not 0"),
+        ("[server.shares]\nuser-a = -2\n", "the share of `user-a` must be a number above 0, not -2"),
+        ("[server.shares]\nuser-a = \"lots\"\n", "the share of `user-a` must be a number above 0, not \"lots\""),
+        ("[server.shares]\nuser-a = nan\n", "the share of `user-a` must be a number above 0, not NaN"),
+        ("[server.shares]\nUser_A = 1\n", "`[server.shares]` lists a bad name"),
+        ("[server.quotas]\n\"a b\" = { max_gpus = 1 }\n", "`[server.quotas]` lists a bad name"),
+        ("[server]\nshare_half_life_secs = 0\n", "`share_half_life_secs` must be a number of seconds above 0"),
+    ] {
+        let error = assemble(Mode::ServerOnly, file(text), Layer::default(), Layer::default(), false).unwrap_err();
+        assert!(error.to_string().contains(expected), "{text}: {error}");
+    }
+    for (text, key) in [
+        ("[server.quotas]\nuser-a = { max_gpu = 1 }\n", "max_gpu"),
+        ("[server.quotas]\nuser-a = { max_gpus = -1 }\n", "invalid value: integer `-1`"),
+    ] {
+        let error = Layer::from_toml(text, Path::new("both.toml")).unwrap_err().to_string();
+        assert!(error.contains(key) && error.contains("line 2"), "{error}");
+    }
+}

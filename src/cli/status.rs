@@ -70,6 +70,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 }
             } else {
                 writeln!(out, "{}", table::render(&sweeps_table(&sweeps, now, width)))?;
+                for sweep in &sweeps {
+                    if let Some(why) = &sweep.held_back {
+                        writeln!(out, "{} waits for its owner's quota: {why}", sweep.name)?;
+                    }
+                }
             }
             return Ok(());
         }
@@ -84,6 +89,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 }
                 if let Some(missing) = &detail.metric_missing {
                     writeln!(out, "warning: {}", missing.sentence())?;
+                }
+                if let Some(why) = &sweep.held_back {
+                    writeln!(out, "its queued jobs wait for its owner's quota: {why}")?;
                 }
                 if let Some(reason) = &detail.unplaceable {
                     writeln!(out, "its queued jobs cannot run on any connected worker: {reason}")?;

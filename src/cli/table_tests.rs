@@ -106,6 +106,7 @@ fn sweeps() -> Vec<SweepInfo> {
             created_at: NOW - 42 * MINUTE,
             counts: counts(80, 8, 17, 2, 1),
             paused: None,
+            held_back: None,
         },
         SweepInfo {
             id: SweepId::new(2),
@@ -116,6 +117,7 @@ fn sweeps() -> Vec<SweepInfo> {
             created_at: NOW - 26 * 60 * MINUTE,
             counts: counts(0, 0, 20, 0, 0),
             paused: None,
+            held_back: None,
         },
     ]
 }

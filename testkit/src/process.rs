@@ -191,6 +191,16 @@ impl ServerProcess {
         disk::seen_from_outside(self.child.id(), path)
     }
 
+    /// On PostgreSQL, a second replica: another process on the same database and data
+    /// directory, with the same settings, on its own port; `None` on SQLite.
+    pub fn replica(&self) -> Option<ServerProcess> {
+        let database = self.database.clone()?;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(self.dir.path().join("server.toml"), dir.path().join("server.toml")).unwrap();
+        std::os::unix::fs::symlink(self.data_dir(), dir.path().join("data")).unwrap();
+        Some(Self::start_in_dir_on(dir, free_port(), Some(database)))
+    }
+
     /// Starts it again on the same port and data directory.
     pub fn restart(&mut self) {
         self.child = Self::spawn(self.dir.path(), self.port, self.database.as_deref());

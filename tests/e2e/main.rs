@@ -18,6 +18,7 @@ mod ops;
 mod quickstart;
 mod replicas;
 mod search;
+mod shares;
 mod train;
 mod train_resume;
 mod worker;

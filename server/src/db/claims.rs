@@ -151,34 +151,47 @@ pub struct Candidate {
     pub resources: Resources,
 }
 
-/// Queued jobs in dispatch order that could fit a worker with `gpus` GPUs, the largest having
-/// `max_free_memory` bytes free, and that run the built-in trainer only if `trainer` (some
-/// worker asking has it). The caller places them exactly. `INDEXED BY`: without statistics
-/// SQLite would take `jobs_by_status` for `status = ?` and sort every queued job (a 25x slower
-/// claim on a million-job queue); the partial index is already in dispatch order.
+/// What a claim batch asks of the queue: jobs that could fit a worker with `gpus` GPUs, the
+/// largest having `max_free_memory` bytes free, that run the built-in trainer only if
+/// `trainer` (some worker asking has it), `limit` of them at most.
+#[derive(Debug, Clone, Copy)]
+pub struct Fitting {
+    pub gpus: u32,
+    pub max_free_memory: u64,
+    pub trainer: bool,
+    pub limit: u32,
+}
+
+/// Queued jobs in dispatch order that [`Fitting`] lets through, of every user or of `owner`'s
+/// sweeps only. The caller places them exactly. `INDEXED BY`: without statistics SQLite would
+/// take `jobs_by_status` for `status = ?` and sort every queued job (a 25x slower claim on a
+/// million-job queue); the partial indexes are already in dispatch order (by owner first for
+/// one user's: migrations/0013).
 pub async fn queued_candidates(
     conn: impl Into<Conn<'_>>,
-    gpus: u32,
-    max_free_memory: u64,
-    trainer: bool,
-    limit: u32,
+    fitting: Fitting,
+    owner: Option<&str>,
 ) -> anyhow::Result<Vec<Candidate>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let hint = engine.pick(" INDEXED BY jobs_queue", "");
+        let index = if owner.is_some() { "jobs_queue_by_owner" } else { "jobs_queue" };
+        let hint = engine.pick(format!(" INDEXED BY {index}"), String::new());
+        let of_owner = if owner.is_some() { " AND owner = $5" } else { "" };
         let sql = format!(
             "SELECT id, gpus, gpu_memory, exclusive, needs_trainer FROM jobs{hint}
              WHERE {CLAIMABLE} AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
-               AND (needs_trainer = 0 OR $3)
+               AND (needs_trainer = 0 OR $3){of_owner}
              ORDER BY {DISPATCH_ORDER} LIMIT $4"
         );
-        let rows = sql::query(&sql)
-            .bind(gpus)
-            .bind(max_free_memory.min(i64::MAX as u64) as i64)
-            .bind(trainer)
-            .bind(limit)
-            .fetch_all(&mut *conn)
-            .await?;
+        let mut query = sql::query(&sql)
+            .bind(fitting.gpus)
+            .bind(fitting.max_free_memory.min(i64::MAX as u64) as i64)
+            .bind(fitting.trainer)
+            .bind(fitting.limit);
+        if let Some(owner) = owner {
+            query = query.bind(owner);
+        }
+        let rows = query.fetch_all(&mut *conn).await?;
         rows.iter()
             .map(|row| Ok(Candidate { id: JobId::new(row.get_as("id")?), resources: super::jobs::resources_of(row)? }))
             .collect()

@@ -28,6 +28,7 @@ pub mod postgres;
 pub mod results;
 pub mod scrape;
 pub mod search;
+pub mod shares;
 pub mod sql;
 pub mod sqlite;
 pub mod sweep_jobs;

@@ -351,19 +351,21 @@ async fn insert_rows(
         let _ = write!(
             sql,
             "INSERT INTO jobs ({id_column}sweep_id, idx, params, command, config, gpus, gpu_memory, exclusive,
-                               timeout_secs, priority, retries_left, created_at, needs_trainer) "
+                               timeout_secs, priority, retries_left, created_at, needs_trainer, owner) "
         );
         match engine {
             Engine::Sqlite => {
                 let _ = write!(
                     sql,
-                    "SELECT {id_value}?, column1, column2, column3, column4, ?, ?, ?, ?, ?, ?, ?, ? FROM (VALUES "
+                    "SELECT {id_value}?, column1, column2, column3, column4, ?, ?, ?, ?, ?, ?, ?, ?,
+                            (SELECT owner FROM sweeps WHERE id = ?) FROM (VALUES "
                 );
             }
             Engine::Postgres => {
                 let _ = write!(
                     sql,
-                    "SELECT {id_value}$1, column1, column2, column3, column4, $2, $3, $4, $5, $6, $7, $8, $9 FROM (VALUES "
+                    "SELECT {id_value}$1, column1, column2, column3, column4, $2, $3, $4, $5, $6, $7, $8, $9,
+                            (SELECT owner FROM sweeps WHERE id = $10) FROM (VALUES "
                 );
             }
         }
@@ -378,7 +380,7 @@ async fn insert_rows(
                     sql.push('(');
                     for column in 0..per_row {
                         let _ =
-                            write!(sql, "{}${}", if column > 0 { "," } else { "" }, 10 + position * per_row + column);
+                            write!(sql, "{}${}", if column > 0 { "," } else { "" }, 11 + position * per_row + column);
                     }
                     sql.push(')');
                 }
@@ -394,7 +396,8 @@ async fn insert_rows(
             .bind(shared.priority)
             .bind(shared.retries_left)
             .bind(shared.created_at)
-            .bind(shared.needs_trainer);
+            .bind(shared.needs_trainer)
+            .bind(sweep_id.get());
         for (position, job) in rows.iter().enumerate() {
             query = query.bind(job.index as i64).bind(&job.params).bind(&job.command).bind(job.config.as_deref());
             if let Some(first_id) = first_id {

@@ -169,6 +169,7 @@ fn info_from_row(row: &impl DbRow) -> sql::Result<SweepInfo> {
             Some(at) => Some(Paused { at, reason: row.get_as::<Option<String>>("paused_reason")?.unwrap_or_default() }),
             None => None,
         },
+        held_back: None,
     })
 }
 

@@ -60,12 +60,16 @@ pub(super) async fn dispatch(queue: Weak<Queue>, mut tickets: mpsc::Receiver<Cla
             batch.iter().map(|ticket| (ticket.worker_id, ticket.capacity.clone())).collect();
         let (lease, names) = (queue.config.lease, queue.sweep_names.clone());
         let (workspaces, search, views) = (queue.workspaces.clone(), queue.search.clone(), queue.views.clone());
+        let shares = queue.shares.clone();
+        if shares.engaged() {
+            shares.refresh_usage(queue.reader(), db::now_ms()).await;
+        }
         let served = queue
             .write(move |tx| {
                 Box::pin(async move {
                     // Adaptive sweeps get their runs for these claims first (queue/search).
                     search.top_up(tx, &requests).await?;
-                    claim_batch(tx, &requests, lease, (&names, &workspaces, &views)).await
+                    claim_batch(tx, &requests, lease, (&names, &workspaces, &views, &shares)).await
                 })
             })
             .await;
@@ -184,11 +188,16 @@ fn assign(
 /// The name and form of each sweep seen, by id.
 pub(super) type SweepNames = Arc<RwLock<HashMap<SweepId, (String, SweepForm)>>>;
 
+/// What a claim batch works with of the queue's caches: sweep names, workspaces, the views of
+/// plainly claimed jobs, the fair share.
+pub(super) type Caches<'a> =
+    (&'a SweepNames, &'a super::code::Workspaces, &'a super::views::Views, &'a super::shares::Shares);
+
 pub(super) async fn claim_batch(
     tx: &mut Tx,
     requests: &[(WorkerId, Capacity)],
     lease: Duration,
-    (names, workspaces, views): (&SweepNames, &super::code::Workspaces, &super::views::Views),
+    (names, workspaces, views, shares): Caches<'_>,
 ) -> ApiResult<Vec<Vec<ClaimedJob>>> {
     let now = now_ms();
     let lease_expires_at = now + lease.as_millis() as i64;
@@ -206,7 +215,12 @@ pub(super) async fn claim_batch(
     if slots == 0 {
         return Ok(per_ticket);
     }
-    if let Some(claim) = plain_claim(requests, lease_expires_at, now) {
+    // Several users waiting, or quotas: each user's queue, chosen between by the fair share.
+    let waiting = match shares.engaged() {
+        true => shares.waiting(tx).await?,
+        false => None,
+    };
+    if let (None, Some(claim)) = (&waiting, plain_claim(requests, lease_expires_at, now)) {
         let rows = db::claims::claim(tx.conn().await?, claim).await?;
         return Ok(vec![claimed_plain(tx, rows, (names, workspaces, views)).await?]);
     }
@@ -214,12 +228,18 @@ pub(super) async fn claim_batch(
     // chosen jobs change in one statement.
     let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
     let (mut chosen, order) = loop {
-        let candidates =
-            db::claims::queued_candidates(tx.conn().await?, max_gpus, max_free_memory, trainer, limit).await?;
-        let (chosen, order, unfilled) = assign(requests, &candidates);
+        let fitting = db::claims::Fitting { gpus: max_gpus, max_free_memory, trainer, limit };
+        let (chosen, order, unfilled, cut) = match &waiting {
+            Some(waiting) => shares.choose(tx, requests, waiting, fitting, now).await?,
+            None => {
+                let candidates = db::claims::queued_candidates(tx.conn().await?, fitting, None).await?;
+                let (chosen, order, unfilled) = assign(requests, &candidates);
+                (chosen, order, unfilled, candidates.len() as u32 >= limit)
+            }
+        };
         // Jobs that fit nobody (exclusive ones while the GPUs are shared, say) may fill the
         // head of the queue: look further while a claim still has room and the queue has more.
-        if !unfilled || (candidates.len() as u32) < limit || limit >= MAX_CANDIDATES {
+        if !unfilled || !cut || limit >= MAX_CANDIDATES {
             break (chosen, order);
         }
         limit = limit.saturating_mul(8).min(MAX_CANDIDATES);

@@ -82,6 +82,7 @@ impl Queue {
                 })?;
         }
         let claim = request.claim.clone().filter(|_| !self.is_draining(worker));
+        let gpu_time = request.result.as_ref().and_then(|result| db::results::gpu_seconds(&result.record));
         // Taken whichever path the finish goes: the attempt ends here.
         let viewed = self.views.take(at.job, at.attempt);
         // A finish that brings nothing but its outcome (and a result record) is decided on the
@@ -90,6 +91,7 @@ impl Queue {
         // the full path below takes over if it changed in between.
         let may_be_quick = is_bare(&request)
             && !self.search.may_be_open()
+            && (claim.is_none() || !self.shares.engaged())
             && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
         let snapshot = match may_be_quick {
             true if viewed.is_some() => viewed,
@@ -100,6 +102,9 @@ impl Queue {
             },
             false => None,
         };
+        if claim.is_some() && self.shares.engaged() {
+            self.shares.refresh_usage(self.reader(), now_ms()).await;
+        }
         let capacity = claim.as_ref().map(|claim| self.granted(claim));
         let requests: Vec<(WorkerId, Capacity)> = capacity.map(|capacity| (worker, capacity)).into_iter().collect();
         // Only for a sweep cached as having no `metric.target` (the first finish of a sweep
@@ -140,6 +145,12 @@ impl Queue {
                     .await?
             }
         };
+        // Counted here at once; the next read of what is stored (`Shares::refresh_usage`)
+        // replaces it, so a retried finish's second count lasts until then at most.
+        if let Some(seconds) = gpu_time {
+            self.gpu_time_recorded(at.job, seconds).await;
+        }
+        self.quota_room();
         self.meters.finished(status, jobs.len(), path);
         if let Some(claim) = claim.filter(|claim| jobs.is_empty() && claim.wait_ms > 0) {
             jobs = self.claim(worker, claim.capacity, Duration::from_millis(claim.wait_ms)).await?;
@@ -157,6 +168,7 @@ impl Queue {
             workspaces: self.workspaces.clone(),
             views: self.views.clone(),
             search: self.search.clone(),
+            shares: self.shares.clone(),
         }
     }
 
@@ -199,6 +211,7 @@ struct Lane {
     workspaces: super::code::Workspaces,
     views: std::sync::Arc<super::views::Views>,
     search: std::sync::Arc<super::search::Controller>,
+    shares: std::sync::Arc<super::shares::Shares>,
 }
 
 /// What a bare finish decided on a reader's view writes when it goes quickly.
@@ -267,8 +280,10 @@ impl Queue {
         };
         let step = db::claims::Step { seen, worker_id: at.worker, decision: decision.clone(), now, version, claim };
         let lane = self.lane();
-        let search = self.search.clone();
-        let still = move || !search.may_be_open();
+        let (search, shares) = (self.search.clone(), self.shares.clone());
+        // A claim made plainly only while no fair share applies (as last seen).
+        let asks = !requests.is_empty();
+        let still = move || !search.may_be_open() && (!asks || !shares.engaged());
         self.writer
             .step(step, still, move |run| {
                 Box::pin(async move {
@@ -319,7 +334,8 @@ async fn full(
         true => Vec::new(),
         false => {
             search.top_up(tx, requests).await?;
-            let caches = (&context.lane.names, &context.lane.workspaces, &*context.lane.views);
+            let lane = &context.lane;
+            let caches = (&lane.names, &lane.workspaces, &*lane.views, &*lane.shares);
             super::claims::claim_batch(tx, requests, context.lane.lease, caches).await?.remove(0)
         }
     };

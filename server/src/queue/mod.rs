@@ -27,6 +27,7 @@ mod reports;
 mod results;
 mod search;
 mod sessions;
+mod shares;
 mod signals;
 mod sweeps;
 mod views;
@@ -92,6 +93,8 @@ pub struct Queue {
     search: Arc<search::Controller>,
     /// Told when a submission left rows for the background (see `expansions`).
     expansions: tokio::sync::Notify,
+    /// Fair share between users at claim time.
+    shares: Arc<shares::Shares>,
 }
 
 /// The service's background tasks, awaited at shutdown.
@@ -128,6 +131,7 @@ impl Queue {
         let (writer, writer_task) = writer::start(db.writer_pool(), events.clone());
         let (claims, tickets) = tokio::sync::mpsc::channel(1024);
         let layout = Layout::new(&config.data_dir);
+        let shares = Arc::new(shares::Shares::new(config.shares.clone()));
         let queue = Arc::new(Queue {
             logs: LogStore::new(&config.data_dir),
             db,
@@ -147,6 +151,7 @@ impl Queue {
             meters: meters::Meters::default(),
             search,
             expansions: tokio::sync::Notify::new(),
+            shares,
         });
         let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
         (queue, Tasks { writer: writer_task, dispatcher })

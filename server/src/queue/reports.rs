@@ -95,6 +95,17 @@ impl Queue {
             Box::pin(async move { apply_outcome(tx, (&search, &logs), attempt, worker, &outcome).await })
         })
         .await
-        .inspect(|status| self.meters.reported(*status))
+        .inspect(|status| {
+            self.meters.reported(*status);
+            self.quota_room();
+        })
+    }
+
+    /// A running job ended: under quotas its owner may have room again, which no queued job
+    /// announces, so every claim waiting (here and on the other replicas) looks again.
+    pub(super) fn quota_room(&self) {
+        if self.shares.has_quotas() {
+            self.events.emit(&[Change::Claimable]);
+        }
     }
 }

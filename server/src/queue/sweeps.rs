@@ -53,6 +53,8 @@ impl Queue {
                 .map_err(|error| anyhow::anyhow!("preparing a sweep's jobs: {error}"))?,
         };
         let expanding = prepared.expanding();
+        // Before its jobs can be claimed: the claims they wake see another user waiting.
+        self.shares.submitted(&submitter);
         let submitted = self
             .write(move |tx| {
                 Box::pin(async move {
@@ -66,6 +68,8 @@ impl Queue {
                 })
             })
             .await?;
+        // Again: a look made before the commit may have left the owner out.
+        self.shares.submitted(&submitter);
         if expanding {
             self.rows_left();
         }

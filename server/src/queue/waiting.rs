@@ -1,11 +1,11 @@
 //! Why queued jobs wait: the reason no connected worker can ever run one (decided by the pure
 //! `shared::waiting::could_ever_place` over the capacities the workers registered with), and
-//! otherwise its place in the queue. Reads only.
+//! otherwise its place in the queue, and which sweeps wait for their owner's quota. Reads only.
 
 use super::Queue;
 use crate::db;
 use crate::error::ApiResult;
-use shared::api::{Job, SweepId, Waiting, WorkerState};
+use shared::api::{Job, SweepId, SweepInfo, Waiting, WorkerState};
 use shared::job::JobStatus;
 use shared::placement::Capacity;
 use shared::sweep::Resources;
@@ -59,5 +59,30 @@ impl Queue {
     pub async fn unplaceable(&self, resources: &Resources) -> ApiResult<Option<String>> {
         let capacities = self.connected_capacities().await?;
         Ok(could_ever_place(resources, &capacities).err().map(|why| why.to_string()))
+    }
+
+    /// Says, for each sweep of `sweeps` with queued jobs, whether its owner's quota holds them
+    /// back (`SweepInfo::held_back`), as the claims decide it (`shared::fair_share::admits`)
+    /// on what the owner holds now and the GPUs its queued jobs ask for.
+    pub async fn explain_quotas(&self, sweeps: &mut [SweepInfo]) -> ApiResult<()> {
+        let policy = self.shares.policy();
+        if !self.shares.has_quotas() || sweeps.iter().all(|sweep| sweep.counts.queued == 0) {
+            return Ok(());
+        }
+        let holdings = {
+            let mut reader = self.reader().acquire().await?;
+            db::shares::holdings(reader.conn(), db::now_ms()).await?
+        };
+        // A job that does not say how many GPUs takes none on a box without GPUs, one elsewhere.
+        let cpu_box = self.connected_capacities().await?.iter().any(|capacity| capacity.gpus.is_empty());
+        for sweep in sweeps.iter_mut().filter(|sweep| sweep.counts.queued > 0 && sweep.paused.is_none()) {
+            let held = holdings.iter().find(|holding| holding.owner == sweep.owner).map(|holding| holding.held);
+            let Some(resources) = db::jobs::queued_resources_of_sweep(self.reader(), sweep.id).await? else { continue };
+            let gpus = resources.gpus.unwrap_or(if cpu_box { 0 } else { 1 });
+            sweep.held_back = shared::fair_share::admits(&sweep.owner, held.unwrap_or_default(), gpus, policy)
+                .err()
+                .map(|why| why.to_string());
+        }
+        Ok(())
     }
 }

@@ -86,7 +86,9 @@ fn preview(job: shared::sweep::JobSpec) -> Result<JobPreview, ApiError> {
 }
 
 async fn list(State(state): State<AppState>, ApiQuery(query): ApiQuery<SweepQuery>) -> ApiResult<Json<Vec<SweepInfo>>> {
-    Ok(Json(db::sweeps::list(state.queue.reader(), query.owner.as_deref()).await?))
+    let mut sweeps = db::sweeps::list(state.queue.reader(), query.owner.as_deref()).await?;
+    state.queue.explain_quotas(&mut sweeps).await?;
+    Ok(Json(sweeps))
 }
 
 async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> ApiResult<Json<SweepDetail>> {
@@ -95,6 +97,7 @@ async fn show(State(state): State<AppState>, ApiPath(key): ApiPath<String>) -> A
         sweep.unplaceable = state.queue.sweep_unplaceable(sweep.info.id).await?;
     }
     sweep.metric_missing = state.queue.metric_missing(&sweep.info).await?;
+    state.queue.explain_quotas(std::slice::from_mut(&mut sweep.info)).await?;
     Ok(Json(sweep))
 }
 

@@ -20,6 +20,7 @@ mod page;
 mod results;
 mod search;
 mod sessions;
+mod shares;
 mod submit;
 mod summary;
 mod upkeep;

@@ -118,6 +118,10 @@ pub struct SweepInfo {
     /// `POST /api/sweeps/{key}/resume` (`app sweeps resume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<Paused>,
+    /// Why its queued jobs wait for its owner's quota, while they do (`user-a holds 8 of 8
+    /// allowed GPUs`): set by `GET /api/sweeps` and `GET /api/sweeps/{key}` when quotas are set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_back: Option<String>,
 }
 
 /// Why and since when a sweep is paused.

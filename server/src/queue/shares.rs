@@ -1,0 +1,228 @@
+//! Fair share at claim time (issue 29, item 2; decision 0077). When several users' jobs wait,
+//! or quotas are set, a claim batch reads each waiting user's queue, what each one holds and
+//! has used, and lets `shared::fair_share::allot` choose; otherwise the claim is today's (one
+//! queue in dispatch order, the one-statement claims and the finish+claim steps).
+//!
+//! Which users wait is looked at again in the claim's write unit at most a second after the
+//! last look (a submission here adds its owner at once; a replica's is seen within that
+//! second), so a claim between goes by the last look. Quotas are exact: with quotas set every
+//! claim goes this way, reads what users hold in its own unit and, on PostgreSQL, holds a
+//! transaction lock that orders the replicas' claims.
+
+use super::Tx;
+use crate::db;
+use crate::db::claims::{Candidate, Fitting};
+use crate::error::ApiResult;
+use shared::api::{JobId, WorkerId};
+use shared::fair_share::{allot, Contender, Held, Policy, Quota};
+use shared::placement::{Capacity, Placement};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a look at the waiting users stands.
+const WAITING_FOR: Duration = Duration::from_secs(1);
+/// How long a read of the users' recorded usage stands (it changes as attempts end).
+const USAGE_FOR: Duration = Duration::from_secs(30);
+
+/// The queue's fair share: its policy and what it last saw.
+pub(super) struct Shares {
+    policy: Policy,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// The users with claimable jobs at the last look.
+    waiting: Vec<String>,
+    looked: Option<Instant>,
+    /// Each user's recorded GPU time, decayed to `usage_at` (Unix ms).
+    usage: Arc<BTreeMap<String, f64>>,
+    usage_at: i64,
+    usage_read: Option<Instant>,
+}
+
+/// A claim batch's choices: each job's claim (its place in the batch) and GPUs, the (job,
+/// worker) pairs in the order chosen, whether some claim still has room, and whether a queue
+/// read was cut at its limit (a longer read might fill that room).
+pub(super) type Choices = (HashMap<JobId, (usize, Placement)>, Vec<(JobId, WorkerId)>, bool, bool);
+
+impl Shares {
+    pub fn new(policy: Policy) -> Shares {
+        Shares { policy, seen: Mutex::default() }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Whether any user has a quota.
+    pub fn has_quotas(&self) -> bool {
+        self.policy.default_quota != Quota::default() || self.policy.quotas.values().any(|q| *q != Quota::default())
+    }
+
+    /// Whether a claim must go the fair way, as last seen: quotas are set, several users wait,
+    /// or the last look is stale (the claim's unit looks again).
+    pub fn engaged(&self) -> bool {
+        if self.has_quotas() {
+            return true;
+        }
+        let Ok(seen) = self.seen.lock() else { return true };
+        seen.waiting.len() > 1 || seen.looked.is_none_or(|at| at.elapsed() >= WAITING_FOR)
+    }
+
+    /// `owner` queued jobs here: they wait from now on.
+    pub fn submitted(&self, owner: &str) {
+        if let Ok(mut seen) = self.seen.lock() {
+            if !seen.waiting.iter().any(|user| user == owner) {
+                seen.waiting.push(owner.to_string());
+            }
+        }
+    }
+
+    /// The users whose queues a claim in `tx` reads, looked at again if stale; `None` when one
+    /// user (or none) waits and no quota applies: the plain claim serves. With quotas, the
+    /// look is made in the claim's unit every time, after the quota lock (`db::shares::
+    /// lock_quotas`): on PostgreSQL a job committed after a look taken before it could
+    /// otherwise be claimed unchecked.
+    pub async fn waiting(&self, tx: &mut Tx) -> ApiResult<Option<Vec<String>>> {
+        if self.has_quotas() {
+            db::shares::lock_quotas(tx.conn().await?).await?;
+        }
+        let fresh = match self.seen.lock() {
+            Ok(seen) if !self.has_quotas() && seen.looked.is_some_and(|at| at.elapsed() < WAITING_FOR) => {
+                Some(seen.waiting.clone())
+            }
+            _ => None,
+        };
+        let waiting = match fresh {
+            Some(waiting) => waiting,
+            None => {
+                let waiting = db::shares::waiting_owners(tx.conn().await?).await?;
+                if let Ok(mut seen) = self.seen.lock() {
+                    (seen.waiting, seen.looked) = (waiting.clone(), Some(Instant::now()));
+                }
+                waiting
+            }
+        };
+        Ok((waiting.len() > 1 || self.has_quotas()).then_some(waiting))
+    }
+
+    /// Whether recorded usage has been read (a fair share was engaged): only then does a new
+    /// record need its owner looked up ([`Shares::recorded`]).
+    pub fn tracks_usage(&self) -> bool {
+        self.seen.lock().is_ok_and(|seen| seen.usage_read.is_some())
+    }
+
+    /// `seconds` of GPU time were recorded for `owner` here: they count from the next claim on
+    /// (a replica's records count from its next read).
+    pub fn recorded(&self, owner: &str, seconds: f64) {
+        if let Ok(mut seen) = self.seen.lock() {
+            if seen.usage_read.is_none() {
+                return; // never read: the first read finds it stored
+            }
+            // The map is decayed to now first, so that the new seconds count in full.
+            let now = db::now_ms();
+            let age = (now - seen.usage_at) as f64 / 1000.0;
+            let half_life = self.policy.half_life_secs;
+            let usage = Arc::make_mut(&mut seen.usage);
+            for value in usage.values_mut() {
+                *value = shared::fair_share::decay(*value, age, half_life);
+            }
+            *usage.entry(owner.to_string()).or_default() += seconds;
+            seen.usage_at = now;
+        }
+    }
+
+    /// Reads the users' recorded usage again if the last read is stale (from a reader, before
+    /// the claim's unit: never on the writer).
+    pub async fn refresh_usage(&self, reader: &db::backend::Pool, now: i64) {
+        let stale = match self.seen.lock() {
+            Ok(seen) => seen.usage_read.is_none_or(|at| at.elapsed() >= USAGE_FOR),
+            Err(_) => false,
+        };
+        if !stale {
+            return;
+        }
+        let read = db::shares::decayed_usage(reader, now, self.policy.half_life_secs).await;
+        match (read, self.seen.lock()) {
+            (Ok(usage), Ok(mut seen)) => {
+                seen.usage = Arc::new(usage.into_iter().collect());
+                (seen.usage_at, seen.usage_read) = (now, Some(Instant::now()));
+            }
+            (Err(error), _) => {
+                tracing::warn!(%error, "reading users' GPU time for the fair share; using the last read")
+            }
+            _ => {}
+        }
+    }
+
+    /// Each user's recorded usage decayed to `now`.
+    fn usage_at(&self, now: i64) -> BTreeMap<String, f64> {
+        let Ok(seen) = self.seen.lock() else { return BTreeMap::new() };
+        let age = (now - seen.usage_at) as f64 / 1000.0;
+        let decay = |usage| shared::fair_share::decay(usage, age, self.policy.half_life_secs);
+        seen.usage.iter().map(|(user, usage)| (user.clone(), decay(*usage))).collect()
+    }
+
+    /// Chooses a batch's jobs from the queues of `waiting` (read up to `fitting.limit` each):
+    /// each free place to the user furthest below their share whose quota admits the job.
+    pub async fn choose(
+        &self,
+        tx: &mut Tx,
+        requests: &[(WorkerId, Capacity)],
+        waiting: &[String],
+        fitting: Fitting,
+        now: i64,
+    ) -> ApiResult<Choices> {
+        let holdings = db::shares::holdings(tx.conn().await?, now).await?;
+        let held = |user: &str| holdings.iter().find(|holding| holding.owner == user);
+        // A user whose quota refuses even a job without GPUs gets nothing: their queue is not read.
+        let open = |user: &str| {
+            let holding = held(user).map(|holding| holding.held).unwrap_or_default();
+            shared::fair_share::admits(user, holding, 0, &self.policy).is_ok()
+        };
+        let mut queues: Vec<Vec<Candidate>> = Vec::with_capacity(waiting.len());
+        for user in waiting {
+            queues.push(match open(user) {
+                true => db::claims::queued_candidates(tx.conn().await?, fitting, Some(user)).await?,
+                false => Vec::new(),
+            });
+        }
+        let usage = self.usage_at(now);
+        let contenders: Vec<Contender<'_>> = waiting
+            .iter()
+            .zip(&queues)
+            .map(|(user, queue)| {
+                let holding = held(user);
+                Contender {
+                    user,
+                    usage: usage.get(user).copied().unwrap_or(0.0) + holding.map_or(0.0, |h| h.running_secs),
+                    held: holding.map(|holding| holding.held).unwrap_or_default(),
+                    jobs: queue.iter().map(|candidate| &candidate.resources).collect(),
+                }
+            })
+            .collect();
+        let capacities: Vec<Capacity> = requests.iter().map(|(_, capacity)| capacity.clone()).collect();
+        let picks = allot(&capacities, &contenders, &self.policy);
+        let mut filled = vec![0u32; requests.len()];
+        let mut after: Vec<Held> = contenders.iter().map(|contender| contender.held).collect();
+        let mut chosen = HashMap::with_capacity(picks.len());
+        let mut order = Vec::with_capacity(picks.len());
+        for pick in picks {
+            let id = queues[pick.user][pick.job].id;
+            filled[pick.request] += 1;
+            after[pick.user].gpus += pick.placement.gpus.len() as u32;
+            after[pick.user].running += 1;
+            order.push((id, requests[pick.request].0));
+            chosen.insert(id, (pick.request, pick.placement));
+        }
+        let unfilled = requests.iter().zip(&filled).any(|((_, capacity), filled)| capacity.job_slots > *filled);
+        // Reading further helps only a user whose read was cut and whose quota still admits a
+        // one-GPU job: jobs past a refused user's first ones would be refused too.
+        let cut = waiting.iter().zip(&queues).zip(&after).any(|((user, queue), held)| {
+            queue.len() as u32 >= fitting.limit && shared::fair_share::admits(user, *held, 1, &self.policy).is_ok()
+        });
+        Ok((chosen, order, unfilled, cut))
+    }
+}
