@@ -15,6 +15,7 @@ mod queue;
 mod replicas;
 mod search;
 mod server;
+mod shares;
 mod synthetic_project;
 mod worker;
 
@@ -54,6 +55,8 @@ enum Bench {
     /// SQLite against PostgreSQL with 1, 2 and 3 replicas: submission and claim+finish/s
     /// (scripts/bench-replicas.sh starts the PostgreSQL server).
     Replicas(replicas::BenchReplicasArgs),
+    /// The fair share: claim latency with six users' queues (and quotas) against one user's.
+    Shares(shares::BenchSharesArgs),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
             Bench::Capture(args) => capture::run(args).await,
             Bench::Code(args) => code::run(args).await,
             Bench::Replicas(args) => replicas::run(args).await,
+            Bench::Shares(args) => shares::run(args).await,
         }
     });
     match outcome {
