@@ -15,6 +15,7 @@ pub mod metric_check;
 pub mod metric_pattern;
 pub mod names;
 pub mod placement;
+pub mod preemption;
 pub mod search;
 pub mod size;
 pub mod sweep;

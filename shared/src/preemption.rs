@@ -1,0 +1,220 @@
+//! Preemption (issue 29, item 3), decided without the database: which running jobs to stop so
+//! that a waiting job of a user below their share can start. Not yet wired to the server: the
+//! scheduler's pass and the worker's SIGTERM, grace and requeue are to come.
+//!
+//! A user's share is the cluster's GPUs split among the users with work (running or waiting)
+//! by weight. A waiting job may take GPUs from others only while its user, with it, stays
+//! within their share; the jobs it takes them from are preemptible, have run at least the
+//! minimum runtime, have not been preempted twice in the last hour, and belong to users who
+//! stay at or above their own share without them. The youngest go first (the least work
+//! lost), all on one worker (a job's GPUs are on one box).
+
+use crate::fair_share::Policy;
+use std::collections::BTreeMap;
+
+/// Preempted this many times within [`GUARD_MS`], a job is not preempted again until the
+/// oldest of them is that old.
+pub const GUARD_COUNT: usize = 2;
+/// An hour.
+pub const GUARD_MS: i64 = 3_600_000;
+
+/// A running job as the preemption sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Running<'a> {
+    pub job: u64,
+    pub user: &'a str,
+    pub worker: u64,
+    /// GPUs it holds.
+    pub gpus: u32,
+    /// When its attempt started (Unix ms).
+    pub started_at: i64,
+    pub preemptible: bool,
+    /// When it was preempted before (Unix ms), any order.
+    pub preempted_at: Vec<i64>,
+}
+
+/// A waiting job that no free place fits: its user and the GPUs it needs on one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need<'a> {
+    pub user: &'a str,
+    pub gpus: u32,
+}
+
+/// What the cluster looks like now.
+#[derive(Debug, Clone)]
+pub struct Cluster<'a> {
+    /// Each worker's free GPUs.
+    pub free: BTreeMap<u64, u32>,
+    pub running: Vec<Running<'a>>,
+    /// Users with waiting jobs (the running ones' users count as active too).
+    pub waiting: Vec<&'a str>,
+    /// GPUs of every worker together.
+    pub total_gpus: u32,
+}
+
+/// The jobs to preempt for a need: on `worker`, youngest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Victims {
+    pub worker: u64,
+    pub jobs: Vec<u64>,
+}
+
+/// Each active user's share of the cluster's GPUs, by weight.
+pub fn shares<'a>(cluster: &Cluster<'a>, policy: &Policy) -> BTreeMap<&'a str, f64> {
+    let mut active: Vec<&str> = cluster.waiting.clone();
+    active.extend(cluster.running.iter().map(|job| job.user));
+    active.sort_unstable();
+    active.dedup();
+    let total_weight: f64 = active.iter().map(|user| policy.weight(user)).sum();
+    active
+        .into_iter()
+        .map(|user| (user, f64::from(cluster.total_gpus) * policy.weight(user) / total_weight.max(f64::MIN_POSITIVE)))
+        .collect()
+}
+
+/// Whether a job may be preempted at `now` on its own account: preemptible, run at least
+/// `min_runtime_ms`, and not preempted [`GUARD_COUNT`] times within the last [`GUARD_MS`].
+pub fn may_preempt(job: &Running<'_>, now: i64, min_runtime_ms: i64) -> bool {
+    let recent = job.preempted_at.iter().filter(|at| now - **at < GUARD_MS).count();
+    job.preemptible && now - job.started_at >= min_runtime_ms && recent < GUARD_COUNT
+}
+
+/// The jobs to preempt so that `need` can start, or `None` when its user is not below their
+/// share or no worker can make the room. Among the workers that can, the one where the least
+/// GPUs are freed beyond the need, then the least work is lost (the victims' run time).
+pub fn victims(
+    need: Need<'_>,
+    cluster: &Cluster<'_>,
+    policy: &Policy,
+    now: i64,
+    min_runtime_ms: i64,
+) -> Option<Victims> {
+    let shares = shares(cluster, policy);
+    let mut held: BTreeMap<&str, u32> = BTreeMap::new();
+    for job in &cluster.running {
+        *held.entry(job.user).or_default() += job.gpus;
+    }
+    let share = |user: &str| shares.get(user).copied().unwrap_or(0.0);
+    let holds = |user: &str| held.get(user).copied().unwrap_or(0);
+    if f64::from(holds(need.user) + need.gpus) > share(need.user).ceil() {
+        return None;
+    }
+    let mut best: Option<(u32, i64, Victims)> = None;
+    for (&worker, &free) in &cluster.free {
+        let mut candidates: Vec<&Running<'_>> = cluster
+            .running
+            .iter()
+            .filter(|job| job.worker == worker && job.user != need.user && may_preempt(job, now, min_runtime_ms))
+            .collect();
+        // The youngest first; ties by id, so the choice does not depend on the input's order.
+        candidates.sort_by_key(|job| (std::cmp::Reverse(job.started_at), job.job));
+        let (mut room, mut lost, mut chosen) = (free, 0i64, Vec::new());
+        let mut left = held.clone();
+        for job in candidates {
+            if room >= need.gpus {
+                break;
+            }
+            let remaining = left.get(job.user).copied().unwrap_or(0).saturating_sub(job.gpus);
+            // Never below their own share: a user is preempted only down to it.
+            if f64::from(remaining) < share(job.user).floor() {
+                continue;
+            }
+            left.insert(job.user, remaining);
+            room += job.gpus;
+            lost += now - job.started_at;
+            chosen.push(job.job);
+        }
+        if room < need.gpus || chosen.is_empty() {
+            continue;
+        }
+        let key = (room - need.gpus, lost);
+        if best.as_ref().is_none_or(|(over, best_lost, _)| key < (*over, *best_lost)) {
+            best = Some((key.0, key.1, Victims { worker, jobs: chosen }));
+        }
+    }
+    best.map(|(_, _, victims)| victims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 600_000;
+    const NOW: i64 = 10 * GUARD_MS;
+
+    fn job(job: u64, user: &'static str, worker: u64, gpus: u32, age_min: i64) -> Running<'static> {
+        Running {
+            job,
+            user,
+            worker,
+            gpus,
+            started_at: NOW - age_min * 60_000,
+            preemptible: true,
+            preempted_at: Vec::new(),
+        }
+    }
+
+    /// Two workers of 4 GPUs, every one held by user-a's jobs (ids 1-8, ages 11-18 minutes,
+    /// job 1 the youngest); user-b waits.
+    fn busy() -> Cluster<'static> {
+        let running = (1..=8).map(|id| job(id, "user-a", (id - 1) / 4, 1, 10 + id as i64)).collect();
+        Cluster { free: BTreeMap::from([(0, 0), (1, 0)]), running, waiting: vec!["user-b"], total_gpus: 8 }
+    }
+
+    #[test]
+    fn a_user_below_their_share_takes_the_youngest_jobs_of_one_worker() {
+        let need = Need { user: "user-b", gpus: 2 };
+        let chosen = victims(need, &busy(), &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 0, jobs: vec![1, 2] }, "the two youngest on worker 0");
+        let one = victims(Need { user: "user-b", gpus: 1 }, &busy(), &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(one.jobs, [1], "exactly what is needed");
+    }
+
+    #[test]
+    fn nobody_is_preempted_below_their_share_nor_for_a_user_at_theirs() {
+        let mut cluster = busy();
+        // user-b already holds 4 of 8 (its share): no more.
+        cluster.running.retain(|job| job.worker == 0);
+        cluster.running.extend((9..=12).map(|id| job(id, "user-b", 1, 1, 30)));
+        assert_eq!(victims(Need { user: "user-b", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN), None);
+        // A third user makes each share 8/3: user-c takes from the two above theirs, the job
+        // that lost least (user-a's youngest, 11 minutes, before user-b's 30).
+        cluster.waiting.push("user-c");
+        let chosen = victims(Need { user: "user-c", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 0, jobs: vec![1] });
+        // A 5-GPU need is past user-b's share of 4 even from nothing.
+        let need = Need { user: "user-b", gpus: 5 };
+        assert_eq!(victims(need, &busy(), &Policy::default(), NOW, MIN), None);
+    }
+
+    #[test]
+    fn young_guarded_and_non_preemptible_jobs_are_kept() {
+        let mut cluster = busy();
+        cluster.running[0].started_at = NOW - MIN + 1; // job 1: under the minimum runtime
+        cluster.running[1].preemptible = false; // job 2
+        cluster.running[2].preempted_at = vec![NOW - 50 * 60_000, NOW - 10 * 60_000]; // job 3: twice this hour
+        cluster.running[3].preempted_at = vec![NOW - 2 * GUARD_MS, NOW - 10 * 60_000]; // job 4: once this hour
+        let chosen = victims(Need { user: "user-b", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 0, jobs: vec![4] });
+        assert!(!may_preempt(&cluster.running[2], NOW, MIN));
+        assert!(may_preempt(&cluster.running[2], NOW + 51 * 60_000, MIN), "an hour after the first of the two");
+    }
+
+    #[test]
+    fn free_gpus_count_and_the_worker_losing_least_is_chosen() {
+        let mut cluster = busy();
+        cluster.free.insert(1, 1);
+        cluster.running.retain(|job| job.job != 5); // worker 1 has one GPU free
+        let chosen = victims(Need { user: "user-b", gpus: 2 }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 1, jobs: vec![6] }, "one job lost instead of two");
+        // Weights: user-b weighs 3, so its share is 6 of 8 and user-a's 2; user-a, holding 4
+        // after losing worker 0's jobs, may lose 2 more but not 3.
+        let policy = Policy { weights: BTreeMap::from([("user-b".to_string(), 3.0)]), ..Policy::default() };
+        let mut cluster = busy();
+        cluster.running.retain(|job| job.worker == 1);
+        cluster.running.extend((9..=12).map(|id| job(id, "user-b", 0, 1, 30)));
+        let two = victims(Need { user: "user-b", gpus: 2 }, &cluster, &policy, NOW, MIN).unwrap();
+        assert_eq!(two, Victims { worker: 1, jobs: vec![5, 6] });
+        assert_eq!(victims(Need { user: "user-b", gpus: 3 }, &cluster, &policy, NOW, MIN), None, "past user-b's 6");
+    }
+}
