@@ -154,6 +154,7 @@ impl Queue {
             shares,
         });
         let dispatcher = tokio::spawn(claims::dispatch(Arc::downgrade(&queue), tickets));
+        tokio::spawn(shares::keep_looking(Arc::downgrade(&queue)));
         (queue, Tasks { writer: writer_task, dispatcher })
     }
 

@@ -3,11 +3,11 @@
 //! has used, and lets `shared::fair_share::allot` choose; otherwise the claim is today's (one
 //! queue in dispatch order, the one-statement claims and the finish+claim steps).
 //!
-//! Which users wait is looked at again in the claim's write unit at most a second after the
-//! last look (a submission here adds its owner at once; a replica's is seen within that
-//! second), so a claim between goes by the last look. Quotas are exact: with quotas set every
-//! claim goes this way, reads what users hold in its own unit and, on PostgreSQL, holds a
-//! transaction lock that orders the replicas' claims.
+//! Which users wait is looked at every second from a reader ([`keep_looking`]; a submission
+//! here adds its owner at once, a replica's is seen within the second), so a claim goes by the
+//! last look. Quotas are exact: with quotas set every claim goes this way, looks and reads what
+//! users hold in its own unit and, on PostgreSQL, holds a transaction lock that orders the
+//! replicas' claims.
 
 use super::Tx;
 use crate::db;
@@ -61,14 +61,25 @@ impl Shares {
         self.policy.default_quota != Quota::default() || self.policy.quotas.values().any(|q| *q != Quota::default())
     }
 
-    /// Whether a claim must go the fair way, as last seen: quotas are set, several users wait,
-    /// or the last look is stale (the claim's unit looks again).
+    /// Whether a claim must go the fair way, as last seen: quotas are set, or several users
+    /// wait ([`keep_looking`] looks every second, a submission here at once).
     pub fn engaged(&self) -> bool {
         if self.has_quotas() {
             return true;
         }
-        let Ok(seen) = self.seen.lock() else { return true };
-        seen.waiting.len() > 1 || seen.looked.is_none_or(|at| at.elapsed() >= WAITING_FOR)
+        self.seen.lock().map_or(true, |seen| seen.waiting.len() > 1)
+    }
+
+    /// Looks at which users wait, from a reader (off the writer).
+    async fn look(&self, reader: &db::backend::Pool) -> ApiResult<()> {
+        let waiting = {
+            let mut conn = reader.acquire().await?;
+            db::shares::waiting_owners(conn.conn()).await?
+        };
+        if let Ok(mut seen) = self.seen.lock() {
+            (seen.waiting, seen.looked) = (waiting, Some(Instant::now()));
+        }
+        Ok(())
     }
 
     /// `owner` queued jobs here: they wait from now on.
@@ -224,5 +235,19 @@ impl Shares {
             queue.len() as u32 >= fitting.limit && shared::fair_share::admits(user, *held, 1, &self.policy).is_ok()
         });
         Ok((chosen, order, unfilled, cut))
+    }
+}
+
+/// Looks at which users wait every [`WAITING_FOR`] until the queue is gone, so that a claim
+/// that goes the plain way (the finish+claim steps) knows when several do: this replica's
+/// submissions say so at once, another replica's are seen here within the second.
+pub(super) async fn keep_looking(queue: std::sync::Weak<super::Queue>) {
+    loop {
+        let Some(queue) = queue.upgrade() else { return };
+        if let Err(error) = queue.shares.look(queue.reader()).await {
+            tracing::debug!(error = %error, "looking at which users wait");
+        }
+        drop(queue);
+        tokio::time::sleep(WAITING_FOR).await;
     }
 }

@@ -149,8 +149,12 @@ async fn each_users_gpu_hours_are_counted_by_their_sweeps_and_shown_per_user() {
     let jobs = worker.claim(id, &claim).await.unwrap().jobs;
     assert_eq!(jobs.len(), 3);
     // Each record carries GPU time (a finish that is stored on the general path); the first
-    // brings its log too.
-    for (at, (job, hours)) in jobs.iter().zip([0.5, 0.25, 2.0]).enumerate() {
+    // brings its log too. The two users' jobs come by fair share, alternating: each job's hours
+    // by its sweep, gpu-a's 0.5 then 0.25, gpu-b's 2.0.
+    let mut a_hours = [0.5, 0.25].into_iter();
+    let hours: Vec<f64> =
+        jobs.iter().map(|job| if job.sweep == "gpu-b" { 2.0 } else { a_hours.next().unwrap() }).collect();
+    for (at, (job, hours)) in jobs.iter().zip(hours).enumerate() {
         let finish = FinishRequest {
             job_id: job.id,
             attempt: job.attempt,
@@ -163,7 +167,7 @@ async fn each_users_gpu_hours_are_counted_by_their_sweeps_and_shown_per_user() {
         };
         worker.finish(id, &finish).await.unwrap();
     }
-    // Jobs are claimed in id order: gpu-a's two (0.5 + 0.25), then gpu-b's (2.0).
+    // gpu-a's two (0.5 + 0.25), gpu-b's one (2.0).
     let usage = user_b.usage().await.unwrap();
     let hours: Vec<(&str, f64, f64)> =
         usage.users.iter().map(|user| (user.user.as_str(), user.gpu_hours_24h, user.gpu_hours_7d)).collect();
