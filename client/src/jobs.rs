@@ -28,6 +28,11 @@ impl Client {
         self.post(&format!("/api/jobs/{id}/cancel"), &()).await
     }
 
+    /// Preempts a running job: it stops, goes back to the queue and resumes from its checkpoint.
+    pub async fn preempt_job(&self, id: JobId) -> ClientResult<PreemptResponse> {
+        self.post(&format!("/api/jobs/{id}/preempt"), &()).await
+    }
+
     pub async fn retry_job(&self, id: JobId) -> ClientResult<Job> {
         self.post(&format!("/api/jobs/{id}/retry"), &()).await
     }

@@ -9,6 +9,8 @@ Under app's worker it uses what the worker gives every job:
                        leaderboard and the web page's charts read them;
   $APP_CHECKPOINT_DIR  its state after every epoch (checkpoint.json, replaced atomically): if
                        the worker dies, the next attempt continues from the last epoch saved;
+                       stopped with SIGTERM (a cancel, a worker shutting down, a preemption), it
+                       ends the epoch it is in, saves it and exits, so no epoch's work is lost;
   $APP_OUTPUT_DIR      the trained model (model.json) and its history, kept as the run's result.
 Without them it writes into ./out/.
 """
@@ -18,6 +20,8 @@ import json
 import math
 import os
 import random
+import signal
+import sys
 import time
 
 
@@ -137,6 +141,11 @@ def main():
         source = f"attempt {resumed}'s checkpoint" if resumed else checkpoint
         print(f"resuming at epoch {first_epoch} from {source}", flush=True)
 
+    # SIGTERM asks to stop: the epoch under way ends and is saved first (the worker waits its
+    # grace before SIGKILL). Python's default would end the process at once, mid-epoch.
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+
     for epoch in range(first_epoch, args.epochs + 1):
         started = time.time()
         order = train[:]
@@ -157,7 +166,12 @@ def main():
         write_json(checkpoint, {"epoch": epoch, "model": model.state(), "history": history})
         print(f"epoch {epoch:3d}  train_loss {entry['train_loss']:.4f}  val_loss {val_loss:.4f}  "
               f"val_accuracy {val_accuracy:.3f}", flush=True)
-        time.sleep(args.epoch_seconds)
+        if not stopping:
+            time.sleep(args.epoch_seconds)
+        if stopping:
+            print(f"stopped by SIGTERM after epoch {epoch}, which is saved: a next attempt resumes at "
+                  f"epoch {epoch + 1}", flush=True)
+            sys.exit(128 + signal.SIGTERM)
 
     best = min(history, key=lambda entry: entry["val_loss"])
     write_json(os.path.join(output_dir, "model.json"), {"config": vars(args), "model": model.state()})

@@ -89,7 +89,9 @@ fuzz_target!(|data: &[u8]| {
                 match (&request.outcome, cancel_requested) {
                     (_, true) => assert_eq!(finish.status, JobStatus::Cancelled),
                     (Outcome::Exited { code: 0 }, false) => assert_eq!(finish.status, JobStatus::Succeeded),
-                    (Outcome::Abandoned, false) => assert_eq!(finish.status, JobStatus::Queued),
+                    (Outcome::Abandoned | Outcome::Preempted, false) => {
+                        assert_eq!((finish.status, finish.retries_left), (JobStatus::Queued, retries_left))
+                    }
                     _ => assert!(matches!(finish.status, JobStatus::Queued | JobStatus::Failed), "{finish:?}"),
                 }
                 assert!(finish.retries_left <= retries_left);

@@ -62,6 +62,8 @@ pub struct ServerConfig {
     pub metrics_public: bool,
     /// Fair share between users: weights, quotas, the half-life of usage (issue 29).
     pub shares: shared::fair_share::Policy,
+    /// A preempted job's processes get this long after SIGTERM before SIGKILL.
+    pub preempt_grace: Duration,
 }
 
 /// PEM files of the server's certificate chain and private key.
@@ -97,6 +99,7 @@ impl Default for ServerConfig {
             max_connections_per_address: 256,
             metrics_public: false,
             shares: shared::fair_share::Policy::default(),
+            preempt_grace: Duration::from_secs(120),
         }
     }
 }
@@ -142,6 +145,8 @@ pub struct ServerFile {
     pub quotas: Option<BTreeMap<String, QuotaFile>>,
     /// The quota of a user `quotas` does not list (none by default).
     pub default_quota: Option<QuotaFile>,
+    /// A preempted job's processes get this long after SIGTERM before SIGKILL (120 s).
+    pub preempt_grace_secs: Option<f64>,
     /// User tokens given as a value (APP_USER_TOKEN, comma-separated `[admin:][NAME:]TOKEN`);
     /// never read from a file's table.
     #[serde(skip)]
@@ -216,6 +221,7 @@ impl ServerFile {
             shares: self.shares.or(lower.shares),
             quotas: self.quotas.or(lower.quotas),
             default_quota: self.default_quota.or(lower.default_quota),
+            preempt_grace_secs: self.preempt_grace_secs.or(lower.preempt_grace_secs),
         }
     }
 }
@@ -259,6 +265,13 @@ impl ServerConfig {
             let limit = shared::sweep::MAX_YAML_DEPTH;
             anyhow::ensure!((1..=limit).contains(&value), "`max_yaml_depth` must be 1 to {limit}, not {value}");
             self.max_yaml_depth = value;
+        }
+        if let Some(value) = file.preempt_grace_secs {
+            // Up to an hour: a job holding GPUs another user is owed should not keep them longer.
+            self.preempt_grace = match Duration::try_from_secs_f64(value) {
+                Ok(duration) if duration <= Duration::from_secs(3_600) => duration,
+                _ => anyhow::bail!("`preempt_grace_secs` must be a number of seconds from 0 to 3600, not {value}"),
+            };
         }
         if let Some(value) = file.header_timeout_secs {
             self.header_timeout = seconds(value, "header_timeout_secs")?;

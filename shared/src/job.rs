@@ -68,6 +68,9 @@ pub enum Outcome {
     Killed { reason: String },
     /// The worker gave the job up (forced shutdown); it goes back to the queue at once.
     Abandoned,
+    /// The worker stopped it because the server preempted it (SIGTERM, then SIGKILL after the
+    /// grace); it goes back to the queue, resuming from its checkpoint, no retry spent.
+    Preempted,
 }
 
 /// The decided result of a finished attempt.
@@ -87,14 +90,17 @@ pub fn finish(outcome: &Outcome, retries_left: u32, cancel_requested: bool) -> F
         Outcome::Error { reason } => (None, Some(reason.clone())),
         Outcome::Killed { reason } => (None, Some(reason.clone())),
         Outcome::Abandoned => (None, Some("abandoned by its worker".to_string())),
+        Outcome::Preempted => (None, Some("preempted".to_string())),
     };
     if cancel_requested {
         return Finish { status: JobStatus::Cancelled, retries_left, exit_code, reason: Some("cancelled".into()) };
     }
     match (outcome, failure) {
         (_, None) => Finish { status: JobStatus::Succeeded, retries_left, exit_code, reason: None },
-        // Abandoning is not the job's fault: requeue without spending a retry.
-        (Outcome::Abandoned, reason) => Finish { status: JobStatus::Queued, retries_left, exit_code, reason },
+        // Abandoning or a preemption is not the job's fault: requeue without spending a retry.
+        (Outcome::Abandoned | Outcome::Preempted, reason) => {
+            Finish { status: JobStatus::Queued, retries_left, exit_code, reason }
+        }
         (_, reason) if retries_left > 0 => {
             Finish { status: JobStatus::Queued, retries_left: retries_left - 1, exit_code, reason }
         }
@@ -214,6 +220,14 @@ mod tests {
     fn abandoned_job_is_requeued_without_spending_a_retry() {
         let decision = finish(&Outcome::Abandoned, 0, false);
         assert_eq!((decision.status, decision.retries_left), (JobStatus::Queued, 0));
+    }
+
+    #[test]
+    fn a_preempted_job_is_requeued_without_spending_a_retry_unless_cancelled() {
+        let decision = finish(&Outcome::Preempted, 0, false);
+        assert_eq!((decision.status, decision.retries_left), (JobStatus::Queued, 0));
+        assert_eq!(decision.reason.as_deref(), Some("preempted"));
+        assert_eq!(finish(&Outcome::Preempted, 2, true).status, JobStatus::Cancelled, "a pending cancel wins");
     }
 
     #[test]

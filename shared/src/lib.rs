@@ -22,4 +22,4 @@ pub mod sweep;
 pub mod waiting;
 
 /// Bumped whenever a request or response type changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;

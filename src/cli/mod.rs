@@ -10,6 +10,7 @@ mod capabilities;
 mod files;
 pub mod format;
 mod logs;
+mod preempt;
 mod results;
 mod script_check;
 pub mod secrets;
@@ -100,6 +101,8 @@ pub enum Command {
     Cancel(cancel::CancelArgs),
     /// Queue failed or cancelled jobs again: by id, a sweep's failed jobs, or --failed.
     Retry(cancel::RetryArgs),
+    /// Stop running jobs so that they resume from their checkpoints later, no retry spent.
+    Preempt(preempt::PreemptArgs),
     /// The workers: state, GPUs, running jobs.
     Workers(workers::WorkersArgs),
     /// The user your token names (and whether an admin).
@@ -142,6 +145,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Files(args) => files::run(args).await,
         Command::Cancel(args) => cancel::run(args).await,
         Command::Retry(args) => cancel::retry(args).await,
+        Command::Preempt(args) => preempt::run(args).await,
         Command::Workers(args) => workers::run(args).await,
         Command::Whoami(args) => whoami::run(args).await,
         Command::Sweeps(command) => sweeps::run(command).await,

@@ -73,6 +73,10 @@ pub struct ServerFlags {
     /// [server.quotas]
     #[arg(long, value_name = "SECONDS")]
     pub share_half_life_secs: Option<f64>,
+    /// A preempted job gets this long after SIGTERM to save its checkpoint and exit, before
+    /// SIGKILL (default 120)
+    #[arg(long, value_name = "SECONDS")]
+    pub preempt_grace_secs: Option<f64>,
     /// Allow listening beyond loopback without tokens (anyone who reaches the port can then
     /// run commands on every worker)
     #[arg(long)]
@@ -218,6 +222,7 @@ impl Layer {
                 tls_key: server.tls_key.clone(),
                 metrics_public: server.metrics_public.then_some(true),
                 share_half_life_secs: server.share_half_life_secs,
+                preempt_grace_secs: server.preempt_grace_secs,
                 ..ServerFile::default()
             },
             worker: WorkerFile {

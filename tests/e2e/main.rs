@@ -15,6 +15,7 @@ mod faults;
 mod gpu;
 mod integrity;
 mod ops;
+mod preemption;
 mod quickstart;
 mod replicas;
 mod search;

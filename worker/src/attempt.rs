@@ -165,7 +165,7 @@ pub async fn run(
     let resumed_from = prepared.as_ref().ok().and_then(|(_, prepared)| prepared.resumed_from);
     let mut checkpoints = None;
     let ended = match prepared {
-        Err(reason) => Ended { outcome: Outcome::Error { reason }, killed: None, notes: Vec::new() },
+        Err(reason) => Ended { outcome: Outcome::Error { reason }, killed: None, forced: false, notes: Vec::new() },
         Ok((log, prepared)) => {
             let port = if indices.len() > 1 { crate::job_env::free_port() } else { None };
             let mut env = crate::job_env::environment(&job, &dirs, &indices, port);
@@ -257,6 +257,7 @@ pub async fn run(
                         break ended.unwrap_or_else(|error| Ended {
                             outcome: Outcome::Error { reason: format!("the job's task failed: {error}") },
                             killed: None,
+                            forced: false,
                             notes: Vec::new(),
                         });
                     }
@@ -282,7 +283,10 @@ pub async fn run(
         let _ = stop_sync.send(());
         // The last state of the directory, for the next attempt should this one not be the last.
         if let Ok(mut sync) = syncing.await {
-            if !lost && !lease_lost {
+            // Not after a preemption that needed SIGKILL: the directory may hold a file cut off
+            // mid-write, and the last checkpoint uploaded while it ran is whole.
+            let cut_off = ended.killed == Some(executor::KillReason::Preempted) && ended.forced;
+            if !lost && !lease_lost && !cut_off {
                 sync.sync().await;
             }
         }
@@ -372,7 +376,11 @@ async fn finish(
     let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
     let mut result = None;
     ended.notes.extend(accounted.as_ref().and_then(|accounted| accounted.note.clone()));
-    if ended.outcome != Outcome::Abandoned {
+    if ended.forced {
+        ended.notes.push("it did not exit within its grace after SIGTERM and was killed with SIGKILL".into());
+    }
+    // A job given back or preempted has no result: it runs again.
+    if !matches!(ended.outcome, Outcome::Abandoned | Outcome::Preempted) {
         let reader = context.run_as.as_ref().map(|user| user.ids());
         let files = collect_outputs(dirs, reader).await;
         let record = AttemptRecord {
@@ -502,5 +510,6 @@ fn describe(outcome: &Outcome) -> String {
         Outcome::Error { reason } => format!("error: {reason}"),
         Outcome::Killed { reason } => format!("killed: {reason}"),
         Outcome::Abandoned => "abandoned".into(),
+        Outcome::Preempted => "preempted".into(),
     }
 }

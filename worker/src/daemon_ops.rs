@@ -214,11 +214,14 @@ impl Daemon {
         });
     }
 
-    /// Acts on a heartbeat's answer: kill cancelled attempts and attempts no longer ours.
-    /// A cancelled reserved job is handed back (the server records it cancelled); one no
-    /// longer ours is dropped.
+    /// Acts on a heartbeat's answer: kill cancelled and preempted attempts and attempts no
+    /// longer ours. A cancelled or preempted reserved job is handed back (the server records
+    /// it cancelled, or requeues it); one no longer ours is dropped.
     pub(super) fn apply(&mut self, response: &HeartbeatResponse) {
-        for (attempts, reason) in [(&response.cancel, Stop::Cancel), (&response.unknown, Stop::Lost)] {
+        let preempt = Stop::Preempt(Duration::from_millis(response.preempt_grace_ms));
+        for (attempts, reason) in
+            [(&response.cancel, Stop::Cancel), (&response.unknown, Stop::Lost), (&response.preempt, preempt)]
+        {
             for attempt in attempts {
                 if let Some(held) = self.running.get(attempt) {
                     tracing::info!(job = %attempt.job_id, ?reason, "stopping an attempt at the server's word");
@@ -228,7 +231,8 @@ impl Daemon {
                     self.reserve.iter().position(|(job, _)| job.id == attempt.job_id && job.attempt == attempt.attempt);
                 if let Some((job, _)) = reserved.and_then(|at| self.reserve.remove(at)) {
                     tracing::info!(job = %attempt.job_id, ?reason, "dropping a reserved job at the server's word");
-                    if reason == Stop::Cancel {
+                    // A preempted one had not started: it goes back as given up (no retry spent).
+                    if reason != Stop::Lost {
                         self.give_back(job);
                     }
                 }

@@ -40,6 +40,8 @@ pub enum KillReason {
     LeaseLost,
     /// It ran past its `timeout` of this many seconds.
     TimedOut(u64),
+    /// The server preempted it: it goes back to the queue and resumes from its checkpoint.
+    Preempted,
 }
 
 impl KillReason {
@@ -48,6 +50,7 @@ impl KillReason {
             KillReason::Cancelled => "cancelled".to_string(),
             KillReason::LeaseLost => "lease lost".to_string(),
             KillReason::TimedOut(limit) => format!("timed out after {limit} s"),
+            KillReason::Preempted => return Outcome::Preempted,
         };
         Outcome::Killed { reason }
     }
@@ -61,6 +64,9 @@ pub enum Stop {
     Abandon,
     /// The server says this worker no longer holds the attempt.
     Lost,
+    /// The server preempted the attempt: SIGTERM, then SIGKILL after this grace (the server's
+    /// `preempt_grace_secs`, not the worker's own grace).
+    Preempt(Duration),
 }
 
 /// What starting a job needs besides its command.
@@ -93,6 +99,8 @@ pub struct Ended {
     pub outcome: Outcome,
     /// Why the worker killed it, when it did.
     pub killed: Option<KillReason>,
+    /// It outlived its grace after SIGTERM and was killed with SIGKILL.
+    pub forced: bool,
     /// Sentences for the attempt's notes (the worker's disk filled up and the log was cut).
     pub notes: Vec<String>,
 }
@@ -107,7 +115,8 @@ pub async fn run(
 ) -> Ended {
     let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard, containment, attempt, slot, run_as } =
         launch;
-    let failed = |reason: String| Ended { outcome: Outcome::Error { reason }, killed: None, notes: Vec::new() };
+    let failed =
+        |reason: String| Ended { outcome: Outcome::Error { reason }, killed: None, forced: false, notes: Vec::new() };
     let script = setup.map(|setup| setup_script(setup, &dirs.setup_done, command));
     let shell = if setup.is_some() && Path::new(SETUP_SHELL).exists() { SETUP_SHELL } else { SHELL };
     let command = script.as_deref().unwrap_or(command);
@@ -178,6 +187,7 @@ pub async fn run(
     tokio::pin!(deadline);
     let mut stopped: Option<Outcome> = None;
     let mut killed: Option<KillReason> = None;
+    let mut forced = false;
     // The leader is not reaped before its group was killed (see `leader_exited`), so every
     // signal below reaches the job's own group and never a stranger given the same number.
     let exited = async {
@@ -192,19 +202,21 @@ pub async fn run(
         () = exited => None,
         status = child.wait(), if group.is_none() => Some(status),
         Some(reason) = stop.recv() => {
-            killed = match reason {
-                Stop::Cancel => Some(KillReason::Cancelled),
-                Stop::Lost => Some(KillReason::LeaseLost),
-                Stop::Abandon => None,
+            let (reason, grace) = match reason {
+                Stop::Cancel => (Some(KillReason::Cancelled), grace),
+                Stop::Lost => (Some(KillReason::LeaseLost), grace),
+                Stop::Abandon => (None, grace),
+                Stop::Preempt(preempt_grace) => (Some(KillReason::Preempted), preempt_grace),
             };
+            killed = reason;
             stopped = Some(killed.map_or(Outcome::Abandoned, KillReason::outcome));
-            terminate(group, grace).await;
+            forced = terminate(group, grace).await;
             None
         }
         _ = &mut deadline => {
             killed = Some(KillReason::TimedOut(timeout.unwrap_or_default().as_secs()));
             stopped = killed.map(KillReason::outcome);
-            terminate(group, grace).await;
+            forced = terminate(group, grace).await;
             None
         }
     };
@@ -251,7 +263,7 @@ pub async fn run(
         }
         (_, outcome) => outcome,
     };
-    Ended { outcome, killed, notes }
+    Ended { outcome, killed, forced, notes }
 }
 
 /// The shell script of a job with a `setup:` line: the line, then (if it succeeded) a mark
@@ -270,15 +282,18 @@ app_setup_status=$?
 
 /// SIGTERM to the whole group, SIGKILL after `grace`. The grace is for every process of the
 /// group, not only the leader: a compound command's shell dies at once, its children may need
-/// time. The leader stays unreaped meanwhile (its caller reaps it).
-async fn terminate(group: Option<Pid>, grace: Duration) {
-    let Some(group) = group else { return };
+/// time. The leader stays unreaped meanwhile (its caller reaps it). True when some process
+/// outlived the grace.
+async fn terminate(group: Option<Pid>, grace: Duration) -> bool {
+    let Some(group) = group else { return false };
     let _ = killpg(group, Signal::SIGTERM);
     let deadline = tokio::time::Instant::now() + grace;
     while crate::job_processes::group_has_live_members(group.as_raw()) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let forced = crate::job_processes::group_has_live_members(group.as_raw());
     let _ = killpg(group, Signal::SIGKILL);
+    forced
 }
 
 /// Resolves once the job's leader `pid` has exited, without reaping it. A process group's id

@@ -313,14 +313,24 @@ pub async fn expire(
     })
 }
 
+/// A running attempt whose lease a heartbeat extended, and what its worker is to do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseHeld {
+    pub attempt: JobAttempt,
+    /// A user cancelled it: kill it.
+    pub cancel: bool,
+    /// It was preempted: stop it within the preemption's grace (`db::preemptions`).
+    pub preempt: bool,
+}
+
 /// Extends the leases of the listed attempts that `worker_id` really holds; returns those
-/// attempts with their cancel flag.
+/// attempts with their cancel and preemption flags.
 pub async fn extend_leases(
     conn: impl Into<Conn<'_>>,
     worker_id: WorkerId,
     attempts: &[JobAttempt],
     lease_until: i64,
-) -> anyhow::Result<Vec<(JobAttempt, bool)>> {
+) -> anyhow::Result<Vec<LeaseHeld>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         if attempts.is_empty() {
@@ -332,12 +342,12 @@ pub async fn extend_leases(
             "UPDATE jobs SET lease_expires_at = $1
          WHERE status = 'running' AND worker_id = $2
            AND (id, attempt) IN (SELECT value ->> 0, value ->> 1 FROM json_each($3))
-         RETURNING id, attempt, cancel_requested",
+         RETURNING id, attempt, cancel_requested, CAST(CASE WHEN preempt_attempt = attempt THEN 1 ELSE 0 END AS BIGINT) AS preempt",
             "UPDATE jobs SET lease_expires_at = $1
          WHERE status = 'running' AND worker_id = $2
            AND (id, attempt) IN (SELECT (value ->> 0)::bigint, (value ->> 1)::bigint
                                  FROM jsonb_array_elements($3::jsonb) AS e(value))
-         RETURNING id, attempt, cancel_requested",
+         RETURNING id, attempt, cancel_requested, CAST(CASE WHEN preempt_attempt = attempt THEN 1 ELSE 0 END AS BIGINT) AS preempt",
         ))
         .bind(lease_until)
         .bind(worker_id.get())
@@ -347,7 +357,7 @@ pub async fn extend_leases(
         rows.iter()
             .map(|row| {
                 let attempt = JobAttempt { job_id: JobId::new(row.get_as("id")?), attempt: row.u32_at("attempt")? };
-                Ok((attempt, row.flag_at("cancel_requested")?))
+                Ok(LeaseHeld { attempt, cancel: row.flag_at("cancel_requested")?, preempt: row.flag_at("preempt")? })
             })
             .collect()
     })

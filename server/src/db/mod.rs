@@ -25,6 +25,7 @@ pub mod logs;
 pub mod maintenance;
 pub mod metrics;
 pub mod postgres;
+pub mod preemptions;
 pub mod results;
 pub mod scrape;
 pub mod search;

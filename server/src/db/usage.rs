@@ -26,6 +26,25 @@ pub async fn add(conn: impl Into<Conn<'_>>, job: JobId, at: i64, gpu_seconds: f6
     })
 }
 
+/// Adds the GPU time `job`'s running attempt has held until `now` (its GPUs times its run time)
+/// to its owner's hour of `now`: for an attempt that ends without a record saying it (a
+/// preempted one). Nothing for an attempt without GPUs.
+pub async fn add_held(conn: impl Into<Conn<'_>>, job: JobId, now: i64) -> sql::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        let gpus = engine.pick("json_array_length(j.gpu_ids)", "json_array_length(j.gpu_ids::json)");
+        let sql = format!(
+            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds)
+             SELECT j.owner, $2, CAST({gpus} * ($3 - j.started_at) AS DOUBLE PRECISION) / 1000.0 FROM jobs j
+             WHERE j.id = $1 AND j.status = 'running' AND j.started_at IS NOT NULL AND j.gpu_ids IS NOT NULL
+               AND {gpus} > 0
+             ON CONFLICT (hour_at, owner) DO UPDATE SET gpu_seconds = user_gpu_usage.gpu_seconds + excluded.gpu_seconds"
+        );
+        sql::query(&sql).bind(job.get()).bind(now - now.rem_euclid(HOUR_MS)).bind(now).execute(&mut *conn).await?;
+        Ok(())
+    })
+}
+
 /// GPU-seconds per owner over the last `recent` and the last `longer` (the hour `now` is in
 /// counting as one of them): `(owner, recent, longer)`, by owner, for owners with any in `longer`.
 pub async fn gpu_seconds_by_owner(

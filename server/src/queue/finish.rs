@@ -90,6 +90,7 @@ impl Queue {
         // as a step with the others waiting (`quick`); the guarded UPDATE checks that state, and
         // the full path below takes over if it changed in between.
         let may_be_quick = is_bare(&request)
+            && request.outcome != shared::job::Outcome::Preempted
             && !self.search.may_be_open()
             && (claim.is_none() || !self.shares.engaged())
             && claim.as_ref().is_none_or(|claim| claim.capacity.gpus.is_empty());
@@ -320,9 +321,11 @@ async fn full(
     requests: &[(WorkerId, Capacity)],
 ) -> ApiResult<(JobStatus, Vec<ClaimedJob>)> {
     let logs = (&context.logs.0, context.logs.1);
-    let (current, decision) = prepare(tx, at, request, logs, &context.layout, staging).await?;
+    let outcome = request.outcome.clone();
+    let (current, mut decision) = prepare(tx, at, request, logs, &context.layout, staging).await?;
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
     let now = now_ms();
+    super::reports::on_preempted(tx, attempt, &outcome, &mut decision, now).await?;
     let search = &context.lane.search;
     // Looked up (and cached) here, so that the sweep's next bare finishes may go quickly: they
     // need to know it has no `metric.target` (`Controller::cached_target`).

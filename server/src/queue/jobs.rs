@@ -6,7 +6,7 @@ use super::{Change, Queue, Tx};
 use crate::auth::Caller;
 use crate::db::{self, jobs::JobState, now_ms};
 use crate::error::{ApiError, ApiResult};
-use shared::api::{BulkCancelResponse, CancelResponse, JobAttempt, JobId};
+use shared::api::{BulkCancelResponse, CancelResponse, JobAttempt, JobId, PreemptResponse};
 use shared::job::{self, CancelEffect};
 
 /// Jobs one bulk request may name at most.
@@ -64,6 +64,38 @@ impl Queue {
                 }
                 tx.note(Change::Job(id));
                 Ok(response)
+            })
+        })
+        .await
+    }
+
+    /// Preempts a running job by hand (its owner or an admin; as Slurm's `scontrol requeue`):
+    /// its worker stops it at its next heartbeat, SIGTERM then SIGKILL after the preemption
+    /// grace, and it goes back to the queue to resume from its checkpoint, no retry spent.
+    pub async fn preempt_job(&self, caller: &Caller, id: JobId) -> ApiResult<PreemptResponse> {
+        let caller = caller.clone();
+        self.write(move |tx| {
+            Box::pin(async move {
+                let current = state_for(tx, &caller, id).await?;
+                if current.status != shared::job::JobStatus::Running {
+                    return Err(ApiError::Conflict(format!(
+                        "job {id} is {}; only a running job can be preempted",
+                        current.status
+                    )));
+                }
+                if current.cancel_requested {
+                    return Err(ApiError::Conflict(format!("job {id} is being cancelled; it is not preempted")));
+                }
+                let reason = format!("preempted by {}", caller.name);
+                let attempt = JobAttempt { job_id: id, attempt: current.attempt };
+                if !db::preemptions::order(tx.conn().await?, id, current.attempt, &reason, now_ms()).await? {
+                    return Err(ApiError::Conflict(format!(
+                        "job {id} attempt {} was preempted already; its worker is stopping it",
+                        current.attempt
+                    )));
+                }
+                tx.note(Change::Job(id));
+                Ok(PreemptResponse { attempt, reason })
             })
         })
         .await

@@ -29,8 +29,10 @@ pub(super) async fn apply_to(
     worker: WorkerId,
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
-    let decision = decide(&current, attempt, worker, outcome)?;
-    let applied = db::jobs::finish(tx.conn().await?, &current, worker, &decision, now_ms(), false).await?;
+    let mut decision = decide(&current, attempt, worker, outcome)?;
+    let now = now_ms();
+    on_preempted(tx, attempt, outcome, &mut decision, now).await?;
+    let applied = db::jobs::finish(tx.conn().await?, &current, worker, &decision, now, false).await?;
     settle(tx, attempt, &decision, applied)?;
     after_settled(tx, (search, logs), &current, attempt, &decision).await?;
     Ok(decision.status)
@@ -70,6 +72,25 @@ pub(super) fn decide(
         )));
     }
     Ok(job::finish(outcome, current.retries_left, current.cancel_requested))
+}
+
+/// A preempted attempt's requeue, before it is applied: the reason its order gave ("preempted
+/// by lead"), and the GPU time it held charged to its owner (it stores no record that would).
+pub(super) async fn on_preempted(
+    tx: &mut Tx,
+    attempt: JobAttempt,
+    outcome: &Outcome,
+    decision: &mut Finish,
+    now: i64,
+) -> ApiResult<()> {
+    if *outcome != Outcome::Preempted || decision.status != JobStatus::Queued {
+        return Ok(());
+    }
+    if let Some(reason) = db::preemptions::reason_of(tx.conn().await?, attempt.job_id, attempt.attempt).await? {
+        decision.reason = Some(reason);
+    }
+    db::usage::add_held(tx.conn().await?, attempt.job_id, now).await?;
+    Ok(())
 }
 
 /// Notes a decision its guarded UPDATE `applied`, or refuses the unit when it did not.

@@ -158,6 +158,7 @@ impl Queue {
     pub async fn heartbeat(&self, worker: WorkerId, request: HeartbeatRequest) -> ApiResult<HeartbeatResponse> {
         let (lease, max_crashes) = (self.config.lease, self.config.max_crashes);
         let grace = unheard_after(&self.config);
+        let preempt_grace = self.config.preempt_grace;
         self.write(move |tx| {
             Box::pin(async move {
                 let now = now_ms();
@@ -179,11 +180,14 @@ impl Queue {
                     db::telemetry::insert(tx.conn().await?, worker, now, &request.gpus).await?;
                     tx.note(Change::Page);
                 }
-                let known: HashSet<JobAttempt> = held.iter().map(|(attempt, _)| *attempt).collect();
+                let known: HashSet<JobAttempt> = held.iter().map(|held| held.attempt).collect();
                 let response = HeartbeatResponse {
-                    cancel: held.iter().filter(|(_, cancel)| *cancel).map(|(attempt, _)| *attempt).collect(),
+                    cancel: held.iter().filter(|held| held.cancel).map(|held| held.attempt).collect(),
                     unknown: request.running.iter().filter(|attempt| !known.contains(attempt)).copied().collect(),
                     lease_expires_at,
+                    // A cancel wins: a cancelled attempt is killed, not preempted.
+                    preempt: held.iter().filter(|held| held.preempt && !held.cancel).map(|held| held.attempt).collect(),
+                    preempt_grace_ms: preempt_grace.as_millis() as u64,
                 };
                 Ok((response, lost))
             })

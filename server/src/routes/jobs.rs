@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use shared::api::{
     AttemptInfo, BulkCancelRequest, BulkCancelResponse, CancelResponse, Job, JobEvent, JobId, JobPage, JobQuery,
-    PriorityRequest, ReportRequest, ReportResponse,
+    PreemptResponse, PriorityRequest, ReportRequest, ReportResponse,
 };
 
 const DEFAULT_PAGE: u32 = 100;
@@ -27,6 +27,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/jobs/{id}/attempts", get(attempts))
         .route("/api/jobs/{id}/cancel", post(cancel))
         .route("/api/jobs/{id}/retry", post(retry))
+        .route("/api/jobs/{id}/preempt", post(preempt))
         .route("/api/jobs/{id}/priority", post(priority))
         .route("/api/jobs/{id}/report", post(report))
 }
@@ -79,6 +80,14 @@ async fn cancel(
     ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Json<CancelResponse>> {
     Ok(Json(state.queue.cancel_job(&caller, id).await?))
+}
+
+async fn preempt(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<JobId>,
+) -> ApiResult<Json<PreemptResponse>> {
+    Ok(Json(state.queue.preempt_job(&caller, id).await?))
 }
 
 /// Cancels every listed job that is queued or running, in one transaction; the others are

@@ -17,6 +17,7 @@ mod metrics;
 mod names;
 mod owners;
 mod page;
+mod preemption;
 mod results;
 mod search;
 mod sessions;

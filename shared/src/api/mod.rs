@@ -367,6 +367,16 @@ pub struct CancelResponse {
     pub cancel_requested: u64,
 }
 
+/// `POST /api/jobs/{id}/preempt`: the attempt whose worker is told to stop it (SIGTERM, then
+/// SIGKILL after `preempt_grace_secs`); it goes back to the queue and resumes from its
+/// checkpoint, no retry spent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptResponse {
+    pub attempt: JobAttempt,
+    /// What the attempt's history will say: `preempted by NAME`.
+    pub reason: String,
+}
+
 /// A job attempt, the unit every worker report is fenced by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct JobAttempt {
@@ -474,6 +484,12 @@ pub struct HeartbeatResponse {
     /// Attempts this worker no longer holds (lease lost, requeued elsewhere): stop reporting.
     pub unknown: Vec<JobAttempt>,
     pub lease_expires_at: i64,
+    /// Attempts the server preempted: SIGTERM to each, SIGKILL after `preempt_grace_ms`, then
+    /// report `Outcome::Preempted` (they go back to the queue and resume from their checkpoints).
+    #[serde(default)]
+    pub preempt: Vec<JobAttempt>,
+    #[serde(default)]
+    pub preempt_grace_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,87 @@
+//! Preemption that resumes, through real processes (issue 29, item 3's mechanics): a running
+//! job preempted by hand (`app preempt`'s endpoint) is stopped by its worker with SIGTERM; the
+//! quick start's script saves the epoch under way and exits; its checkpoint is uploaded, the
+//! job goes back to the queue with no retry spent, and its next attempt resumes from it with
+//! `APP_RESUMED_FROM`. A job that ignores SIGTERM is killed after the server's grace and is
+//! requeued all the same, never failed.
+
+use shared::api::{JobId, LogQuery, SubmitQuery};
+use shared::job::JobStatus;
+use std::time::Duration;
+use testkit::{wait_until, ServerProcess, WorkerProcess};
+
+async fn log_of(server: &ServerProcess, job: JobId, attempt: u32) -> String {
+    let query = LogQuery { attempt: Some(attempt), offset: 0, wait_ms: 0 };
+    server.client().log(job, &query).await.map(|chunk| chunk.text).unwrap_or_default()
+}
+
+async fn running(server: &ServerProcess, sweep: &str, attempt: u32) -> shared::api::Job {
+    wait_until(&format!("attempt {attempt} of {sweep} runs"), Duration::from_secs(30), || async {
+        server.jobs_of(sweep).await.into_iter().find(|job| job.status == JobStatus::Running && job.attempt == attempt)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_script_saves_on_sigterm_and_its_next_attempt_resumes_from_that_checkpoint() {
+    let server = ServerProcess::start_with("lease_secs = 3\nheartbeat_secs = 0.5\npreempt_grace_secs = 10\n");
+    let _worker = WorkerProcess::start(&server.url, "box", &[]);
+    let script = testkit::repo("examples/quickstart/train.py");
+    let yaml = format!(
+        "name: long\ncommand: python3 {} --epochs 30 --epoch-seconds 0.2\nresources: {{gpus: 0}}\n\
+         env: {{PYTHONUNBUFFERED: \"1\"}}\n",
+        script.display()
+    );
+    let client = server.client();
+    client.submit(&yaml, &SubmitQuery::default()).await.unwrap();
+    let job = running(&server, "long", 1).await;
+    wait_until("three epochs are done", Duration::from_secs(30), || async {
+        log_of(&server, job.id, 1).await.contains("epoch   3").then_some(())
+    })
+    .await;
+    let ordered = client.preempt_job(job.id).await.unwrap();
+    assert_eq!(ordered.reason, "preempted by default", "a server without tokens: the user `default`");
+
+    let finished = wait_until("the job finished", Duration::from_secs(60), || async {
+        client.job(job.id).await.ok().filter(|job| job.status.is_terminal())
+    })
+    .await;
+    let (first, second) = (log_of(&server, job.id, 1).await, log_of(&server, job.id, 2).await);
+    assert_eq!(finished.status, JobStatus::Succeeded, "{first}\n{second}");
+    assert_eq!((finished.attempt, finished.retries_left, finished.crash_count), (2, job.retries_left, 0));
+    let saved = first
+        .lines()
+        .find_map(|line| line.strip_prefix("stopped by SIGTERM after epoch ")?.split(',').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no clean stop in attempt 1's log:\n{first}"));
+    assert!(second.contains("[app] resuming from the checkpoint of attempt 1"), "{second}");
+    assert!(second.contains(&format!("resuming at epoch {} from attempt 1's checkpoint", saved + 1)), "{second}");
+    let attempts = client.job_attempts(job.id).await.unwrap();
+    assert_eq!(attempts[0].status, JobStatus::Queued);
+    assert_eq!(attempts[0].reason.as_deref(), Some("preempted by default"));
+    let version = client.results(job.id).await.unwrap().pop().expect("the finished attempt's result");
+    assert_eq!((version.attempt, version.record.resumed_from), (2, Some(1)), "one result: the resumed attempt's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_ignores_sigterm_is_killed_after_the_grace_and_requeued_not_failed() {
+    let server = ServerProcess::start_with("lease_secs = 3\nheartbeat_secs = 0.5\npreempt_grace_secs = 1\n");
+    let _worker = WorkerProcess::start(&server.url, "box", &[]);
+    // An ignored signal stays ignored across exec: neither the shell nor its sleep hears SIGTERM.
+    let yaml = "name: deaf\ncommand: \"sh -c 'trap \\\"\\\" TERM; echo deaf; sleep 60'\"\nresources: {gpus: 0}\n";
+    let client = server.client();
+    client.submit(yaml, &SubmitQuery::default()).await.unwrap();
+    let job = running(&server, "deaf", 1).await;
+    wait_until("it has started", Duration::from_secs(30), || async {
+        log_of(&server, job.id, 1).await.contains("deaf").then_some(())
+    })
+    .await;
+    client.preempt_job(job.id).await.unwrap();
+    // Requeued and claimed again by the same worker: attempt 2 runs.
+    let again = running(&server, "deaf", 2).await;
+    assert_eq!((again.retries_left, again.crash_count), (job.retries_left, 0), "no retry spent, no crash");
+    let attempts = client.job_attempts(job.id).await.unwrap();
+    assert_eq!((attempts[0].status, attempts[0].reason.as_deref()), (JobStatus::Queued, Some("preempted by default")));
+    let first = log_of(&server, job.id, 1).await;
+    assert!(first.contains("did not exit within its grace after SIGTERM and was killed with SIGKILL"), "{first}");
+    client.cancel_job(job.id).await.unwrap();
+}
