@@ -8,8 +8,8 @@
 ALTER TABLE jobs ADD COLUMN preempt_attempt BIGINT;
 ALTER TABLE jobs ADD COLUMN preempt_reason TEXT;
 
--- Every preemption ordered, one row per attempt: how often a job was preempted lately (never
--- twice in an hour), and the counts `app status` and `/metrics` show.
+-- Every preemption ordered, one row per attempt: when and why, for the scheduler's pass to
+-- read how often a job was preempted lately, and for counts.
 CREATE TABLE preemptions (
     job_id  BIGINT  NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
     attempt BIGINT  NOT NULL,

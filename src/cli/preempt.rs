@@ -19,14 +19,22 @@ pub struct PreemptArgs {
 pub async fn run(args: PreemptArgs) -> anyhow::Result<()> {
     let client = super::client(&args.url)?;
     let mut out = std::io::stdout().lock();
+    let mut failed = Vec::new();
+    // Each job is tried: one that cannot be preempted does not keep the others running.
     for id in args.jobs {
-        let response = client.preempt_job(id).await.with_context(|| format!("preempting job {id}"))?;
-        writeln!(
-            out,
-            "job {id} attempt {}: stopped at its worker's next heartbeat (SIGTERM, then SIGKILL after the \
-             server's preemption grace), then queued again to resume from its checkpoint",
-            response.attempt.attempt
-        )?;
+        match client.preempt_job(id).await.with_context(|| format!("preempting job {id}")) {
+            Ok(response) => writeln!(
+                out,
+                "job {id} attempt {}: stopped at its worker's next heartbeat (SIGTERM, then SIGKILL after the \
+                 server's preemption grace), then queued again to resume from its checkpoint",
+                response.attempt.attempt
+            )?,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                failed.push(id.to_string());
+            }
+        }
     }
+    anyhow::ensure!(failed.is_empty(), "not preempted: {}", failed.join(", "));
     Ok(())
 }

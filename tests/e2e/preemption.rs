@@ -28,7 +28,7 @@ async fn a_preempted_script_saves_on_sigterm_and_its_next_attempt_resumes_from_t
     let _worker = WorkerProcess::start(&server.url, "box", &[]);
     let script = testkit::repo("examples/quickstart/train.py");
     let yaml = format!(
-        "name: long\ncommand: python3 {} --epochs 30 --epoch-seconds 0.2\nresources: {{gpus: 0}}\n\
+        "name: long\ncommand: python3 {} --epochs 60 --epoch-seconds 0.2\nresources: {{gpus: 0}}\n\
          env: {{PYTHONUNBUFFERED: \"1\"}}\n",
         script.display()
     );

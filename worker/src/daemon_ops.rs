@@ -195,8 +195,13 @@ impl Daemon {
     /// Returns a job this worker will not run; the server requeues it without counting a crash.
     /// Tried a few times while the server is unreachable (a few seconds, well within a lease).
     pub(super) fn give_back(&self, job: ClaimedJob) {
-        let report =
-            ReportRequest { worker_id: self.session.worker_id, attempt: job.attempt, outcome: Outcome::Abandoned };
+        self.give_back_as(job, Outcome::Abandoned);
+    }
+
+    /// [`Self::give_back`] with the outcome to report (`Preempted` for a preempted reserved job,
+    /// so that its requeue says why).
+    fn give_back_as(&self, job: ClaimedJob, outcome: Outcome) {
+        let report = ReportRequest { worker_id: self.session.worker_id, attempt: job.attempt, outcome };
         let client = self.session.client.clone();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(250);
@@ -231,9 +236,10 @@ impl Daemon {
                     self.reserve.iter().position(|(job, _)| job.id == attempt.job_id && job.attempt == attempt.attempt);
                 if let Some((job, _)) = reserved.and_then(|at| self.reserve.remove(at)) {
                     tracing::info!(job = %attempt.job_id, ?reason, "dropping a reserved job at the server's word");
-                    // A preempted one had not started: it goes back as given up (no retry spent).
-                    if reason != Stop::Lost {
-                        self.give_back(job);
+                    match reason {
+                        Stop::Lost => {}
+                        Stop::Preempt(_) => self.give_back_as(job, Outcome::Preempted),
+                        _ => self.give_back(job),
                     }
                 }
             }

@@ -115,6 +115,7 @@ pub async fn run(
 ) -> Ended {
     let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard, containment, attempt, slot, run_as } =
         launch;
+    let launch_grace = grace;
     let failed =
         |reason: String| Ended { outcome: Outcome::Error { reason }, killed: None, forced: false, notes: Vec::new() };
     let script = setup.map(|setup| setup_script(setup, &dirs.setup_done, command));
@@ -197,8 +198,10 @@ pub async fn run(
         }
     };
     // A closed `stop` channel disables its branch (the pattern does not match); the others
-    // still end the wait.
+    // still end the wait. Biased, exit first: a job that has just ended is not stopped after
+    // the fact (a preemption would throw away a finished run).
     let waited = tokio::select! {
+        biased;
         () = exited => None,
         status = child.wait(), if group.is_none() => Some(status),
         Some(reason) = stop.recv() => {
@@ -210,13 +213,16 @@ pub async fn run(
             };
             killed = reason;
             stopped = Some(killed.map_or(Outcome::Abandoned, KillReason::outcome));
-            forced = terminate(group, grace).await;
+            // A preemption's grace may be long: the worker shutting down meanwhile, or losing
+            // the attempt, cuts it to the worker's own.
+            let cut = (killed == Some(KillReason::Preempted)).then_some((&mut stop, launch_grace));
+            forced = terminate(group, grace, cut).await;
             None
         }
         _ = &mut deadline => {
             killed = Some(KillReason::TimedOut(timeout.unwrap_or_default().as_secs()));
             stopped = killed.map(KillReason::outcome);
-            forced = terminate(group, grace).await;
+            forced = terminate(group, grace, None).await;
             None
         }
     };
@@ -282,13 +288,23 @@ app_setup_status=$?
 
 /// SIGTERM to the whole group, SIGKILL after `grace`. The grace is for every process of the
 /// group, not only the leader: a compound command's shell dies at once, its children may need
-/// time. The leader stays unreaped meanwhile (its caller reaps it). True when some process
+/// time. The leader stays unreaped meanwhile (its caller reaps it). With `cut`, an abandon or
+/// a lost attempt received meanwhile shortens the grace to `cut`'s own. True when some process
 /// outlived the grace.
-async fn terminate(group: Option<Pid>, grace: Duration) -> bool {
+async fn terminate(
+    group: Option<Pid>,
+    grace: Duration,
+    mut cut: Option<(&mut mpsc::Receiver<Stop>, Duration)>,
+) -> bool {
     let Some(group) = group else { return false };
     let _ = killpg(group, Signal::SIGTERM);
-    let deadline = tokio::time::Instant::now() + grace;
+    let mut deadline = tokio::time::Instant::now() + grace;
     while crate::job_processes::group_has_live_members(group.as_raw()) && tokio::time::Instant::now() < deadline {
+        if let Some((stop, shorter)) = cut.as_mut() {
+            if let Ok(Stop::Abandon | Stop::Lost) = stop.try_recv() {
+                deadline = deadline.min(tokio::time::Instant::now() + *shorter);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let forced = crate::job_processes::group_has_live_members(group.as_raw());

@@ -83,6 +83,7 @@ impl Queue {
         }
         let claim = request.claim.clone().filter(|_| !self.is_draining(worker));
         let gpu_time = request.result.as_ref().and_then(|result| db::results::gpu_seconds(&result.record));
+        let preempted = request.outcome == shared::job::Outcome::Preempted;
         // Taken whichever path the finish goes: the attempt ends here.
         let viewed = self.views.take(at.job, at.attempt);
         // A finish that brings nothing but its outcome (and a result record) is decided on the
@@ -150,6 +151,10 @@ impl Queue {
         // replaces it, so a retried finish's second count lasts until then at most.
         if let Some(seconds) = gpu_time {
             self.gpu_time_recorded(at.job, seconds).await;
+        }
+        if preempted {
+            // The time it held was charged in the database (`db::usage::add_held`).
+            self.shares.usage_changed();
         }
         self.quota_room();
         self.meters.finished(status, jobs.len(), path);

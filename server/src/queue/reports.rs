@@ -74,8 +74,9 @@ pub(super) fn decide(
     Ok(job::finish(outcome, current.retries_left, current.cancel_requested))
 }
 
-/// A preempted attempt's requeue, before it is applied: the reason its order gave ("preempted
-/// by lead"), and the GPU time it held charged to its owner (it stores no record that would).
+/// A preempted attempt's end, before it is applied: a requeue takes the reason its order gave
+/// ("preempted by lead"), and the GPU time it held is charged to its owner whatever the end (it
+/// stores no record that would; a cancel may have won).
 pub(super) async fn on_preempted(
     tx: &mut Tx,
     attempt: JobAttempt,
@@ -83,11 +84,13 @@ pub(super) async fn on_preempted(
     decision: &mut Finish,
     now: i64,
 ) -> ApiResult<()> {
-    if *outcome != Outcome::Preempted || decision.status != JobStatus::Queued {
+    if *outcome != Outcome::Preempted {
         return Ok(());
     }
-    if let Some(reason) = db::preemptions::reason_of(tx.conn().await?, attempt.job_id, attempt.attempt).await? {
-        decision.reason = Some(reason);
+    if decision.status == JobStatus::Queued {
+        if let Some(reason) = db::preemptions::reason_of(tx.conn().await?, attempt.job_id, attempt.attempt).await? {
+            decision.reason = Some(reason);
+        }
     }
     db::usage::add_held(tx.conn().await?, attempt.job_id, now).await?;
     Ok(())
@@ -111,6 +114,7 @@ impl Queue {
     /// A worker's report of how an attempt ended.
     pub async fn report(&self, id: JobId, worker: WorkerId, attempt: u32, outcome: Outcome) -> ApiResult<JobStatus> {
         let attempt = JobAttempt { job_id: id, attempt };
+        let preempted = outcome == Outcome::Preempted;
         let (search, logs) = (self.search.clone(), self.logs.clone());
         self.write(move |tx| {
             Box::pin(async move { apply_outcome(tx, (&search, &logs), attempt, worker, &outcome).await })
@@ -119,6 +123,9 @@ impl Queue {
         .inspect(|status| {
             self.meters.reported(*status);
             self.quota_room();
+            if preempted {
+                self.shares.usage_changed();
+            }
         })
     }
 

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 /// How long a look at the waiting users stands.
 const WAITING_FOR: Duration = Duration::from_secs(1);
+/// A look older than this (the looks fail) is not trusted: claims go the fair way.
+const LOOK_TRUSTED_FOR: Duration = Duration::from_secs(5);
 /// How long a read of the users' recorded usage stands (it changes as attempts end).
 const USAGE_FOR: Duration = Duration::from_secs(30);
 
@@ -36,6 +38,8 @@ struct Seen {
     /// The users with claimable jobs at the last look.
     waiting: Vec<String>,
     looked: Option<Instant>,
+    /// Owners who submitted here, and when: a look that started before keeps them.
+    submitted: Vec<(String, Instant)>,
     /// Each user's recorded GPU time, decayed to `usage_at` (Unix ms).
     usage: Arc<BTreeMap<String, f64>>,
     usage_at: i64,
@@ -67,19 +71,35 @@ impl Shares {
         if self.has_quotas() {
             return true;
         }
-        self.seen.lock().map_or(true, |seen| seen.waiting.len() > 1)
+        self.seen.lock().map_or(true, |seen| {
+            seen.waiting.len() > 1 || seen.looked.is_some_and(|at| at.elapsed() >= LOOK_TRUSTED_FOR)
+        })
     }
 
     /// Looks at which users wait, from a reader (off the writer).
     async fn look(&self, reader: &db::backend::Pool) -> ApiResult<()> {
+        let asked = Instant::now();
         let waiting = {
             let mut conn = reader.acquire().await?;
             db::shares::waiting_owners(conn.conn()).await?
         };
-        if let Ok(mut seen) = self.seen.lock() {
-            (seen.waiting, seen.looked) = (waiting, Some(Instant::now()));
-        }
+        self.store_look(waiting, asked);
         Ok(())
+    }
+
+    /// Keeps a look at the waiting users begun at `asked`, with the owners submitted here since
+    /// (their rows may have committed after the read began); returns what is kept.
+    fn store_look(&self, mut waiting: Vec<String>, asked: Instant) -> Vec<String> {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.submitted.retain(|(_, at)| *at >= asked);
+            for (owner, _) in &seen.submitted {
+                if !waiting.contains(owner) {
+                    waiting.push(owner.clone());
+                }
+            }
+            (seen.waiting, seen.looked) = (waiting.clone(), Some(Instant::now()));
+        }
+        waiting
     }
 
     /// `owner` queued jobs here: they wait from now on.
@@ -88,6 +108,7 @@ impl Shares {
             if !seen.waiting.iter().any(|user| user == owner) {
                 seen.waiting.push(owner.to_string());
             }
+            seen.submitted.push((owner.to_string(), Instant::now()));
         }
     }
 
@@ -109,14 +130,19 @@ impl Shares {
         let waiting = match fresh {
             Some(waiting) => waiting,
             None => {
+                let asked = Instant::now();
                 let waiting = db::shares::waiting_owners(tx.conn().await?).await?;
-                if let Ok(mut seen) = self.seen.lock() {
-                    (seen.waiting, seen.looked) = (waiting.clone(), Some(Instant::now()));
-                }
-                waiting
+                self.store_look(waiting, asked)
             }
         };
         Ok((waiting.len() > 1 || self.has_quotas()).then_some(waiting))
+    }
+
+    /// Recorded usage changed in a way only a read sees: the next claim that needs it reads it.
+    pub fn usage_changed(&self) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.usage_read = None;
+        }
     }
 
     /// Whether recorded usage has been read (a fair share was engaged): only then does a new
@@ -242,12 +268,42 @@ impl Shares {
 /// that goes the plain way (the finish+claim steps) knows when several do: this replica's
 /// submissions say so at once, another replica's are seen here within the second.
 pub(super) async fn keep_looking(queue: std::sync::Weak<super::Queue>) {
+    let mut warned: Option<Instant> = None;
     loop {
         let Some(queue) = queue.upgrade() else { return };
         if let Err(error) = queue.shares.look(queue.reader()).await {
-            tracing::debug!(error = %error, "looking at which users wait");
+            // Claims take the fair way meanwhile (`engaged`); said once a minute at most.
+            if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                tracing::warn!(error = %error, "looking at which users wait; claims share by user until it works");
+                warned = Some(Instant::now());
+            }
         }
         drop(queue);
         tokio::time::sleep(WAITING_FOR).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_look_begun_before_a_submission_keeps_its_owner_and_a_later_one_trusts_the_read() {
+        let shares = Shares::new(Policy::default());
+        let before = Instant::now();
+        shares.submitted("user-b");
+        assert_eq!(
+            shares.store_look(vec!["user-a".into()], before),
+            ["user-a", "user-b"],
+            "the read may have missed it"
+        );
+        assert!(shares.engaged(), "two users wait");
+        let after = Instant::now();
+        assert_eq!(
+            shares.store_look(vec!["user-a".into()], after),
+            ["user-a"],
+            "a read begun after sees what is there"
+        );
+        assert!(!shares.engaged());
     }
 }
