@@ -264,14 +264,8 @@ pub(super) async fn claim_throughput_retried(
                     continue;
                 };
                 let finish = FinishRequest {
-                    job_id: job.id,
-                    attempt: job.attempt,
-                    outcome: Outcome::Exited { code: 0 },
-                    log: None,
-                    metrics: None,
-                    result: None,
-                    notes: Vec::new(),
                     claim: Some(ClaimRequest { wait_ms: 0, ..request.clone() }),
+                    ..FinishRequest::outcome(job.id, job.attempt, Outcome::Exited { code: 0 })
                 };
                 // As a worker does, a retryable answer (a write the database gave up, such as a
                 // PostgreSQL deadlock between replicas) is sent again.

@@ -191,14 +191,9 @@ async fn accountant_finishes_a_measured_job(server: &ServerProcess) -> shared::a
         ..AttemptRecord::default()
     };
     let finish = FinishRequest {
-        job_id: job.id,
-        attempt: job.attempt,
-        outcome: Outcome::Exited { code: 0 },
-        log: None,
-        metrics: None,
         result: Some(InlineResult { files: vec![], streamed: vec![], record }),
         notes: vec![format!("{} GPU 0 averaged 10% busy over the run (under 30%)", shared::api::IDLE_NOTE)],
-        claim: None,
+        ..FinishRequest::outcome(job.id, job.attempt, Outcome::Exited { code: 0 })
     };
     client.finish(worker, &finish).await.unwrap();
     job.id

@@ -87,14 +87,8 @@ async fn a_preempted_gpu_attempt_charges_the_time_it_held_and_a_cancel_wins_over
     app.client.preempt_job(job.id).await.unwrap();
     // Finished through the one-request finish, as a worker does.
     let finish = FinishRequest {
-        job_id: job.id,
-        attempt: job.attempt,
-        outcome: Outcome::Preempted,
-        log: None,
-        metrics: None,
-        result: None,
         notes: vec!["it did not exit within its grace after SIGTERM and was killed with SIGKILL".into()],
-        claim: None,
+        ..FinishRequest::outcome(job.id, job.attempt, Outcome::Preempted)
     };
     assert_eq!(worker.finish(id, &finish).await.unwrap().status, JobStatus::Queued);
     let usage = app.client.usage().await.unwrap();

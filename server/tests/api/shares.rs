@@ -57,14 +57,8 @@ impl Worker {
 
     async fn finish(&self, job: &ClaimedJob, record: Option<AttemptRecord>) {
         let finish = FinishRequest {
-            job_id: job.id,
-            attempt: job.attempt,
-            outcome: Outcome::Exited { code: 0 },
-            log: None,
-            metrics: None,
             result: record.map(|record| InlineResult { files: Vec::new(), streamed: Vec::new(), record }),
-            notes: Vec::new(),
-            claim: None,
+            ..FinishRequest::outcome(job.id, job.attempt, Outcome::Exited { code: 0 })
         };
         self.client.finish(self.id, &finish).await.unwrap();
     }

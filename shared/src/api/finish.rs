@@ -39,6 +39,23 @@ pub struct FinishRequest {
     pub claim: Option<ClaimRequest>,
 }
 
+impl FinishRequest {
+    /// The finish of `attempt` of `job_id` that brings its outcome alone: no log, metrics,
+    /// result, notes or claim (set those with struct update syntax).
+    pub fn outcome(job_id: JobId, attempt: u32, outcome: Outcome) -> FinishRequest {
+        FinishRequest {
+            job_id,
+            attempt,
+            outcome,
+            log: None,
+            metrics: None,
+            result: None,
+            notes: Vec::new(),
+            claim: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogTail {
     pub offset: u64,
