@@ -14,7 +14,7 @@ use shared::api::{
     AttemptRecord, ClaimRequest, FinishRequest, GpuUsage, InlineResult, RegisterRequest, ReportRequest, SubmitQuery,
 };
 use shared::job::Outcome;
-use shared::placement::{Capacity, GpuSlot};
+use shared::placement::Capacity;
 use std::time::Instant;
 
 #[derive(Debug, Args)]
@@ -51,9 +51,7 @@ fn token(user: u32) -> String {
 
 /// A worker with 8 free 80 GiB GPUs and `slots` job slots.
 fn eight_gpus(slots: u32) -> Capacity {
-    let gpu =
-        |index| GpuSlot { index, memory_total: 80 << 30, memory_free: 80 << 30, exclusive_held: false, shared_jobs: 0 };
-    Capacity { job_slots: slots, gpus: (0..8).map(gpu).collect(), ..Capacity::default() }
+    Capacity::idle_gpus(slots, 8, 80 << 30)
 }
 
 /// One case in a fresh server: the claim latencies (ms), sorted, and how many of the timed

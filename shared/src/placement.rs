@@ -114,6 +114,14 @@ pub fn keep_or_place(request: &Resources, proposed: &Placement, capacity: &Capac
 }
 
 impl Capacity {
+    /// A worker with `slots` job slots and `gpus` idle GPUs of `memory` bytes each (GPU 0 to
+    /// `gpus - 1`): what tests, benchmarks and simulations stand in for a box with.
+    pub fn idle_gpus(slots: u32, gpus: u32, memory: u64) -> Capacity {
+        let gpu =
+            |index| GpuSlot { index, memory_total: memory, memory_free: memory, exclusive_held: false, shared_jobs: 0 };
+        Capacity { job_slots: slots, gpus: (0..gpus).map(gpu).collect(), ..Capacity::default() }
+    }
+
     /// Refuses a capacity that lists a GPU index twice. Placement tells GPUs apart by index,
     /// so a repeated one could give a job the same GPU twice, or an exclusive job a GPU that
     /// is shared under its other entry (found by fuzzing the claim body).

@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use shared::fair_share::{allot, decay, Contender, Held, Policy, Quota};
-use shared::placement::{Capacity, GpuSlot};
+use shared::placement::Capacity;
 use shared::sweep::Resources;
 use std::collections::BTreeMap;
 
@@ -17,9 +17,7 @@ struct Running {
 
 /// A worker with `gpus` free GPUs and a slot for each.
 fn worker(gpus: u32) -> Capacity {
-    let gpu =
-        |index| GpuSlot { index, memory_total: 80 << 30, memory_free: 80 << 30, exclusive_held: false, shared_jobs: 0 };
-    Capacity { job_slots: gpus, gpus: (0..gpus).map(gpu).collect(), ..Capacity::default() }
+    Capacity::idle_gpus(gpus, gpus, 80 << 30)
 }
 
 /// Runs `steps` time steps of a cluster of `gpus` GPUs shared by backlogged users whose jobs

@@ -204,9 +204,7 @@ async fn accountant_finishes_a_measured_job(server: &ServerProcess) -> shared::a
 /// the job's id once it is queued again.
 async fn ghost_claims_and_vanishes(server: &ServerProcess) -> shared::api::JobId {
     let client = server.client();
-    let slot =
-        |index| GpuSlot { index, memory_total: 16 << 30, memory_free: 16 << 30, exclusive_held: false, shared_jobs: 0 };
-    let capacity = Capacity { job_slots: 1, gpus: vec![slot(0), slot(1)], ..Capacity::default() };
+    let capacity = Capacity::idle_gpus(1, 2, 16 << 30);
     let register = RegisterRequest {
         name: GHOST.into(),
         protocol: shared::PROTOCOL_VERSION,

@@ -4,14 +4,12 @@
 use futures_util::StreamExt;
 use shared::api::{ClaimRequest, JobId, JobQuery, JobSort, RegisterRequest, ReportRequest, SortOrder, WorkerState};
 use shared::job::{JobStatus, Outcome};
-use shared::placement::{Capacity, GpuSlot};
+use shared::placement::Capacity;
 use std::time::Duration;
 use testkit::{sweep_of, wait_until, TestApp};
 
 fn two_gpus(job_slots: u32) -> Capacity {
-    let gpu =
-        |index| GpuSlot { index, memory_total: 24 << 30, memory_free: 24 << 30, exclusive_held: false, shared_jobs: 0 };
-    Capacity { job_slots, gpus: vec![gpu(0), gpu(1)], ..Capacity::default() }
+    Capacity::idle_gpus(job_slots, 2, 24 << 30)
 }
 
 #[tokio::test]

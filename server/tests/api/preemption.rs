@@ -8,7 +8,7 @@ use client::{Client, ClientOptions};
 use server::auth::Role;
 use shared::api::{ClaimRequest, FinishRequest, HeartbeatRequest, JobAttempt, ReportRequest, WorkerId};
 use shared::job::{JobStatus, Outcome};
-use shared::placement::{Capacity, GpuSlot};
+use shared::placement::Capacity;
 use testkit::{cpu, cpu_worker, sweep_of, TestApp};
 
 const USER_A: &str = "preempt-a-token-0123456789";
@@ -76,10 +76,7 @@ async fn a_preempted_attempt_is_stopped_at_its_heartbeat_and_requeued_with_its_r
 async fn a_preempted_gpu_attempt_charges_the_time_it_held_and_a_cancel_wins_over_the_order() {
     let app = lab().await;
     let worker = as_token(&app, WORKER);
-    let gib = 1u64 << 30;
-    let gpu =
-        |index| GpuSlot { index, memory_total: 24 * gib, memory_free: 24 * gib, exclusive_held: false, shared_jobs: 0 };
-    let capacity = Capacity { job_slots: 2, gpus: (0..2).map(gpu).collect(), ..Capacity::default() };
+    let capacity = Capacity::idle_gpus(2, 2, 24 << 30);
     let id = worker.register(&cpu_worker("gpu-box")).await.unwrap().worker_id;
     app.submit("name: grid-a\ncommand: \"true\"\nresources: {gpus: 2}\ngrid: {i: [0, 1]}\n").await;
     let claim = ClaimRequest { capacity: capacity.clone(), wait_ms: 0, reserve: 0 };

@@ -9,7 +9,7 @@ use server::config::ServerConfig;
 use shared::api::{AttemptRecord, ClaimRequest, ClaimedJob, FinishRequest, GpuUsage, InlineResult, WorkerId};
 use shared::fair_share::Quota;
 use shared::job::Outcome;
-use shared::placement::{Capacity, GpuSlot};
+use shared::placement::Capacity;
 use std::time::{Duration, Instant};
 use testkit::{cpu, cpu_worker, sweep_of, TestApp};
 
@@ -72,10 +72,7 @@ fn split(jobs: &[ClaimedJob]) -> (usize, usize) {
 
 /// A worker's capacity of `gpus` free GPUs and as many slots.
 fn gpus(count: u32) -> Capacity {
-    let gib = 1u64 << 30;
-    let gpu =
-        |index| GpuSlot { index, memory_total: 24 * gib, memory_free: 24 * gib, exclusive_held: false, shared_jobs: 0 };
-    Capacity { job_slots: count, gpus: (0..count).map(gpu).collect(), ..Capacity::default() }
+    Capacity::idle_gpus(count, count, 24 << 30)
 }
 
 #[tokio::test]
