@@ -254,6 +254,12 @@ pub(super) async fn claim_batch(
             order.iter().map(|(id, worker)| (*id, *worker, chosen[id].1.gpus.as_slice())).collect();
         db::claims::mark_running(tx.conn().await?, &assignments, lease_expires_at, now).await?
     };
+    if rows.len() < order.len() {
+        // Another replica's claim took some of the jobs chosen here first (PostgreSQL): the
+        // claims waiting on this replica, this one among them, look again at once rather than
+        // at their next wake-up (up to a long poll later) while other jobs wait.
+        tx.note(Change::Claimable);
+    }
     for row in &rows {
         let id = row.id;
         // A new attempt: a view of an earlier one (or of a deleted job whose id this one
