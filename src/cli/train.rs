@@ -33,7 +33,14 @@ pub async fn run(args: TrainArgs, config: Option<PathBuf>) -> anyhow::Result<()>
         echo: true,
     };
     let dir = outputs.dir.clone();
-    let summary = blocking_torch(move || -> Result<_, trainer::torch::TrainError> {
+    // SIGTERM (a preemption, a cancel) lets the epoch under way finish and be saved.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        if terminate.recv().await.is_some() {
+            trainer::stop::request();
+        }
+    });
+    let trained = blocking_torch(move || -> Result<_, trainer::torch::TrainError> {
         use trainer::ranks::Role;
         match trainer::torch::role(&settings)? {
             // Rank 0 prints the summary line; the launcher only reports a failed rank.
@@ -43,7 +50,15 @@ pub async fn run(args: TrainArgs, config: Option<PathBuf>) -> anyhow::Result<()>
                 .map(|summary| rank.is_main().then_some(summary)),
         }
     })
-    .await??;
+    .await?;
+    let summary = match trained {
+        Err(trainer::torch::TrainError::Stopped(sentence)) => {
+            // The saved epoch is on disk (the saver finished): exit as a shell says SIGTERM.
+            eprintln!("{sentence}");
+            std::process::exit(trainer::stop::EXIT_STATUS);
+        }
+        other => other?,
+    };
     let Some(summary) = summary else { return Ok(()) };
     match (summary.best_value, summary.best_epoch) {
         (Some(value), Some(epoch)) => println!(

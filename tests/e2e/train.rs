@@ -246,6 +246,42 @@ mod with_torch {
         }
     }
 
+    /// SIGTERM to the whole group (a preemption) stops both Gloo ranks after the same epoch,
+    /// saved for the next attempt, and the launcher exits with 143 as they do.
+    #[test]
+    fn sigterm_to_a_two_rank_run_saves_one_epoch_and_every_process_exits_with_143() {
+        use std::os::unix::process::CommandExt;
+        let (dir, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let metrics = dir.path().join("metrics.jsonl");
+        let mut command = app();
+        command.args(["train", "--out"]).arg(dir.path().join("out")).arg("--metrics-file").arg(&metrics);
+        for set in DDP_RUN.iter().filter(|set| !set.starts_with("epochs=")).chain(&["ddp=2", "epochs=100000"]) {
+            command.args(["--set", set]);
+        }
+        let child = command
+            .env("APP_CHECKPOINT_DIR", checkpoints.path())
+            .process_group(0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while std::fs::read_to_string(&metrics).map_or(0, |text| text.lines().count()) < 2 {
+            assert!(std::time::Instant::now() < deadline, "no epoch done in two minutes");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+        nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(143), "{log}");
+        let saved: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(checkpoints.path().join("last.json")).unwrap()).unwrap();
+        let epoch = saved["epoch"].as_u64().unwrap();
+        assert!(log.contains(&format!("stopped by SIGTERM after epoch {epoch}, which is saved")), "{log}");
+        assert!(!log.contains("died"), "no rank counted as dead: {log}");
+    }
+
     /// The pids of `parent`'s children.
     fn children(parent: u32) -> Vec<u32> {
         let tasks = std::fs::read_dir(format!("/proc/{parent}/task")).map(|dir| dir.flatten().collect::<Vec<_>>());

@@ -16,6 +16,7 @@ pub mod ranks;
 pub mod resume;
 pub mod scaler;
 pub mod schedule;
+pub mod stop;
 
 #[cfg(feature = "torch")]
 pub mod torch;

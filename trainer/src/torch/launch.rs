@@ -4,6 +4,8 @@
 //! exits with an error or is killed, the others are stopped (SIGTERM, then SIGKILL after a
 //! grace period) and the run fails with `rank N died (...)`: nobody waits on a dead peer. A
 //! rank dies with its launcher (a parent-death signal), so a killed launcher leaves none behind.
+//! SIGTERM to the group (a preemption) is not a death: the ranks save their epoch and exit
+//! with 143 together (`crate::stop`), and so does the launcher.
 
 use super::TrainError;
 use crate::ranks::LaunchPlan;
@@ -80,6 +82,7 @@ fn forward_stderr(rank: usize, stderr: std::process::ChildStderr, error: &Mutex<
 
 fn watch(ranks: &mut [RankProcess]) -> Result<(), TrainError> {
     let mut finished = vec![false; ranks.len()];
+    let mut stopped = false;
     loop {
         for (index, rank) in ranks.iter_mut().enumerate() {
             if finished[index] {
@@ -87,6 +90,12 @@ fn watch(ranks: &mut [RankProcess]) -> Result<(), TrainError> {
             }
             let Ok(Some(status)) = rank.child.try_wait() else { continue };
             finished[index] = true;
+            // Told to stop (SIGTERM reached the whole group): each rank saves the same epoch
+            // and exits; the others are left to do so.
+            if crate::stop::requested() && status.code() == Some(crate::stop::EXIT_STATUS) {
+                stopped = true;
+                continue;
+            }
             if !status.success() {
                 let (number, error) = (rank.rank, Arc::clone(&rank.error));
                 stop(ranks);
@@ -100,7 +109,10 @@ fn watch(ranks: &mut [RankProcess]) -> Result<(), TrainError> {
                     let _ = reader.join();
                 }
             }
-            return Ok(());
+            return match stopped {
+                true => Err(TrainError::Stopped("the ranks stopped by SIGTERM after saving their last epoch".into())),
+                false => Ok(()),
+            };
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -34,6 +34,9 @@ pub enum TrainError {
     RankDied { rank: usize, how: String, error: Option<String> },
     #[error("{what}: {error}")]
     Io { what: String, error: std::io::Error },
+    /// SIGTERM stopped the run after an epoch (`crate::stop`); the text says which.
+    #[error("{0}")]
+    Stopped(String),
 }
 
 impl From<tch::TchError> for TrainError {

@@ -220,6 +220,12 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
             stopped_early = true;
             break;
         }
+        if epoch < config.epochs && stop_requested(&engine, &placement)? {
+            saver.finish()?;
+            let sentence = crate::stop::sentence(epoch, checkpoint_dir.is_some());
+            log.line(&sentence)?;
+            return Err(TrainError::Stopped(sentence));
+        }
     }
     saver.finish()?;
     if let Some(value) = stopping.best() {
@@ -242,6 +248,15 @@ pub fn train(config: &TrainConfig, outputs: &Outputs, rank: Option<&RankInfo>) -
         devices,
         stopped_early,
     })
+}
+
+/// Whether SIGTERM asked the run to stop (`crate::stop`): any rank's signal stops them all,
+/// after the same epoch (a tiny all-reduce per epoch), or a rank left alone would wait for
+/// its peers' next collective until the worker's SIGKILL.
+fn stop_requested(engine: &Engine, placement: &Placement) -> Result<bool, TrainError> {
+    let flag = Tensor::from_slice(&[f64::from(u8::from(crate::stop::requested()))]).to_device(placement.device);
+    engine.all_reduce_sum(&flag)?;
+    Ok(flag.double_value(&[0]) > 0.0)
 }
 
 /// Moves the dataset to the GPU when asked, or (auto) when it takes under a quarter of the
