@@ -64,6 +64,46 @@ pub struct ServerConfig {
     pub shares: shared::fair_share::Policy,
     /// A preempted job's processes get this long after SIGTERM before SIGKILL.
     pub preempt_grace: Duration,
+    /// The scheduler never preempts a job that has run less than this.
+    pub min_runtime: Duration,
+    /// Which jobs the scheduler may preempt when their sweep does not say.
+    pub preemptible: Preemptible,
+}
+
+/// Which jobs the scheduler may preempt when their sweep has no `preemptible` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preemptible {
+    /// Jobs that have stored a checkpoint (so that they resume from it).
+    #[default]
+    Checkpointing,
+    /// Every job.
+    All,
+    /// None.
+    Never,
+}
+
+impl Preemptible {
+    /// `true`, `false` or `checkpointing`, as the config, a flag or the environment say it.
+    fn parse(value: &PreemptibleFile) -> anyhow::Result<Preemptible> {
+        match value {
+            PreemptibleFile::Flag(true) => Ok(Preemptible::All),
+            PreemptibleFile::Flag(false) => Ok(Preemptible::Never),
+            PreemptibleFile::Text(text) => match text.as_str() {
+                "true" => Ok(Preemptible::All),
+                "false" => Ok(Preemptible::Never),
+                "checkpointing" => Ok(Preemptible::Checkpointing),
+                other => anyhow::bail!("`preemptible` must be true, false or \"checkpointing\", not {other:?}"),
+            },
+        }
+    }
+}
+
+/// `preemptible` as the config gives it: a boolean, or a word.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PreemptibleFile {
+    Flag(bool),
+    Text(String),
 }
 
 /// PEM files of the server's certificate chain and private key.
@@ -100,6 +140,8 @@ impl Default for ServerConfig {
             metrics_public: false,
             shares: shared::fair_share::Policy::default(),
             preempt_grace: Duration::from_secs(120),
+            min_runtime: Duration::from_secs(600),
+            preemptible: Preemptible::Checkpointing,
         }
     }
 }
@@ -147,6 +189,11 @@ pub struct ServerFile {
     pub default_quota: Option<QuotaFile>,
     /// A preempted job's processes get this long after SIGTERM before SIGKILL (120 s).
     pub preempt_grace_secs: Option<f64>,
+    /// The scheduler never preempts a job younger than this (600 s).
+    pub min_runtime_secs: Option<f64>,
+    /// Which jobs the scheduler may preempt when their sweep does not say: `true`, `false`
+    /// or `"checkpointing"` (the default: jobs that have stored a checkpoint).
+    pub preemptible: Option<PreemptibleFile>,
     /// User tokens given as a value (APP_USER_TOKEN, comma-separated `[admin:][NAME:]TOKEN`);
     /// never read from a file's table.
     #[serde(skip)]
@@ -222,6 +269,8 @@ impl ServerFile {
             quotas: self.quotas.or(lower.quotas),
             default_quota: self.default_quota.or(lower.default_quota),
             preempt_grace_secs: self.preempt_grace_secs.or(lower.preempt_grace_secs),
+            min_runtime_secs: self.min_runtime_secs.or(lower.min_runtime_secs),
+            preemptible: self.preemptible.or(lower.preemptible),
         }
     }
 }
@@ -272,6 +321,16 @@ impl ServerConfig {
                 Ok(duration) if duration <= Duration::from_secs(3_600) => duration,
                 _ => anyhow::bail!("`preempt_grace_secs` must be a number of seconds from 0 to 3600, not {value}"),
             };
+        }
+        if let Some(value) = file.min_runtime_secs {
+            // Up to a week; 0 lets any job be preempted at once.
+            self.min_runtime = match Duration::try_from_secs_f64(value) {
+                Ok(duration) if duration <= Duration::from_secs(7 * 86_400) => duration,
+                _ => anyhow::bail!("`min_runtime_secs` must be a number of seconds from 0 to 604800, not {value}"),
+            };
+        }
+        if let Some(value) = &file.preemptible {
+            self.preemptible = Preemptible::parse(value)?;
         }
         if let Some(value) = file.header_timeout_secs {
             self.header_timeout = seconds(value, "header_timeout_secs")?;

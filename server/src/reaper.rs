@@ -1,5 +1,6 @@
 //! Background upkeep. The reaper requeues running jobs whose worker stopped heartbeating
 //! (lease expired) and fails them with `worker_lost` once they were lost `max_crashes` times;
+//! while jobs wait, it runs the scheduler's preemption pass every second (`queue::preempter`);
 //! now and then it also prunes old GPU telemetry and removes the staged uploads of attempts
 //! that ended unsealed. The checkpointer keeps the SQLite write-ahead log short.
 //!
@@ -30,6 +31,7 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
     // paused (SIGSTOP, a suspended VM), and no worker could heartbeat meanwhile.
     let mut last_pass = now_ms();
     let mut planned = Duration::ZERO;
+    let mut next_reap = tokio::time::Instant::now();
     // Replicas on one PostgreSQL database: one of them reaps, the others stand by.
     let mut leadership = queue.db().postgres_pool().map(|pool| db::postgres::Leadership::new(pool.clone()));
     loop {
@@ -44,56 +46,76 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
                 continue;
             }
         }
-        let now = now_ms();
-        let gap = Duration::from_millis(now.saturating_sub(last_pass).max(0) as u64);
-        last_pass = now;
-        if gap > planned + margin * 2 {
-            // As after a restart: workers get a lease to reach us before their jobs count as lost.
-            match queue.extend_all_leases().await {
-                Ok(jobs) => tracing::warn!(?gap, jobs, "the server was paused; running jobs keep their leases"),
-                Err(error) => tracing::error!(error = ?error, "extending leases after a pause"),
+        if tokio::time::Instant::now() >= next_reap {
+            let now = now_ms();
+            let gap = Duration::from_millis(now.saturating_sub(last_pass).max(0) as u64);
+            last_pass = now;
+            if gap > planned + margin * 2 {
+                // As after a restart: workers get a lease to reach us before their jobs count as lost.
+                match queue.extend_all_leases().await {
+                    Ok(jobs) => tracing::warn!(?gap, jobs, "the server was paused; running jobs keep their leases"),
+                    Err(error) => tracing::error!(error = ?error, "extending leases after a pause"),
+                }
+            } else if let Err(error) = queue.expire_leases().await {
+                tracing::error!(error = ?error, "reaping expired leases");
             }
-        } else if let Err(error) = queue.expire_leases().await {
-            tracing::error!(error = ?error, "reaping expired leases");
-        }
-        if tokio::time::Instant::now() >= next_upkeep {
-            next_upkeep = tokio::time::Instant::now() + upkeep_every;
-            if let Err(error) = prune_telemetry(&queue).await {
-                tracing::error!(error = ?error, "pruning GPU telemetry");
-            }
-            if let Err(error) = remove_abandoned_staging(&queue).await {
-                tracing::error!(error = ?error, "removing staged uploads of ended attempts");
-            }
-            if let Some(retention) = config.unrecorded_retention {
-                let before = now_ms() - retention.as_millis() as i64;
-                match queue.layout().remove_unrecorded_before(before).await {
-                    Ok(0) => {}
-                    Ok(versions) => tracing::info!(
-                        versions,
-                        ?retention,
-                        "removed result versions set aside in results/.unrecorded/ longer than the retention"
-                    ),
-                    Err(error) => {
-                        tracing::error!(error = ?error, "removing old result versions from results/.unrecorded/")
+            if tokio::time::Instant::now() >= next_upkeep {
+                next_upkeep = tokio::time::Instant::now() + upkeep_every;
+                if let Err(error) = prune_telemetry(&queue).await {
+                    tracing::error!(error = ?error, "pruning GPU telemetry");
+                }
+                if let Err(error) = remove_abandoned_staging(&queue).await {
+                    tracing::error!(error = ?error, "removing staged uploads of ended attempts");
+                }
+                if let Some(retention) = config.unrecorded_retention {
+                    let before = now_ms() - retention.as_millis() as i64;
+                    match queue.layout().remove_unrecorded_before(before).await {
+                        Ok(0) => {}
+                        Ok(versions) => tracing::info!(
+                            versions,
+                            ?retention,
+                            "removed result versions set aside in results/.unrecorded/ longer than the retention"
+                        ),
+                        Err(error) => {
+                            tracing::error!(error = ?error, "removing old result versions from results/.unrecorded/")
+                        }
+                    }
+                }
+                if leadership.is_some() {
+                    // A shared directory: a killed replica's uploads in flight are left behind.
+                    match queue.layout().remove_abandoned_parts().await {
+                        Ok(0) => {}
+                        Ok(parts) => tracing::info!(parts, "removed the uploads a server that is gone left unfinished"),
+                        Err(error) => tracing::error!(error = ?error, "removing abandoned uploads"),
                     }
                 }
             }
-            if leadership.is_some() {
-                // A shared directory: a killed replica's uploads in flight are left behind.
-                match queue.layout().remove_abandoned_parts().await {
-                    Ok(0) => {}
-                    Ok(parts) => tracing::info!(parts, "removed the uploads a server that is gone left unfinished"),
-                    Err(error) => tracing::error!(error = ?error, "removing abandoned uploads"),
-                }
+            planned = next_pass(&queue, upkeep_every).await;
+            next_reap = tokio::time::Instant::now() + planned;
+        }
+        if queue.preemption_may_be_due() {
+            match queue.preempt_for_shares().await {
+                Ok(jobs) if jobs.is_empty() => {}
+                Ok(jobs) => tracing::info!(?jobs, "preempted for users below their share"),
+                Err(error) => tracing::error!(error = ?error, "the preemption pass"),
             }
         }
-        planned = next_pass(&queue, upkeep_every).await;
+        // While jobs wait, the preemption pass runs every second; the leases keep their times.
+        let wake = match queue.preemption_may_be_due() {
+            true => next_reap.min(tokio::time::Instant::now() + PREEMPTION_EVERY),
+            false => next_reap,
+        };
         tokio::select! {
-            _ = tokio::time::sleep(planned) => {}
+            _ = tokio::time::sleep_until(wake) => {}
+            // Users started to wait: the preemption pass runs now.
+            _ = queue.preemption_wanted() => {}
             _ = shutting_down.wait_for(|stop| *stop) => return,
         }
     }
 }
+
+/// How often the preemption pass runs while jobs wait.
+const PREEMPTION_EVERY: Duration = Duration::from_secs(1);
 
 /// How long to sleep: until just after the earliest running lease ends, and at most half a
 /// lease (a job claimed meanwhile is then reaped at most half a lease late) or the upkeep

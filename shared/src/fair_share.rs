@@ -71,13 +71,16 @@ pub fn decay(usage: f64, age_secs: f64, half_life_secs: f64) -> f64 {
 /// GPU-seconds)`): their indices, the lowest usage per unit of weight first (the furthest below
 /// their share), ties by name.
 pub fn order(usages: &[(&str, f64)], policy: &Policy) -> Vec<usize> {
-    let mut standing: Vec<(f64, &str, usize)> = usages
-        .iter()
-        .enumerate()
-        .map(|(at, (user, usage))| (standing(*usage) / policy.weight(user), *user, at))
-        .collect();
+    let mut standing: Vec<(f64, &str, usize)> =
+        usages.iter().enumerate().map(|(at, (user, usage))| (rank(user, *usage, policy), *user, at)).collect();
     standing.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
     standing.into_iter().map(|(_, _, at)| at).collect()
+}
+
+/// Where `user` with `usage` GPU-seconds stands in [`order`]: usage per unit of weight, the
+/// lowest first.
+pub fn rank(user: &str, usage: f64, policy: &Policy) -> f64 {
+    standing(usage) / policy.weight(user)
 }
 
 /// Usage as it ranks: never below 0, and a usage that is not a number last, never first.

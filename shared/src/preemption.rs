@@ -1,15 +1,18 @@
-//! Preemption (issue 29, item 3), decided without the database: which running jobs to stop so
-//! that a waiting job of a user below their share can start. Not yet wired to the server: the
-//! scheduler's pass and the worker's SIGTERM, grace and requeue are to come.
+//! Preemption (issue 29, item 3; decisions 0078, 0079), decided without the database: which
+//! running jobs to stop so that waiting jobs of users below their share can start. The
+//! scheduler's pass (`server::preempter`) reads the cluster, calls [`plan`] and gives the orders;
+//! the worker's SIGTERM, grace and requeue do the rest.
 //!
 //! A user's share is the cluster's GPUs split among the users with work (running or waiting)
 //! by weight. A waiting job may take GPUs from others only while its user, with it, stays
 //! within their share; the jobs it takes them from are preemptible, have run at least the
 //! minimum runtime, have not been preempted twice in the last hour, and belong to users who
-//! stay at or above their own share without them. The youngest go first (the least work
-//! lost), all on one worker (a job's GPUs are on one box).
+//! stay at or above their own share without them and who rank after the waiting user in the
+//! fair share (more usage per unit of weight): the claim that follows gives freed GPUs to the
+//! user who ranks first, so a preemption for anyone else would hand them back. The youngest go
+//! first (the least work lost), all on one worker (a job's GPUs are on one box).
 
-use crate::fair_share::Policy;
+use crate::fair_share::{admits, rank, Held, Policy, START_CHARGE_SECS};
 use std::collections::BTreeMap;
 
 /// Preempted this many times within [`GUARD_MS`], a job is not preempted again until the
@@ -40,16 +43,27 @@ pub struct Need<'a> {
     pub gpus: u32,
 }
 
+/// A queued job as the pass sees it: one of its user's, in their dispatch order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued<'a> {
+    pub job: u64,
+    pub user: &'a str,
+    pub gpus: u32,
+}
+
 /// What the cluster looks like now.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Cluster<'a> {
-    /// Each worker's free GPUs.
+    /// Each live worker's free GPUs (a job being preempted already counts as gone).
     pub free: BTreeMap<u64, u32>,
     pub running: Vec<Running<'a>>,
     /// Users with waiting jobs (the running ones' users count as active too).
     pub waiting: Vec<&'a str>,
     /// GPUs of every worker together.
     pub total_gpus: u32,
+    /// Each user's usage as the fair share ranks it (decayed GPU-seconds, running jobs
+    /// included); a user not listed has none.
+    pub usage: BTreeMap<&'a str, f64>,
 }
 
 /// The jobs to preempt for a need: on `worker`, youngest first.
@@ -57,6 +71,13 @@ pub struct Cluster<'a> {
 pub struct Victims {
     pub worker: u64,
     pub jobs: Vec<u64>,
+}
+
+/// An order of the pass: preempt `job` so that `for_job` can start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Order {
+    pub job: u64,
+    pub for_job: u64,
 }
 
 /// Each active user's share of the cluster's GPUs, by weight.
@@ -99,12 +120,15 @@ pub fn victims(
     if f64::from(holds(need.user) + need.gpus) > share(need.user).ceil() {
         return None;
     }
+    let rank_of = |user: &str| rank(user, cluster.usage.get(user).copied().unwrap_or(0.0), policy);
+    let needing = rank_of(need.user);
     let mut best: Option<(u32, i64, Victims)> = None;
     for (&worker, &free) in &cluster.free {
         let mut candidates: Vec<&Running<'_>> = cluster
             .running
             .iter()
             .filter(|job| job.worker == worker && job.user != need.user && may_preempt(job, now, min_runtime_ms))
+            .filter(|job| rank_of(job.user) > needing)
             .collect();
         // The youngest first; ties by id, so the choice does not depend on the input's order.
         candidates.sort_by_key(|job| (std::cmp::Reverse(job.started_at), job.job));
@@ -135,6 +159,73 @@ pub fn victims(
     best.map(|(_, _, victims)| victims)
 }
 
+/// The pass's orders: the waiting users in fair-share order (the furthest below their share
+/// first), each one's `queues` in their dispatch order, each job placed where GPUs are free
+/// or, failing that, where [`victims`] make room; a user's first job that neither fits nor
+/// finds room (or that their quota refuses) ends their turn, as it would hold their later ones
+/// at claim time. Placed jobs count as held and used from then on, so one user never takes
+/// more than their share and a freed GPU is never counted twice. Jobs without GPUs need none.
+pub fn plan<'a>(
+    mut cluster: Cluster<'a>,
+    queues: &[Vec<Queued<'a>>],
+    policy: &Policy,
+    now: i64,
+    min_runtime_ms: i64,
+) -> Vec<Order> {
+    let mut users: Vec<(f64, &str, &[Queued<'a>])> = queues
+        .iter()
+        .filter_map(|queue| {
+            let user = queue.first()?.user;
+            Some((rank(user, cluster.usage.get(user).copied().unwrap_or(0.0), policy), user, &queue[..]))
+        })
+        .collect();
+    users.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    let mut orders = Vec::new();
+    for (_, user, queue) in users {
+        for queued in queue.iter().filter(|queued| queued.gpus > 0) {
+            let held = cluster
+                .running
+                .iter()
+                .filter(|job| job.user == user)
+                .fold(Held::default(), |held, job| Held { gpus: held.gpus + job.gpus, running: held.running + 1 });
+            if admits(user, held, queued.gpus, policy).is_err() {
+                break;
+            }
+            // Where it fits now: the worker with the fewest free GPUs that fit it.
+            let fits = cluster.free.iter().filter(|(_, free)| **free >= queued.gpus).min_by_key(|(_, free)| **free);
+            let worker = match fits.map(|(worker, _)| *worker) {
+                Some(worker) => worker,
+                None => {
+                    let need = Need { user, gpus: queued.gpus };
+                    let Some(chosen) = victims(need, &cluster, policy, now, min_runtime_ms) else { break };
+                    for job in &chosen.jobs {
+                        orders.push(Order { job: *job, for_job: queued.job });
+                    }
+                    let freed: u32 =
+                        cluster.running.iter().filter(|job| chosen.jobs.contains(&job.job)).map(|job| job.gpus).sum();
+                    cluster.running.retain(|job| !chosen.jobs.contains(&job.job));
+                    *cluster.free.entry(chosen.worker).or_default() += freed;
+                    chosen.worker
+                }
+            };
+            if let Some(free) = cluster.free.get_mut(&worker) {
+                *free = free.saturating_sub(queued.gpus);
+            }
+            *cluster.usage.entry(user).or_default() += START_CHARGE_SECS * f64::from(queued.gpus);
+            cluster.running.push(Running {
+                job: queued.job,
+                user,
+                worker,
+                gpus: queued.gpus,
+                started_at: now,
+                preemptible: false,
+                preempted_at: Vec::new(),
+            });
+        }
+    }
+    orders
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,7 +249,8 @@ mod tests {
     /// job 1 the youngest); user-b waits.
     fn busy() -> Cluster<'static> {
         let running = (1..=8).map(|id| job(id, "user-a", (id - 1) / 4, 1, 10 + id as i64)).collect();
-        Cluster { free: BTreeMap::from([(0, 0), (1, 0)]), running, waiting: vec!["user-b"], total_gpus: 8 }
+        let usage = BTreeMap::from([("user-a", 8.0 * 900.0)]);
+        Cluster { free: BTreeMap::from([(0, 0), (1, 0)]), running, waiting: vec!["user-b"], total_gpus: 8, usage }
     }
 
     #[test]
@@ -176,6 +268,7 @@ mod tests {
         // user-b already holds 4 of 8 (its share): no more.
         cluster.running.retain(|job| job.worker == 0);
         cluster.running.extend((9..=12).map(|id| job(id, "user-b", 1, 1, 30)));
+        cluster.usage.insert("user-b", 4.0 * 1800.0);
         assert_eq!(victims(Need { user: "user-b", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN), None);
         // A third user makes each share 8/3: user-c takes from the two above theirs, the job
         // that lost least (user-a's youngest, 11 minutes, before user-b's 30).
@@ -213,8 +306,64 @@ mod tests {
         let mut cluster = busy();
         cluster.running.retain(|job| job.worker == 1);
         cluster.running.extend((9..=12).map(|id| job(id, "user-b", 0, 1, 30)));
+        cluster.usage.insert("user-b", 100.0);
         let two = victims(Need { user: "user-b", gpus: 2 }, &cluster, &policy, NOW, MIN).unwrap();
         assert_eq!(two, Victims { worker: 1, jobs: vec![5, 6] });
         assert_eq!(victims(Need { user: "user-b", gpus: 3 }, &cluster, &policy, NOW, MIN), None, "past user-b's 6");
+    }
+
+    #[test]
+    fn only_users_ranking_after_the_waiting_one_lose_jobs() {
+        // user-b used more than user-a lately: a claim would give freed GPUs back to user-a.
+        let mut cluster = busy();
+        cluster.usage.insert("user-b", 9.0 * 900.0);
+        assert_eq!(victims(Need { user: "user-b", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN), None);
+        // With a weight of 2, user-b's 8,100 GPU-seconds rank as 4,050: before user-a's 7,200.
+        let policy = Policy { weights: BTreeMap::from([("user-b".to_string(), 2.0)]), ..Policy::default() };
+        assert!(victims(Need { user: "user-b", gpus: 1 }, &cluster, &policy, NOW, MIN).is_some());
+    }
+
+    fn queue(user: &'static str, first: u64, jobs: u64, gpus: u32) -> Vec<Queued<'static>> {
+        (first..first + jobs).map(|job| Queued { job, user, gpus }).collect()
+    }
+
+    #[test]
+    fn a_pass_frees_a_share_for_a_new_user_and_no_more() {
+        let orders = plan(busy(), &[queue("user-b", 100, 6, 1)], &Policy::default(), NOW, MIN);
+        let pairs: Vec<(u64, u64)> = orders.iter().map(|order| (order.job, order.for_job)).collect();
+        assert_eq!(pairs, [(1, 100), (2, 101), (3, 102), (4, 103)], "half of 8, the youngest first");
+        // user-a waits too, but holds more than its share: nothing is taken for it.
+        let both = plan(busy(), &[queue("user-a", 50, 3, 1), queue("user-b", 100, 6, 1)], &Policy::default(), NOW, MIN);
+        assert_eq!(both, orders);
+    }
+
+    #[test]
+    fn free_and_freeing_gpus_are_used_before_anything_is_preempted() {
+        // Two of user-a's jobs on worker 1 are being preempted already: their GPUs count free.
+        let mut cluster = busy();
+        cluster.running.retain(|job| job.job != 5 && job.job != 6);
+        cluster.free.insert(1, 2);
+        let orders = plan(cluster.clone(), &[queue("user-b", 100, 6, 1)], &Policy::default(), NOW, MIN);
+        let pairs: Vec<(u64, u64)> = orders.iter().map(|order| (order.job, order.for_job)).collect();
+        assert_eq!(pairs, [(1, 102), (2, 103)], "two placed in the free GPUs, two preempted for");
+        // A quota of 3 GPUs: one preemption only.
+        let quotas =
+            BTreeMap::from([("user-b".to_string(), crate::fair_share::Quota { max_gpus: Some(3), max_running: None })]);
+        let policy = Policy { quotas, ..Policy::default() };
+        let orders = plan(cluster, &[queue("user-b", 100, 6, 1)], &policy, NOW, MIN);
+        assert_eq!(orders, [Order { job: 1, for_job: 102 }]);
+    }
+
+    #[test]
+    fn a_job_that_cannot_be_placed_ends_its_users_turn_and_cpu_jobs_need_nothing() {
+        // A 5-GPU job is past user-b's share of 4: neither it nor the 1-GPU jobs behind it take
+        // anything (a claim would not start them before it either).
+        let mut jobs = queue("user-b", 100, 1, 5);
+        jobs.extend(queue("user-b", 101, 2, 1));
+        assert_eq!(plan(busy(), &[jobs], &Policy::default(), NOW, MIN), []);
+        let mut jobs = queue("user-b", 100, 3, 0);
+        jobs.extend(queue("user-b", 103, 1, 1));
+        assert_eq!(plan(busy(), &[jobs], &Policy::default(), NOW, MIN), [Order { job: 1, for_job: 103 }]);
+        assert_eq!(plan(Cluster::default(), &[queue("user-b", 1, 2, 1)], &Policy::default(), NOW, MIN), []);
     }
 }

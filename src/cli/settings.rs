@@ -77,6 +77,14 @@ pub struct ServerFlags {
     /// SIGKILL (default 120)
     #[arg(long, value_name = "SECONDS")]
     pub preempt_grace_secs: Option<f64>,
+    /// The scheduler never preempts a job that has run less than this (default 600)
+    #[arg(long, value_name = "SECONDS")]
+    pub min_runtime_secs: Option<f64>,
+    /// Which jobs the scheduler may preempt for a user below their share when their sweep
+    /// has no `preemptible` key: true, false, or checkpointing (default: those that have
+    /// stored a checkpoint)
+    #[arg(long, value_name = "true|false|checkpointing")]
+    pub preemptible: Option<String>,
     /// Allow listening beyond loopback without tokens (anyone who reaches the port can then
     /// run commands on every worker)
     #[arg(long)]
@@ -223,6 +231,8 @@ impl Layer {
                 metrics_public: server.metrics_public.then_some(true),
                 share_half_life_secs: server.share_half_life_secs,
                 preempt_grace_secs: server.preempt_grace_secs,
+                min_runtime_secs: server.min_runtime_secs,
+                preemptible: server.preemptible.clone().map(server::config::PreemptibleFile::Text),
                 ..ServerFile::default()
             },
             worker: WorkerFile {

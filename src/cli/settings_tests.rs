@@ -275,6 +275,36 @@ fn a_database_url_is_seen_to_hold_a_password() {
 }
 
 #[test]
+fn preemption_settings_come_from_the_file_and_the_flags_and_bad_ones_are_refused() {
+    use server::config::Preemptible;
+    let defaults = settings(Mode::ServerOnly, Layer::default(), Layer::default(), Layer::default()).server;
+    assert_eq!((defaults.min_runtime, defaults.preemptible), (Duration::from_secs(600), Preemptible::Checkpointing));
+    let text = "[server]\nmin_runtime_secs = 30\npreemptible = false\n";
+    let server = settings(Mode::ServerOnly, file(text), Layer::default(), Layer::default()).server;
+    assert_eq!((server.min_runtime, server.preemptible), (Duration::from_secs(30), Preemptible::Never));
+    let flags = flags(&["--min-runtime-secs", "0", "--preemptible", "true"]);
+    let server = settings(Mode::ServerOnly, file(text), Layer::default(), flags).server;
+    assert_eq!((server.min_runtime, server.preemptible), (Duration::ZERO, Preemptible::All), "the flags win");
+    let word = settings(
+        Mode::ServerOnly,
+        file("[server]\npreemptible = \"checkpointing\"\n"),
+        Layer::default(),
+        Layer::default(),
+    );
+    assert_eq!(word.server.preemptible, Preemptible::Checkpointing);
+    for (text, expected) in [
+        ("[server]\nmin_runtime_secs = -1\n", "`min_runtime_secs` must be a number of seconds from 0 to 604800"),
+        ("[server]\nmin_runtime_secs = 1e9\n", "`min_runtime_secs` must be a number of seconds from 0 to 604800"),
+        ("[server]\npreemptible = \"sometimes\"\n", "`preemptible` must be true, false or \"checkpointing\""),
+    ] {
+        let error = assemble(Mode::ServerOnly, file(text), Layer::default(), Layer::default(), false).unwrap_err();
+        assert!(error.to_string().contains(expected), "{text}: {error}");
+    }
+    let error = Layer::from_toml("[server]\npreemptible = 3\n", Path::new("p.toml")).unwrap_err().to_string();
+    assert!(error.contains("preemptible") || error.contains("line 2"), "{error}");
+}
+
+#[test]
 fn shares_and_quotas_come_from_the_file_and_bad_weights_are_refused_by_name() {
     use shared::fair_share::Quota;
     let text = "[server]\nshare_half_life_secs = 86400\n[server.shares]\nuser-a = 2\nuser-b = 0.5\n\

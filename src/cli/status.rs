@@ -74,6 +74,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                     if let Some(why) = &sweep.held_back {
                         writeln!(out, "{} waits for its owner's quota: {why}", sweep.name)?;
                     }
+                    if sweep.preempted > 0 {
+                        writeln!(out, "{}: {}", sweep.name, preempted_sentence(sweep.preempted))?;
+                    }
                 }
             }
             return Ok(());
@@ -92,6 +95,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 }
                 if let Some(why) = &sweep.held_back {
                     writeln!(out, "its queued jobs wait for its owner's quota: {why}")?;
+                }
+                if sweep.preempted > 0 {
+                    writeln!(out, "{}", preempted_sentence(sweep.preempted))?;
                 }
                 if let Some(reason) = &detail.unplaceable {
                     writeln!(out, "its queued jobs cannot run on any connected worker: {reason}")?;
@@ -342,4 +348,10 @@ pub fn jobs_table(jobs: &[Job], metric: Option<&Metric>, with_sweep: bool, now: 
 /// The non-empty values, one per line.
 fn lines(values: impl IntoIterator<Item = String>) -> String {
     values.into_iter().filter(|value| !value.is_empty()).collect::<Vec<_>>().join("\n")
+}
+
+/// `app status`'s line for a sweep whose jobs were preempted.
+fn preempted_sentence(times: u64) -> String {
+    let times = if times == 1 { "once".to_string() } else { format!("{times} times") };
+    format!("its jobs were preempted {times} (each resumes from its checkpoint, no retry spent)")
 }

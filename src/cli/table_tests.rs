@@ -107,6 +107,7 @@ fn sweeps() -> Vec<SweepInfo> {
             counts: counts(80, 8, 17, 2, 1),
             paused: None,
             held_back: None,
+            preempted: 0,
         },
         SweepInfo {
             id: SweepId::new(2),
@@ -118,6 +119,7 @@ fn sweeps() -> Vec<SweepInfo> {
             counts: counts(0, 0, 20, 0, 0),
             paused: None,
             held_back: None,
+            preempted: 0,
         },
     ]
 }

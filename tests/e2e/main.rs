@@ -18,6 +18,7 @@ mod ops;
 mod preemption;
 mod quickstart;
 mod replicas;
+mod scheduler;
 mod search;
 mod shares;
 mod train;

@@ -83,5 +83,12 @@ async fn a_job_that_ignores_sigterm_is_killed_after_the_grace_and_requeued_not_f
     assert_eq!((attempts[0].status, attempts[0].reason.as_deref()), (JobStatus::Queued, Some("preempted by default")));
     let first = log_of(&server, job.id, 1).await;
     assert!(first.contains("did not exit within its grace after SIGTERM and was killed with SIGKILL"), "{first}");
+    // It stored no checkpoint: the next attempt says it starts from zero.
+    wait_until("attempt 2 has started", Duration::from_secs(30), || async {
+        log_of(&server, job.id, 2).await.contains("deaf").then_some(())
+    })
+    .await;
+    let second = log_of(&server, job.id, 2).await;
+    assert!(second.contains("[app] no earlier attempt stored a checkpoint; attempt 2 starts from zero"), "{second}");
     client.cancel_job(job.id).await.unwrap();
 }

@@ -9,11 +9,11 @@ use shared::api::{SubmitQuery, SweepInfo};
 use std::time::{Duration, Instant};
 use testkit::{wait_until, ServerProcess, WorkerProcess};
 
-const USER_A: &str = "lab-user-a-token-0123456789";
-const USER_B: &str = "lab-user-b-token-0123456789";
+pub(crate) const USER_A: &str = "lab-user-a-token-0123456789";
+pub(crate) const USER_B: &str = "lab-user-b-token-0123456789";
 const WORKER: &str = "lab-worker-token-0123456789";
 
-struct Cluster {
+pub(crate) struct Cluster {
     server: ServerProcess,
     /// The second replica, on PostgreSQL.
     _replica: Option<ServerProcess>,
@@ -24,7 +24,7 @@ struct Cluster {
 impl Cluster {
     /// A server with `settings` added to its `[server]` table (tables last), a second replica
     /// on PostgreSQL, and two workers of 4 fake GPUs, one on each replica.
-    fn start(settings: &str) -> Cluster {
+    pub(crate) fn start(settings: &str) -> Cluster {
         let tokens = tempfile::tempdir().unwrap();
         let (users, workers) = (tokens.path().join("users"), tokens.path().join("workers"));
         std::fs::write(&users, format!("user-a:{USER_A}\nuser-b:{USER_B}\n")).unwrap();
@@ -45,13 +45,13 @@ impl Cluster {
         Cluster { server, _replica: replica, _workers: workers, _tokens: tokens }
     }
 
-    fn client(&self, token: &str) -> Client {
+    pub(crate) fn client(&self, token: &str) -> Client {
         Client::with_options(&self.server.url, &ClientOptions { token: Some(token.into()), ca_pem: None }).unwrap()
     }
 }
 
 /// A sweep of `count` one-GPU jobs that each sleep about `secs`.
-fn gpu_sweep(name: &str, count: usize, secs: u32) -> String {
+pub(crate) fn gpu_sweep(name: &str, count: usize, secs: u32) -> String {
     let values: Vec<String> = (0..count).map(|i| format!("{i:02}")).collect();
     format!(
         "name: {name}\ncommand: \"sleep {secs}.{{i}}\"\nresources: {{gpus: 1}}\ngrid:\n  i: [{}]\n",
@@ -60,12 +60,12 @@ fn gpu_sweep(name: &str, count: usize, secs: u32) -> String {
 }
 
 /// Each sweep's (queued, running) by name, from one listing.
-async fn standing(client: &Client) -> Vec<(String, u64, u64)> {
+pub(crate) async fn standing(client: &Client) -> Vec<(String, u64, u64)> {
     let sweeps: Vec<SweepInfo> = client.sweeps().await.unwrap();
     sweeps.into_iter().map(|sweep| (sweep.name, sweep.counts.queued, sweep.counts.running)).collect()
 }
 
-fn of(standing: &[(String, u64, u64)], name: &str) -> (u64, u64) {
+pub(crate) fn of(standing: &[(String, u64, u64)], name: &str) -> (u64, u64) {
     standing.iter().find(|(sweep, _, _)| sweep == name).map_or((0, 0), |(_, queued, running)| (*queued, *running))
 }
 

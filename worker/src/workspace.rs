@@ -88,7 +88,12 @@ async fn prepare_quietly(context: &AttemptContext, job: &ClaimedJob, dirs: &Atte
                 );
                 append_local(&dirs.log, &line).await;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                // Requeued (lost, preempted, retried) before any checkpoint was stored.
+                let line =
+                    format!("[app] no earlier attempt stored a checkpoint; attempt {} starts from zero\n", job.attempt);
+                append_local(&dirs.log, &line).await;
+            }
             Err(reason) => {
                 // The run can still start over; that beats not running at all.
                 let emptied = dirs.checkpoint.clone();

@@ -41,8 +41,8 @@ pub async fn insert(
     on_conn!(conn, |conn, engine| {
         sql::query_scalar::<i64>(
             "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at,
-                             max_initial_failures, max_consecutive_failures, owner)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+                             max_initial_failures, max_consecutive_failures, owner, preemptible)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
         )
         .bind(name)
         .bind(form_text(sweep.form))
@@ -54,6 +54,7 @@ pub async fn insert(
         .bind(i64::from(sweep.fail_fast.initial))
         .bind(i64::from(sweep.fail_fast.consecutive))
         .bind(owner)
+        .bind(sweep.preemptible.map(i64::from))
         .fetch_one(&mut *conn)
         .await
         .map(SweepId::new)
@@ -170,6 +171,7 @@ fn info_from_row(row: &impl DbRow) -> sql::Result<SweepInfo> {
             None => None,
         },
         held_back: None,
+        preempted: 0,
     })
 }
 
@@ -191,6 +193,13 @@ pub async fn find(pool: impl Into<PoolRef<'_>>, key: &str) -> anyhow::Result<Opt
         let Some(row) = row else { return Ok(None) };
         let mut info = info_from_row(&row)?;
         info.counts = counts(pool, Some(info.id)).await?;
+        info.preempted = sql::query_scalar::<i64>(
+            "SELECT count(*) FROM preemptions p JOIN jobs j ON j.id = p.job_id WHERE j.sweep_id = $1",
+        )
+        .bind(info.id.get())
+        .fetch_one(pool)
+        .await?
+        .max(0) as u64;
         let search = super::search::state(pool, info.id).await?;
         Ok(Some(SweepDetail { info, source: row.get_as("source")?, search, unplaceable: None, metric_missing: None }))
     })
@@ -248,6 +257,11 @@ pub async fn list(pool: impl Into<PoolRef<'_>>, owner: Option<&str>) -> anyhow::
             let count: i64 = row.get_as("n")?;
             if let Some(sweep) = sweeps.iter_mut().find(|sweep| sweep.id == sweep_id) {
                 sweep.counts.add(status.parse().map_err(anyhow::Error::msg)?, count as u64);
+            }
+        }
+        for (sweep_id, count) in super::preemptions::counts_by_sweep(pool).await? {
+            if let Some(sweep) = sweeps.iter_mut().find(|sweep| sweep.id == sweep_id) {
+                sweep.preempted = count;
             }
         }
         Ok(sweeps)

@@ -330,13 +330,17 @@ async fn full(
     let (current, mut decision) = prepare(tx, at, request, logs, &context.layout, staging).await?;
     let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
     let now = now_ms();
-    super::reports::on_preempted(tx, attempt, &outcome, &mut decision, now).await?;
+    let requeued = super::reports::on_preempted(tx, attempt, &outcome, &mut decision, now).await?;
     let search = &context.lane.search;
     // Looked up (and cached) here, so that the sweep's next bare finishes may go quickly: they
     // need to know it has no `metric.target` (`Controller::cached_target`).
     search.has_target(tx, current.sweep_id).await?;
     let applied = db::jobs::finish(tx.conn().await?, &current, at.worker, &decision, now, false).await?;
     super::reports::settle(tx, attempt, &decision, applied)?;
+    if let Some(owner) = requeued {
+        // Before the claim below: its owner waits again.
+        context.lane.shares.submitted(&owner);
+    }
     super::reports::after_settled(tx, (search, logs.0), &current, attempt, &decision).await?;
     let jobs = match requests.is_empty() {
         true => Vec::new(),

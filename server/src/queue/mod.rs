@@ -22,6 +22,7 @@ mod maintenance;
 pub mod meters;
 mod metrics;
 mod owners;
+mod preempter;
 mod relay;
 mod reports;
 mod results;

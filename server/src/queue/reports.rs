@@ -11,19 +11,19 @@ use shared::job::{self, Finish, JobStatus, Outcome};
 /// Applies `outcome` to the attempt if `worker` still holds it; returns the job's new status.
 pub(super) async fn apply_outcome(
     tx: &mut Tx,
-    (search, logs): (&super::search::Controller, &super::LogStore),
+    lane: (&super::search::Controller, &super::LogStore, &super::shares::Shares),
     attempt: JobAttempt,
     worker: WorkerId,
     outcome: &Outcome,
 ) -> ApiResult<JobStatus> {
     let current = state_of(tx, attempt.job_id).await?;
-    apply_to(tx, (search, logs), current, attempt, worker, outcome).await
+    apply_to(tx, lane, current, attempt, worker, outcome).await
 }
 
 /// [`apply_outcome`] on the state `current` just read in this write unit.
 pub(super) async fn apply_to(
     tx: &mut Tx,
-    (search, logs): (&super::search::Controller, &super::LogStore),
+    (search, logs, shares): (&super::search::Controller, &super::LogStore, &super::shares::Shares),
     current: crate::db::jobs::JobState,
     attempt: JobAttempt,
     worker: WorkerId,
@@ -31,9 +31,12 @@ pub(super) async fn apply_to(
 ) -> ApiResult<JobStatus> {
     let mut decision = decide(&current, attempt, worker, outcome)?;
     let now = now_ms();
-    on_preempted(tx, attempt, outcome, &mut decision, now).await?;
+    let requeued = on_preempted(tx, attempt, outcome, &mut decision, now).await?;
     let applied = db::jobs::finish(tx.conn().await?, &current, worker, &decision, now, false).await?;
     settle(tx, attempt, &decision, applied)?;
+    if let Some(owner) = requeued {
+        shares.submitted(&owner);
+    }
     after_settled(tx, (search, logs), &current, attempt, &decision).await?;
     Ok(decision.status)
 }
@@ -76,24 +79,30 @@ pub(super) fn decide(
 
 /// A preempted attempt's end, before it is applied: a requeue takes the reason its order gave
 /// ("preempted by lead"), and the GPU time it held is charged to its owner whatever the end (it
-/// stores no record that would; a cancel may have won).
+/// stores no record that would; a cancel may have won). Returns the owner of a job requeued:
+/// they wait again, which the fair share must know before the next claim (the same unit's, in
+/// a finish+claim), or it would hand the freed GPUs back to them.
 pub(super) async fn on_preempted(
     tx: &mut Tx,
     attempt: JobAttempt,
     outcome: &Outcome,
     decision: &mut Finish,
     now: i64,
-) -> ApiResult<()> {
+) -> ApiResult<Option<String>> {
     if *outcome != Outcome::Preempted {
-        return Ok(());
+        return Ok(None);
     }
+    let mut requeued = None;
     if decision.status == JobStatus::Queued {
-        if let Some(reason) = db::preemptions::reason_of(tx.conn().await?, attempt.job_id, attempt.attempt).await? {
-            decision.reason = Some(reason);
+        if let Some((reason, owner)) =
+            db::preemptions::reason_of(tx.conn().await?, attempt.job_id, attempt.attempt).await?
+        {
+            decision.reason = reason.or(decision.reason.take());
+            requeued = Some(owner);
         }
     }
     db::usage::add_held(tx.conn().await?, attempt.job_id, now).await?;
-    Ok(())
+    Ok(requeued)
 }
 
 /// Notes a decision its guarded UPDATE `applied`, or refuses the unit when it did not.
@@ -115,9 +124,9 @@ impl Queue {
     pub async fn report(&self, id: JobId, worker: WorkerId, attempt: u32, outcome: Outcome) -> ApiResult<JobStatus> {
         let attempt = JobAttempt { job_id: id, attempt };
         let preempted = outcome == Outcome::Preempted;
-        let (search, logs) = (self.search.clone(), self.logs.clone());
+        let (search, logs, shares) = (self.search.clone(), self.logs.clone(), self.shares.clone());
         self.write(move |tx| {
-            Box::pin(async move { apply_outcome(tx, (&search, &logs), attempt, worker, &outcome).await })
+            Box::pin(async move { apply_outcome(tx, (&search, &logs, &shares), attempt, worker, &outcome).await })
         })
         .await
         .inspect(|status| {

@@ -31,6 +31,8 @@ const USAGE_FOR: Duration = Duration::from_secs(30);
 pub(super) struct Shares {
     policy: Policy,
     seen: Mutex<Seen>,
+    /// Told when users start to wait: the preemption pass (`Queue::preemption_wanted`) wakes.
+    started_waiting: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -53,7 +55,7 @@ pub(super) type Choices = (HashMap<JobId, (usize, Placement)>, Vec<(JobId, Worke
 
 impl Shares {
     pub fn new(policy: Policy) -> Shares {
-        Shares { policy, seen: Mutex::default() }
+        Shares { policy, seen: Mutex::default(), started_waiting: tokio::sync::Notify::new() }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -97,6 +99,9 @@ impl Shares {
                     waiting.push(owner.clone());
                 }
             }
+            if seen.waiting.is_empty() && !waiting.is_empty() {
+                self.started_waiting.notify_one();
+            }
             (seen.waiting, seen.looked) = (waiting.clone(), Some(Instant::now()));
         }
         waiting
@@ -110,6 +115,12 @@ impl Shares {
             }
             seen.submitted.push((owner.to_string(), Instant::now()));
         }
+        self.started_waiting.notify_one();
+    }
+
+    /// Resolves when users start to wait (at once if they did since the last call).
+    pub async fn started_waiting(&self) {
+        self.started_waiting.notified().await
     }
 
     /// The users whose queues a claim in `tx` reads, looked at again if stale; `None` when one
@@ -194,8 +205,13 @@ impl Shares {
         }
     }
 
+    /// Whether the last look saw users waiting.
+    pub fn anyone_waits(&self) -> bool {
+        self.seen.lock().is_ok_and(|seen| !seen.waiting.is_empty() || !seen.submitted.is_empty())
+    }
+
     /// Each user's recorded usage decayed to `now`.
-    fn usage_at(&self, now: i64) -> BTreeMap<String, f64> {
+    pub fn usage_at(&self, now: i64) -> BTreeMap<String, f64> {
         let Ok(seen) = self.seen.lock() else { return BTreeMap::new() };
         let age = (now - seen.usage_at) as f64 / 1000.0;
         let decay = |usage| shared::fair_share::decay(usage, age, self.policy.half_life_secs);

@@ -140,7 +140,7 @@ async fn a_job_claimed_for_a_worker_that_never_lists_it_is_lost_before_its_lease
     // Counted as a crash, as a lease that ran out is: a job whose every finish is refused (and
     // so dropped by its worker) fails after the crashes allowed instead of going round for ever.
     assert_eq!(requeued.crash_count, 1);
-    let metrics = reqwest::get(format!("{}/metrics", app.url)).await.unwrap().text().await.unwrap();
+    let metrics = crate::metrics_text(&app, None).await;
     assert!(metrics.lines().any(|line| line == "app_lease_expiries_total 1"), "counted with the expiries: {metrics}");
     let kept = app.client.job(held.job_id).await.unwrap();
     assert_eq!((kept.status, kept.attempt), (JobStatus::Running, held.attempt), "the job it lists stays its own");

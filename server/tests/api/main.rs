@@ -19,9 +19,20 @@ mod owners;
 mod page;
 mod preemption;
 mod results;
+mod scheduler;
 mod search;
 mod sessions;
 mod shares;
 mod submit;
 mod summary;
 mod upkeep;
+
+/// `GET /metrics` of `app`, as the holder of `token` (none: without one), in the classic text
+/// format.
+pub async fn metrics_text(app: &testkit::TestApp, token: Option<&str>) -> String {
+    let mut request = reqwest::Client::new().get(format!("{}/metrics", app.url));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.unwrap().text().await.unwrap()
+}

@@ -173,15 +173,7 @@ async fn each_users_gpu_hours_are_counted_by_their_sweeps_and_shown_per_user() {
         usage.users.iter().map(|user| (user.user.as_str(), user.gpu_hours_24h, user.gpu_hours_7d)).collect();
     assert_eq!(hours, [("default", 0.0, 0.0), ("root", 0.0, 0.0), ("user-a", 0.75, 0.75), ("user-b", 2.0, 2.0)]);
 
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", app.url))
-        .bearer_auth(USER_B)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::metrics_text(&app, Some(USER_B)).await;
     for line in [
         r#"app_user_gpu_seconds{user="user-a",window="24h"} 2700.0"#,
         r#"app_user_gpu_seconds{user="user-b",window="7d"} 7200.0"#,

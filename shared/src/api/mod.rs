@@ -122,6 +122,9 @@ pub struct SweepInfo {
     /// allowed GPUs`): set by `GET /api/sweeps` and `GET /api/sweeps/{key}` when quotas are set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_back: Option<String>,
+    /// How many times its jobs were preempted (stopped to resume later, no retry spent).
+    #[serde(default)]
+    pub preempted: u64,
 }
 
 /// Why and since when a sweep is paused.

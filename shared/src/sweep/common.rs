@@ -1,5 +1,5 @@
 //! The keys the native and W&B forms share: `name`, `description`, `resources`, `metric`,
-//! `priority`, `retries`, `timeout`, `max_initial_failures`, `max_consecutive_failures`, and
+//! `priority`, `preemptible`, `retries`, `timeout`, `max_initial_failures`, `max_consecutive_failures`, and
 //! where and how jobs run (`code`, `workdir`, `env`, `setup`, `capture`, `metrics_regex`, read
 //! by [`super::environment`]).
 
@@ -11,12 +11,13 @@ use super::read::{self, describe, get};
 use super::{Goal, Metric, Resources};
 
 /// The keys every form with sweep keys accepts.
-pub(crate) const SHARED_KEYS: [&str; 15] = [
+pub(crate) const SHARED_KEYS: [&str; 16] = [
     "name",
     "description",
     "resources",
     "metric",
     "priority",
+    "preemptible",
     "retries",
     "timeout",
     "max_initial_failures",
@@ -38,6 +39,8 @@ pub(crate) struct Settings {
     pub metric_target: Option<f64>,
     pub resources: Resources,
     pub priority: i64,
+    /// Whether the scheduler may stop its jobs for another user's (`None`: the server's default).
+    pub preemptible: Option<bool>,
     pub retries: u32,
     pub timeout_secs: Option<u64>,
     pub fail_fast: super::FailFast,
@@ -64,6 +67,9 @@ pub(crate) fn parse_settings(root: &Mapping) -> Result<Settings, SweepError> {
     }
     if let Some(value) = get(root, "priority") {
         settings.priority = read::integer_in(value, "priority", i64::MIN.into(), i64::MAX.into(), "an integer")?;
+    }
+    if let Some(value) = get(root, "preemptible") {
+        settings.preemptible = Some(read::boolean(value, "preemptible")?);
     }
     if let Some(value) = get(root, "retries") {
         settings.retries = read::integer_in(value, "retries", 0, u32::MAX.into(), "a non-negative integer")?;
@@ -212,6 +218,18 @@ mod tests {
         assert_eq!(parsed.metric, Some(Metric { name: "acc".into(), goal: Goal::Maximize }));
         assert_eq!(settings("metric: {name: acc, target: 0.99}").unwrap().metric_target, Some(0.99));
         assert_eq!((parsed.priority, parsed.retries, parsed.timeout_secs), (-3, 2, Some(5400)));
+    }
+
+    #[test]
+    fn preemptible_is_a_boolean_left_to_the_server_when_absent() {
+        assert_eq!(settings("name: n").unwrap().preemptible, None);
+        assert_eq!(settings("preemptible: true").unwrap().preemptible, Some(true));
+        assert_eq!(settings("preemptible: false").unwrap().preemptible, Some(false));
+        for bad in ["preemptible: yes please", "preemptible: 1", "preemptible: [true]"] {
+            let error = settings(bad).unwrap_err();
+            assert!(matches!(&error, SweepError::Invalid { path, .. } if path == "preemptible"), "{bad}: {error}");
+            assert!(error.to_string().contains("expected true or false"), "{error}");
+        }
     }
 
     #[test]

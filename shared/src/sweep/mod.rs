@@ -166,6 +166,9 @@ pub struct Sweep {
     pub metric_target: Option<f64>,
     pub resources: Resources,
     pub priority: i64,
+    /// Whether the scheduler may stop its jobs (SIGTERM, then requeue to resume from their
+    /// checkpoints) to give their GPUs to a user below their share; `None`: the server decides.
+    pub preemptible: Option<bool>,
     pub retries: u32,
     /// Per-job wall-clock limit in seconds.
     pub timeout_secs: Option<u64>,
@@ -264,6 +267,7 @@ impl Sweep {
             metric_target,
             resources,
             priority,
+            preemptible,
             retries,
             timeout_secs,
             fail_fast,
@@ -276,6 +280,7 @@ impl Sweep {
             metric_target,
             resources,
             priority,
+            preemptible,
             retries,
             timeout_secs,
             fail_fast,

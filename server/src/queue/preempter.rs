@@ -1,0 +1,160 @@
+//! The scheduler's preemption pass (issue 29, item 3; decision 0079): when a user below their
+//! share waits and no free GPU fits their job, stop the youngest preemptible jobs of users
+//! above theirs. It reads the cluster from a reader (live workers' GPUs, running jobs, each
+//! waiting user's queue, usage as the fair share ranks it), lets `shared::preemption::plan`
+//! decide, and gives each order in one write; the worker's next heartbeat carries it.
+//!
+//! The reaper runs it (on PostgreSQL, the replica that leads), every second while jobs wait.
+//! Jobs ordered already count as gone, their GPUs as free: a pass never orders twice for one
+//! need, and the next pass sees the freed GPUs taken by the jobs they were freed for.
+
+use super::Queue;
+use crate::config::Preemptible;
+use crate::db::{self, now_ms};
+use crate::error::ApiResult;
+use shared::api::{JobId, WorkerState};
+use shared::preemption::{plan, Cluster, Queued, Running, GUARD_MS};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The most queued jobs read per waiting user (past this many GPUs' worth, no user's share
+/// grows).
+const MAX_READ: u32 = 1_024;
+
+impl Queue {
+    /// Whether the pass may have work: someone waits. The reaper then runs it every second.
+    pub fn preemption_may_be_due(&self) -> bool {
+        self.shares.anyone_waits()
+    }
+
+    /// Resolves when users start to wait: the reaper, asleep, runs the pass.
+    pub async fn preemption_wanted(&self) {
+        self.shares.started_waiting().await
+    }
+
+    /// One pass: gives the orders the plan makes; returns the jobs ordered to stop.
+    pub async fn preempt_for_shares(&self) -> ApiResult<Vec<JobId>> {
+        let now = now_ms();
+        let waiting = {
+            let mut reader = self.reader().acquire().await?;
+            db::shares::waiting_owners(reader.conn()).await?
+        };
+        if waiting.is_empty() {
+            return Ok(Vec::new());
+        }
+        let running = db::preemptions::running(self.reader(), now - GUARD_MS).await?;
+        // Only the one waiting user runs: nobody to take GPUs from.
+        if running.iter().all(|job| waiting.len() == 1 && job.owner == waiting[0]) {
+            return Ok(Vec::new());
+        }
+        let (heartbeat, lease) = (self.config.heartbeat.as_millis() as u64, self.config.lease.as_millis() as u64);
+        let workers = db::workers::list(self.reader(), now, heartbeat, lease).await?;
+        let mut free: BTreeMap<u64, u32> = BTreeMap::new();
+        let mut held: HashMap<i64, BTreeSet<u32>> = HashMap::new();
+        for job in running.iter().filter(|job| !job.ordered) {
+            if let Some(worker) = job.worker {
+                held.entry(worker).or_default().extend(&job.gpu_ids);
+            }
+        }
+        for worker in workers.iter().filter(|worker| worker.state == WorkerState::Healthy) {
+            let id = worker.id.get();
+            let taken = held.get(&id).map_or(0, |gpus| gpus.len());
+            free.insert(id as u64, worker.capacity.gpus.len().saturating_sub(taken) as u32);
+        }
+        let total_gpus: u32 = workers
+            .iter()
+            .filter(|worker| worker.state == WorkerState::Healthy)
+            .map(|worker| worker.capacity.gpus.len() as u32)
+            .sum();
+        if total_gpus == 0 {
+            return Ok(Vec::new());
+        }
+        let default = self.config.preemptible;
+        let jobs: Vec<Running<'_>> = running
+            .iter()
+            .filter(|job| !job.ordered)
+            .map(|job| Running {
+                job: job.id.get() as u64,
+                user: &job.owner,
+                worker: job.worker.map_or(u64::MAX, |worker| worker as u64),
+                gpus: job.gpu_ids.len() as u32,
+                started_at: job.started_at,
+                preemptible: job.preemptible.unwrap_or(match default {
+                    Preemptible::All => true,
+                    Preemptible::Never => false,
+                    Preemptible::Checkpointing => job.checkpointed,
+                }),
+                preempted_at: job.preempted_at.clone(),
+            })
+            .collect();
+        let fitting = db::claims::Fitting {
+            gpus: u32::MAX,
+            max_free_memory: u64::MAX,
+            trainer: true,
+            limit: total_gpus.min(MAX_READ),
+        };
+        let mut queues = Vec::with_capacity(waiting.len());
+        for user in &waiting {
+            let mut reader = self.reader().acquire().await?;
+            let candidates = db::claims::queued_candidates(reader.conn(), fitting, Some(user)).await?;
+            let queued = candidates.iter().map(|candidate| Queued {
+                job: candidate.id.get() as u64,
+                user,
+                // A job that does not say takes one GPU on a GPU box (the only kind counted here).
+                gpus: candidate.resources.gpus.unwrap_or(1),
+            });
+            queues.push(queued.collect::<Vec<_>>());
+        }
+        // Usage as the claims rank it: recorded GPU time, decayed, and what running jobs ran.
+        self.shares.refresh_usage(self.reader(), now).await;
+        let recorded = self.shares.usage_at(now);
+        let holdings = {
+            let mut reader = self.reader().acquire().await?;
+            db::shares::holdings(reader.conn(), now).await?
+        };
+        let mut usage: BTreeMap<&str, f64> = BTreeMap::new();
+        for user in waiting.iter().map(String::as_str).chain(running.iter().map(|job| job.owner.as_str())) {
+            let running = holdings.iter().find(|holding| holding.owner == user).map_or(0.0, |h| h.running_secs);
+            usage.insert(user, recorded.get(user).copied().unwrap_or(0.0) + running);
+        }
+        let cluster =
+            Cluster { free, running: jobs, waiting: waiting.iter().map(String::as_str).collect(), total_gpus, usage };
+        let min_runtime = self.config.min_runtime.as_millis() as i64;
+        let orders = plan(cluster, &queues, self.shares.policy(), now, min_runtime);
+        if orders.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Each order says whose sweep it makes room for.
+        let mut reasons: HashMap<u64, String> = HashMap::new();
+        for order in &orders {
+            if let std::collections::hash_map::Entry::Vacant(entry) = reasons.entry(order.for_job) {
+                let sweep = db::preemptions::sweep_of(self.reader(), JobId::new(order.for_job as i64)).await?;
+                let reason = match sweep {
+                    Some((owner, name)) => format!("preempted for {owner}'s sweep {name}"),
+                    None => "preempted for another user's job".to_string(),
+                };
+                entry.insert(reason);
+            }
+        }
+        let given: Vec<(JobId, u32, String)> = orders
+            .iter()
+            .filter_map(|order| {
+                let job = running.iter().find(|job| job.id.get() as u64 == order.job)?;
+                Some((job.id, job.attempt, reasons[&order.for_job].clone()))
+            })
+            .collect();
+        self.write(move |tx| {
+            Box::pin(async move {
+                let mut ordered = Vec::with_capacity(given.len());
+                for (job, attempt, reason) in &given {
+                    // A job that ended or was cancelled since the read is left alone.
+                    if db::preemptions::order(tx.conn().await?, *job, *attempt, reason, now).await? {
+                        tx.note(super::Change::Job(*job));
+                        ordered.push(*job);
+                    }
+                }
+                Ok(ordered)
+            })
+        })
+        .await
+    }
+}

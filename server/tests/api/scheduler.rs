@@ -1,0 +1,87 @@
+//! The scheduler's preemption pass (issue 29, item 3): when a user below their share waits
+//! and no GPU is free, the youngest preemptible jobs of a user above theirs are ordered to
+//! stop, through their worker's heartbeat, saying whose sweep they make room for; the GPUs
+//! they free go to the waiting user at the next claim. Which jobs are preemptible: the sweep
+//! says, or else (the server's default) those that have stored a checkpoint.
+
+use client::{Client, ClientOptions};
+use server::auth::Role;
+use shared::api::{ClaimRequest, ClaimedJob, HeartbeatRequest, JobAttempt, RegisterRequest, ReportRequest, WorkerId};
+use shared::job::{JobStatus, Outcome};
+use shared::placement::Capacity;
+use std::time::Duration;
+use testkit::{cpu_worker, wait_until, TestApp};
+
+const USER_A: &str = "sched-a-token-0123456789";
+const USER_B: &str = "sched-b-token-0123456789";
+const WORKER: &str = "sched-worker-token-01234";
+
+fn as_token(app: &TestApp, token: &str) -> Client {
+    Client::with_options(&app.url, &ClientOptions { token: Some(token.into()), ca_pem: None }).unwrap()
+}
+
+fn attempt(job: &ClaimedJob) -> JobAttempt {
+    JobAttempt { job_id: job.id, attempt: job.attempt }
+}
+
+#[tokio::test]
+async fn a_user_below_their_share_gets_the_gpus_of_preemptible_jobs_only() {
+    let app = TestApp::spawn_secure(
+        |config| {
+            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
+            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
+            config.min_runtime = Duration::ZERO;
+            config.reaper_interval = Duration::from_millis(100);
+        },
+        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
+    )
+    .await;
+    let worker = as_token(&app, WORKER);
+    let register = RegisterRequest { capacity: Capacity::idle_gpus(4, 4, 24 << 30), ..cpu_worker("box") };
+    let id: WorkerId = worker.register(&register).await.unwrap().worker_id;
+    // user-a: two jobs whose sweep forbids preemption, two that leave it to the server.
+    app.submit("name: kept\ncommand: \"true\"\npreemptible: false\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n").await;
+    app.submit("name: grid-a\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n").await;
+    let claim =
+        |gpus: u32| ClaimRequest { capacity: Capacity::idle_gpus(gpus, gpus, 24 << 30), wait_ms: 0, reserve: 0 };
+    let jobs = worker.claim(id, &claim(4)).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 4);
+    let running: Vec<JobAttempt> = jobs.iter().map(attempt).collect();
+    // Each of them stored a checkpoint but one of grid-a's: that one is not preemptible by
+    // default (it would start over), nor are `kept`'s, checkpoint or not.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ckpt");
+    std::fs::write(&file, b"weights").unwrap();
+    let grid_a: Vec<&ClaimedJob> = jobs.iter().filter(|job| job.sweep == "grid-a").collect();
+    for job in jobs.iter().filter(|job| job.id != grid_a[1].id) {
+        let open = tokio::fs::File::open(&file).await.unwrap();
+        worker.upload_checkpoint(job.id, job.attempt, id, open).await.unwrap();
+    }
+
+    let user_b = as_token(&app, USER_B);
+    user_b
+        .submit("name: grid-b\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n", &Default::default())
+        .await
+        .unwrap();
+    let heartbeat = HeartbeatRequest { running: running.clone(), gpus: Vec::new() };
+    let told = wait_until("the pass orders a preemption", Duration::from_secs(20), || async {
+        let told = worker.heartbeat(id, &heartbeat).await.unwrap();
+        (!told.preempt.is_empty()).then_some(told)
+    })
+    .await;
+    // user-b's share is 2 of 4, but only one job may be taken.
+    assert_eq!(told.preempt, [attempt(grid_a[0])]);
+    let report = ReportRequest { worker_id: id, attempt: grid_a[0].attempt, outcome: Outcome::Preempted };
+    assert_eq!(worker.report(grid_a[0].id, &report).await.unwrap().status, JobStatus::Queued);
+    let attempts = app.client.job_attempts(grid_a[0].id).await.unwrap();
+    assert_eq!(attempts[0].reason.as_deref(), Some("preempted for user-b's sweep grid-b"));
+    let freed = worker.claim(id, &claim(1)).await.unwrap().jobs;
+    assert_eq!(freed.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["grid-b"], "the GPU went to user-b");
+
+    let listed = app.client.sweeps().await.unwrap();
+    let preempted: Vec<(&str, u64)> = listed.iter().map(|sweep| (sweep.name.as_str(), sweep.preempted)).collect();
+    assert_eq!(preempted, [("grid-b", 0), ("grid-a", 1), ("kept", 0)]);
+    assert_eq!(app.client.sweep("grid-a").await.unwrap().info.preempted, 1);
+    let metrics = crate::metrics_text(&app, Some(USER_A)).await;
+    assert!(metrics.contains("app_preemptions_total 1\n"), "{metrics}");
+}
