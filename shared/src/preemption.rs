@@ -36,19 +36,23 @@ pub struct Running<'a> {
     pub preempted_at: Vec<i64>,
 }
 
-/// A waiting job that no free place fits: its user and the GPUs it needs on one worker.
+/// A waiting job that no free place fits: its user, the GPUs it needs on one worker, and the
+/// workers that could run it (empty: any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Need<'a> {
     pub user: &'a str,
     pub gpus: u32,
+    pub on: &'a [u64],
 }
 
-/// A queued job as the pass sees it: one of its user's, in their dispatch order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A queued job as the pass sees it: one of its user's, in their dispatch order, with the
+/// workers that could run it (by their GPUs' memory, the trainer; empty: any).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queued<'a> {
     pub job: u64,
     pub user: &'a str,
     pub gpus: u32,
+    pub on: Vec<u64>,
 }
 
 /// What the cluster looks like now.
@@ -64,6 +68,9 @@ pub struct Cluster<'a> {
     /// Each user's usage as the fair share ranks it (decayed GPU-seconds, running jobs
     /// included); a user not listed has none.
     pub usage: BTreeMap<&'a str, f64>,
+    /// Each user's running jobs without GPUs (not in `running`: they hold no GPU, but they
+    /// count against `max_running`).
+    pub cpu_running: BTreeMap<&'a str, u32>,
 }
 
 /// The jobs to preempt for a need: on `worker`, youngest first.
@@ -122,13 +129,15 @@ pub fn victims(
     }
     let rank_of = |user: &str| rank(user, cluster.usage.get(user).copied().unwrap_or(0.0), policy);
     let needing = rank_of(need.user);
+    // What the waiting user will hold per unit of weight: a victim's user keeps at least that.
+    let after = f64::from(holds(need.user) + need.gpus) / policy.weight(need.user);
     let mut best: Option<(u32, i64, Victims)> = None;
-    for (&worker, &free) in &cluster.free {
+    for (&worker, &free) in cluster.free.iter().filter(|(worker, _)| need.on.is_empty() || need.on.contains(worker)) {
         let mut candidates: Vec<&Running<'_>> = cluster
             .running
             .iter()
-            .filter(|job| job.worker == worker && job.user != need.user && may_preempt(job, now, min_runtime_ms))
-            .filter(|job| rank_of(job.user) > needing)
+            .filter(|job| job.worker == worker && job.user != need.user && job.gpus > 0)
+            .filter(|job| may_preempt(job, now, min_runtime_ms) && rank_of(job.user) > needing)
             .collect();
         // The youngest first; ties by id, so the choice does not depend on the input's order.
         candidates.sort_by_key(|job| (std::cmp::Reverse(job.started_at), job.job));
@@ -139,8 +148,10 @@ pub fn victims(
                 break;
             }
             let remaining = left.get(job.user).copied().unwrap_or(0).saturating_sub(job.gpus);
-            // Never below their own share: a user is preempted only down to it.
-            if f64::from(remaining) < share(job.user).floor() {
+            // Never below their own share, and never below the waiting user per unit of weight
+            // (with 9 GPUs between two, 5 and 4 would otherwise trade places back and forth).
+            if f64::from(remaining) < share(job.user).floor() || f64::from(remaining) / policy.weight(job.user) < after
+            {
                 continue;
             }
             left.insert(job.user, remaining);
@@ -164,7 +175,8 @@ pub fn victims(
 /// or, failing that, where [`victims`] make room; a user's first job that neither fits nor
 /// finds room (or that their quota refuses) ends their turn, as it would hold their later ones
 /// at claim time. Placed jobs count as held and used from then on, so one user never takes
-/// more than their share and a freed GPU is never counted twice. Jobs without GPUs need none.
+/// more than their share and a freed GPU is never counted twice. Jobs without GPUs need none
+/// and are never stopped.
 pub fn plan<'a>(
     mut cluster: Cluster<'a>,
     queues: &[Vec<Queued<'a>>],
@@ -183,20 +195,26 @@ pub fn plan<'a>(
     let mut orders = Vec::new();
     for (_, user, queue) in users {
         for queued in queue.iter().filter(|queued| queued.gpus > 0) {
+            let cpu = Held { gpus: 0, running: cluster.cpu_running.get(user).copied().unwrap_or(0) };
             let held = cluster
                 .running
                 .iter()
                 .filter(|job| job.user == user)
-                .fold(Held::default(), |held, job| Held { gpus: held.gpus + job.gpus, running: held.running + 1 });
+                .fold(cpu, |held, job| Held { gpus: held.gpus + job.gpus, running: held.running + 1 });
             if admits(user, held, queued.gpus, policy).is_err() {
                 break;
             }
             // Where it fits now: the worker with the fewest free GPUs that fit it.
-            let fits = cluster.free.iter().filter(|(_, free)| **free >= queued.gpus).min_by_key(|(_, free)| **free);
+            let eligible = |worker: &u64| queued.on.is_empty() || queued.on.contains(worker);
+            let fits = cluster
+                .free
+                .iter()
+                .filter(|(worker, free)| **free >= queued.gpus && eligible(worker))
+                .min_by_key(|(_, free)| **free);
             let worker = match fits.map(|(worker, _)| *worker) {
                 Some(worker) => worker,
                 None => {
-                    let need = Need { user, gpus: queued.gpus };
+                    let need = Need { user, gpus: queued.gpus, on: &queued.on };
                     let Some(chosen) = victims(need, &cluster, policy, now, min_runtime_ms) else { break };
                     for job in &chosen.jobs {
                         orders.push(Order { job: *job, for_job: queued.job });
@@ -250,15 +268,16 @@ mod tests {
     fn busy() -> Cluster<'static> {
         let running = (1..=8).map(|id| job(id, "user-a", (id - 1) / 4, 1, 10 + id as i64)).collect();
         let usage = BTreeMap::from([("user-a", 8.0 * 900.0)]);
-        Cluster { free: BTreeMap::from([(0, 0), (1, 0)]), running, waiting: vec!["user-b"], total_gpus: 8, usage }
+        let free = BTreeMap::from([(0, 0), (1, 0)]);
+        Cluster { free, running, waiting: vec!["user-b"], total_gpus: 8, usage, cpu_running: BTreeMap::new() }
     }
 
     #[test]
     fn a_user_below_their_share_takes_the_youngest_jobs_of_one_worker() {
-        let need = Need { user: "user-b", gpus: 2 };
+        let need = Need { user: "user-b", gpus: 2, on: &[] };
         let chosen = victims(need, &busy(), &Policy::default(), NOW, MIN).unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![1, 2] }, "the two youngest on worker 0");
-        let one = victims(Need { user: "user-b", gpus: 1 }, &busy(), &Policy::default(), NOW, MIN).unwrap();
+        let one = victims(Need { user: "user-b", gpus: 1, on: &[] }, &busy(), &Policy::default(), NOW, MIN).unwrap();
         assert_eq!(one.jobs, [1], "exactly what is needed");
     }
 
@@ -269,14 +288,15 @@ mod tests {
         cluster.running.retain(|job| job.worker == 0);
         cluster.running.extend((9..=12).map(|id| job(id, "user-b", 1, 1, 30)));
         cluster.usage.insert("user-b", 4.0 * 1800.0);
-        assert_eq!(victims(Need { user: "user-b", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN), None);
+        assert_eq!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN), None);
         // A third user makes each share 8/3: user-c takes from the two above theirs, the job
         // that lost least (user-a's youngest, 11 minutes, before user-b's 30).
         cluster.waiting.push("user-c");
-        let chosen = victims(Need { user: "user-c", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        let chosen =
+            victims(Need { user: "user-c", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![1] });
         // A 5-GPU need is past user-b's share of 4 even from nothing.
-        let need = Need { user: "user-b", gpus: 5 };
+        let need = Need { user: "user-b", gpus: 5, on: &[] };
         assert_eq!(victims(need, &busy(), &Policy::default(), NOW, MIN), None);
     }
 
@@ -287,7 +307,8 @@ mod tests {
         cluster.running[1].preemptible = false; // job 2
         cluster.running[2].preempted_at = vec![NOW - 50 * 60_000, NOW - 10 * 60_000]; // job 3: twice this hour
         cluster.running[3].preempted_at = vec![NOW - 2 * GUARD_MS, NOW - 10 * 60_000]; // job 4: once this hour
-        let chosen = victims(Need { user: "user-b", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        let chosen =
+            victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![4] });
         assert!(!may_preempt(&cluster.running[2], NOW, MIN));
         assert!(may_preempt(&cluster.running[2], NOW + 51 * 60_000, MIN), "an hour after the first of the two");
@@ -298,7 +319,8 @@ mod tests {
         let mut cluster = busy();
         cluster.free.insert(1, 1);
         cluster.running.retain(|job| job.job != 5); // worker 1 has one GPU free
-        let chosen = victims(Need { user: "user-b", gpus: 2 }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        let chosen =
+            victims(Need { user: "user-b", gpus: 2, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
         assert_eq!(chosen, Victims { worker: 1, jobs: vec![6] }, "one job lost instead of two");
         // Weights: user-b weighs 3, so its share is 6 of 8 and user-a's 2; user-a, holding 4
         // after losing worker 0's jobs, may lose 2 more but not 3.
@@ -307,9 +329,13 @@ mod tests {
         cluster.running.retain(|job| job.worker == 1);
         cluster.running.extend((9..=12).map(|id| job(id, "user-b", 0, 1, 30)));
         cluster.usage.insert("user-b", 100.0);
-        let two = victims(Need { user: "user-b", gpus: 2 }, &cluster, &policy, NOW, MIN).unwrap();
+        let two = victims(Need { user: "user-b", gpus: 2, on: &[] }, &cluster, &policy, NOW, MIN).unwrap();
         assert_eq!(two, Victims { worker: 1, jobs: vec![5, 6] });
-        assert_eq!(victims(Need { user: "user-b", gpus: 3 }, &cluster, &policy, NOW, MIN), None, "past user-b's 6");
+        assert_eq!(
+            victims(Need { user: "user-b", gpus: 3, on: &[] }, &cluster, &policy, NOW, MIN),
+            None,
+            "past user-b's 6"
+        );
     }
 
     #[test]
@@ -317,14 +343,14 @@ mod tests {
         // user-b used more than user-a lately: a claim would give freed GPUs back to user-a.
         let mut cluster = busy();
         cluster.usage.insert("user-b", 9.0 * 900.0);
-        assert_eq!(victims(Need { user: "user-b", gpus: 1 }, &cluster, &Policy::default(), NOW, MIN), None);
+        assert_eq!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN), None);
         // With a weight of 2, user-b's 8,100 GPU-seconds rank as 4,050: before user-a's 7,200.
         let policy = Policy { weights: BTreeMap::from([("user-b".to_string(), 2.0)]), ..Policy::default() };
-        assert!(victims(Need { user: "user-b", gpus: 1 }, &cluster, &policy, NOW, MIN).is_some());
+        assert!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &policy, NOW, MIN).is_some());
     }
 
     fn queue(user: &'static str, first: u64, jobs: u64, gpus: u32) -> Vec<Queued<'static>> {
-        (first..first + jobs).map(|job| Queued { job, user, gpus }).collect()
+        (first..first + jobs).map(|job| Queued { job, user, gpus, on: Vec::new() }).collect()
     }
 
     #[test]
@@ -365,5 +391,35 @@ mod tests {
         jobs.extend(queue("user-b", 103, 1, 1));
         assert_eq!(plan(busy(), &[jobs], &Policy::default(), NOW, MIN), [Order { job: 1, for_job: 103 }]);
         assert_eq!(plan(Cluster::default(), &[queue("user-b", 1, 2, 1)], &Policy::default(), NOW, MIN), []);
+    }
+
+    #[test]
+    fn jobs_without_gpus_are_never_stopped_and_only_workers_that_could_run_the_job_are_looked_at() {
+        let mut cluster = busy();
+        // A CPU job on worker 0, younger than every GPU job there: it frees nothing.
+        cluster.running.push(job(99, "user-a", 0, 0, 10));
+        let chosen =
+            victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 0, jobs: vec![1] });
+        // The job can only run on worker 1 (its GPUs' memory, say).
+        let chosen =
+            victims(Need { user: "user-b", gpus: 1, on: &[1] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 1, jobs: vec![5] });
+        let mut jobs = queue("user-b", 100, 1, 1);
+        jobs[0].on = vec![7];
+        assert_eq!(plan(busy(), &[jobs], &Policy::default(), NOW, MIN), [], "no worker can run it");
+    }
+
+    #[test]
+    fn an_odd_gpu_does_not_change_hands_back_and_forth() {
+        // 9 GPUs, two users: user-a holds 5, user-b 4; user-b, now ranking first, would reach
+        // 5 (its share rounded up) and leave user-a 4 (its share rounded down): then user-a
+        // would rank first, and so on. The one holding more keeps it.
+        let running: Vec<Running<'static>> =
+            (1..=9).map(|id| job(id, if id <= 5 { "user-a" } else { "user-b" }, (id - 1) / 5, 1, 20)).collect();
+        let usage = BTreeMap::from([("user-a", 5.0 * 1200.0), ("user-b", 4.0 * 1200.0)]);
+        let free = BTreeMap::from([(0, 0), (1, 0)]);
+        let cluster = Cluster { free, running, waiting: vec!["user-b"], total_gpus: 9, usage, ..Cluster::default() };
+        assert_eq!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN), None);
     }
 }

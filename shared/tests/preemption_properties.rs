@@ -1,6 +1,6 @@
 //! Property tests of `shared::preemption::plan` on random clusters: every order stops a job
-//! that may be stopped, of another user who ranks after the one it is for, once; no user is
-//! left below their share by the orders, and none is given more than theirs by them.
+//! that may be stopped (and frees a GPU), of another user who ranks after the one it is for,
+//! once; no user is left below their share by the orders, and none is given more than theirs.
 
 use proptest::prelude::*;
 use shared::fair_share::{rank, Policy};
@@ -32,7 +32,7 @@ fn cluster(sizes: &[u32], drawn: &[Drawn], usage: &[f64]) -> Cluster<'static> {
         });
     }
     let usage = USERS.iter().zip(usage).map(|(user, usage)| (*user, *usage)).collect();
-    Cluster { free, running, waiting: Vec::new(), total_gpus: sizes.iter().sum(), usage }
+    Cluster { free, running, waiting: Vec::new(), total_gpus: sizes.iter().sum(), usage, ..Cluster::default() }
 }
 
 proptest! {
@@ -41,7 +41,7 @@ proptest! {
     #[test]
     fn orders_stop_only_what_may_be_stopped_and_keep_everyone_within_shares(
         sizes in prop::collection::vec(1u32..=8, 1..=4),
-        drawn in prop::collection::vec((0usize..4, 1u32..=3, 0i64..60, any::<bool>(), 0usize..=2), 0..30),
+        drawn in prop::collection::vec((0usize..4, 0u32..=3, 0i64..60, any::<bool>(), 0usize..=2), 0..30),
         usage in prop::collection::vec(0.0f64..1e5, 4),
         waiting in prop::collection::vec((0usize..4, 1u32..=4, 0u32..=3), 1..=4),
         weights in prop::collection::vec(1u32..=3, 4),
@@ -52,7 +52,7 @@ proptest! {
         let mut queues: BTreeMap<usize, Vec<Queued<'static>>> = BTreeMap::new();
         for (at, (user, jobs, gpus)) in waiting.iter().enumerate() {
             let queue = queues.entry(*user).or_default();
-            queue.extend((0..*jobs).map(|job| Queued { job: 1_000 + at as u64 * 10 + u64::from(job), user: USERS[*user], gpus: *gpus }));
+            queue.extend((0..*jobs).map(|job| Queued { job: 1_000 + at as u64 * 10 + u64::from(job), user: USERS[*user], gpus: *gpus, on: Vec::new() }));
         }
         cluster.waiting = queues.keys().map(|user| USERS[*user]).collect();
         let queues: Vec<Vec<Queued<'static>>> = queues.into_values().collect();
@@ -67,6 +67,7 @@ proptest! {
             prop_assert!(stopped.insert(order.job), "job {} ordered twice", order.job);
             let job = cluster.running.iter().find(|job| job.job == order.job).expect("a running job");
             prop_assert!(may_preempt(job, NOW, MIN_RUNTIME), "{job:?} may not be preempted");
+            prop_assert!(job.gpus > 0, "{job:?} frees no GPU");
             let for_user = owner_of(order.for_job).expect("a queued job");
             prop_assert_ne!(job.user, for_user);
             let rank_of = |user: &str| rank(user, usage[USERS.iter().position(|u| *u == user).unwrap()], &policy);

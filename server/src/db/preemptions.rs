@@ -53,7 +53,7 @@ pub async fn reason_of(
     })
 }
 
-/// A running job as the scheduler's pass reads it.
+/// A running job as the scheduler's passes read it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunningJob {
     pub id: JobId,
@@ -63,6 +63,8 @@ pub struct RunningJob {
     /// The GPU indices it holds on its worker.
     pub gpu_ids: Vec<u32>,
     pub started_at: i64,
+    /// Its sweep's `timeout`, in seconds.
+    pub timeout_secs: Option<u64>,
     /// Its sweep's `preemptible` key, if the sweep said.
     pub preemptible: Option<bool>,
     /// It has stored a checkpoint (any attempt).
@@ -79,7 +81,7 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, since: i64) -> anyhow::Result
     on_pool!(pool, |pool, engine| {
         let hint = engine.pick(" INDEXED BY jobs_running_by_lease", "");
         let rows = sql::query(&format!(
-            "SELECT j.id, j.attempt, j.owner, j.worker_id, j.gpu_ids, j.started_at, s.preemptible,
+            "SELECT j.id, j.attempt, j.owner, j.worker_id, j.gpu_ids, j.started_at, j.timeout_secs, s.preemptible,
                     EXISTS (SELECT 1 FROM checkpoints c WHERE c.job_id = j.id) AS checkpointed, j.preempt_attempt
              FROM jobs j{hint} JOIN sweeps s ON s.id = j.sweep_id WHERE j.status = 'running'"
         ))
@@ -107,6 +109,7 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, since: i64) -> anyhow::Result
                     worker: row.get_as("worker_id")?,
                     gpu_ids,
                     started_at: row.get_as::<Option<i64>>("started_at")?.unwrap_or(0),
+                    timeout_secs: row.get_as::<Option<i64>>("timeout_secs")?.map(|secs| secs.max(0) as u64),
                     preemptible: row.get_as::<Option<i64>>("preemptible")?.map(|flag| flag != 0),
                     checkpointed: row.get_as("checkpointed")?,
                     ordered: row.get_as::<Option<i64>>("preempt_attempt")? == Some(attempt),
@@ -139,12 +142,4 @@ pub async fn counts_by_sweep(pool: impl Into<PoolRef<'_>>) -> sql::Result<Vec<(s
         .await
     })?;
     Ok(rows.into_iter().map(|(sweep, count)| (shared::api::SweepId::new(sweep), count.max(0) as u64)).collect())
-}
-
-/// Preemptions ever ordered.
-pub async fn total(pool: impl Into<PoolRef<'_>>) -> sql::Result<u64> {
-    let pool = pool.into();
-    let count: i64 =
-        on_pool!(pool, |pool, engine| sql::query_scalar("SELECT count(*) FROM preemptions").fetch_one(pool).await)?;
-    Ok(count.max(0) as u64)
 }

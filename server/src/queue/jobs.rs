@@ -99,6 +99,7 @@ impl Queue {
             })
         })
         .await
+        .inspect(|_| self.meters.preempted(1, false))
     }
 
     /// Cancels every listed job that is queued or running; the others are named in `skipped`.

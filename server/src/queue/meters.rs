@@ -1,6 +1,6 @@
 //! What this server process counted since it started, for `/metrics`: jobs claimed, attempts
-//! reported, sweeps and jobs submitted, leases that ran out, jobs lost with their worker, and
-//! the time each request took, by route.
+//! reported, sweeps and jobs submitted, leases that ran out, jobs lost with their worker,
+//! preemptions ordered, and the time each request took, by route.
 //!
 //! The queue service calls one method here after a write unit committed (never inside one,
 //! so a rolled-back unit counts nothing). Counters live in the process: they restart at zero
@@ -84,7 +84,13 @@ pub struct Meters {
     jobs_submitted: Counter,
     lease_expiries: Counter,
     crashes: Family<CauseLabel, Counter>,
+    preemptions: Family<ByLabel, Counter>,
     requests: RequestHistograms,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByLabel {
+    by: &'static str,
 }
 
 impl Default for Meters {
@@ -97,6 +103,13 @@ impl Default for Meters {
             jobs_submitted: Counter::default(),
             lease_expiries: Counter::default(),
             crashes: Family::default(),
+            preemptions: {
+                let family = Family::<ByLabel, Counter>::default();
+                for by in ["scheduler", "hand"] {
+                    let _ = family.get_or_create(&ByLabel { by });
+                }
+                family
+            },
             requests: Family::new_with_constructor(request_histogram as fn() -> Histogram),
         }
     }
@@ -150,6 +163,13 @@ impl Meters {
         self.requests.get_or_create(labels).observe(seconds);
     }
 
+    /// `jobs` running jobs were ordered to stop, by the scheduler's pass (`by_scheduler`) or by
+    /// hand.
+    pub fn preempted(&self, jobs: usize, by_scheduler: bool) {
+        let by = if by_scheduler { "scheduler" } else { "hand" };
+        self.preemptions.get_or_create(&ByLabel { by }).inc_by(jobs as u64);
+    }
+
     /// Adds every meter to `registry` (clones sharing the same values).
     pub fn register(&self, registry: &mut Registry) {
         registry.register("app_jobs_claimed", "Jobs handed to workers by claims", self.claimed.clone());
@@ -181,6 +201,11 @@ impl Meters {
             self.crashes.clone(),
         );
         registry.register(
+            "app_preemptions",
+            "Running jobs ordered to stop and requeue, by the scheduler for a user below their share or by hand",
+            self.preemptions.clone(),
+        );
+        registry.register(
             "app_http_request_duration_seconds",
             "Time from a request's arrival to its answer's headers, by route template (long polls included)",
             self.requests.clone(),
@@ -210,10 +235,12 @@ mod tests {
         meters.reported(JobStatus::Queued);
         meters.leases_expired(&LeaseExpiry { requeued: 2, failed: 1 });
         meters.lost_on_restart(1);
+        meters.preempted(2, true);
         let labels = RequestLabels { method: "GET".into(), route: "/api/jobs/{id}".into(), status: 200 };
         meters.request(&labels, 0.003);
         let text = encoded(&meters);
         for line in [
+            "app_preemptions_total{by=\"scheduler\"} 2",
             "app_sweeps_submitted_total 1",
             "app_jobs_submitted_total 6",
             "app_jobs_claimed_total 3",

@@ -12,15 +12,60 @@ use super::Queue;
 use crate::config::Preemptible;
 use crate::db::{self, now_ms};
 use crate::error::ApiResult;
-use shared::api::{JobId, WorkerState};
+use shared::api::{JobId, WorkerId, WorkerState};
+use shared::placement::Capacity;
 use shared::preemption::{plan, Cluster, Queued, Running, GUARD_MS};
+use shared::sweep::Resources;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The most queued jobs read per waiting user (past this many GPUs' worth, no user's share
 /// grows).
 const MAX_READ: u32 = 1_024;
 
+/// A healthy worker's GPUs and how many of them no running job holds (a job ordered to stop
+/// counts as gone).
+pub(super) struct Live {
+    pub id: WorkerId,
+    pub gpus: u32,
+    pub free: u32,
+    /// What it registered with: its GPUs (all of them) and what it can run.
+    pub capacity: Capacity,
+}
+
+impl Live {
+    /// Whether it could ever run a job asking for `resources` (its GPUs' memory, the trainer).
+    pub(super) fn could_run(&self, resources: &Resources) -> bool {
+        let mut idle = self.capacity.clone();
+        idle.job_slots = idle.job_slots.max(1);
+        for gpu in &mut idle.gpus {
+            (gpu.memory_free, gpu.exclusive_held, gpu.shared_jobs) = (gpu.memory_total, false, 0);
+        }
+        shared::placement::place(resources, &idle).is_some()
+    }
+}
+
 impl Queue {
+    /// The healthy workers (heartbeating on time) with their GPUs free of `running`'s jobs.
+    pub(super) async fn live_workers(&self, running: &[db::preemptions::RunningJob], now: i64) -> ApiResult<Vec<Live>> {
+        let (heartbeat, lease) = (self.config.heartbeat.as_millis() as u64, self.config.lease.as_millis() as u64);
+        let workers = db::workers::list(self.reader(), now, heartbeat, lease).await?;
+        let mut held: HashMap<i64, BTreeSet<u32>> = HashMap::new();
+        for job in running.iter().filter(|job| !job.ordered) {
+            if let Some(worker) = job.worker {
+                held.entry(worker).or_default().extend(&job.gpu_ids);
+            }
+        }
+        Ok(workers
+            .iter()
+            .filter(|worker| worker.state == WorkerState::Healthy)
+            .map(|worker| {
+                let gpus = worker.capacity.gpus.len() as u32;
+                let taken = held.get(&worker.id.get()).map_or(0, |gpus| gpus.len()) as u32;
+                Live { id: worker.id, gpus, free: gpus.saturating_sub(taken), capacity: worker.capacity.clone() }
+            })
+            .collect())
+    }
+
     /// Whether the pass may have work: someone waits. The reaper then runs it every second.
     pub fn preemption_may_be_due(&self) -> bool {
         self.shares.anyone_waits()
@@ -46,43 +91,38 @@ impl Queue {
         if running.iter().all(|job| waiting.len() == 1 && job.owner == waiting[0]) {
             return Ok(Vec::new());
         }
-        let (heartbeat, lease) = (self.config.heartbeat.as_millis() as u64, self.config.lease.as_millis() as u64);
-        let workers = db::workers::list(self.reader(), now, heartbeat, lease).await?;
-        let mut free: BTreeMap<u64, u32> = BTreeMap::new();
-        let mut held: HashMap<i64, BTreeSet<u32>> = HashMap::new();
-        for job in running.iter().filter(|job| !job.ordered) {
-            if let Some(worker) = job.worker {
-                held.entry(worker).or_default().extend(&job.gpu_ids);
-            }
-        }
-        for worker in workers.iter().filter(|worker| worker.state == WorkerState::Healthy) {
-            let id = worker.id.get();
-            let taken = held.get(&id).map_or(0, |gpus| gpus.len());
-            free.insert(id as u64, worker.capacity.gpus.len().saturating_sub(taken) as u32);
-        }
-        let total_gpus: u32 = workers
-            .iter()
-            .filter(|worker| worker.state == WorkerState::Healthy)
-            .map(|worker| worker.capacity.gpus.len() as u32)
-            .sum();
+        let live = self.live_workers(&running, now).await?;
+        let free: BTreeMap<u64, u32> = live.iter().map(|worker| (worker.id.get() as u64, worker.free)).collect();
+        let total_gpus: u32 = live.iter().map(|worker| worker.gpus).sum();
         if total_gpus == 0 {
             return Ok(Vec::new());
         }
         let default = self.config.preemptible;
+        // A GPU two jobs share is not freed by stopping one of them: neither is stopped.
+        let mut sharing: HashMap<(Option<i64>, u32), u32> = HashMap::new();
+        for job in running.iter().filter(|job| !job.ordered) {
+            for gpu in &job.gpu_ids {
+                *sharing.entry((job.worker, *gpu)).or_default() += 1;
+            }
+        }
+        let shares_a_gpu =
+            |job: &db::preemptions::RunningJob| job.gpu_ids.iter().any(|gpu| sharing[&(job.worker, *gpu)] > 1);
+        // Jobs without GPUs hold none to give (and their users no part of the GPUs' shares).
         let jobs: Vec<Running<'_>> = running
             .iter()
-            .filter(|job| !job.ordered)
+            .filter(|job| !job.ordered && !job.gpu_ids.is_empty())
             .map(|job| Running {
                 job: job.id.get() as u64,
                 user: &job.owner,
                 worker: job.worker.map_or(u64::MAX, |worker| worker as u64),
                 gpus: job.gpu_ids.len() as u32,
                 started_at: job.started_at,
-                preemptible: job.preemptible.unwrap_or(match default {
-                    Preemptible::All => true,
-                    Preemptible::Never => false,
-                    Preemptible::Checkpointing => job.checkpointed,
-                }),
+                preemptible: !shares_a_gpu(job)
+                    && job.preemptible.unwrap_or(match default {
+                        Preemptible::All => true,
+                        Preemptible::Never => false,
+                        Preemptible::Checkpointing => job.checkpointed,
+                    }),
                 preempted_at: job.preempted_at.clone(),
             })
             .collect();
@@ -90,20 +130,39 @@ impl Queue {
             gpus: u32::MAX,
             max_free_memory: u64::MAX,
             trainer: true,
-            limit: total_gpus.min(MAX_READ),
+            // Jobs without GPUs are read too (and passed over): a few times the GPUs.
+            limit: total_gpus.saturating_mul(4).min(MAX_READ),
         };
         let mut queues = Vec::with_capacity(waiting.len());
         for user in &waiting {
             let mut reader = self.reader().acquire().await?;
             let candidates = db::claims::queued_candidates(reader.conn(), fitting, Some(user)).await?;
-            let queued = candidates.iter().map(|candidate| Queued {
-                job: candidate.id.get() as u64,
-                user,
-                // A job that does not say takes one GPU on a GPU box (the only kind counted here).
-                gpus: candidate.resources.gpus.unwrap_or(1),
+            let queued = candidates.iter().map(|candidate| {
+                let able: Vec<u64> =
+                    live.iter().filter(|w| w.could_run(&candidate.resources)).map(|w| w.id.get() as u64).collect();
+                Queued {
+                    job: candidate.id.get() as u64,
+                    user,
+                    // A job that does not say takes one GPU on a GPU box (the only kind here).
+                    gpus: candidate.resources.gpus.unwrap_or(1),
+                    // Nobody able: no worker to free for it (an empty list would mean any).
+                    on: if able.len() == live.len() {
+                        Vec::new()
+                    } else if able.is_empty() {
+                        vec![u64::MAX]
+                    } else {
+                        able
+                    },
+                }
             });
             queues.push(queued.collect::<Vec<_>>());
         }
+        // Users with GPU work share the GPUs: those whose waiting jobs ask for some.
+        let gpu_waiting: Vec<&str> = queues
+            .iter()
+            .filter(|queue| queue.iter().any(|queued| queued.gpus > 0))
+            .filter_map(|queue| queue.first().map(|queued| queued.user))
+            .collect();
         // Usage as the claims rank it: recorded GPU time, decayed, and what running jobs ran.
         self.shares.refresh_usage(self.reader(), now).await;
         let recorded = self.shares.usage_at(now);
@@ -116,8 +175,11 @@ impl Queue {
             let running = holdings.iter().find(|holding| holding.owner == user).map_or(0.0, |h| h.running_secs);
             usage.insert(user, recorded.get(user).copied().unwrap_or(0.0) + running);
         }
-        let cluster =
-            Cluster { free, running: jobs, waiting: waiting.iter().map(String::as_str).collect(), total_gpus, usage };
+        let mut cpu_running: BTreeMap<&str, u32> = BTreeMap::new();
+        for job in running.iter().filter(|job| job.gpu_ids.is_empty()) {
+            *cpu_running.entry(job.owner.as_str()).or_default() += 1;
+        }
+        let cluster = Cluster { free, running: jobs, waiting: gpu_waiting, total_gpus, usage, cpu_running };
         let min_runtime = self.config.min_runtime.as_millis() as i64;
         let orders = plan(cluster, &queues, self.shares.policy(), now, min_runtime);
         if orders.is_empty() {
@@ -156,5 +218,6 @@ impl Queue {
             })
         })
         .await
+        .inspect(|ordered| self.meters.preempted(ordered.len(), true))
     }
 }

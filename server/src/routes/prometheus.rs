@@ -5,7 +5,7 @@
 //! counts), workers by state, and each GPU's latest reading, labelled as DCGM exporter users
 //! expect to find them (`worker`, `gpu` index, `uuid`, `model`), in base units (ratios,
 //! bytes, degrees Celsius, watts), and each user's GPU time over the last day and week
-//! (`user`, `window`), and the preemptions ever ordered. The answer is OpenMetrics when the scraper asks for it (as Prometheus
+//! (`user`, `window`). The answer is OpenMetrics when the scraper asks for it (as Prometheus
 //! does) and the classic text format 0.0.4 otherwise (curl, `promtool check metrics`). Behind
 //! the user token unless the server is told `metrics_public`.
 
@@ -107,13 +107,6 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> ApiResult
     );
     register_gpus(&mut registry, &gpus);
     register_usage(&mut registry, &state).await?;
-    let preemptions = prometheus_client::metrics::counter::Counter::<u64>::default();
-    preemptions.inc_by(db::preemptions::total(reader).await?);
-    registry.register(
-        "app_preemptions",
-        "Running jobs preempted (by the scheduler for a user below their share, or by hand), on every replica",
-        preemptions,
-    );
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)
         .map_err(|error| anyhow::anyhow!("encoding the metrics: {error}"))?;

@@ -83,5 +83,5 @@ async fn a_user_below_their_share_gets_the_gpus_of_preemptible_jobs_only() {
     assert_eq!(preempted, [("grid-b", 0), ("grid-a", 1), ("kept", 0)]);
     assert_eq!(app.client.sweep("grid-a").await.unwrap().info.preempted, 1);
     let metrics = crate::metrics_text(&app, Some(USER_A)).await;
-    assert!(metrics.contains("app_preemptions_total 1\n"), "{metrics}");
+    assert!(metrics.contains("app_preemptions_total{by=\"scheduler\"} 1\n"), "{metrics}");
 }

@@ -90,9 +90,9 @@ fn watch(ranks: &mut [RankProcess]) -> Result<(), TrainError> {
             }
             let Ok(Some(status)) = rank.child.try_wait() else { continue };
             finished[index] = true;
-            // Told to stop (SIGTERM reached the whole group): each rank saves the same epoch
-            // and exits; the others are left to do so.
-            if crate::stop::requested() && status.code() == Some(crate::stop::EXIT_STATUS) {
+            // A rank exits with 143 only once told to stop (SIGTERM, to it or to any rank: they
+            // agree after each epoch), having saved that epoch: the others do the same.
+            if status.code() == Some(crate::stop::EXIT_STATUS) {
                 stopped = true;
                 continue;
             }
