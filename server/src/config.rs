@@ -68,6 +68,8 @@ pub struct ServerConfig {
     pub min_runtime: Duration,
     /// Which jobs the scheduler may preempt when their sweep does not say.
     pub preemptible: Preemptible,
+    /// A job of several GPUs that waited this long holds a worker until it fits (backfill).
+    pub backfill_after: Duration,
 }
 
 /// Which jobs the scheduler may preempt when their sweep has no `preemptible` key.
@@ -142,6 +144,7 @@ impl Default for ServerConfig {
             preempt_grace: Duration::from_secs(120),
             min_runtime: Duration::from_secs(600),
             preemptible: Preemptible::Checkpointing,
+            backfill_after: Duration::from_secs(900),
         }
     }
 }
@@ -194,6 +197,8 @@ pub struct ServerFile {
     /// Which jobs the scheduler may preempt when their sweep does not say: `true`, `false`
     /// or `"checkpointing"` (the default: jobs that have stored a checkpoint).
     pub preemptible: Option<PreemptibleFile>,
+    /// A job of several GPUs that waited this long holds a worker as its GPUs free up (900 s).
+    pub backfill_after_secs: Option<f64>,
     /// User tokens given as a value (APP_USER_TOKEN, comma-separated `[admin:][NAME:]TOKEN`);
     /// never read from a file's table.
     #[serde(skip)]
@@ -271,6 +276,7 @@ impl ServerFile {
             preempt_grace_secs: self.preempt_grace_secs.or(lower.preempt_grace_secs),
             min_runtime_secs: self.min_runtime_secs.or(lower.min_runtime_secs),
             preemptible: self.preemptible.or(lower.preemptible),
+            backfill_after_secs: self.backfill_after_secs.or(lower.backfill_after_secs),
         }
     }
 }
@@ -331,6 +337,13 @@ impl ServerConfig {
         }
         if let Some(value) = &file.preemptible {
             self.preemptible = Preemptible::parse(value)?;
+        }
+        if let Some(value) = file.backfill_after_secs {
+            // 0 holds a worker for a large job as soon as one waits.
+            self.backfill_after = match Duration::try_from_secs_f64(value) {
+                Ok(duration) if duration <= Duration::from_secs(7 * 86_400) => duration,
+                _ => anyhow::bail!("`backfill_after_secs` must be a number of seconds from 0 to 604800, not {value}"),
+            };
         }
         if let Some(value) = file.header_timeout_secs {
             self.header_timeout = seconds(value, "header_timeout_secs")?;

@@ -1,6 +1,7 @@
 //! Background upkeep. The reaper requeues running jobs whose worker stopped heartbeating
 //! (lease expired) and fails them with `worker_lost` once they were lost `max_crashes` times;
-//! while jobs wait, it runs the scheduler's preemption pass every second (`queue::preempter`);
+//! while jobs wait, it runs the scheduler's passes every second (`queue::preempter`, then
+//! `queue::reservations`);
 //! now and then it also prunes old GPU telemetry and removes the staged uploads of attempts
 //! that ended unsealed. The checkpointer keeps the SQLite write-ahead log short.
 //!
@@ -32,6 +33,8 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
     let mut last_pass = now_ms();
     let mut planned = Duration::ZERO;
     let mut next_reap = tokio::time::Instant::now();
+    // Time the scheduler's passes took since the last reap.
+    let mut passing = Duration::ZERO;
     // Replicas on one PostgreSQL database: one of them reaps, the others stand by.
     let mut leadership = queue.db().postgres_pool().map(|pool| db::postgres::Leadership::new(pool.clone()));
     loop {
@@ -39,6 +42,8 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
             if !leadership.lead().await {
                 last_pass = now_ms();
                 planned = config.reaper_interval;
+                // Leading again, it reaps at once.
+                next_reap = tokio::time::Instant::now();
                 tokio::select! {
                     _ = tokio::time::sleep(planned) => {}
                     _ = shutting_down.wait_for(|stop| *stop) => return,
@@ -50,7 +55,8 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
             let now = now_ms();
             let gap = Duration::from_millis(now.saturating_sub(last_pass).max(0) as u64);
             last_pass = now;
-            if gap > planned + margin * 2 {
+            // The passes below may have kept the loop past its planned wake: not a pause.
+            if gap > planned + passing + margin * 2 {
                 // As after a restart: workers get a lease to reach us before their jobs count as lost.
                 match queue.extend_all_leases().await {
                     Ok(jobs) => tracing::warn!(?gap, jobs, "the server was paused; running jobs keep their leases"),
@@ -92,13 +98,19 @@ pub async fn run(queue: Arc<Queue>, mut shutting_down: watch::Receiver<bool>) {
             }
             planned = next_pass(&queue, upkeep_every).await;
             next_reap = tokio::time::Instant::now() + planned;
+            passing = Duration::ZERO;
         }
         if queue.preemption_may_be_due() {
+            let started = tokio::time::Instant::now();
             match queue.preempt_for_shares().await {
                 Ok(jobs) if jobs.is_empty() => {}
                 Ok(jobs) => tracing::info!(?jobs, "preempted for users below their share"),
                 Err(error) => tracing::error!(error = ?error, "the preemption pass"),
             }
+            if let Err(error) = queue.reserve_for_large_jobs().await {
+                tracing::error!(error = ?error, "the reservation pass");
+            }
+            passing += started.elapsed();
         }
         // While jobs wait, the preemption pass runs every second; the leases keep their times.
         let wake = match queue.preemption_may_be_due() {

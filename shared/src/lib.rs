@@ -6,6 +6,7 @@
 //! so a change to the protocol shows up as a compile error on both sides.
 
 pub mod api;
+pub mod backfill;
 pub mod capabilities;
 pub mod dotted;
 pub mod fair_share;

@@ -85,6 +85,10 @@ pub struct ServerFlags {
     /// stored a checkpoint)
     #[arg(long, value_name = "true|false|checkpointing")]
     pub preemptible: Option<String>,
+    /// A job of several GPUs that waited this long holds a worker as its GPUs free up; others
+    /// use them meanwhile only if their timeout ends first (default 900)
+    #[arg(long, value_name = "SECONDS")]
+    pub backfill_after_secs: Option<f64>,
     /// Allow listening beyond loopback without tokens (anyone who reaches the port can then
     /// run commands on every worker)
     #[arg(long)]
@@ -233,6 +237,7 @@ impl Layer {
                 preempt_grace_secs: server.preempt_grace_secs,
                 min_runtime_secs: server.min_runtime_secs,
                 preemptible: server.preemptible.clone().map(server::config::PreemptibleFile::Text),
+                backfill_after_secs: server.backfill_after_secs,
                 ..ServerFile::default()
             },
             worker: WorkerFile {

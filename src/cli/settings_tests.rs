@@ -282,9 +282,11 @@ fn preemption_settings_come_from_the_file_and_the_flags_and_bad_ones_are_refused
     let text = "[server]\nmin_runtime_secs = 30\npreemptible = false\n";
     let server = settings(Mode::ServerOnly, file(text), Layer::default(), Layer::default()).server;
     assert_eq!((server.min_runtime, server.preemptible), (Duration::from_secs(30), Preemptible::Never));
-    let flags = flags(&["--min-runtime-secs", "0", "--preemptible", "true"]);
+    assert_eq!(defaults.backfill_after, Duration::from_secs(900));
+    let flags = flags(&["--min-runtime-secs", "0", "--preemptible", "true", "--backfill-after-secs", "60"]);
     let server = settings(Mode::ServerOnly, file(text), Layer::default(), flags).server;
     assert_eq!((server.min_runtime, server.preemptible), (Duration::ZERO, Preemptible::All), "the flags win");
+    assert_eq!(server.backfill_after, Duration::from_secs(60));
     let word = settings(
         Mode::ServerOnly,
         file("[server]\npreemptible = \"checkpointing\"\n"),
@@ -296,6 +298,7 @@ fn preemption_settings_come_from_the_file_and_the_flags_and_bad_ones_are_refused
         ("[server]\nmin_runtime_secs = -1\n", "`min_runtime_secs` must be a number of seconds from 0 to 604800"),
         ("[server]\nmin_runtime_secs = 1e9\n", "`min_runtime_secs` must be a number of seconds from 0 to 604800"),
         ("[server]\npreemptible = \"sometimes\"\n", "`preemptible` must be true, false or \"checkpointing\""),
+        ("[server]\nbackfill_after_secs = -3\n", "`backfill_after_secs` must be a number of seconds from 0 to 604800"),
     ] {
         let error = assemble(Mode::ServerOnly, file(text), Layer::default(), Layer::default(), false).unwrap_err();
         assert!(error.to_string().contains(expected), "{text}: {error}");

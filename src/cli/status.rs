@@ -77,6 +77,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                     if sweep.preempted > 0 {
                         writeln!(out, "{}: {}", sweep.name, preempted_sentence(sweep.preempted))?;
                     }
+                    if let Some(reserved) = &sweep.reserved {
+                        writeln!(out, "{}: {}", sweep.name, reserved_sentence(reserved, now))?;
+                    }
                 }
             }
             return Ok(());
@@ -98,6 +101,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 }
                 if sweep.preempted > 0 {
                     writeln!(out, "{}", preempted_sentence(sweep.preempted))?;
+                }
+                if let Some(reserved) = &sweep.reserved {
+                    writeln!(out, "{}", reserved_sentence(reserved, now))?;
                 }
                 if let Some(reason) = &detail.unplaceable {
                     writeln!(out, "its queued jobs cannot run on any connected worker: {reason}")?;
@@ -353,5 +359,18 @@ fn lines(values: impl IntoIterator<Item = String>) -> String {
 /// `app status`'s line for a sweep whose jobs were preempted.
 fn preempted_sentence(times: u64) -> String {
     let times = if times == 1 { "once".to_string() } else { format!("{times} times") };
-    format!("its jobs were preempted {times} (each resumes from its checkpoint, no retry spent)")
+    format!("its jobs were preempted {times} (requeued with no retry spent, to resume from their last checkpoint)")
+}
+
+/// `app status`'s line for a sweep whose large job holds a worker.
+fn reserved_sentence(reserved: &shared::api::Reserved, now: i64) -> String {
+    let when = match reserved.starts_at {
+        Some(at) if at <= now => "now".to_string(),
+        Some(at) => format!("within {}", format::duration_ms((at - now).max(0))),
+        None => "when a job without a timeout ends".to_string(),
+    };
+    format!(
+        "job {} holds worker {} and starts there {when}; meanwhile its GPUs go only to jobs that end before",
+        reserved.job, reserved.worker
+    )
 }

@@ -108,6 +108,7 @@ fn sweeps() -> Vec<SweepInfo> {
             paused: None,
             held_back: None,
             preempted: 0,
+            reserved: None,
         },
         SweepInfo {
             id: SweepId::new(2),
@@ -120,6 +121,7 @@ fn sweeps() -> Vec<SweepInfo> {
             paused: None,
             held_back: None,
             preempted: 0,
+            reserved: None,
         },
     ]
 }

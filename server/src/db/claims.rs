@@ -149,6 +149,20 @@ pub async fn claim(conn: impl Into<Conn<'_>>, claim: PlainClaim) -> sql::Result<
 pub struct Candidate {
     pub id: JobId,
     pub resources: Resources,
+    /// Its sweep's `timeout`, in seconds.
+    pub timeout_secs: Option<u64>,
+}
+
+impl Candidate {
+    /// From a row with `id`, the resource columns and `timeout_secs`.
+    pub fn from_row(row: &impl DbRow) -> anyhow::Result<Candidate> {
+        let timeout: Option<i64> = row.get_as("timeout_secs")?;
+        Ok(Candidate {
+            id: JobId::new(row.get_as("id")?),
+            resources: super::jobs::resources_of(row)?,
+            timeout_secs: timeout.map(|secs| secs.max(0) as u64),
+        })
+    }
 }
 
 /// What a claim batch asks of the queue: jobs that could fit a worker with `gpus` GPUs, the
@@ -178,7 +192,7 @@ pub async fn queued_candidates(
         let hint = engine.pick(format!(" INDEXED BY {index}"), String::new());
         let of_owner = if owner.is_some() { " AND owner = $5" } else { "" };
         let sql = format!(
-            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer FROM jobs{hint}
+            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs FROM jobs{hint}
              WHERE {CLAIMABLE} AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
                AND (needs_trainer = 0 OR $3){of_owner}
              ORDER BY {DISPATCH_ORDER} LIMIT $4"
@@ -192,9 +206,7 @@ pub async fn queued_candidates(
             query = query.bind(owner);
         }
         let rows = query.fetch_all(&mut *conn).await?;
-        rows.iter()
-            .map(|row| Ok(Candidate { id: JobId::new(row.get_as("id")?), resources: super::jobs::resources_of(row)? }))
-            .collect()
+        rows.iter().map(Candidate::from_row).collect()
     })
 }
 

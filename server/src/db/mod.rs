@@ -26,6 +26,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod postgres;
 pub mod preemptions;
+pub mod reservations;
 pub mod results;
 pub mod scrape;
 pub mod search;

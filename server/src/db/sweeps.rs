@@ -172,6 +172,7 @@ fn info_from_row(row: &impl DbRow) -> sql::Result<SweepInfo> {
         },
         held_back: None,
         preempted: 0,
+        reserved: None,
     })
 }
 
@@ -200,6 +201,8 @@ pub async fn find(pool: impl Into<PoolRef<'_>>, key: &str) -> anyhow::Result<Opt
         .fetch_one(pool)
         .await?
         .max(0) as u64;
+        info.reserved =
+            super::reservations::of_sweeps(pool).await?.into_iter().find(|(id, _)| *id == info.id).map(|(_, r)| r);
         let search = super::search::state(pool, info.id).await?;
         Ok(Some(SweepDetail { info, source: row.get_as("source")?, search, unplaceable: None, metric_missing: None }))
     })
@@ -262,6 +265,11 @@ pub async fn list(pool: impl Into<PoolRef<'_>>, owner: Option<&str>) -> anyhow::
         for (sweep_id, count) in super::preemptions::counts_by_sweep(pool).await? {
             if let Some(sweep) = sweeps.iter_mut().find(|sweep| sweep.id == sweep_id) {
                 sweep.preempted = count;
+            }
+        }
+        for (sweep_id, reserved) in super::reservations::of_sweeps(pool).await? {
+            if let Some(sweep) = sweeps.iter_mut().find(|sweep| sweep.id == sweep_id) {
+                sweep.reserved = Some(reserved);
             }
         }
         Ok(sweeps)

@@ -14,7 +14,7 @@ use shared::api::{ClaimedJob, JobAttempt, JobId, SweepId, WorkerId};
 use shared::job::JobStatus;
 use shared::placement::{place, Capacity, Placement};
 use shared::sweep::SweepForm;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -201,6 +201,23 @@ pub(super) async fn claim_batch(
 ) -> ApiResult<Vec<Vec<ClaimedJob>>> {
     let now = now_ms();
     let lease_expires_at = now + lease.as_millis() as i64;
+    // Workers held for jobs of several GPUs (decision 0080): the held job first where it
+    // fits, the GPUs otherwise out of the choice and lent afterwards.
+    let reservations = shares.reservations.current();
+    let holds = match requests.iter().any(|(worker, _)| reservations.iter().any(|held| held.worker == *worker)) {
+        true => {
+            let quotas = shares.has_quotas().then(|| shares.policy());
+            if quotas.is_some() {
+                // The held job's owner's holdings are read under the quota lock.
+                db::shares::lock_quotas(tx.conn().await?).await?;
+            }
+            Some(super::reservations::hold(tx, requests, &reservations, quotas).await?)
+        }
+        false => None,
+    };
+    let requests: &[(WorkerId, Capacity)] = holds.as_ref().map_or(requests, |holds| &holds.requests);
+    let excluded: HashSet<JobId> = holds.iter().flat_map(|holds| holds.first.iter().map(|(id, _, _)| *id)).collect();
+    let charged: Vec<(String, u32)> = holds.as_ref().map_or_else(Vec::new, |holds| holds.charged.clone());
     let slots: u32 = requests.iter().map(|(_, capacity)| capacity.job_slots).sum();
     let usable = |capacity: &Capacity| capacity.gpus.iter().filter(|gpu| !gpu.exclusive_held).count() as u32;
     let max_gpus = requests.iter().map(|(_, capacity)| usable(capacity)).max().unwrap_or(0);
@@ -212,7 +229,9 @@ pub(super) async fn claim_batch(
         .unwrap_or(0);
     let trainer = requests.iter().any(|(_, capacity)| capacity.capabilities.trainer);
     let mut per_ticket: Vec<Vec<ClaimedJob>> = requests.iter().map(|_| Vec::new()).collect();
-    if slots == 0 {
+    // (A held job placed above may have taken the last slot, or a held worker's last slot be
+    // kept for its job: the held job is still claimed below, the GPUs still lent.)
+    if slots == 0 && holds.as_ref().is_none_or(|holds| holds.first.is_empty() && holds.lend.is_empty()) {
         return Ok(per_ticket);
     }
     // Several users waiting, or quotas: each user's queue, chosen between by the fair share.
@@ -227,12 +246,13 @@ pub(super) async fn claim_batch(
     // The look and the update run in one write unit: no other writer runs in between, and all
     // chosen jobs change in one statement.
     let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
-    let (mut chosen, order) = loop {
+    let (mut chosen, mut order) = loop {
         let fitting = db::claims::Fitting { gpus: max_gpus, max_free_memory, trainer, limit };
         let (chosen, order, unfilled, cut) = match &waiting {
-            Some(waiting) => shares.choose(tx, requests, waiting, fitting, now).await?,
+            Some(waiting) => shares.choose(tx, requests, waiting, (fitting, &excluded, &charged), now).await?,
             None => {
-                let candidates = db::claims::queued_candidates(tx.conn().await?, fitting, None).await?;
+                let mut candidates = db::claims::queued_candidates(tx.conn().await?, fitting, None).await?;
+                candidates.retain(|candidate| !excluded.contains(&candidate.id));
                 let (chosen, order, unfilled) = assign(requests, &candidates);
                 (chosen, order, unfilled, candidates.len() as u32 >= limit)
             }
@@ -244,6 +264,26 @@ pub(super) async fn claim_batch(
         }
         limit = limit.saturating_mul(8).min(MAX_CANDIDATES);
     };
+    if let Some(holds) = &holds {
+        for (id, position, placement) in &holds.first {
+            chosen.insert(*id, (*position, placement.clone()));
+            order.insert(0, (*id, requests[*position].0));
+        }
+        let taken: HashSet<JobId> = chosen.keys().copied().collect();
+        let mut used = vec![0u32; requests.len()];
+        for (position, _) in chosen.values() {
+            used[*position] += 1;
+        }
+        let lent = match shares.has_quotas() {
+            // (What the choice just gave each user is not in the holdings a lend would read.)
+            true => Vec::new(),
+            false => super::reservations::lend(tx, holds, &taken, &used, now).await?,
+        };
+        for (id, position, placement) in lent {
+            chosen.insert(id, (position, placement));
+            order.push((id, requests[position].0));
+        }
+    }
     if order.is_empty() {
         return Ok(per_ticket);
     }
@@ -256,8 +296,8 @@ pub(super) async fn claim_batch(
     };
     if rows.len() < order.len() {
         // Another replica's claim took some of the jobs chosen here first (PostgreSQL): the
-        // claims waiting on this replica, this one among them, look again at once rather than
-        // at their next wake-up (up to a long poll later) while other jobs wait.
+        // waiting claims (this one among them; the other replicas' through the relay) look
+        // again at once rather than at their next wake-up (up to a long poll later).
         tx.note(Change::Claimable);
     }
     for row in &rows {

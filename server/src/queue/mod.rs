@@ -25,6 +25,7 @@ mod owners;
 mod preempter;
 mod relay;
 mod reports;
+mod reservations;
 mod results;
 mod search;
 mod sessions;

@@ -33,6 +33,8 @@ pub(super) struct Shares {
     seen: Mutex<Seen>,
     /// Told when users start to wait: the preemption pass (`Queue::preemption_wanted`) wakes.
     started_waiting: tokio::sync::Notify,
+    /// Workers held for jobs of several GPUs, as last seen (`queue::reservations`).
+    pub reservations: super::reservations::Reservations,
 }
 
 #[derive(Default)]
@@ -55,7 +57,12 @@ pub(super) type Choices = (HashMap<JobId, (usize, Placement)>, Vec<(JobId, Worke
 
 impl Shares {
     pub fn new(policy: Policy) -> Shares {
-        Shares { policy, seen: Mutex::default(), started_waiting: tokio::sync::Notify::new() }
+        Shares {
+            policy,
+            seen: Mutex::default(),
+            started_waiting: tokio::sync::Notify::new(),
+            reservations: Default::default(),
+        }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -112,10 +119,11 @@ impl Shares {
         if let Ok(mut seen) = self.seen.lock() {
             if !seen.waiting.iter().any(|user| user == owner) {
                 seen.waiting.push(owner.to_string());
+                // A user who was not waiting starts to: the scheduler's passes run now.
+                self.started_waiting.notify_one();
             }
             seen.submitted.push((owner.to_string(), Instant::now()));
         }
-        self.started_waiting.notify_one();
     }
 
     /// Resolves when users start to wait (at once if they did since the last call).
@@ -225,10 +233,23 @@ impl Shares {
         tx: &mut Tx,
         requests: &[(WorkerId, Capacity)],
         waiting: &[String],
-        fitting: Fitting,
+        (fitting, excluded, charged): (Fitting, &std::collections::HashSet<JobId>, &[(String, u32)]),
         now: i64,
     ) -> ApiResult<Choices> {
-        let holdings = db::shares::holdings(tx.conn().await?, now).await?;
+        let mut holdings = db::shares::holdings(tx.conn().await?, now).await?;
+        // Jobs this batch takes already (a held worker's job): theirs for the quotas too.
+        for (owner, gpus) in charged {
+            match holdings.iter_mut().find(|holding| holding.owner == *owner) {
+                Some(holding) => {
+                    (holding.held.gpus, holding.held.running) = (holding.held.gpus + gpus, holding.held.running + 1)
+                }
+                None => holdings.push(db::shares::Holding {
+                    owner: owner.clone(),
+                    held: Held { gpus: *gpus, running: 1 },
+                    running_secs: 0.0,
+                }),
+            }
+        }
         let held = |user: &str| holdings.iter().find(|holding| holding.owner == user);
         // A user whose quota refuses even a job without GPUs gets nothing: their queue is not read.
         let open = |user: &str| {
@@ -237,10 +258,12 @@ impl Shares {
         };
         let mut queues: Vec<Vec<Candidate>> = Vec::with_capacity(waiting.len());
         for user in waiting {
-            queues.push(match open(user) {
+            let mut queue = match open(user) {
                 true => db::claims::queued_candidates(tx.conn().await?, fitting, Some(user)).await?,
                 false => Vec::new(),
-            });
+            };
+            queue.retain(|candidate| !excluded.contains(&candidate.id));
+            queues.push(queue);
         }
         let usage = self.usage_at(now);
         let contenders: Vec<Contender<'_>> = waiting
@@ -287,7 +310,11 @@ pub(super) async fn keep_looking(queue: std::sync::Weak<super::Queue>) {
     let mut warned: Option<Instant> = None;
     loop {
         let Some(queue) = queue.upgrade() else { return };
-        if let Err(error) = queue.shares.look(queue.reader()).await {
+        let looked = match queue.shares.look(queue.reader()).await {
+            Ok(()) => queue.shares.reservations.look(queue.reader()).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = looked {
             // Claims take the fair way meanwhile (`engaged`); said once a minute at most.
             if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
                 tracing::warn!(error = %error, "looking at which users wait; claims share by user until it works");

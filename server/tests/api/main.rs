@@ -18,6 +18,7 @@ mod names;
 mod owners;
 mod page;
 mod preemption;
+mod reservations;
 mod results;
 mod scheduler;
 mod search;

@@ -125,6 +125,22 @@ pub struct SweepInfo {
     /// How many times its jobs were preempted (stopped to resume later, no retry spent).
     #[serde(default)]
     pub preempted: u64,
+    /// A worker held for one of its queued jobs of several GPUs (backfill), while one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<Reserved>,
+}
+
+/// A worker held for a queued job of several GPUs: its GPUs go to that job once enough are
+/// free, and meanwhile only to jobs whose timeout ends before it could start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reserved {
+    pub job: JobId,
+    /// The worker's name.
+    pub worker: String,
+    /// When the job could start there at the latest, by the running jobs' timeouts (Unix ms);
+    /// absent when a job without a timeout is in the way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starts_at: Option<i64>,
 }
 
 /// Why and since when a sweep is paused.

@@ -1,0 +1,236 @@
+//! Reservations for jobs of several GPUs, and backfill (issue 29, item 4; decision 0080).
+//!
+//! The pass ([`Queue::reserve_for_large_jobs`], run by the reaper's leader beside the
+//! preemption pass): each claimable job of more than one GPU that has waited
+//! `backfill_after_secs` holds one healthy worker, the one where it could start soonest by the
+//! running jobs' timeouts (`shared::backfill`); the rows change only when the choice does.
+//!
+//! The claims ([`hold`], [`lend`]): a worker held for a job that fits it now gets that job
+//! first; otherwise its GPUs go to no one in the batch's choice (its job slots still take jobs
+//! without GPUs) and afterwards only to jobs whose timeout ends before the held job could
+//! start. Every replica looks at the rows every second ([`Reservations::look`], from the fair
+//! share's loop), so a claim reads nothing more unless a worker it serves is held.
+
+use super::{Queue, Tx};
+use crate::db::claims::Candidate;
+use crate::db::reservations::Reservation;
+use crate::db::{self, now_ms};
+use crate::error::ApiResult;
+use shared::api::{JobId, WorkerId};
+use shared::backfill::{choose, may_backfill, Busy, Worker};
+use shared::placement::{place, Capacity, Placement};
+use std::sync::{Arc, Mutex};
+
+/// Jobs read per held worker that may backfill it.
+const BACKFILL_CANDIDATES: u32 = 64;
+
+/// The reservations as this replica last saw them.
+#[derive(Default)]
+pub(super) struct Reservations {
+    seen: Mutex<Arc<Vec<Reservation>>>,
+}
+
+impl Reservations {
+    pub fn current(&self) -> Arc<Vec<Reservation>> {
+        self.seen.lock().map(|seen| seen.clone()).unwrap_or_default()
+    }
+
+    pub fn store(&self, reservations: Vec<Reservation>) {
+        if let Ok(mut seen) = self.seen.lock() {
+            *seen = Arc::new(reservations);
+        }
+    }
+
+    /// Reads the rows again (every second, from a reader).
+    pub async fn look(&self, reader: &db::backend::Pool) -> ApiResult<()> {
+        let reservations = db::reservations::all(reader).await?;
+        self.store(reservations);
+        Ok(())
+    }
+}
+
+impl Queue {
+    /// One pass: holds a worker for each job of several GPUs that waited `backfill_after`, and
+    /// lets go of the others; returns the reservations kept.
+    pub async fn reserve_for_large_jobs(&self) -> ApiResult<Vec<Reservation>> {
+        let now = now_ms();
+        let current = db::reservations::all(self.reader()).await?;
+        let before = now - self.config.backfill_after.as_millis() as i64;
+        let running = db::preemptions::running(self.reader(), now).await?;
+        let live = self.live_workers(&running, now).await?;
+        // A few times the workers: jobs no worker can run are read and passed over.
+        let waited = match live.is_empty() {
+            true => Vec::new(),
+            false => db::reservations::waited_long(self.reader(), before, live.len() as u32 * 4 + 16).await?,
+        };
+        if waited.is_empty() && current.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut workers: Vec<Worker> = live
+            .iter()
+            .map(|worker| Worker {
+                worker: worker.id.get() as u64,
+                gpus: worker.gpus,
+                free: worker.free,
+                running: running
+                    .iter()
+                    .filter(|job| job.worker == Some(worker.id.get()) && !job.ordered)
+                    .map(|job| Busy {
+                        gpus: job.gpu_ids.len() as u32,
+                        ends_at: job.timeout_secs.map(|secs| job.started_at.saturating_add(secs as i64 * 1000)),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let mut wanted = Vec::new();
+        // The oldest first; a job keeps the worker it holds while that worker stays healthy.
+        for job in &waited {
+            let need = job.resources.gpus.unwrap_or(1);
+            // Only workers that could run it (its GPUs' memory, the trainer), by registration.
+            let able: Vec<Worker> = workers
+                .iter()
+                .filter(|w| live.iter().any(|l| l.id.get() as u64 == w.worker && l.could_run(&job.resources)))
+                .cloned()
+                .collect();
+            let kept = current.iter().find(|held| held.job == job.id).map(|held| held.worker.get() as u64);
+            let at = kept.and_then(|worker| able.iter().position(|w| w.worker == worker && w.gpus >= need));
+            let chosen = match at {
+                Some(at) => Some((able[at].worker, shared::backfill::starts_at(&able[at], need, now))),
+                None => choose(&able, need, now),
+            };
+            let Some((worker, starts_at)) = chosen else { continue };
+            workers.retain(|w| w.worker != worker);
+            wanted.push(Reservation { job: job.id, worker: WorkerId::new(worker as i64), gpus: need, starts_at });
+        }
+        let mut sorted = wanted.clone();
+        sorted.sort_by_key(|reservation| reservation.job);
+        // A start already due reads as now, which moves every pass: equal to any other due one.
+        let due = |at: Option<i64>| at.map(|at| at.max(now));
+        let same = |a: &Reservation, b: &Reservation| {
+            (a.job, a.worker, a.gpus) == (b.job, b.worker, b.gpus) && due(a.starts_at) == due(b.starts_at)
+        };
+        let unchanged = sorted.len() == current.len() && sorted.iter().zip(&current).all(|(a, b)| same(a, b));
+        if unchanged {
+            sorted = current.clone();
+        } else {
+            let rows = sorted.clone();
+            self.write(move |tx| {
+                Box::pin(async move {
+                    db::reservations::replace(tx.conn().await?, &rows, now).await?;
+                    // A worker let go (or held elsewhere) may claim again at once.
+                    tx.note(super::Change::Claimable);
+                    Ok(())
+                })
+            })
+            .await?;
+        }
+        self.shares.reservations.store(sorted.clone());
+        Ok(sorted)
+    }
+}
+
+/// What a claim batch does for the held workers it serves.
+pub(super) struct Holds {
+    /// The capacities the batch's choice sees: a held worker's GPUs taken out of it.
+    pub requests: Vec<(WorkerId, Capacity)>,
+    /// Held jobs that fit their worker now, claimed first: (job, request, GPUs).
+    pub first: Vec<(JobId, usize, Placement)>,
+    /// Held workers whose job does not fit yet: (request, its capacity for backfill, when the
+    /// held job could start).
+    pub lend: Vec<(usize, Capacity, Option<i64>)>,
+    /// The owners of the `first` jobs and their GPUs, for the choice's quotas.
+    pub charged: Vec<(String, u32)>,
+}
+
+/// Sorts out a claim batch's `requests` against the `reservations`; with `quotas`, a held job
+/// its owner's quota refuses now holds nothing (the claims would not start it either).
+pub(super) async fn hold(
+    tx: &mut Tx,
+    requests: &[(WorkerId, Capacity)],
+    reservations: &[Reservation],
+    quotas: Option<&shared::fair_share::Policy>,
+) -> ApiResult<Holds> {
+    let mut holds = Holds { requests: requests.to_vec(), first: Vec::new(), lend: Vec::new(), charged: Vec::new() };
+    let holdings = match quotas {
+        Some(_) => db::shares::holdings(tx.conn().await?, now_ms()).await?,
+        None => Vec::new(),
+    };
+    for (position, (worker, capacity)) in requests.iter().enumerate() {
+        let Some(reservation) = reservations.iter().find(|reservation| reservation.worker == *worker) else { continue };
+        // A job claimed or cancelled since holds nothing.
+        let Some((job, owner)) = db::reservations::claimable(tx.conn().await?, reservation.job).await? else {
+            continue;
+        };
+        if holds.first.iter().any(|(id, _, _)| *id == job.id) {
+            continue;
+        }
+        let gpus = job.resources.gpus.unwrap_or(1);
+        if let Some(policy) = quotas {
+            // What the owner holds, with the held jobs this batch takes for them already.
+            let mut held = holdings.iter().find(|holding| holding.owner == owner).map(|h| h.held).unwrap_or_default();
+            for (_, taken) in holds.charged.iter().filter(|(charged, _)| *charged == owner) {
+                (held.gpus, held.running) = (held.gpus + taken, held.running + 1);
+            }
+            if shared::fair_share::admits(&owner, held, gpus, policy).is_err() {
+                continue;
+            }
+        }
+        match place(&job.resources, capacity) {
+            Some(placement) => {
+                holds.requests[position].1.reserve(&job.resources, &placement);
+                holds.first.push((job.id, position, placement));
+                holds.charged.push((owner, gpus));
+            }
+            None => {
+                let mut without_gpus = capacity.clone();
+                for gpu in &mut without_gpus.gpus {
+                    gpu.exclusive_held = true;
+                }
+                // One slot stays free for the held job (jobs without GPUs could fill them all).
+                without_gpus.job_slots = without_gpus.job_slots.saturating_sub(1);
+                holds.requests[position].1 = without_gpus;
+                holds.lend.push((position, capacity.clone(), reservation.starts_at));
+            }
+        }
+    }
+    Ok(holds)
+}
+
+/// After the batch's choice: the held workers' GPUs to jobs that end before the held job could
+/// start (`shared::backfill::may_backfill`), in dispatch order; `taken` are the jobs chosen
+/// already, `used` the job slots the choice gave each request.
+pub(super) async fn lend(
+    tx: &mut Tx,
+    holds: &Holds,
+    taken: &std::collections::HashSet<JobId>,
+    used: &[u32],
+    now: i64,
+) -> ApiResult<Vec<(JobId, usize, Placement)>> {
+    let mut lent = Vec::new();
+    for (position, capacity, starts_at) in &holds.lend {
+        let Some(start) = starts_at else { continue };
+        let within = (start - now) / 1000;
+        if within <= 0 {
+            continue;
+        }
+        let mut free = capacity.clone();
+        // (Lent jobs end before the held job starts: the slots they take are free by then.)
+        free.job_slots = free.job_slots.saturating_sub(used[*position]);
+        let candidates: Vec<Candidate> =
+            db::reservations::backfill_candidates(tx.conn().await?, within, BACKFILL_CANDIDATES).await?;
+        for candidate in &candidates {
+            if free.job_slots == 0 {
+                break;
+            }
+            let already = taken.contains(&candidate.id) || lent.iter().any(|(id, _, _)| *id == candidate.id);
+            if already || !may_backfill(candidate.timeout_secs, now, *starts_at) {
+                continue;
+            }
+            if let Some(placement) = place(&candidate.resources, &free) {
+                free.reserve(&candidate.resources, &placement);
+                lent.push((candidate.id, *position, placement));
+            }
+        }
+    }
+    Ok(lent)
+}

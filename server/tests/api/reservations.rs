@@ -1,0 +1,67 @@
+//! Reservations for jobs of several GPUs, and backfill (issue 29, item 4): a 4-GPU job that
+//! waited `backfill_after_secs` on a worker busy with 1-GPU jobs holds that worker; the GPUs
+//! that free go to no other job unless it ends (by its timeout) before the held job could
+//! start, and the held job gets the worker once its GPUs are free, ahead of the queue.
+
+use shared::api::{ClaimRequest, ClaimedJob, FinishRequest, RegisterRequest, WorkerId};
+use shared::job::Outcome;
+use shared::placement::Capacity;
+use std::time::Duration;
+use testkit::{cpu_worker, wait_until, TestApp};
+
+/// The worker's capacity with the GPUs `busy` taken (exclusively) and a slot per free GPU.
+fn with_busy(busy: &[u32]) -> Capacity {
+    let mut capacity = Capacity::idle_gpus(4 - busy.len() as u32, 4, 24 << 30);
+    for gpu in capacity.gpus.iter_mut().filter(|gpu| busy.contains(&gpu.index)) {
+        gpu.exclusive_held = true;
+    }
+    capacity
+}
+
+#[tokio::test]
+async fn a_large_job_holds_a_worker_and_small_ones_backfill_only_what_ends_before_it_starts() {
+    let app = TestApp::spawn_with(|config| config.backfill_after = Duration::ZERO).await;
+    let register = RegisterRequest { capacity: Capacity::idle_gpus(4, 4, 24 << 30), ..cpu_worker("box") };
+    let id: WorkerId = app.client.register(&register).await.unwrap().worker_id;
+    let claim = |busy: &[u32]| ClaimRequest { capacity: with_busy(busy), wait_ms: 0, reserve: 0 };
+    let finish = |job: &ClaimedJob| FinishRequest::outcome(job.id, job.attempt, Outcome::Exited { code: 0 });
+    app.submit("name: small\ncommand: \"true\"\ntimeout: 10m\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2, 3, 4, 5]}\n")
+        .await;
+    let small = app.client.claim(id, &claim(&[])).await.unwrap().jobs;
+    assert_eq!(small.len(), 4);
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    app.submit("name: big\ncommand: \"true\"\nresources: {gpus: 4}\n").await;
+    let reserved = wait_until("the big job holds the worker", Duration::from_secs(20), || async {
+        app.client.sweep("big").await.unwrap().info.reserved
+    })
+    .await;
+    assert_eq!(reserved.worker, "box");
+    // It could start when the four small jobs' 10-minute timeouts end.
+    let starts_at = reserved.starts_at.expect("known: every running job has a timeout");
+    assert!((starts_at - (started + 600_000)).abs() < 10_000, "{starts_at} vs {started}");
+    assert_eq!(app.client.sweeps().await.unwrap().iter().find(|s| s.name == "big").unwrap().reserved, Some(reserved));
+
+    // A small job ends: its GPU is held; the next small job (10 minutes) would end too late.
+    app.client.finish(id, &finish(&small[0])).await.unwrap();
+    let freed = small[0].placement.gpus.clone();
+    let busy: Vec<u32> = (0..4).filter(|gpu| !freed.contains(gpu)).collect();
+    assert!(app.client.claim(id, &claim(&busy)).await.unwrap().jobs.is_empty(), "the GPU is held for big");
+    // A one-minute job ends before big could start: it backfills the held GPU.
+    app.submit("name: quick\ncommand: \"true\"\ntimeout: 1m\nresources: {gpus: 1}\n").await;
+    let lent = app.client.claim(id, &claim(&busy)).await.unwrap().jobs;
+    assert_eq!(lent.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["quick"]);
+
+    // Everything on the worker ends: big starts there, ahead of the two small jobs queued first.
+    for job in small[1..].iter().chain(&lent) {
+        app.client.finish(id, &finish(job)).await.unwrap();
+    }
+    // (With one job slot left: the held job takes it.)
+    let one_slot = ClaimRequest { capacity: Capacity { job_slots: 1, ..with_busy(&[]) }, wait_ms: 0, reserve: 0 };
+    let next = app.client.claim(id, &one_slot).await.unwrap().jobs;
+    assert_eq!(next.first().map(|job| (job.sweep.as_str(), job.placement.gpus.len())), Some(("big", 4)), "{next:?}");
+    assert_eq!(next.len(), 1, "all four GPUs are big's");
+    wait_until("the reservation is gone", Duration::from_secs(20), || async {
+        app.client.sweep("big").await.unwrap().info.reserved.is_none().then_some(())
+    })
+    .await;
+}
