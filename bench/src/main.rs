@@ -9,6 +9,7 @@
 
 mod capture;
 mod code;
+mod lab;
 mod load;
 mod page;
 mod queue;
@@ -57,6 +58,8 @@ enum Bench {
     Replicas(replicas::BenchReplicasArgs),
     /// The fair share: claim latency with six users' queues (and quotas) against one user's.
     Shares(shares::BenchSharesArgs),
+    /// The scheduling policies on a simulated lab: shares, waits, idle GPUs, work lost.
+    Lab(lab::BenchLabArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
             Bench::Code(args) => code::run(args).await,
             Bench::Replicas(args) => replicas::run(args).await,
             Bench::Shares(args) => shares::run(args).await,
+            Bench::Lab(args) => lab::run(args).await,
         }
     });
     match outcome {

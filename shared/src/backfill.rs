@@ -69,6 +69,13 @@ pub fn choose(workers: &[Worker], need: u32, now: i64) -> Option<(u64, Option<i6
         .map(|(worker, start)| (worker.worker, start))
 }
 
+/// How many of `workers` may be held at once: a quarter (one at least). Holding one for every
+/// large job waiting would hand the whole cluster to large jobs, the small ones getting only
+/// what ends before a large one starts (a simulated lab, `app-bench lab`, measured it).
+pub fn most_held(workers: usize) -> usize {
+    (workers / 4).max(1)
+}
+
 /// Whether a job that runs at most `timeout_secs` may use a held worker's GPUs at `now`: it
 /// ends before the reserved job could start (`starts_at`), which must be known.
 pub fn may_backfill(timeout_secs: Option<u64>, now: i64, starts_at: Option<i64>) -> bool {
@@ -124,6 +131,11 @@ mod tests {
         let other = Worker { worker: 2, gpus: 4, free: 1, running: vec![busy(3, None)] };
         assert_eq!(choose(&[other, never], 4, NOW), Some((1, None)));
         assert_eq!(choose(&all, 5, NOW), None);
+    }
+
+    #[test]
+    fn at_most_a_quarter_of_the_workers_are_held() {
+        assert_eq!([1, 3, 4, 7, 8, 40].map(most_held), [1, 1, 1, 1, 2, 10]);
     }
 
     #[test]

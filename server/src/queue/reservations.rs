@@ -83,8 +83,12 @@ impl Queue {
             })
             .collect();
         let mut wanted = Vec::new();
-        // The oldest first; a job keeps the worker it holds while that worker stays healthy.
+        // The oldest first; a job keeps the worker it holds while that worker stays healthy; a
+        // quarter of the workers at most.
         for job in &waited {
+            if wanted.len() >= shared::backfill::most_held(live.len()) {
+                break;
+            }
             let need = job.resources.gpus.unwrap_or(1);
             // Only workers that could run it (its GPUs' memory, the trainer), by registration.
             let able: Vec<Worker> = workers
