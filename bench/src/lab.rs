@@ -376,11 +376,11 @@ fn reserve(jobs: &[Job], free: &[u32; WORKERS], held: &mut BTreeMap<usize, (usiz
     }
 }
 
+/// The `q` quantile of `values` (ms), in minutes.
 fn percentile_min(values: &[i64], q: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    let at = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted.get(at).copied().unwrap_or(0) as f64 / MIN as f64
+    let mut minutes: Vec<f64> = values.iter().map(|value| *value as f64 / MIN as f64).collect();
+    minutes.sort_by(f64::total_cmp);
+    crate::queue::percentile(&minutes, q)
 }
 
 /// Mean |share - fair share| over 30-minute windows (every 10 minutes), among the users who
