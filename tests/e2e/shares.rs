@@ -100,8 +100,11 @@ async fn a_second_users_sweep_gets_half_the_gpus_as_the_first_users_jobs_end() {
     let deadline = arrived + Duration::from_secs(30);
     let half = loop {
         let now = standing(&user_b).await;
-        let ((a_queued, a_running), (_, b_running)) = (of(&now, "grid-a"), of(&now, "grid-b"));
-        assert!(a_running + b_running <= 8, "more jobs than GPUs: {now:?}");
+        // (No check that the running jobs fit the 8 GPUs: a job's GPU is free once its process
+        // exits, and its worker may claim the next job for it while the finish, sent later,
+        // still has the ended one running. A job given more than its worker holds would go back
+        // and run again: `all_succeed_once` checks that each ran once.)
+        let ((a_queued, _), (_, b_running)) = (of(&now, "grid-a"), of(&now, "grid-b"));
         if b_running >= 4 {
             assert!(a_queued > 16, "user-b got its half only as user-a's queue ran out: {now:?}");
             break arrived.elapsed();
