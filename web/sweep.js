@@ -175,7 +175,7 @@ export function mount(root, route) {
     const parts = [];
     if (search.method !== 'fixed') {
       const cap = search.run_cap === null || search.run_cap === undefined ? 'until stopped' : `of up to ${count(search.run_cap)}`;
-      parts.push(`Adaptive (${search.method === 'bayes' ? 'bayes, TPE' : 'random'}): ${count(search.proposed)} runs made ${cap}${search.open ? '' : ', no more to come'}.`);
+      parts.push(`Adaptive (${search.method}): ${count(search.proposed)} runs made ${cap}${search.open ? '' : ', no more to come'}.`);
     }
     if (search.early_stop) parts.push(` ${count(search.stopped_early)} run${search.stopped_early === 1 ? '' : 's'} stopped early.`);
     return h('div.search-state', { dataset: { proposed: String(search.proposed), stoppedEarly: String(search.stopped_early) } },

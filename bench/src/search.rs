@@ -1,4 +1,4 @@
-//! `app-bench search`: app's TPE and random search, and its Hyperband/ASHA early stopping,
+//! `app-bench search`: app's TPE, GP and random search, and its Hyperband/ASHA early stopping,
 //! on standard test problems, side by side with Optuna when `--optuna FILE` gives Optuna's
 //! results on the same problems (`bench/search/run.sh` makes that file and runs this verb).
 //! Also `--hostile`: how long hostile sweep files take to be refused. Prints figures; asserts
@@ -15,7 +15,7 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::Value;
 use shared::search::early_stop::{hyperband_rungs, History};
-use shared::search::{decide, propose, Decision, EarlyStop, Param, RungKind, Space, Trial};
+use shared::search::{decide, propose, propose_by, Decision, EarlyStop, Param, RungKind, Sampler, Space, Trial};
 use shared::sweep::{ExpandOptions, Sweep};
 
 #[derive(Debug, Args)]
@@ -49,34 +49,38 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         None => None,
     };
     println!("search: median best value over {} seeds (minimised); ratio = app / Optuna TPE", args.seeds);
-    println!("(hartmann6 is negative: there a ratio above 1 means app found lower values)");
+    println!("(hartmann6 is negative: there a ratio above 1 means app found lower values;");
+    println!(" app GP is `search: gp`, which proposes by TPE on a space with a categorical parameter)");
     println!(
-        "{:<18} {:>6} {:>12} {:>12} {:>12} {:>9} {:>9}",
-        "problem", "trials", "app TPE", "app random", "Optuna TPE", "TPE/Opt", "rnd/Opt"
+        "{:<18} {:>6} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9}",
+        "problem", "trials", "app TPE", "app GP", "app random", "Optuna TPE", "TPE/Opt", "GP/Opt"
     );
     for problem in PROBLEMS {
         let started = Instant::now();
         let seeds = args.first_seed..args.first_seed + args.seeds;
-        let tpe = medians(&best_curves(problem, seeds.clone(), true));
-        let random = medians(&best_curves(problem, seeds, false));
+        let tpe = medians(&best_curves(problem, seeds.clone(), Some(Sampler::Tpe)));
+        let gp = medians(&best_curves(problem, seeds.clone(), Some(Sampler::Gp)));
+        let random = medians(&best_curves(problem, seeds, None));
         let theirs = optuna.as_ref().and_then(|results| results["search"][problem.name].as_array().cloned());
         for (position, trials) in CHECKPOINTS.iter().enumerate() {
             let optuna_median = theirs.as_ref().and_then(|seeds| median_at(seeds, *trials));
             let ratio = |ours: f64| optuna_median.map_or("-".to_owned(), |theirs| format!("{:.3}", ours / theirs));
             let shown = optuna_median.map_or("-".to_owned(), |value| format!("{value:.5}"));
             println!(
-                "{:<18} {:>6} {:>12.5} {:>12.5} {:>12} {:>9} {:>9}",
+                "{:<18} {:>6} {:>12.5} {:>12.5} {:>12.5} {:>12} {:>9} {:>9}",
                 problem.name,
                 trials,
                 tpe[position],
+                gp[position],
                 random[position],
                 shown,
                 ratio(tpe[position]),
-                ratio(random[position])
+                ratio(gp[position])
             );
         }
-        eprintln!("  ({} took {:.1?} for both app searches)", problem.name, started.elapsed());
+        eprintln!("  ({} took {:.1?} for the three app searches)", problem.name, started.elapsed());
     }
+    proposal_costs();
     println!();
     println!(
         "early stopping: {CONFIGS} configs of up to {MAX_STEP} steps, run one after another, {} curve sets",
@@ -109,6 +113,34 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What one GP proposal costs at 200 finished runs (and 8 running), on 2, 6 and 20 floats:
+/// the median of 9 proposals.
+fn proposal_costs() {
+    println!();
+    println!("GP proposal cost at 200 finished runs and 8 running (median of 9):");
+    for dims in [2usize, 6, 20] {
+        let space = Space { params: vec![float(0.0, 1.0); dims] };
+        let point = |i: u64| (0..dims as u64).map(|d| unit(i, d, 3)).collect::<Vec<f64>>();
+        let finished: Vec<Trial> = (0..200)
+            .map(|i| {
+                let values = point(i);
+                let metric = values.iter().map(|x| (x - 0.3).powi(2)).sum::<f64>();
+                Trial { values, metric: Some(metric) }
+            })
+            .collect();
+        let pending: Vec<Vec<f64>> = (200..208).map(point).collect();
+        let mut costs: Vec<f64> = (0..9)
+            .map(|number| {
+                let started = Instant::now();
+                let proposal = propose_by(Sampler::Gp, &space, false, &finished, &pending, 1, 208 + number);
+                assert!(proposal.random_because.is_none());
+                started.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        println!("  {dims:>2} dimensions: {:.1} ms", median(std::mem::take(&mut costs)));
+    }
 }
 
 // --- search problems --------------------------------------------------------------------
@@ -163,8 +195,8 @@ fn noisy_mixed(x: &[f64], seed: u64, trial: u64) -> f64 {
     1.0 + (x[2].log10() + 3.0).powi(2) + (x[1] - 6.0).powi(2) / 10.0 + offset + noise
 }
 
-/// Best-so-far at each checkpoint, per seed.
-fn best_curves(problem: Problem, seeds: std::ops::Range<u64>, model: bool) -> Vec<Vec<f64>> {
+/// Best-so-far at each checkpoint, per seed, proposed by `sampler` (random search: `None`).
+fn best_curves(problem: Problem, seeds: std::ops::Range<u64>, sampler: Option<Sampler>) -> Vec<Vec<f64>> {
     let space = (problem.space)();
     seeds
         .map(|seed| {
@@ -173,8 +205,10 @@ fn best_curves(problem: Problem, seeds: std::ops::Range<u64>, model: bool) -> Ve
             let mut at = Vec::new();
             for number in 0..TRIALS as u64 {
                 // Random search is the proposer with nothing learned (its random start).
-                let visible: &[Trial] = if model { &finished } else { &[] };
-                let values = propose(&space, false, visible, &[], seed, number).values;
+                let values = match sampler {
+                    Some(sampler) => propose_by(sampler, &space, false, &finished, &[], seed, number).values,
+                    None => propose(&space, false, &[], &[], seed, number).values,
+                };
                 let value = (problem.objective)(&values, seed, number);
                 best = best.min(value);
                 finished.push(Trial { values, metric: Some(value) });

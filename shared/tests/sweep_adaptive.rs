@@ -47,7 +47,7 @@ fn random_without_run_cap_draws_any_index() {
 #[test]
 fn native_search_keys_make_searches() {
     let tpe = parse("command: x {a}\nsearch: tpe\nmax_runs: 40\nmetric: {name: loss}\nearly_stop: {type: asha, eta: 3}\ngrid: {a: [1, 2, 3]}\n");
-    assert_eq!(tpe.search, Search::Bayes { seed: 0, run_cap: Some(40) });
+    assert_eq!(tpe.search, Search::Bayes { seed: 0, run_cap: Some(40), sampler: shared::search::Sampler::Tpe });
     assert_eq!(tpe.job_from(3, &[2.0]).unwrap().command, "x 3");
     let random = parse("command: x {a}\nsearch: random\nmax_runs: 5\nseed: 3\ngrid: {a: [1, 2, 3]}\n");
     assert_eq!((random.search, random.count()), (Search::Random { seed: 3 }, 5));

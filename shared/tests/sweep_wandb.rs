@@ -80,11 +80,21 @@ fn bayes_and_open_random_are_adaptive() {
          early_terminate: {type: hyperband, min_iter: 3}\nparameters: {lr: {min: 0.0001, max: 0.1}}\n",
     )
     .unwrap();
-    assert_eq!(bayes.search, shared::search::Search::Bayes { seed: 0, run_cap: Some(30) });
+    assert_eq!(
+        bayes.search,
+        shared::search::Search::Bayes { seed: 0, run_cap: Some(30), sampler: shared::search::Sampler::Auto }
+    );
     assert_eq!(bayes.metric_target, Some(0.1));
     assert_eq!(bayes.count(), 0);
-    assert_eq!(bayes.search.describe().as_deref(), Some("adaptive (bayes, TPE): up to 30 runs"));
+    // One float: the GP proposes; with a categorical parameter, TPE does.
+    assert_eq!(bayes.search.describe(&bayes.space()).as_deref(), Some("adaptive (bayes, GP): up to 30 runs"));
     assert!(bayes.early_stop.is_some());
+    let mixed = parse(
+        "method: bayes\nprogram: t.py\nmetric: {name: loss}\nrun_cap: 30\n\
+         parameters: {lr: {min: 0.0001, max: 0.1}, opt: {values: [adam, sgd]}}\n",
+    )
+    .unwrap();
+    assert_eq!(mixed.search.describe(&mixed.space()).as_deref(), Some("adaptive (bayes, TPE): up to 30 runs"));
 }
 
 #[test]

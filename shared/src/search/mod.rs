@@ -1,5 +1,6 @@
 //! Adaptive search, pure: what a sweep asks for ([`Search`], [`EarlyStop`]), the next
-//! parameters to try ([`propose`], TPE over the finished trials), and whether a running trial
+//! parameters to try ([`propose_by`]: a Gaussian process or TPE over the finished trials, as
+//! [`Sampler`] chooses), and whether a running trial
 //! should stop early ([`early_stop::decide`], Hyperband/ASHA rungs or a median rule).
 //!
 //! No I/O and no clock: the server's sweep controller (outside this crate) reads the finished
@@ -10,7 +11,10 @@
 #[cfg(test)]
 mod comparison;
 pub mod early_stop;
+mod gp;
+pub mod gp_sampler;
 mod kernels;
+mod lbfgs;
 pub mod problems;
 pub mod space;
 pub mod tpe;
@@ -29,9 +33,62 @@ pub enum Search {
     /// Seeded random draws until the sweep is stopped (W&B `random` with no `run_cap`): job
     /// `i` is still a pure function of `i`, made when a worker asks for work.
     AdaptiveRandom { seed: u64 },
-    /// Tree-structured Parzen estimator proposals from the finished runs' metric, made when a
-    /// worker asks for work; at most `run_cap` runs, else until stopped.
-    Bayes { seed: u64, run_cap: Option<u64> },
+    /// Proposals from the finished runs' metric (a Gaussian process or TPE, as `sampler`
+    /// says), made when a worker asks for work; at most `run_cap` runs, else until stopped.
+    Bayes { seed: u64, run_cap: Option<u64>, sampler: Sampler },
+}
+
+/// The model a bayes sweep proposes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sampler {
+    /// By the space: [`Sampler::Gp`] for 1 to [`GP_MAX_DIMS`] integer and float parameters,
+    /// [`Sampler::Tpe`] otherwise (W&B's `method: bayes`, native `search: bayes`).
+    Auto,
+    /// The tree-structured Parzen estimator (`search: tpe`).
+    Tpe,
+    /// A Gaussian process with log expected improvement (`search: gp`); a space it does not
+    /// model (a categorical parameter, more than [`GP_MAX_DIMS`]) is proposed for by TPE.
+    Gp,
+}
+
+/// The most searched parameters the GP models; beyond, its fit costs more than its gain.
+pub const GP_MAX_DIMS: usize = 20;
+
+impl Sampler {
+    /// The model that proposes for `space`: [`Sampler::Gp`] or [`Sampler::Tpe`].
+    pub fn resolve(self, space: &Space) -> Sampler {
+        match self {
+            Sampler::Tpe => Sampler::Tpe,
+            Sampler::Auto | Sampler::Gp if gp_sampler::models(space, GP_MAX_DIMS) => Sampler::Gp,
+            Sampler::Auto | Sampler::Gp => Sampler::Tpe,
+        }
+    }
+
+    /// "GP" or "TPE", for `space`.
+    pub fn label(self, space: &Space) -> &'static str {
+        match self.resolve(space) {
+            Sampler::Gp => "GP",
+            _ => "TPE",
+        }
+    }
+}
+
+/// Proposes trial `number` of a sweep seeded `seed` with the model `sampler` resolves to for
+/// `space` (see [`tpe::propose`] for the arguments).
+pub fn propose_by(
+    sampler: Sampler,
+    space: &Space,
+    maximize: bool,
+    finished: &[Trial],
+    pending: &[Vec<f64>],
+    seed: u64,
+    number: u64,
+) -> Proposal {
+    let gp = match sampler.resolve(space) {
+        Sampler::Gp => gp_sampler::propose(space, maximize, finished, pending, seed, number),
+        _ => None,
+    };
+    gp.unwrap_or_else(|| propose(space, maximize, finished, pending, seed, number))
 }
 
 impl Search {
@@ -48,11 +105,16 @@ impl Search {
         }
     }
 
-    /// For the dry run: "adaptive: up to 50 runs", "adaptive: runs until stopped".
-    pub fn describe(&self) -> Option<String> {
+    /// For the dry run: "adaptive (bayes, GP): up to 50 runs", "adaptive (random): runs until
+    /// stopped"; a bayes search names the model it uses on `space`.
+    pub fn describe(&self, space: &Space) -> Option<String> {
         match self {
-            Search::Bayes { run_cap: Some(cap), .. } => Some(format!("adaptive (bayes, TPE): up to {cap} runs")),
-            Search::Bayes { run_cap: None, .. } => Some("adaptive (bayes, TPE): runs until stopped".to_owned()),
+            Search::Bayes { run_cap: Some(cap), sampler, .. } => {
+                Some(format!("adaptive (bayes, {}): up to {cap} runs", sampler.label(space)))
+            }
+            Search::Bayes { run_cap: None, sampler, .. } => {
+                Some(format!("adaptive (bayes, {}): runs until stopped", sampler.label(space)))
+            }
             Search::AdaptiveRandom { .. } => Some("adaptive (random): runs until stopped".to_owned()),
             Search::Grid | Search::Random { .. } => None,
         }

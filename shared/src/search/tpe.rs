@@ -89,6 +89,18 @@ pub(crate) fn propose_with(
     Proposal { values, random_because: None }
 }
 
+/// Why a proposal is random while fewer than [`STARTUP_TRIALS`] of the `finished` trials have
+/// a metric (`scored` of them); `None` once the model is used.
+pub(crate) fn still_random(scored: usize, finished: usize) -> Option<String> {
+    if scored == 0 && finished > 0 {
+        return Some(format!(
+            "no finished run reported the metric yet ({finished} finished), so this proposal is random"
+        ));
+    }
+    (scored < STARTUP_TRIALS)
+        .then(|| format!("{scored} of the first {STARTUP_TRIALS} runs have a metric; proposals are random until then"))
+}
+
 /// The trials the two densities are built from, in trial order: `below` the best
 /// `min(ceil(0.1 n), 25)` finished, `above` the other finished, then the running ones.
 pub(crate) struct Groups<'a> {
@@ -112,17 +124,8 @@ impl<'a> Groups<'a> {
             })
             .map(|(values, metric)| (values, if maximize { -metric } else { metric }))
             .collect();
-        if scored.is_empty() && !finished.is_empty() {
-            return Err(format!(
-                "no finished run reported the metric yet ({} finished), so this proposal is random",
-                finished.len()
-            ));
-        }
-        if scored.len() < STARTUP_TRIALS {
-            return Err(format!(
-                "{} of the first {STARTUP_TRIALS} runs have a metric; proposals are random until then",
-                scored.len()
-            ));
+        if let Some(reason) = still_random(scored.len(), finished.len()) {
+            return Err(reason);
         }
         let mut order: Vec<usize> = (0..scored.len()).collect();
         order.sort_by(|&a, &b| scored[a].1.total_cmp(&scored[b].1).then(a.cmp(&b)));

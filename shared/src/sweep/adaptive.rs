@@ -7,7 +7,7 @@ use super::error::{invalid, SweepError};
 use super::read::{self, get, join, key_text};
 use super::Metric;
 use crate::search::early_stop::hyperband_rungs;
-use crate::search::{EarlyStop, RungKind, Search};
+use crate::search::{EarlyStop, RungKind, Sampler, Search};
 
 /// W&B `method` with `run_cap`: `random` without a cap runs until stopped, as in W&B.
 pub(crate) fn parse_method(
@@ -20,7 +20,7 @@ pub(crate) fn parse_method(
         Some((Some("grid"), _)) => Ok(Search::Grid),
         Some((Some("random"), _)) if run_cap.is_some() => Ok(Search::Random { seed }),
         Some((Some("random"), _)) => Ok(Search::AdaptiveRandom { seed }),
-        Some((Some("bayes"), _)) => bayes(seed, run_cap, metric, "metric.name"),
+        Some((Some("bayes"), _)) => bayes(seed, run_cap, metric, Sampler::Auto),
         Some((_, other)) => {
             Err(invalid("method", format!("expected grid, random or bayes, found `{}`", key_text(other))))
         }
@@ -28,7 +28,7 @@ pub(crate) fn parse_method(
     }
 }
 
-/// Native `search: grid | random | bayes | tpe` (grid by default); `max_runs` caps it.
+/// Native `search: grid | random | bayes | tpe | gp` (grid by default); `max_runs` caps it.
 pub(crate) fn parse_native_search(
     root: &Mapping,
     seed: u64,
@@ -39,18 +39,20 @@ pub(crate) fn parse_native_search(
         None | Some((Some("grid"), _)) => Ok(Search::Grid),
         Some((Some("random"), _)) if cap.is_some() => Ok(Search::Random { seed }),
         Some((Some("random"), _)) => Ok(Search::AdaptiveRandom { seed }),
-        Some((Some("bayes" | "tpe"), _)) => bayes(seed, cap, metric, "metric.name"),
+        Some((Some("bayes"), _)) => bayes(seed, cap, metric, Sampler::Auto),
+        Some((Some("tpe"), _)) => bayes(seed, cap, metric, Sampler::Tpe),
+        Some((Some("gp"), _)) => bayes(seed, cap, metric, Sampler::Gp),
         Some((_, other)) => {
-            Err(invalid("search", format!("expected grid, random, bayes or tpe, found `{}`", key_text(other))))
+            Err(invalid("search", format!("expected grid, random, bayes, tpe or gp, found `{}`", key_text(other))))
         }
     }
 }
 
-fn bayes(seed: u64, run_cap: Option<u64>, metric: Option<&Metric>, path: &str) -> Result<Search, SweepError> {
+fn bayes(seed: u64, run_cap: Option<u64>, metric: Option<&Metric>, sampler: Sampler) -> Result<Search, SweepError> {
     if metric.is_none() {
-        return Err(invalid(path, "bayes needs metric.name: the metric its model learns from"));
+        return Err(invalid("metric.name", "bayes needs metric.name: the metric its model learns from"));
     }
-    Ok(Search::Bayes { seed, run_cap })
+    Ok(Search::Bayes { seed, run_cap, sampler })
 }
 
 /// W&B `early_terminate: {type: hyperband, min_iter | max_iter (+ s), eta, strict}`.
@@ -186,7 +188,7 @@ mod tests {
         assert_eq!(search("method: grid", None), Search::Grid);
         assert_eq!(search("method: random", Some(3)), Search::Random { seed: 5 });
         assert_eq!(search("method: random", None), Search::AdaptiveRandom { seed: 5 });
-        assert_eq!(search("method: bayes", None), Search::Bayes { seed: 5, run_cap: None });
+        assert_eq!(search("method: bayes", None), Search::Bayes { seed: 5, run_cap: None, sampler: Sampler::Auto });
         let error = parse_method(&root("method: bayes"), 0, None, None).unwrap_err();
         assert_eq!(error.to_string(), "at `metric.name`: bayes needs metric.name: the metric its model learns from");
     }

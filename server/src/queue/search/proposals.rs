@@ -3,9 +3,10 @@
 //! `run_cap`), so every free slot that fits the sweep gets a run, and each proposal is made
 //! as late as possible, knowing every result in so far.
 //!
-//! Bayes proposals come from `shared::search::propose` over the finished runs (their best
-//! value of the sweep metric by its goal; failures, and values that are not finite numbers,
-//! count as failures) with the queued and running runs as pending (Optuna's constant liar).
+//! Bayes proposals come from `shared::search::propose_by` (a GP or TPE, by the sweep's
+//! sampler and space) over the finished runs (their best value of the sweep metric by its
+//! goal; failures, and values that are not finite numbers, count as failures) with the queued
+//! and running runs as pending (TPE's constant liar, the GP's Kriging believer).
 //! Random search without a cap takes its seeded draw `index`.
 
 use super::Controller;
@@ -14,7 +15,7 @@ use crate::error::ApiResult;
 use crate::queue::{Change, Tx};
 use shared::api::WorkerId;
 use shared::placement::{place, Capacity};
-use shared::search::{propose, Search, Trial};
+use shared::search::{propose_by, Search, Trial};
 use shared::sweep::{Goal, JobSpec, Resources, Sweep};
 
 impl Controller {
@@ -101,9 +102,10 @@ pub(super) fn trials_of(sweep: &Sweep, rows: &[db::search::TrialRow], goal: Goal
 /// Proposal `number` of an adaptive sweep, given its trials; with why it is random, if it is.
 pub(super) fn propose_run(sweep: &Sweep, trials: &Trials, number: u64) -> Option<(JobSpec, Option<String>)> {
     match sweep.search {
-        Search::Bayes { seed, .. } => {
+        Search::Bayes { seed, sampler, .. } => {
             let maximize = sweep.metric.as_ref().is_some_and(|metric| metric.goal == Goal::Maximize);
-            let proposal = propose(&sweep.space(), maximize, &trials.finished, &trials.pending, seed, number);
+            let (space, finished, pending) = (sweep.space(), &trials.finished, &trials.pending);
+            let proposal = propose_by(sampler, &space, maximize, finished, pending, seed, number);
             Some((sweep.job_from(number, &proposal.values)?, proposal.random_because))
         }
         _ => Some((sweep.job(number)?, None)),

@@ -1,0 +1,175 @@
+use super::*;
+use crate::search::problems::branin;
+use crate::search::tpe::STARTUP_TRIALS;
+use proptest::prelude::*;
+
+fn branin_space() -> Space {
+    Space {
+        params: vec![
+            Param::Float { low: -5.0, high: 10.0, log: false, step: None },
+            Param::Float { low: 0.0, high: 15.0, log: false, step: None },
+        ],
+    }
+}
+
+/// Runs `trials` sequential proposals on Branin; returns the trials.
+fn run_branin(seed: u64, trials: u64) -> Vec<Trial> {
+    let space = branin_space();
+    let mut finished = Vec::new();
+    for number in 0..trials {
+        let proposal = propose(&space, false, &finished, &[], seed, number).unwrap();
+        let metric = branin(&proposal.values);
+        finished.push(Trial { values: proposal.values, metric: Some(metric) });
+    }
+    finished
+}
+
+#[test]
+fn on_branin_it_gets_close_to_the_minimum_in_thirty_runs() {
+    for seed in 0..2 {
+        let trials = run_branin(seed, 30);
+        let best = trials.iter().filter_map(|trial| trial.metric).fold(f64::INFINITY, f64::min);
+        let random_best =
+            trials[..STARTUP_TRIALS].iter().filter_map(|trial| trial.metric).fold(f64::INFINITY, f64::min);
+        assert!(best < 0.6, "seed {seed}: best {best} (minimum 0.398; the random start-up reached {random_best})");
+    }
+}
+
+#[test]
+fn runs_in_flight_are_not_proposed_again() {
+    let space = branin_space();
+    let finished = run_branin(7, 15);
+    let first = propose(&space, false, &finished, &[], 7, 15).unwrap();
+    let second = propose(&space, false, &finished, std::slice::from_ref(&first.values), 7, 16).unwrap();
+    let alone = propose(&space, false, &finished, &[], 7, 16).unwrap();
+    let gap = |a: &[f64], b: &[f64]| ((a[0] - b[0]) / 15.0).hypot((a[1] - b[1]) / 15.0);
+    assert!(
+        gap(&alone.values, &first.values) < 0.05,
+        "without the running trial the same point wins: {alone:?} {first:?}"
+    );
+    assert!(gap(&second.values, &first.values) > 0.02, "the running trial's point was proposed again: {second:?}");
+}
+
+#[test]
+fn failed_metrics_are_left_out_and_categorical_spaces_are_not_modelled() {
+    let space = branin_space();
+    let mut finished = run_branin(3, 12);
+    finished.extend([
+        Trial { values: vec![0.0, 0.0], metric: Some(f64::NAN) },
+        Trial { values: vec![1.0, 1.0], metric: Some(f64::NEG_INFINITY) },
+        Trial { values: vec![2.0, 2.0], metric: None },
+    ]);
+    let proposal = propose(&space, false, &finished, &[], 3, 15).unwrap();
+    assert!(proposal.random_because.is_none() && proposal.values.iter().all(|value| value.is_finite()));
+    let mixed = Space { params: vec![Param::Categorical { choices: 3 }, Param::Int { low: 0, high: 4 }] };
+    assert!(propose(&mixed, false, &[], &[], 0, 0).is_none());
+    assert!(!models(&mixed, 20));
+    let flat = Space { params: vec![Param::Int { low: 2, high: 2 }, Param::Fixed] };
+    assert!(propose(&flat, false, &[], &[], 0, 0).is_none(), "nothing to search");
+}
+
+#[test]
+fn a_long_history_is_subsampled_to_a_bounded_model() {
+    let space = branin_space();
+    let finished: Vec<Trial> = (0..5000)
+        .map(|i| {
+            let values = vec![-5.0 + 15.0 * ((i * 37 % 101) as f64 / 100.0), 15.0 * ((i * 53 % 97) as f64 / 96.0)];
+            let metric = Some(branin(&values));
+            Trial { values, metric }
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let proposal = propose(&space, false, &finished, &[], 1, 5000).unwrap();
+    assert!(proposal.random_because.is_none());
+    // Unoptimised test build: a generous bound that an unbounded model (5,000 points, a
+    // factor of 4·10¹⁰ operations per likelihood) could not meet.
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "took {:?}", started.elapsed());
+    let kept = subsample(&(0..500).map(|i| (vec![i as f64], (i % 7) as f64)).collect::<Vec<_>>(), 100);
+    assert_eq!(kept.len(), 100);
+    // The best quarter is kept whole (72 of the 500 score 0: at least 25 of them stay).
+    assert!(kept.iter().filter(|(_, value)| *value == 0.0).count() >= 25);
+    assert!(kept.windows(2).all(|pair| pair[0].0[0] < pair[1].0[0]), "in trial order, none twice");
+}
+
+#[test]
+fn log_expected_improvement_is_smooth_and_ranks_far_below_the_best() {
+    let at = |mean: f64| log_expected_improvement(0.0, mean, 1.0);
+    for z in [-9.999, -10.0, -10.001] {
+        let direct = {
+            let cdf = 0.5 * libm::erfc(-z / std::f64::consts::SQRT_2);
+            let pdf = (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            (pdf + z * cdf).ln()
+        };
+        assert!((log_h(z) - direct).abs() < 1e-5, "z {z}: {} vs {direct}", log_h(z));
+    }
+    assert!(at(40.0).is_finite() && at(40.0) < at(20.0) && at(20.0) < at(0.0) && at(0.0) < at(-1.0));
+}
+
+fn param() -> impl Strategy<Value = Param> {
+    prop_oneof![
+        (-5i64..5, 0i64..6).prop_map(|(low, span)| Param::Int { low, high: low + span }),
+        (-3.0f64..3.0, 0.0f64..4.0).prop_map(|(low, span)| Param::Float {
+            low,
+            high: low + span,
+            log: false,
+            step: None
+        }),
+        (0.001f64..1.0, 1.0f64..100.0).prop_map(|(low, factor)| Param::Float {
+            low,
+            high: low * factor,
+            log: true,
+            step: None
+        }),
+        (0.0f64..1.0).prop_map(|low| Param::Float { low, high: low + 1.0, log: false, step: Some(0.25) }),
+        Just(Param::Fixed),
+    ]
+}
+
+fn inside(param: &Param, value: f64) -> bool {
+    match *param {
+        Param::Int { low, high } => value.fract() == 0.0 && (low as f64..=high as f64).contains(&value),
+        Param::Float { low, high, step: None, .. } => {
+            (low - 1e-9 * (1.0 + low.abs())..=high + 1e-9 * (1.0 + high.abs())).contains(&value)
+        }
+        Param::Float { low, high, step: Some(step), .. } => {
+            ((value / step).round() * step - value).abs() < 1e-9 && value >= low - step && value <= high + step
+        }
+        Param::Fixed => value == 0.0,
+        Param::Categorical { .. } => false,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn proposals_stay_in_the_space_and_repeat_for_a_seed(
+        params in prop::collection::vec(param(), 1..4),
+        seed in any::<u64>(),
+        count in 10usize..16,
+        running in 0usize..3,
+        maximize in any::<bool>(),
+    ) {
+        let space = Space { params };
+        let mut rng = Draws::for_proposal(!seed, 0);
+        let draw = |rng: &mut Draws| space.params.iter().map(|param| param.sample(rng)).collect::<Vec<f64>>();
+        let finished: Vec<Trial> = (0..count)
+            .map(|_| {
+                let values = draw(&mut rng);
+                let metric = values.iter().map(|value| (value - 0.3).powi(2)).sum::<f64>();
+                Trial { values, metric: Some(metric) }
+            })
+            .collect();
+        let pending: Vec<Vec<f64>> = (0..running).map(|_| draw(&mut rng)).collect();
+        match propose(&space, maximize, &finished, &pending, seed, count as u64) {
+            None => prop_assert!(!models(&space, 20)),
+            Some(proposal) => {
+                prop_assert_eq!(proposal.values.len(), space.params.len());
+                for (param, value) in space.params.iter().zip(&proposal.values) {
+                    prop_assert!(inside(param, *value), "{:?} outside {:?}", value, param);
+                }
+                let again = propose(&space, maximize, &finished, &pending, seed, count as u64);
+                prop_assert_eq!(Some(proposal), again);
+            }
+        }
+    }
+}
