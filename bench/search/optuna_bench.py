@@ -2,7 +2,8 @@
 
 Usage: optuna_bench.py [SEEDS [FIRST_SEED]]
 
-Writes JSON: {"search": {problem: [[best after trial 1..100] per seed]},
+Writes JSON: {"search": {problem: {"tpe, 1 worker": [[true value of the best-reported trial
+              after trial 1..100] per seed], ...}},
               "pruning": {pruner: {"saved": median fraction, "best_in_top3": seeds}}}.
 Problems and learning curves are defined exactly as in bench/src/search.rs (SplitMix64
 noise), so both sides see the same numbers.
@@ -10,6 +11,7 @@ noise), so both sides see the same numbers.
 
 import json
 import math
+import os
 import statistics
 import sys
 
@@ -30,9 +32,8 @@ def unit(seed, a, b):
     return (state >> 11) / float(1 << 53)
 
 
-def branin(trial, seed):
-    x1 = trial.suggest_float("x1", -5.0, 10.0)
-    x2 = trial.suggest_float("x2", 0.0, 15.0)
+def branin(x):
+    x1, x2 = x
     b, c, t = 5.1 / (4 * math.pi**2), 5 / math.pi, 1 / (8 * math.pi)
     return (x2 - b * x1 * x1 + c * x1 - 6) ** 2 + 10 * (1 - t) * math.cos(x1) + 10
 
@@ -52,30 +53,85 @@ P = [
 ]
 
 
-def hartmann6(trial, seed):
-    x = [trial.suggest_float(f"x{j}", 0.0, 1.0) for j in range(6)]
+def hartmann6(x):
     return -sum(
         ALPHA[i] * math.exp(-sum(A[i][j] * (x[j] - P[i][j] * 1e-4) ** 2 for j in range(6))) for i in range(4)
     )
 
 
-def noisy_mixed(trial, seed):
-    kind = trial.suggest_categorical("kind", [0, 1, 2])
-    n = trial.suggest_int("n", 1, 10)
-    lr = trial.suggest_float("lr", 1e-5, 1e-1, log=True)
-    noise = 0.1 * (2 * unit(seed, trial.number, 7) - 1)
-    return 1 + (math.log10(lr) + 3) ** 2 + (n - 6) ** 2 / 10 + [0.0, 0.5, 1.0][kind] + noise
+def rosenbrock(x):
+    return sum(100 * (x[i + 1] - x[i] ** 2) ** 2 + (1 - x[i]) ** 2 for i in range(len(x) - 1))
 
 
-def search(objective, seeds):
+def styblinski_tang(x):
+    return 0.5 * sum(v**4 - 16 * v * v + 5 * v for v in x)
+
+
+def mixed(x):
+    lr, wd, n, kind, act = x
+    return 1 + (math.log10(lr) + 3) ** 2 + 0.5 * (math.log10(wd) + 4) ** 2 + (n - 6) ** 2 / 10 + [0.0, 0.5, 1.0][kind] + [0.3, 0.0][act]
+
+
+def floats(names, low, high, log=False):
+    return lambda trial: [trial.suggest_float(name, low, high, log=log) for name in names]
+
+
+def mixed_space(trial):
+    return [
+        trial.suggest_float("lr", 1e-5, 1e-1, log=True),
+        trial.suggest_float("wd", 1e-6, 1e-2, log=True),
+        trial.suggest_int("n", 1, 10),
+        trial.suggest_categorical("kind", [0, 1, 2]),
+        trial.suggest_categorical("act", [0, 1]),
+    ]
+
+
+# name: (space, true objective, noise sd); as PROBLEMS in bench/src/search_table.rs.
+PROBLEMS = {
+    "branin": (lambda t: [t.suggest_float("x1", -5.0, 10.0), t.suggest_float("x2", 0.0, 15.0)], branin, 0.0),
+    "hartmann6": (floats([f"x{j}" for j in range(6)], 0.0, 1.0), hartmann6, 0.0),
+    "rosenbrock4_log": (floats([f"x{j}" for j in range(4)], 0.01, 10.0, log=True), rosenbrock, 0.0),
+    "styblinski_tang8": (floats([f"x{j}" for j in range(8)], -5.0, 5.0), styblinski_tang, 0.0),
+    "mixed5": (mixed_space, mixed, 0.0),
+    "noisy_hartmann6": (floats([f"x{j}" for j in range(6)], 0.0, 1.0), hartmann6, 0.1),
+}
+
+
+def gaussian(seed, trial):
+    u1 = 1.0 - unit(seed, trial, 11)
+    u2 = unit(seed, trial, 12)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+def sampler_of(name, seed):
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def search(problem, sampler, workers, seeds):
+    """The true value of the best-reported trial after each trial, per seed: `workers` trials
+    asked at once, the oldest told first (as a queue of equal-length runs)."""
+    space, truth, noise = PROBLEMS[problem]
     curves = []
     for seed in seeds:
-        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-        study.optimize(lambda trial: objective(trial, seed), n_trials=TRIALS)
-        best, curve = math.inf, []
-        for trial in study.trials:
-            best = min(best, trial.value)
-            curve.append(best)
+        study = optuna.create_study(sampler=sampler_of(sampler, seed))
+        flying, told = [], 0
+        best_reported, best_true, curve = math.inf, math.nan, []
+        while told < TRIALS:
+            while len(flying) < workers and told + len(flying) < TRIALS:
+                trial = study.ask()
+                flying.append((trial, space(trial)))
+            trial, x = flying.pop(0)
+            value = truth(x)
+            reported = value + noise * gaussian(seed, trial.number)
+            study.tell(trial, reported)
+            told += 1
+            if reported < best_reported:
+                best_reported, best_true = reported, value
+            curve.append(best_true)
         curves.append(curve)
     return curves
 
@@ -125,12 +181,18 @@ def main():
     first = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     seeds = range(first, first + count)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # GPSampler needs torch and scipy; without them it is left out (run.sh --gp installs them).
+    configs = [("tpe", 1), ("tpe", 8), ("random", 1)]
+    if os.environ.get("OPTUNA_GP") == "1":
+        configs += [("gp", 1), ("gp", 8)]
     results = {
         "optuna_version": optuna.__version__,
         "search": {
-            "branin": search(branin, seeds),
-            "hartmann6": search(hartmann6, seeds),
-            "noisy_mixed": search(noisy_mixed, seeds),
+            problem: {
+                f"{sampler}, {workers} worker{'s' if workers > 1 else ''}": search(problem, sampler, workers, seeds)
+                for sampler, workers in configs
+            }
+            for problem in PROBLEMS
         },
         "pruning": {
             f"{name} (min {low})": pruning(make(low), seeds)

@@ -2,10 +2,17 @@
 # app's TPE, random search and early stopping side by side with Optuna's.
 # Installs Optuna from PyPI into bench/search/.venv (once), runs Optuna on the problems of
 # bench/src/search.rs, then `app-bench search` with those results. Usage:
-#   bench/search/run.sh [SEEDS]        (default 15)
+#   bench/search/run.sh [--gp] [SEEDS]        (default 15)
+# --gp also runs Optuna's GPSampler, which needs torch and scipy (installed into the same
+# venv: torch is large; pip's cache keeps it once scripts/setup-torch.sh has fetched it).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+gp=0
+if [ "${1:-}" = "--gp" ]; then
+    gp=1
+    shift
+fi
 seeds="${1:-15}"
 venv="$here/.venv"
 # Pinned: TPESampler's default is the independent TPE in Optuna 4 and the multivariate one in
@@ -17,10 +24,13 @@ fi
 if [ "$("$venv/bin/python" -c 'import optuna; print(optuna.__version__)' 2>/dev/null)" != "$optuna_version" ]; then
     "$venv/bin/pip" install --quiet "optuna==$optuna_version"
 fi
+if [ "$gp" = 1 ] && ! "$venv/bin/python" -c 'import torch, scipy' 2>/dev/null; then
+    "$venv/bin/pip" install --quiet scipy "torch==2.11.0"
+fi
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
 echo "optuna $("$venv/bin/python" -c 'import optuna; print(optuna.__version__)'): $seeds seeds" >&2
-"$venv/bin/python" "$here/optuna_bench.py" "$seeds" > "$results"
+OPTUNA_GP="$gp" "$venv/bin/python" "$here/optuna_bench.py" "$seeds" > "$results"
 cd "$root"
 cargo build --release --quiet -p bench
 ./target/release/app-bench search --seeds "$seeds" --optuna "$results"

@@ -15,6 +15,7 @@ mod page;
 mod queue;
 mod replicas;
 mod search;
+mod search_table;
 mod server;
 mod shares;
 mod synthetic_project;

@@ -1,13 +1,12 @@
-//! `app-bench search`: app's TPE, GP and random search, and its Hyperband/ASHA early stopping,
-//! on standard test problems, side by side with Optuna when `--optuna FILE` gives Optuna's
-//! results on the same problems (`bench/search/run.sh` makes that file and runs this verb).
-//! Also `--hostile`: how long hostile sweep files take to be refused. Prints figures; asserts
-//! nothing.
+//! `app-bench search`: app's bayes (auto, TPE, GP) and random search on six problems with 1
+//! and 8 runs in flight (`search_table`), the GP's proposal cost, and Hyperband/ASHA early
+//! stopping on synthetic learning curves, side by side with Optuna when `--optuna FILE` gives
+//! Optuna's results on the same problems (`bench/search/run.sh` makes that file and runs this
+//! verb). Also `--hostile`: how long hostile sweep files take to be refused. Prints figures;
+//! asserts nothing.
 //!
-//! The problems are defined identically in `bench/search/optuna_bench.py`: Branin (2-D),
-//! Hartmann-6, and a noisy quadratic over a mixed space (a categorical, an integer, a
-//! log-scaled float), noise and learning curves drawn from SplitMix64 so both languages see the
-//! same numbers. Budgets: 100 trials, best-so-far read at 20, 50 and 100, over `--seeds` seeds.
+//! Noise and learning curves are drawn from SplitMix64 (`unit`), so the Python side
+//! (`bench/search/optuna_bench.py`) sees the same numbers.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -15,7 +14,7 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::Value;
 use shared::search::early_stop::{hyperband_rungs, History};
-use shared::search::{decide, propose, propose_by, Decision, EarlyStop, Param, RungKind, Sampler, Space, Trial};
+use shared::search::{decide, propose_by, Decision, EarlyStop, Param, RungKind, Sampler, Space, Trial};
 use shared::sweep::{ExpandOptions, Sweep};
 
 #[derive(Debug, Args)]
@@ -29,13 +28,15 @@ pub struct BenchSearchArgs {
     /// Optuna's results (JSON from bench/search/optuna_bench.py) to compare with.
     #[arg(long)]
     pub optuna: Option<std::path::PathBuf>,
+    /// Only these problems (comma separated: branin, hartmann6, rosenbrock4_log,
+    /// styblinski_tang8, mixed5, noisy_hartmann6); all by default.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
     /// Time the refusal of hostile sweep files instead.
     #[arg(long)]
     pub hostile: bool,
 }
 
-const TRIALS: usize = 100;
-const CHECKPOINTS: [usize; 3] = [20, 50, 100];
 const CONFIGS: usize = 81;
 const MAX_STEP: u64 = 81;
 
@@ -48,38 +49,7 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         Some(path) => Some(serde_json::from_str(&std::fs::read_to_string(path)?)?),
         None => None,
     };
-    println!("search: median best value over {} seeds (minimised); ratio = app / Optuna TPE", args.seeds);
-    println!("(hartmann6 is negative: there a ratio above 1 means app found lower values;");
-    println!(" app GP is `search: gp`, which proposes by TPE on a space with a categorical parameter)");
-    println!(
-        "{:<18} {:>6} {:>12} {:>12} {:>12} {:>12} {:>9} {:>9}",
-        "problem", "trials", "app TPE", "app GP", "app random", "Optuna TPE", "TPE/Opt", "GP/Opt"
-    );
-    for problem in PROBLEMS {
-        let started = Instant::now();
-        let seeds = args.first_seed..args.first_seed + args.seeds;
-        let tpe = medians(&best_curves(problem, seeds.clone(), Some(Sampler::Tpe)));
-        let gp = medians(&best_curves(problem, seeds.clone(), Some(Sampler::Gp)));
-        let random = medians(&best_curves(problem, seeds, None));
-        let theirs = optuna.as_ref().and_then(|results| results["search"][problem.name].as_array().cloned());
-        for (position, trials) in CHECKPOINTS.iter().enumerate() {
-            let optuna_median = theirs.as_ref().and_then(|seeds| median_at(seeds, *trials));
-            let ratio = |ours: f64| optuna_median.map_or("-".to_owned(), |theirs| format!("{:.3}", ours / theirs));
-            let shown = optuna_median.map_or("-".to_owned(), |value| format!("{value:.5}"));
-            println!(
-                "{:<18} {:>6} {:>12.5} {:>12.5} {:>12.5} {:>12} {:>9} {:>9}",
-                problem.name,
-                trials,
-                tpe[position],
-                gp[position],
-                random[position],
-                shown,
-                ratio(tpe[position]),
-                ratio(gp[position])
-            );
-        }
-        eprintln!("  ({} took {:.1?} for the three app searches)", problem.name, started.elapsed());
-    }
+    crate::search_table::print(args.first_seed..args.first_seed + args.seeds, optuna.as_ref(), &args.only);
     proposal_costs();
     println!();
     println!(
@@ -121,7 +91,7 @@ fn proposal_costs() {
     println!();
     println!("GP proposal cost at 200 finished runs and 8 running (median of 9):");
     for dims in [2usize, 6, 20] {
-        let space = Space { params: vec![float(0.0, 1.0); dims] };
+        let space = Space { params: vec![Param::Float { low: 0.0, high: 1.0, log: false, step: None }; dims] };
         let point = |i: u64| (0..dims as u64).map(|d| unit(i, d, 3)).collect::<Vec<f64>>();
         let finished: Vec<Trial> = (0..200)
             .map(|i| {
@@ -141,93 +111,6 @@ fn proposal_costs() {
             .collect();
         println!("  {dims:>2} dimensions: {:.1} ms", median(std::mem::take(&mut costs)));
     }
-}
-
-// --- search problems --------------------------------------------------------------------
-
-#[derive(Clone, Copy)]
-struct Problem {
-    name: &'static str,
-    space: fn() -> Space,
-    objective: fn(&[f64], u64, u64) -> f64,
-}
-
-const PROBLEMS: [Problem; 3] = [
-    Problem { name: "branin", space: branin_space, objective: branin },
-    Problem { name: "hartmann6", space: hartmann_space, objective: hartmann6 },
-    Problem { name: "noisy_mixed", space: mixed_space, objective: noisy_mixed },
-];
-
-fn float(low: f64, high: f64) -> Param {
-    Param::Float { low, high, log: false, step: None }
-}
-
-fn branin_space() -> Space {
-    Space { params: vec![float(-5.0, 10.0), float(0.0, 15.0)] }
-}
-
-fn branin(x: &[f64], _seed: u64, _trial: u64) -> f64 {
-    shared::search::problems::branin(x)
-}
-
-fn hartmann_space() -> Space {
-    Space { params: vec![float(0.0, 1.0); 6] }
-}
-
-fn hartmann6(x: &[f64], _seed: u64, _trial: u64) -> f64 {
-    shared::search::problems::hartmann6(x)
-}
-
-fn mixed_space() -> Space {
-    Space {
-        params: vec![
-            Param::Categorical { choices: 3 },
-            Param::Int { low: 1, high: 10 },
-            Param::Float { low: 1e-5, high: 1e-1, log: true, step: None },
-        ],
-    }
-}
-
-/// 1 + (log10 lr + 3)^2 + (n - 6)^2 / 10 + {0, 0.5, 1}[kind] + noise in [-0.1, 0.1).
-fn noisy_mixed(x: &[f64], seed: u64, trial: u64) -> f64 {
-    let offset = [0.0, 0.5, 1.0][x[0] as usize];
-    let noise = 0.1 * (2.0 * unit(seed, trial, 7) - 1.0);
-    1.0 + (x[2].log10() + 3.0).powi(2) + (x[1] - 6.0).powi(2) / 10.0 + offset + noise
-}
-
-/// Best-so-far at each checkpoint, per seed, proposed by `sampler` (random search: `None`).
-fn best_curves(problem: Problem, seeds: std::ops::Range<u64>, sampler: Option<Sampler>) -> Vec<Vec<f64>> {
-    let space = (problem.space)();
-    seeds
-        .map(|seed| {
-            let mut finished: Vec<Trial> = Vec::with_capacity(TRIALS);
-            let mut best = f64::INFINITY;
-            let mut at = Vec::new();
-            for number in 0..TRIALS as u64 {
-                // Random search is the proposer with nothing learned (its random start).
-                let values = match sampler {
-                    Some(sampler) => propose_by(sampler, &space, false, &finished, &[], seed, number).values,
-                    None => propose(&space, false, &[], &[], seed, number).values,
-                };
-                let value = (problem.objective)(&values, seed, number);
-                best = best.min(value);
-                finished.push(Trial { values, metric: Some(value) });
-                if CHECKPOINTS.contains(&(number as usize + 1)) {
-                    at.push(best);
-                }
-            }
-            at
-        })
-        .collect()
-}
-
-fn medians(curves: &[Vec<f64>]) -> Vec<f64> {
-    (0..CHECKPOINTS.len()).map(|position| median(curves.iter().map(|curve| curve[position]).collect())).collect()
-}
-
-fn median_at(seeds: &[Value], trials: usize) -> Option<f64> {
-    let values: Option<Vec<f64>> = seeds.iter().map(|curve| curve.get(trials - 1)?.as_f64()).collect();
-    values.map(median)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -287,7 +170,7 @@ fn final_loss(seed: u64, config: u64) -> f64 {
 }
 
 /// Uniform in [0, 1) from SplitMix64 of (seed, a, b); the Python side computes the same.
-fn unit(seed: u64, a: u64, b: u64) -> f64 {
+pub(crate) fn unit(seed: u64, a: u64, b: u64) -> f64 {
     let mut state = seed.wrapping_mul(1_000_003).wrapping_add(a.wrapping_mul(1_009)).wrapping_add(b);
     state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     state = (state ^ (state >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

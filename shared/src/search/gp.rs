@@ -118,6 +118,35 @@ impl Gp {
     }
 }
 
+impl Gp {
+    /// [`Gp::predict`] with the gradients of the mean and the variance in `point`.
+    pub(crate) fn predict_with_gradient(&self, point: &[f64]) -> (f64, f64, Vec<f64>, Vec<f64>) {
+        let n = self.points.len();
+        let dims = point.len();
+        let mut cross = DVector::zeros(n);
+        // ∂k(x, xᵢ)/∂x_m = -(5/3) s² (1 + √5 r) e^{-√5 r} (x_m - xᵢ_m) / l_m², row i.
+        let mut slopes = DMatrix::zeros(n, dims);
+        for (i, seen) in self.points.iter().enumerate() {
+            let r = distance(point, seen, &self.inverse_lengths);
+            cross[i] = self.signal * matern52(r);
+            let shared = -(5.0 / 3.0) * self.signal * (1.0 + SQRT5 * r) * (-SQRT5 * r).exp();
+            for m in 0..dims {
+                slopes[(i, m)] = shared * (point[m] - seen[m]) * self.inverse_lengths[m].powi(2);
+            }
+        }
+        let mean = cross.dot(&self.alpha);
+        let mut solved = cross;
+        self.factor.l_dirty().solve_lower_triangular_mut(&mut solved);
+        let variance = (self.signal - solved.norm_squared()).max(1e-12);
+        // ∂σ²/∂x = -2 (L⁻ᵀ L⁻¹ k)ᵀ ∂k/∂x.
+        let mut back = solved;
+        self.factor.l_dirty().tr_solve_lower_triangular_mut(&mut back);
+        let mean_slope = (0..dims).map(|m| slopes.column(m).dot(&self.alpha)).collect();
+        let variance_slope = (0..dims).map(|m| -2.0 * slopes.column(m).dot(&back)).collect();
+        (mean, variance, mean_slope, variance_slope)
+    }
+}
+
 /// The negative log marginal likelihood minus the log priors, and its gradient in the log
 /// parameters; infinite where the kernel matrix has no factor.
 fn negative_log_posterior(points: &[Vec<f64>], values: &[f64], hyper: &Hyper) -> (f64, Vec<f64>) {
@@ -212,6 +241,21 @@ mod tests {
             let (mean, variance) = gp.predict(point);
             assert!((mean - value).abs() < 0.1, "at {point:?}: {mean} vs {value}");
             assert!(variance < 0.05);
+        }
+        let at = [0.41, 0.77];
+        let (mean, variance, mean_slope, variance_slope) = gp.predict_with_gradient(&at);
+        assert_eq!((mean, variance), gp.predict(&at));
+        for m in 0..2 {
+            let (mut up, mut down) = (at, at);
+            up[m] += 1e-6;
+            down[m] -= 1e-6;
+            let ((mean_up, variance_up), (mean_down, variance_down)) = (gp.predict(&up), gp.predict(&down));
+            assert!(((mean_up - mean_down) / 2e-6 - mean_slope[m]).abs() < 1e-4 * (1.0 + mean_slope[m].abs()));
+            let numeric = (variance_up - variance_down) / 2e-6;
+            assert!(
+                (numeric - variance_slope[m]).abs() < 1e-4 * (1.0 + numeric.abs()),
+                "{numeric} vs {variance_slope:?}"
+            );
         }
         let (_, far) = gp.predict(&[3.0, 3.0]);
         assert!(far > 0.5 * gp.hyper().log_signal.exp(), "far away the variance is the prior's: {far}");

@@ -11,10 +11,11 @@
 //! - Trials still running are believed to score the posterior mean at their point (the Kriging
 //!   believer): the mean elsewhere is unchanged, the variance near them shrinks, so workers
 //!   proposing at once spread out rather than propose the same point.
-//! - Log expected improvement over the best standardized metric is maximised over
-//!   [`RANDOM_CANDIDATES`] uniform points and [`LOCAL_CANDIDATES`] around each of the best
-//!   trials, the best few then refined by a pattern search. The winner is rounded to the
-//!   space (integers, steps).
+//! - Log expected improvement over the best standardized metric is maximised as Optuna's
+//!   `GPSampler` does: scored at uniform points (2,048 for a small model, fewer for a large
+//!   one: a bounded amount of work), then [`LOCAL_SEARCHES`] L-BFGS searches with its gradient
+//!   from the best of them, the best run, and points drawn by their scores. The winner is
+//!   rounded to the space (integers, steps).
 //!
 //! Categorical parameters are not modelled here: [`super::Sampler::resolve`] sends such
 //! spaces to TPE. Each proposal draws from the `(seed, number)` stream TPE uses, so it is
@@ -30,13 +31,16 @@ const FIT_POINTS: usize = 100;
 const MODEL_POINTS: usize = 200;
 /// Running trials believed, at most (the latest).
 const BELIEVED: usize = 64;
-const RANDOM_CANDIDATES: usize = 512;
-/// Candidates drawn around each of the best [`INCUMBENTS`] trials.
-const LOCAL_CANDIDATES: usize = 32;
-const INCUMBENTS: usize = 5;
-/// Candidates refined by the pattern search, and its evaluations each.
-const REFINED: usize = 3;
-const REFINE_EVALUATIONS: usize = 80;
+/// Uniform candidates: about this many kernel evaluations' worth, within the bounds below.
+const CANDIDATE_WORK: usize = 2048 * 40 * 40;
+const MIN_CANDIDATES: usize = 256;
+const MAX_CANDIDATES: usize = 2048;
+/// Local searches (L-BFGS on log EI with its gradient), and their iterations: as many as a
+/// fixed amount of work allows, within the bounds.
+const LOCAL_SEARCHES: usize = 10;
+const SEARCH_WORK: usize = 50 * 40 * 40;
+const MIN_ITERATIONS: usize = 8;
+const MAX_ITERATIONS: usize = 50;
 
 /// One searched dimension: the parameter's index and how it maps to `[0, 1]`.
 struct Dimension {
@@ -146,24 +150,54 @@ pub fn propose(
         let (mean, variance) = model.predict(point);
         log_expected_improvement(best, mean, variance.sqrt())
     };
-    let incumbents: Vec<&Vec<f64>> = {
-        let mut order: Vec<&(Vec<f64>, f64)> = standard.iter().collect();
-        order.sort_by(|a, b| a.1.total_cmp(&b.1));
-        order.into_iter().take(INCUMBENTS).map(|(point, _)| point).collect()
-    };
-    let mut candidates: Vec<Vec<f64>> =
-        (0..RANDOM_CANDIDATES).map(|_| (0..dims.len()).map(|_| rng.unit()).collect()).collect();
-    for incumbent in incumbents {
-        for _ in 0..LOCAL_CANDIDATES {
-            candidates.push(incumbent.iter().map(|x| rng.truncated_normal(*x, 0.1, 0.0, 1.0)).collect());
-        }
+    // As many uniform points as a fixed amount of work allows: 2,048 up to 40 runs in the
+    // model, 256 from 113 on (a prediction costs the model's size squared).
+    let size = points.len().max(1);
+    let uniform = (CANDIDATE_WORK / size.pow(2)).clamp(MIN_CANDIDATES, MAX_CANDIDATES);
+    let candidates: Vec<Vec<f64>> = (0..uniform).map(|_| (0..dims.len()).map(|_| rng.unit()).collect()).collect();
+    let scored: Vec<f64> = candidates.iter().map(|point| score(point)).collect();
+    // Local searches start from the best candidate, the best run so far, and candidates drawn
+    // with weights exp(log EI - its largest), as Optuna's GPSampler picks them: the promising
+    // places, not only the neighbours of the best one.
+    let top = (0..scored.len()).max_by(|&a, &b| scored[a].total_cmp(&scored[b]))?;
+    let mut starts: Vec<Vec<f64>> = vec![candidates[top].clone()];
+    if let Some((incumbent, _)) = standard.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+        starts.push(incumbent.clone());
     }
-    let mut scored: Vec<(f64, Vec<f64>)> = candidates.into_iter().map(|point| (score(&point), point)).collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let chosen = scored
+    let mut weights: Vec<f64> = scored.iter().map(|value| (value - scored[top]).exp()).collect();
+    weights[top] = 0.0;
+    for _ in 0..LOCAL_SEARCHES.saturating_sub(starts.len()) {
+        let total: f64 = weights.iter().sum();
+        if total.is_nan() || total <= 0.0 {
+            break;
+        }
+        let mut threshold = rng.unit() * total;
+        let picked = weights.iter().position(|weight| {
+            threshold -= weight;
+            threshold < 0.0
+        });
+        let Some(picked) = picked.or_else(|| weights.iter().rposition(|weight| *weight > 0.0)) else { break };
+        weights[picked] = 0.0;
+        starts.push(candidates[picked].clone());
+    }
+    let bounds = vec![(0.0, 1.0); dims.len()];
+    let negative = |point: &[f64]| {
+        let (value, gradient) = log_ei_with_gradient(&model, best, point);
+        (-value, gradient.into_iter().map(|slope| -slope).collect())
+    };
+    let iterations = (SEARCH_WORK / size.pow(2)).clamp(MIN_ITERATIONS, MAX_ITERATIONS);
+    let chosen = starts
         .into_iter()
-        .take(REFINED)
-        .map(|(value, point)| refine(&score, point, value))
+        .map(|start| {
+            let value = score(&start);
+            let refined = super::lbfgs::minimize(negative, start.clone(), &bounds, iterations);
+            let refined_value = score(&refined);
+            if refined_value > value {
+                (refined_value, refined)
+            } else {
+                (value, start)
+            }
+        })
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, point)| point)?;
     let mut values: Vec<f64> = space.params.iter().map(fixed_value).collect();
@@ -214,30 +248,35 @@ fn subsample(observations: &[(Vec<f64>, f64)], most: usize) -> Vec<(Vec<f64>, f6
     keep.into_iter().map(|index| observations[index].clone()).collect()
 }
 
-/// A pattern search from `point`: each coordinate moved by ± a step while the score rises, the
-/// step halved when none does; within [`REFINE_EVALUATIONS`] scores.
-fn refine(score: &impl Fn(&[f64]) -> f64, mut point: Vec<f64>, mut value: f64) -> (f64, Vec<f64>) {
-    let mut step = 0.05;
-    let mut evaluations = 0;
-    while step > 1e-3 && evaluations < REFINE_EVALUATIONS {
-        let mut improved = false;
-        for dim in 0..point.len() {
-            for sign in [1.0, -1.0] {
-                let mut moved = point.clone();
-                moved[dim] = (moved[dim] + sign * step).clamp(0.0, 1.0);
-                evaluations += 1;
-                let moved_value = score(&moved);
-                if moved_value > value {
-                    (point, value, improved) = (moved, moved_value, true);
-                    break;
-                }
-            }
-        }
-        if !improved {
-            step /= 2.0;
-        }
+/// `log EI` at `point` and its gradient there.
+fn log_ei_with_gradient(model: &Gp, best: f64, point: &[f64]) -> (f64, Vec<f64>) {
+    let (mean, variance, mean_slope, variance_slope) = model.predict_with_gradient(point);
+    let sd = variance.sqrt();
+    let z = (best - mean) / sd;
+    let log_h_z = log_h(z);
+    // d log h / dz = Φ(z) / h(z).
+    let ratio = (log_cdf(z) - log_h_z).exp();
+    let gradient = mean_slope
+        .iter()
+        .zip(&variance_slope)
+        .map(|(mean_slope, variance_slope)| {
+            let sd_slope = variance_slope / (2.0 * sd);
+            let z_slope = -(mean_slope + z * sd_slope) / sd;
+            sd_slope / sd + ratio * z_slope
+        })
+        .collect();
+    (sd.max(1e-12).ln() + log_h_z, gradient)
+}
+
+/// `log Φ(z)`, with its asymptotic series far below 0.
+fn log_cdf(z: f64) -> f64 {
+    if z > -10.0 {
+        (0.5 * libm::erfc(-z / std::f64::consts::SQRT_2)).max(f64::MIN_POSITIVE).ln()
+    } else {
+        let u = 1.0 / (z * z);
+        -0.5 * z * z - 0.5 * (2.0 * std::f64::consts::PI).ln() - (-z).ln()
+            + (1.0 - u * (1.0 - u * (3.0 - u * 15.0))).ln()
     }
-    (value, point)
 }
 
 /// `log EI` of a point whose posterior is `N(mean, sd²)` against the best value `best`

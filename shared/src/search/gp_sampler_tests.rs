@@ -173,3 +173,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_log_ei_gradient_agrees_with_finite_differences() {
+    let points: Vec<Vec<f64>> = (0..14).map(|i| vec![(i as f64 * 0.37) % 1.0, (i as f64 * 0.61 + 0.1) % 1.0]).collect();
+    let values: Vec<f64> = points.iter().map(|p| (6.0 * p[0]).sin() + 0.3 * p[1]).collect();
+    let model = crate::search::gp::Gp::fit(&points, &values, crate::search::gp::Hyper::start(2)).unwrap();
+    let best = values.iter().copied().fold(f64::INFINITY, f64::min);
+    // Near the data, and far below the best (where log EI takes its asymptotic form).
+    for (at, threshold) in [([0.52, 0.33], best), ([0.9, 0.05], best), ([0.3, 0.6], best - 30.0)] {
+        let (_, gradient) = log_ei_with_gradient(&model, threshold, &at);
+        for m in 0..2 {
+            let (mut up, mut down) = (at, at);
+            up[m] += 1e-6;
+            down[m] -= 1e-6;
+            let numeric = (log_ei_with_gradient(&model, threshold, &up).0
+                - log_ei_with_gradient(&model, threshold, &down).0)
+                / 2e-6;
+            assert!(
+                (numeric - gradient[m]).abs() < 1e-3 * (1.0 + numeric.abs()),
+                "at {at:?}: {numeric} vs {gradient:?}"
+            );
+        }
+    }
+}
