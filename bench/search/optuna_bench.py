@@ -5,8 +5,8 @@ Usage: optuna_bench.py [SEEDS [FIRST_SEED]]
 Writes JSON: {"search": {problem: {"tpe, 1 worker": [[true value of the best-reported trial
               after trial 1..100] per seed], ...}},
               "pruning": {pruner: {"saved": median fraction, "best_in_top3": seeds}}}.
-Problems and learning curves are defined exactly as in bench/src/search.rs (SplitMix64
-noise), so both sides see the same numbers.
+Problems are defined exactly as in bench/src/search_table.rs, learning curves as in
+bench/src/search.rs (SplitMix64 noise), so both sides see the same numbers.
 """
 
 import json

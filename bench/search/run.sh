@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # app's TPE, random search and early stopping side by side with Optuna's.
 # Installs Optuna from PyPI into bench/search/.venv (once), runs Optuna on the problems of
-# bench/src/search.rs, then `app-bench search` with those results. Usage:
+# bench/src/search_table.rs, then `app-bench search` with those results. Usage:
 #   bench/search/run.sh [--gp] [SEEDS]        (default 15)
 # --gp also runs Optuna's GPSampler, which needs torch and scipy (installed into the same
 # venv: torch is large; pip's cache keeps it once scripts/setup-torch.sh has fetched it).

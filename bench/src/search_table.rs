@@ -171,7 +171,7 @@ pub fn print(seeds: std::ops::Range<u64>, optuna: Option<&Value>, only: &[String
         ("app GP, 8 workers", Some(Sampler::Gp), 8),
         ("app random", None, 1),
     ];
-    let theirs = ["tpe, 1 worker", "tpe, 8 workers", "gp, 1 worker", "gp, 8 workers", "random"];
+    let theirs = ["tpe, 1 worker", "tpe, 8 workers", "gp, 1 worker", "gp, 8 workers", "random, 1 worker"];
     println!(
         "search: the true value of the best-reported run, median [q1, q3] over {} seeds (minimised)",
         seeds.end - seeds.start
@@ -179,14 +179,20 @@ pub fn print(seeds: std::ops::Range<u64>, optuna: Option<&Value>, only: &[String
     for problem in PROBLEMS.iter().filter(|problem| only.is_empty() || only.iter().any(|name| name == problem.name)) {
         let started = std::time::Instant::now();
         println!("{} ({})", problem.name, if problem.noise > 0.0 { "noise N(0, 0.1)" } else { "exact" });
-        println!("  {:<24} {:>28} {:>28}", "searcher", "at 40 runs", "at 100 runs");
+        println!("  {:<30} {:>28} {:>28}", "searcher", "at 40 runs", "at 100 runs");
         let show = |(q1, median, q3): (f64, f64, f64)| format!("{median:.4} [{q1:.4}, {q3:.4}]");
+        let space = (problem.space)();
         for (name, sampler, workers) in configs {
+            // The model that proposes here: "app GP" on a categorical space is TPE.
+            let name = match sampler {
+                Some(sampler) if sampler != Sampler::Tpe => format!("{name} ({})", sampler.label(&space)),
+                _ => name.to_owned(),
+            };
             let curves: Vec<Vec<f64>> = seeds.clone().map(|seed| curve(problem, seed, sampler, workers)).collect();
             let cells: Vec<String> = (0..CHECKPOINTS.len())
                 .map(|at| show(quartiles(curves.iter().map(|curve| curve[at]).collect())))
                 .collect();
-            println!("  {:<24} {:>28} {:>28}", name, cells[0], cells[1]);
+            println!("  {:<30} {:>28} {:>28}", name, cells[0], cells[1]);
         }
         for config in theirs {
             let cells: Vec<Option<(f64, f64, f64)>> = CHECKPOINTS
@@ -195,7 +201,7 @@ pub fn print(seeds: std::ops::Range<u64>, optuna: Option<&Value>, only: &[String
                 .collect();
             if cells.iter().all(Option::is_some) {
                 let cells: Vec<String> = cells.into_iter().flatten().map(show).collect();
-                println!("  {:<24} {:>28} {:>28}", format!("optuna {config}"), cells[0], cells[1]);
+                println!("  {:<30} {:>28} {:>28}", format!("optuna {config}"), cells[0], cells[1]);
             }
         }
         eprintln!("  ({} took {:.1?} for app's searches)", problem.name, started.elapsed());

@@ -42,12 +42,15 @@ const SEARCH_WORK: usize = 50 * 40 * 40;
 const MIN_ITERATIONS: usize = 8;
 const MAX_ITERATIONS: usize = 50;
 
-/// One searched dimension: the parameter's index and how it maps to `[0, 1]`.
+/// One searched dimension: the parameter's index and how it maps to `[0, 1]` (an integer's
+/// range padded by half a step each side, so that each value has a bin of one width).
 struct Dimension {
     index: usize,
     low: f64,
     high: f64,
     log: bool,
+    /// Integers and stepped floats: the model sees only the points proposals can take.
+    discrete: bool,
 }
 
 impl Dimension {
@@ -64,21 +67,48 @@ impl Dimension {
             value
         }
     }
+
+    /// The value of `param` (this dimension's) at `unit`: decoded, rounded, stepped, clamped.
+    fn value(&self, param: &Param, unit: f64) -> f64 {
+        param.snap(self.decode(unit), step_of(param))
+    }
+
+    /// `unit` moved to where the value it stands for lies, for a discrete dimension: the model
+    /// scores the runs proposals can make, not points between two of them (which would round
+    /// back to a run already made, again and again).
+    fn snap(&self, param: &Param, unit: f64) -> f64 {
+        match self.discrete {
+            true => self.encode(self.value(param, unit)),
+            false => unit,
+        }
+    }
 }
 
-/// The searched dimensions of `space`, or `None` when it has a categorical parameter.
+fn step_of(param: &Param) -> Option<f64> {
+    match param {
+        Param::Float { step, .. } => *step,
+        _ => None,
+    }
+}
+
+/// The searched dimensions of `space`, or `None` when it has a categorical parameter of more
+/// than one choice or a range the model cannot map (not finite).
 fn dimensions(space: &Space) -> Option<Vec<Dimension>> {
     let mut dimensions = Vec::new();
     for (index, param) in space.params.iter().enumerate() {
-        let (low, high, log) = match *param {
-            Param::Categorical { .. } => return None,
-            Param::Int { low, high } => (low as f64, high as f64, false),
-            Param::Float { low, high, log: true, .. } => (low.ln(), high.ln(), true),
-            Param::Float { low, high, log: false, .. } => (low, high, false),
-            Param::Fixed => continue,
+        let (low, high, log, discrete) = match *param {
+            Param::Categorical { choices } if choices > 1 => return None,
+            Param::Categorical { .. } | Param::Fixed => continue,
+            Param::Int { low, high } if high > low => (low as f64 - 0.5, high as f64 + 0.5, false, true),
+            Param::Int { .. } => continue,
+            Param::Float { low, high, log: true, step } => (low.ln(), high.ln(), true, step.is_some()),
+            Param::Float { low, high, log: false, step } => (low, high, false, step.is_some()),
         };
-        if high > low && (high - low).is_finite() {
-            dimensions.push(Dimension { index, low, high, log });
+        if !(low.is_finite() && high.is_finite() && (high - low).is_finite()) {
+            return None;
+        }
+        if high > low {
+            dimensions.push(Dimension { index, low, high, log, discrete });
         }
     }
     Some(dimensions)
@@ -146,7 +176,23 @@ pub fn propose(
             Gp::condition(&points, &values, fitted.hyper().clone())?
         }
     };
+    // On a space of integers and stepped floats only, a run already made (or in flight) is not
+    // made again: the model, which allows for noise, could otherwise keep choosing the best one.
+    let key = |point: &[f64]| point.iter().map(|unit| (unit * 1e9).round() as i64).collect::<Vec<i64>>();
+    let made: std::collections::HashSet<Vec<i64>> = match dims.iter().all(|dim| dim.discrete) {
+        true => finished
+            .iter()
+            .map(|trial| &trial.values)
+            .chain(pending)
+            .filter(|values| values.len() == width)
+            .map(|values| key(&dims.iter().map(|dim| dim.encode(values[dim.index])).collect::<Vec<f64>>()))
+            .collect(),
+        false => Default::default(),
+    };
     let score = |point: &[f64]| {
+        if !made.is_empty() && made.contains(&key(point)) {
+            return f64::NEG_INFINITY;
+        }
         let (mean, variance) = model.predict(point);
         log_expected_improvement(best, mean, variance.sqrt())
     };
@@ -154,7 +200,11 @@ pub fn propose(
     // model, 256 from 113 on (a prediction costs the model's size squared).
     let size = points.len().max(1);
     let uniform = (CANDIDATE_WORK / size.pow(2)).clamp(MIN_CANDIDATES, MAX_CANDIDATES);
-    let candidates: Vec<Vec<f64>> = (0..uniform).map(|_| (0..dims.len()).map(|_| rng.unit()).collect()).collect();
+    let on_grid = |point: Vec<f64>| -> Vec<f64> {
+        dims.iter().zip(point).map(|(dim, unit)| dim.snap(&space.params[dim.index], unit)).collect()
+    };
+    let candidates: Vec<Vec<f64>> =
+        (0..uniform).map(|_| on_grid((0..dims.len()).map(|_| rng.unit()).collect())).collect();
     let scored: Vec<f64> = candidates.iter().map(|point| score(point)).collect();
     // Local searches start from the best candidate, the best run so far, and candidates drawn
     // with weights exp(log EI - its largest), as Optuna's GPSampler picks them: the promising
@@ -190,7 +240,7 @@ pub fn propose(
         .into_iter()
         .map(|start| {
             let value = score(&start);
-            let refined = super::lbfgs::minimize(negative, start.clone(), &bounds, iterations);
+            let refined = on_grid(super::lbfgs::minimize(negative, start.clone(), &bounds, iterations));
             let refined_value = score(&refined);
             if refined_value > value {
                 (refined_value, refined)
@@ -202,21 +252,17 @@ pub fn propose(
         .map(|(_, point)| point)?;
     let mut values: Vec<f64> = space.params.iter().map(fixed_value).collect();
     for (dim, unit) in dims.iter().zip(&chosen) {
-        let param = &space.params[dim.index];
-        let step = match param {
-            Param::Float { step, .. } => *step,
-            _ => None,
-        };
-        values[dim.index] = param.snap(dim.decode(*unit), step);
+        values[dim.index] = dim.value(&space.params[dim.index], *unit);
     }
     Some(Proposal { values, random_because: None })
 }
 
-/// The value of a parameter the model leaves out (a constant, or a range of one value).
+/// The value of a parameter the model leaves out (a constant, a range of one value, a
+/// category of one choice), as a random draw would give it.
 fn fixed_value(param: &Param) -> f64 {
     match *param {
         Param::Int { low, .. } => low as f64,
-        Param::Float { low, .. } => low,
+        Param::Float { low, step, .. } => param.snap(low, step),
         Param::Categorical { .. } | Param::Fixed => 0.0,
     }
 }

@@ -197,3 +197,23 @@ fn the_log_ei_gradient_agrees_with_finite_differences() {
         }
     }
 }
+
+#[test]
+fn integer_runs_are_not_made_again_when_the_best_lies_between_two_values() {
+    let space = Space { params: vec![Param::Int { low: 0, high: 20 }, Param::Int { low: 0, high: 20 }] };
+    let objective = |x: &[f64]| (x[0] - 3.4).powi(2) + (x[1] - 7.6).powi(2);
+    let mut finished: Vec<Trial> = Vec::new();
+    for number in 0..30 {
+        let values = propose(&space, false, &finished, &[], 5, number).unwrap().values;
+        finished.push(Trial { metric: Some(objective(&values)), values });
+    }
+    let made: std::collections::HashSet<(i64, i64)> =
+        finished.iter().map(|trial| (trial.values[0] as i64, trial.values[1] as i64)).collect();
+    assert!(
+        made.len() >= 27,
+        "{} distinct runs of 30: {:?}",
+        made.len(),
+        finished.iter().map(|t| &t.values).collect::<Vec<_>>()
+    );
+    assert!(made.contains(&(3, 8)), "the best integer point was found: {made:?}");
+}
