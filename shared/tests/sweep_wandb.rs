@@ -87,7 +87,7 @@ fn bayes_and_open_random_are_adaptive() {
     assert_eq!(bayes.metric_target, Some(0.1));
     assert_eq!(bayes.count(), 0);
     // One float: the GP proposes; with a categorical parameter, TPE does.
-    assert_eq!(bayes.search.describe(&bayes.space()).as_deref(), Some("adaptive (bayes, GP): up to 30 runs"));
+    assert_eq!(bayes.search.describe(&bayes.space()).as_deref(), Some("adaptive (bayes, GP and TPE): up to 30 runs"));
     assert!(bayes.early_stop.is_some());
     let mixed = parse(
         "method: bayes\nprogram: t.py\nmetric: {name: loss}\nrun_cap: 30\n\

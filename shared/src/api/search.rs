@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// What a sweep's search does, for the dry run and the answer to a submission.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SearchPlan {
-    /// "adaptive (bayes, GP): up to 20 runs", "adaptive (random): runs until stopped"; `None`
+    /// "adaptive (bayes, GP and TPE): up to 20 runs", "adaptive (random): runs until stopped"; `None`
     /// when every job is built at submission.
     pub adaptive: Option<String>,
     /// The most runs an adaptive search makes; `None` runs until the sweep is cancelled.
@@ -126,7 +126,7 @@ mod tests {
              early_terminate: {type: hyperband, min_iter: 2, eta: 3}\ncommand: [echo, '${args}']\n",
         )
         .unwrap();
-        assert_eq!(bayes.adaptive.as_deref(), Some("adaptive (bayes, GP): up to 20 runs"));
+        assert_eq!(bayes.adaptive.as_deref(), Some("adaptive (bayes, GP and TPE): up to 20 runs"));
         assert_eq!(bayes.run_cap, Some(20));
         let early = bayes.early_stop.unwrap();
         assert!(

@@ -5,7 +5,8 @@
 //! - The first [`super::tpe::STARTUP_TRIALS`] proposals are random, drawn as TPE draws them.
 //! - Each searched dimension maps to `[0, 1]` (log floats by their logarithm); a dimension whose
 //!   range is one value is left out. The finished trials' metrics (minimised; NaN and infinite
-//!   ones left out) are standardized.
+//!   ones left out) are warped ([`super::warp`]: a long tail of bad runs compressed) and
+//!   standardized.
 //! - The kernel is fitted on at most [`FIT_POINTS`] trials (the best quarter and an even spread
 //!   of the rest when there are more), the process conditioned on at most [`MODEL_POINTS`].
 //! - Trials still running are believed to score the posterior mean at their point (the Kriging
@@ -148,9 +149,11 @@ pub fn propose(
         let values = space.params.iter().map(|param| param.sample(&mut rng)).collect();
         return Some(Proposal { values, random_because: Some(reason) });
     }
-    let (mean, spread) = moments(scored.iter().map(|(_, value)| *value));
+    let (points, values): (Vec<Vec<f64>>, Vec<f64>) = scored.into_iter().unzip();
+    let warped = super::warp::warp(&values);
+    let (mean, spread) = moments(warped.iter().copied());
     let standard: Vec<(Vec<f64>, f64)> =
-        scored.into_iter().map(|(point, value)| (point, (value - mean) / spread)).collect();
+        points.into_iter().zip(warped).map(|(point, value)| (point, (value - mean) / spread)).collect();
     let best = standard.iter().map(|(_, value)| *value).fold(f64::INFINITY, f64::min);
     let fit_set = subsample(&standard, FIT_POINTS);
     let (fit_points, fit_values): (Vec<Vec<f64>>, Vec<f64>) = fit_set.into_iter().unzip();

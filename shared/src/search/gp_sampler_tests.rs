@@ -217,3 +217,25 @@ fn integer_runs_are_not_made_again_when_the_best_lies_between_two_values() {
     );
     assert!(made.contains(&(3, 8)), "the best integer point was found: {made:?}");
 }
+
+#[test]
+fn the_auto_choice_gives_every_third_run_to_tpe_and_the_rest_to_the_gp() {
+    use crate::search::{propose_by, Sampler, TPE_EVERY};
+    let space = branin_space();
+    let models: Vec<Sampler> = (0..6).map(|number| Sampler::Auto.for_run(&space, number)).collect();
+    assert_eq!(models, [Sampler::Gp, Sampler::Gp, Sampler::Tpe, Sampler::Gp, Sampler::Gp, Sampler::Tpe]);
+    assert!((0..6).all(|number| Sampler::Gp.for_run(&space, number) == Sampler::Gp), "forced GP is GP only");
+    let categorical = Space { params: vec![Param::Categorical { choices: 3 }] };
+    assert!((0..6).all(|number| Sampler::Auto.for_run(&categorical, number) == Sampler::Tpe));
+    // The proposals are the chosen model's, past the random start.
+    let first = STARTUP_TRIALS as u64 + 6;
+    let finished = run_branin(4, first);
+    for number in first..first + TPE_EVERY {
+        let auto = propose_by(Sampler::Auto, &space, false, &finished, &[], 4, number).values;
+        let expected = match Sampler::Auto.for_run(&space, number) {
+            Sampler::Tpe => crate::search::propose(&space, false, &finished, &[], 4, number).values,
+            _ => propose(&space, false, &finished, &[], 4, number).unwrap().values,
+        };
+        assert_eq!(auto, expected, "run {number}");
+    }
+}

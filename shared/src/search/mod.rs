@@ -18,6 +18,7 @@ mod lbfgs;
 pub mod problems;
 pub mod space;
 pub mod tpe;
+mod warp;
 
 pub use early_stop::{decide, Decision, EarlyStop, RungKind};
 pub use space::{Param, Space};
@@ -41,8 +42,9 @@ pub enum Search {
 /// The model a bayes sweep proposes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sampler {
-    /// By the space: [`Sampler::Gp`] for 1 to [`GP_MAX_DIMS`] integer and float parameters,
-    /// [`Sampler::Tpe`] otherwise (W&B's `method: bayes`, native `search: bayes`).
+    /// By the space: for 1 to [`GP_MAX_DIMS`] integer and float parameters, the GP proposes
+    /// and every [`TPE_EVERY`]th run is TPE's; [`Sampler::Tpe`] otherwise (W&B's
+    /// `method: bayes`, native `search: bayes`).
     Auto,
     /// The tree-structured Parzen estimator (`search: tpe`).
     Tpe,
@@ -54,6 +56,12 @@ pub enum Sampler {
 /// The most searched parameters the GP models; beyond, its fit costs more than its gain.
 pub const GP_MAX_DIMS: usize = 20;
 
+/// Of [`Sampler::Auto`]'s runs on a space the GP models, each run whose number is one below a
+/// multiple of this is TPE's. TPE's per-parameter densities find the good region of each
+/// parameter on its own, where the GP's expected improvement keeps refining one basin or
+/// probing the box's corners; the GP then models TPE's runs like its own (decision 0082).
+pub const TPE_EVERY: u64 = 3;
+
 impl Sampler {
     /// The model that proposes for `space`: [`Sampler::Gp`] or [`Sampler::Tpe`].
     pub fn resolve(self, space: &Space) -> Sampler {
@@ -64,17 +72,26 @@ impl Sampler {
         }
     }
 
-    /// "GP" or "TPE", for `space`.
-    pub fn label(self, space: &Space) -> &'static str {
+    /// The model that proposes run `number` on `space`: [`Sampler::Gp`] or [`Sampler::Tpe`].
+    pub fn for_run(self, space: &Space, number: u64) -> Sampler {
         match self.resolve(space) {
-            Sampler::Gp => "GP",
+            Sampler::Gp if self == Sampler::Auto && number % TPE_EVERY == TPE_EVERY - 1 => Sampler::Tpe,
+            resolved => resolved,
+        }
+    }
+
+    /// "GP", "GP and TPE" or "TPE", for `space`.
+    pub fn label(self, space: &Space) -> &'static str {
+        match (self, self.resolve(space)) {
+            (Sampler::Auto, Sampler::Gp) => "GP and TPE",
+            (_, Sampler::Gp) => "GP",
             _ => "TPE",
         }
     }
 }
 
-/// Proposes trial `number` of a sweep seeded `seed` with the model `sampler` resolves to for
-/// `space` (see [`tpe::propose`] for the arguments).
+/// Proposes trial `number` of a sweep seeded `seed` with the model `sampler` chooses for it
+/// ([`Sampler::for_run`]; see [`tpe::propose`] for the arguments).
 pub fn propose_by(
     sampler: Sampler,
     space: &Space,
@@ -84,7 +101,7 @@ pub fn propose_by(
     seed: u64,
     number: u64,
 ) -> Proposal {
-    let gp = match sampler.resolve(space) {
+    let gp = match sampler.for_run(space, number) {
         Sampler::Gp => gp_sampler::propose(space, maximize, finished, pending, seed, number),
         _ => None,
     };
@@ -105,8 +122,8 @@ impl Search {
         }
     }
 
-    /// For the dry run: "adaptive (bayes, GP): up to 50 runs", "adaptive (random): runs until
-    /// stopped"; a bayes search names the model it uses on `space`.
+    /// For the dry run: "adaptive (bayes, GP and TPE): up to 50 runs", "adaptive (random): runs
+    /// until stopped"; a bayes search names the models it uses on `space`.
     pub fn describe(&self, space: &Space) -> Option<String> {
         match self {
             Search::Bayes { run_cap: Some(cap), sampler, .. } => {
