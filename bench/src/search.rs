@@ -14,7 +14,7 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::Value;
 use shared::search::early_stop::{hyperband_rungs, History};
-use shared::search::{decide, propose_by, Decision, EarlyStop, Param, RungKind, Sampler, Space, Trial};
+use shared::search::{decide, propose_by, Decision, EarlyStop, Param, Proposer, RungKind, Sampler, Space, Trial};
 use shared::sweep::{ExpandOptions, Sweep};
 
 #[derive(Debug, Args)]
@@ -89,7 +89,7 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
 /// the median of 9 proposals.
 fn proposal_costs() {
     println!();
-    println!("GP proposal cost at 200 finished runs and 8 running (median of 9):");
+    println!("GP proposal cost at 200 finished runs and 8 running (median of 9); a claim batch of 8 (median of 5):");
     for dims in [2usize, 6, 20] {
         let space = Space { params: vec![Param::Float { low: 0.0, high: 1.0, log: false, step: None }; dims] };
         let point = |i: u64| (0..dims as u64).map(|d| unit(i, d, 3)).collect::<Vec<f64>>();
@@ -109,7 +109,27 @@ fn proposal_costs() {
                 started.elapsed().as_secs_f64() * 1000.0
             })
             .collect();
-        println!("  {dims:>2} dimensions: {:.1} ms", median(std::mem::take(&mut costs)));
+        // A claim batch's 8 runs: one proposer (one fit), or a fit per run as before.
+        let batch = |shared: bool| {
+            let times: Vec<f64> = (0..5)
+                .map(|batch| {
+                    let started = Instant::now();
+                    let proposer = Proposer::new(Sampler::Gp, &space, false, &finished, 1);
+                    let mut pending = pending.clone();
+                    for number in (0..8).map(|number| 208 + 8 * batch + number) {
+                        pending.push(match shared {
+                            true => proposer.propose(&pending, number).values,
+                            false => propose_by(Sampler::Gp, &space, false, &finished, &pending, 1, number).values,
+                        });
+                    }
+                    started.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect();
+            median(times)
+        };
+        let one = median(std::mem::take(&mut costs));
+        let (fitted_once, fitted_each) = (batch(true), batch(false));
+        println!("  {dims:>2} dimensions: {one:.1} ms; 8 runs: {fitted_once:.1} ms, {fitted_each:.1} ms fitting each");
     }
 }
 

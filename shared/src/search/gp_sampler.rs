@@ -120,21 +120,32 @@ pub fn models(space: &Space, max_dims: usize) -> bool {
     dimensions(space).is_some_and(|dims| (1..=max_dims).contains(&dims.len()))
 }
 
-/// Proposes trial `number` of a sweep seeded `seed` from the GP; `None` when the space has a
-/// categorical parameter or nothing to search (the caller uses TPE).
-pub fn propose(
-    space: &Space,
-    maximize: bool,
-    finished: &[Trial],
-    pending: &[Vec<f64>],
-    seed: u64,
-    number: u64,
-) -> Option<Proposal> {
+/// What the proposals for one set of finished trials share: random ones until enough trials
+/// have a metric, then the warped, standardized trials and the kernel fitted to them (the
+/// bulk of a proposal's cost), which proposals with any trials running can reuse.
+pub enum Prepared {
+    /// Proposals are random, for this reason.
+    Random(String),
+    /// The model's trials and kernel.
+    Model(Fitted),
+}
+
+/// The fitted kernel and the trials it was fitted to.
+pub struct Fitted {
+    dims: Vec<Dimension>,
+    /// Every finished trial with a metric: its point in the unit box and its standardized value.
+    standard: Vec<(Vec<f64>, f64)>,
+    best: f64,
+    hyper: Hyper,
+}
+
+/// Prepares the proposals for `finished`; `None` when the space has a categorical parameter or
+/// nothing to search, or the kernel has no fit (the caller uses TPE).
+pub fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Option<Prepared> {
     let dims = dimensions(space)?;
     if dims.is_empty() {
         return None;
     }
-    let mut rng = Draws::for_proposal(seed, number);
     let width = space.params.len();
     let scored: Vec<(Vec<f64>, f64)> = finished
         .iter()
@@ -146,8 +157,7 @@ pub fn propose(
         })
         .collect();
     if let Some(reason) = still_random(scored.len(), finished.len()) {
-        let values = space.params.iter().map(|param| param.sample(&mut rng)).collect();
-        return Some(Proposal { values, random_because: Some(reason) });
+        return Some(Prepared::Random(reason));
     }
     let (points, values): (Vec<Vec<f64>>, Vec<f64>) = scored.into_iter().unzip();
     let warped = super::warp::warp(&values);
@@ -157,10 +167,44 @@ pub fn propose(
     let best = standard.iter().map(|(_, value)| *value).fold(f64::INFINITY, f64::min);
     let fit_set = subsample(&standard, FIT_POINTS);
     let (fit_points, fit_values): (Vec<Vec<f64>>, Vec<f64>) = fit_set.into_iter().unzip();
-    let fitted = Gp::fit(&fit_points, &fit_values, Hyper::start(dims.len()))?;
-    let model_set = subsample(&standard, MODEL_POINTS.saturating_sub(BELIEVED.min(pending.len())));
+    let hyper = Gp::fit(&fit_points, &fit_values, Hyper::start(dims.len()))?.hyper().clone();
+    Some(Prepared::Model(Fitted { dims, standard, best, hyper }))
+}
+
+/// Proposes trial `number` of a sweep seeded `seed` from the GP; `None` when the space has a
+/// categorical parameter or nothing to search (the caller uses TPE).
+pub fn propose(
+    space: &Space,
+    maximize: bool,
+    finished: &[Trial],
+    pending: &[Vec<f64>],
+    seed: u64,
+    number: u64,
+) -> Option<Proposal> {
+    propose_with(&prepare(space, maximize, finished)?, space, finished, pending, seed, number)
+}
+
+/// [`propose`] with what [`prepare`] made of the same `space` and `finished` trials.
+pub fn propose_with(
+    prepared: &Prepared,
+    space: &Space,
+    finished: &[Trial],
+    pending: &[Vec<f64>],
+    seed: u64,
+    number: u64,
+) -> Option<Proposal> {
+    let mut rng = Draws::for_proposal(seed, number);
+    let Fitted { dims, standard, best, hyper } = match prepared {
+        Prepared::Random(reason) => {
+            let values = space.params.iter().map(|param| param.sample(&mut rng)).collect();
+            return Some(Proposal { values, random_because: Some(reason.clone()) });
+        }
+        Prepared::Model(fitted) => fitted,
+    };
+    let (best, width) = (*best, space.params.len());
+    let model_set = subsample(standard, MODEL_POINTS.saturating_sub(BELIEVED.min(pending.len())));
     let (mut points, mut values): (Vec<Vec<f64>>, Vec<f64>) = model_set.into_iter().unzip();
-    let model = Gp::condition(&points, &values, fitted.hyper().clone())?;
+    let model = Gp::condition(&points, &values, hyper.clone())?;
     // The Kriging believer: each running trial scores the mean at its point.
     let running: Vec<Vec<f64>> = pending
         .iter()
@@ -176,7 +220,7 @@ pub fn propose(
                 values.push(model.predict(&point).0);
                 points.push(point);
             }
-            Gp::condition(&points, &values, fitted.hyper().clone())?
+            Gp::condition(&points, &values, hyper.clone())?
         }
     };
     // On a space of integers and stepped floats only, a run already made (or in flight) is not

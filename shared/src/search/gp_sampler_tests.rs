@@ -239,3 +239,22 @@ fn the_auto_choice_gives_every_third_run_to_tpe_and_the_rest_to_the_gp() {
         assert_eq!(auto, expected, "run {number}");
     }
 }
+
+#[test]
+fn one_proposer_makes_the_runs_of_a_batch_as_separate_proposals_would() {
+    use crate::search::{propose_by, Proposer, Sampler};
+    let space = branin_space();
+    let first = STARTUP_TRIALS as u64 + 5;
+    let finished = run_branin(7, first);
+    for sampler in [Sampler::Auto, Sampler::Gp, Sampler::Tpe] {
+        let proposer = Proposer::new(sampler, &space, false, &finished, 7);
+        let mut pending: Vec<Vec<f64>> = vec![vec![1.0, 2.0]];
+        for number in first..first + 6 {
+            let batched = proposer.propose(&pending, number);
+            let alone = propose_by(sampler, &space, false, &finished, &pending, 7, number);
+            assert_eq!(batched.values, alone.values, "{sampler:?} run {number}");
+            assert!(batched.random_because.is_none());
+            pending.push(batched.values);
+        }
+    }
+}

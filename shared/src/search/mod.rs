@@ -101,11 +101,39 @@ pub fn propose_by(
     seed: u64,
     number: u64,
 ) -> Proposal {
-    let gp = match sampler.for_run(space, number) {
-        Sampler::Gp => gp_sampler::propose(space, maximize, finished, pending, seed, number),
-        _ => None,
-    };
-    gp.unwrap_or_else(|| propose(space, maximize, finished, pending, seed, number))
+    Proposer::new(sampler, space, maximize, finished, seed).propose(pending, number)
+}
+
+/// The proposals of one sweep for one set of finished trials, as [`propose_by`] makes them,
+/// with the GP's kernel fitted once however many runs are proposed (a claim batch makes several,
+/// each with the previous ones pending): each proposal is still a function of its arguments.
+pub struct Proposer<'a> {
+    sampler: Sampler,
+    space: &'a Space,
+    maximize: bool,
+    finished: &'a [Trial],
+    seed: u64,
+    gp: std::cell::OnceCell<Option<gp_sampler::Prepared>>,
+}
+
+impl<'a> Proposer<'a> {
+    pub fn new(sampler: Sampler, space: &'a Space, maximize: bool, finished: &'a [Trial], seed: u64) -> Self {
+        Proposer { sampler, space, maximize, finished, seed, gp: std::cell::OnceCell::new() }
+    }
+
+    /// Trial `number`, with the runs at `pending` queued or running.
+    pub fn propose(&self, pending: &[Vec<f64>], number: u64) -> Proposal {
+        let (space, finished, seed) = (self.space, self.finished, self.seed);
+        let gp = match self.sampler.for_run(space, number) {
+            Sampler::Gp => self
+                .gp
+                .get_or_init(|| gp_sampler::prepare(space, self.maximize, finished))
+                .as_ref()
+                .and_then(|prepared| gp_sampler::propose_with(prepared, space, finished, pending, seed, number)),
+            _ => None,
+        };
+        gp.unwrap_or_else(|| propose(space, self.maximize, finished, pending, seed, number))
+    }
 }
 
 impl Search {

@@ -15,7 +15,7 @@ use crate::error::ApiResult;
 use crate::queue::{Change, Tx};
 use shared::api::WorkerId;
 use shared::placement::{place, Capacity};
-use shared::search::{propose_by, Search, Trial};
+use shared::search::{Proposer, Sampler, Search, Space, Trial};
 use shared::sweep::{Goal, JobSpec, Resources, Sweep};
 
 impl Controller {
@@ -99,13 +99,28 @@ pub(super) fn trials_of(sweep: &Sweep, rows: &[db::search::TrialRow], goal: Goal
     trials
 }
 
-/// Proposal `number` of an adaptive sweep, given its trials; with why it is random, if it is.
-pub(super) fn propose_run(sweep: &Sweep, trials: &Trials, number: u64) -> Option<(JobSpec, Option<String>)> {
+/// What proposes a bayes sweep's runs over its `finished` trials (`space` the sweep's); the
+/// GP's kernel is fitted once for all the runs one batch makes.
+fn proposer<'a>(sweep: &Sweep, space: &'a Space, finished: &'a [Trial]) -> Proposer<'a> {
+    let maximize = sweep.metric.as_ref().is_some_and(|metric| metric.goal == Goal::Maximize);
+    let (seed, sampler) = match sweep.search {
+        Search::Bayes { seed, sampler, .. } => (seed, sampler),
+        _ => (0, Sampler::Tpe),
+    };
+    Proposer::new(sampler, space, maximize, finished, seed)
+}
+
+/// Proposal `number` of an adaptive sweep, with the runs at `pending` queued or running; with
+/// why it is random, if it is.
+pub(super) fn propose_run(
+    sweep: &Sweep,
+    proposer: &Proposer,
+    pending: &[Vec<f64>],
+    number: u64,
+) -> Option<(JobSpec, Option<String>)> {
     match sweep.search {
-        Search::Bayes { seed, sampler, .. } => {
-            let maximize = sweep.metric.as_ref().is_some_and(|metric| metric.goal == Goal::Maximize);
-            let (space, finished, pending) = (sweep.space(), &trials.finished, &trials.pending);
-            let proposal = propose_by(sampler, &space, maximize, finished, pending, seed, number);
+        Search::Bayes { .. } => {
+            let proposal = proposer.propose(pending, number);
             Some((sweep.job_from(number, &proposal.values)?, proposal.random_because))
         }
         _ => Some((sweep.job(number)?, None)),
@@ -116,12 +131,13 @@ pub(super) fn propose_run(sweep: &Sweep, trials: &Trials, number: u64) -> Option
 /// result is in, which no result changes (the model waits for its start-up runs).
 pub fn preview(sweep: &Sweep, count: u64) -> Vec<JobSpec> {
     let count = sweep.search.run_cap().map_or(count, |cap| cap.min(count));
-    let mut trials = Trials { finished: Vec::new(), pending: Vec::new() };
-    let mut jobs = Vec::new();
+    let space = sweep.space();
+    let proposer = proposer(sweep, &space, &[]);
+    let (mut pending, mut jobs) = (Vec::new(), Vec::new());
     for number in 0..count {
-        let Some((job, _)) = propose_run(sweep, &trials, number) else { break };
+        let Some((job, _)) = propose_run(sweep, &proposer, &pending, number) else { break };
         if let Some(values) = sweep.coordinates(&serde_json::from_str(&job.params).unwrap_or_default()) {
-            trials.pending.push(values);
+            pending.push(values);
         }
         jobs.push(job);
     }
@@ -156,11 +172,14 @@ async fn make_runs(tx: &mut Tx, sweep: &Sweep, search: &db::search::OpenSearch, 
     }
     let scored = trials.finished.iter().filter(|trial| trial.metric.is_some()).count();
     let fallback = bayes && !trials.finished.is_empty() && scored == 0;
+    let Trials { finished, mut pending } = trials;
+    let space = sweep.space();
+    let proposer = proposer(sweep, &space, &finished);
     let mut jobs = Vec::new();
     for number in search.proposed..search.proposed + want {
-        let Some((job, _)) = propose_run(sweep, &trials, number) else { break };
+        let Some((job, _)) = propose_run(sweep, &proposer, &pending, number) else { break };
         if let Some(values) = sweep.coordinates(&serde_json::from_str(&job.params).unwrap_or_default()) {
-            trials.pending.push(values);
+            pending.push(values);
         }
         jobs.push(job);
     }
@@ -180,7 +199,7 @@ async fn make_runs(tx: &mut Tx, sweep: &Sweep, search: &db::search::OpenSearch, 
         let note = format!(
             "run {}: no finished run has reported `{metric_name}` ({} finished), so runs are proposed at random until one does",
             search.proposed,
-            trials.finished.len()
+            finished.len()
         );
         tracing::warn!(sweep = %id, "{note}");
         db::search::add_note(tx.conn().await?, id, &note).await?;
@@ -260,8 +279,8 @@ mod tests {
         let capped = sweep(&format!("{BAYES}run_cap: 3\n"));
         let jobs = preview(&capped, 10);
         assert_eq!(jobs.iter().map(|job| job.index).collect::<Vec<_>>(), [0, 1, 2]);
-        let empty = Trials { finished: Vec::new(), pending: Vec::new() };
-        assert_eq!(propose_run(&capped, &empty, 0).unwrap().0, jobs[0]);
+        let space = capped.space();
+        assert_eq!(propose_run(&capped, &proposer(&capped, &space, &[]), &[], 0).unwrap().0, jobs[0]);
         let random = sweep("method: random\nparameters: {x: {values: [1, 2, 3]}}\ncommand: [echo]\n");
         assert_eq!(preview(&random, 4)[3], random.job(3).unwrap());
     }
