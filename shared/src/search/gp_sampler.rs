@@ -123,7 +123,7 @@ pub fn models(space: &Space, max_dims: usize) -> bool {
 /// What the proposals for one set of finished trials share: random ones until enough trials
 /// have a metric, then the warped, standardized trials and the kernel fitted to them (the
 /// bulk of a proposal's cost), which proposals with any trials running can reuse.
-pub enum Prepared {
+pub(crate) enum Prepared {
     /// Proposals are random, for this reason.
     Random(String),
     /// The model's trials and kernel.
@@ -131,7 +131,7 @@ pub enum Prepared {
 }
 
 /// The fitted kernel and the trials it was fitted to.
-pub struct Fitted {
+pub(crate) struct Fitted {
     dims: Vec<Dimension>,
     /// Every finished trial with a metric: its point in the unit box and its standardized value.
     standard: Vec<(Vec<f64>, f64)>,
@@ -141,7 +141,7 @@ pub struct Fitted {
 
 /// Prepares the proposals for `finished`; `None` when the space has a categorical parameter or
 /// nothing to search, or the kernel has no fit (the caller uses TPE).
-pub fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Option<Prepared> {
+pub(crate) fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Option<Prepared> {
     let dims = dimensions(space)?;
     if dims.is_empty() {
         return None;
@@ -184,8 +184,9 @@ pub fn propose(
     propose_with(&prepare(space, maximize, finished)?, space, finished, pending, seed, number)
 }
 
-/// [`propose`] with what [`prepare`] made of the same `space` and `finished` trials.
-pub fn propose_with(
+/// [`propose`] with what [`prepare`] made of the same `space` and `finished` trials (which
+/// the caller keeps the same: [`super::Proposer`] holds all three).
+pub(crate) fn propose_with(
     prepared: &Prepared,
     space: &Space,
     finished: &[Trial],

@@ -1,29 +1,33 @@
 //! The metric as the GP sees it: a Yeo-Johnson power transform, its λ the one under which the
-//! transformed metrics look most like a normal sample (as HEBO warps its outputs, and as
-//! scikit-learn's `PowerTransformer` fits λ). A metric whose bad runs are far worse than its
-//! good ones differ (a loss that explodes in a corner of the space) is compressed there, so
-//! that the GP, whose prior is smooth and normal, is not fitted to a few huge values at the
-//! cost of the differences among the good runs. The order of the runs is kept: the transform
-//! is increasing.
+//! transformed metrics look most like a normal sample (the largest likelihood on a grid of λ),
+//! as HEBO warps its outputs. A metric whose bad runs are far worse than its good ones differ
+//! (a loss that explodes in a corner of the space) is compressed there, so that the GP, whose
+//! prior is smooth and normal, is not fitted to a few huge values at the cost of the
+//! differences among the good runs. The transform is increasing: a better run stays better.
+//!
+//! The metrics are divided by their standard deviation first, keeping 0 where it is: whether a
+//! loss is near 0 or a reward crosses it is part of its shape. A metric far from 0 for its
+//! spread (a negative log-likelihood summed over a dataset) is centred on its median first:
+//! there every λ is nearly affine and would only lose digits.
 
 /// λ is searched on this grid (the likelihood is smooth in λ; a grid keeps it deterministic).
 const LAMBDAS: (f64, f64, usize) = (-2.0, 3.0, 100);
 /// The likelihood of λ is computed on at most this many metrics (an even spread of them).
 const LIKELIHOOD_POINTS: usize = 1000;
+/// A metric whose median is more standard deviations from 0 than this is centred first.
+const FAR_FROM_ZERO: f64 = 10.0;
 
 /// The Yeo-Johnson transform of `value` with `lambda`: `((y + 1)^λ - 1) / λ` for `y ≥ 0`,
-/// `-((1 - y)^(2-λ) - 1) / (2 - λ)` below, and their logarithmic limits.
+/// `-((1 - y)^(2-λ) - 1) / (2 - λ)` below, and their logarithmic limits (written with
+/// `ln_1p` and `exp_m1`, exact near 0).
 fn yeo_johnson(value: f64, lambda: f64) -> f64 {
-    if value >= 0.0 {
-        match lambda.abs() < 1e-9 {
-            true => value.ln_1p(),
-            false => ((value + 1.0).powf(lambda) - 1.0) / lambda,
-        }
-    } else {
-        match (lambda - 2.0).abs() < 1e-9 {
-            true => -(-value).ln_1p(),
-            false => -((1.0 - value).powf(2.0 - lambda) - 1.0) / (2.0 - lambda),
-        }
+    let power = |magnitude: f64, exponent: f64| match exponent.abs() < 1e-9 {
+        true => magnitude.ln_1p(),
+        false => (exponent * magnitude.ln_1p()).exp_m1() / exponent,
+    };
+    match value >= 0.0 {
+        true => power(value, lambda),
+        false => -power(-value, 2.0 - lambda),
     }
 }
 
@@ -43,14 +47,26 @@ fn spread(values: &[f64]) -> f64 {
     (values.iter().map(|value| (value - mean).powi(2)).sum::<f64>() / count).sqrt()
 }
 
-/// `values` (finite) warped: divided by their standard deviation, then transformed by the λ of
-/// largest likelihood. Unchanged when they are all alike or the transform overflows.
+/// `values` (finite) warped: divided by their standard deviation (centred on their median when
+/// it is far from 0), then transformed by the λ of largest likelihood. Unchanged when they are
+/// all alike.
 pub(crate) fn warp(values: &[f64]) -> Vec<f64> {
-    let scale = spread(values);
-    if !(scale > 1e-12 && scale.is_finite()) {
+    // In units of the largest magnitude, so that no sum or square overflows (metrics near
+    // f64::MAX, a failure's placeholder, are finite and may be there).
+    let largest = values.iter().fold(0.0f64, |largest, value| largest.max(value.abs()));
+    if !(largest > 0.0 && largest.is_finite()) {
         return values.to_vec();
     }
-    let scaled: Vec<f64> = values.iter().map(|value| value / scale).collect();
+    let unit: Vec<f64> = values.iter().map(|value| value / largest).collect();
+    let scale = spread(&unit);
+    if scale.is_nan() || scale <= 1e-12 {
+        return values.to_vec();
+    }
+    let mut sorted = unit.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let centre = if median.abs() > FAR_FROM_ZERO * scale { median } else { 0.0 };
+    let scaled: Vec<f64> = unit.iter().map(|value| (value - centre) / scale).collect();
     let sample: Vec<f64> = match scaled.len() > LIKELIHOOD_POINTS {
         true => (0..LIKELIHOOD_POINTS).map(|k| scaled[k * scaled.len() / LIKELIHOOD_POINTS]).collect(),
         false => scaled.clone(),
@@ -62,11 +78,7 @@ pub(crate) fn warp(values: &[f64]) -> Vec<f64> {
         .filter(|(_, likelihood)| likelihood.is_finite())
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map_or(1.0, |(lambda, _)| lambda);
-    let warped: Vec<f64> = scaled.iter().map(|value| yeo_johnson(*value, lambda)).collect();
-    match warped.iter().all(|value| value.is_finite()) {
-        true => warped,
-        false => values.to_vec(),
-    }
+    scaled.iter().map(|value| yeo_johnson(*value, lambda)).collect()
 }
 
 #[cfg(test)]
@@ -115,7 +127,27 @@ mod tests {
         assert_eq!(warp(&[2.0; 5]), vec![2.0; 5]);
         assert_eq!(warp(&[7.0]), vec![7.0]);
         assert_eq!(warp(&[]), Vec::<f64>::new());
-        let huge = warp(&[1e300, -1e300, 0.0, 5.0]);
-        assert!(huge.iter().all(|value| value.is_finite()));
+        assert_eq!(warp(&[0.0; 3]), vec![0.0; 3]);
+    }
+
+    fn strictly_increasing_with(values: &[f64], warped: &[f64]) -> bool {
+        let mut order: Vec<usize> = (0..values.len()).collect();
+        order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+        order.windows(2).all(|pair| warped[pair[1]] > warped[pair[0]])
+    }
+
+    #[test]
+    fn huge_tiny_and_far_from_zero_metrics_keep_every_difference() {
+        // Near f64::MAX (a failure's placeholder): finite, and still in order.
+        let huge = [f64::MAX, -f64::MAX, 0.0, 5.0, 1e300];
+        let warped = warp(&huge);
+        assert!(warped.iter().all(|value| value.is_finite()) && strictly_increasing_with(&huge, &warped), "{warped:?}");
+        // Tiny and far from 0 for their spread (a summed negative log-likelihood): no ties.
+        for (centre, width) in [(1e-14, 1e-15), (1.5e6, 10.0), (-1.5e6, 1e-3), (1e4, 1e-2)] {
+            let values: Vec<f64> = (0..60).map(|k| centre + width * ((k * 37 % 60) as f64 / 60.0 - 0.5)).collect();
+            let warped = warp(&values);
+            assert!(strictly_increasing_with(&values, &warped), "{centre} ± {width}: {warped:?}");
+            assert!(warped.iter().all(|value| value.is_finite()));
+        }
     }
 }

@@ -3,10 +3,11 @@
 //! `run_cap`), so every free slot that fits the sweep gets a run, and each proposal is made
 //! as late as possible, knowing every result in so far.
 //!
-//! Bayes proposals come from `shared::search::propose_by` (a GP or TPE, by the sweep's
-//! sampler and space) over the finished runs (their best value of the sweep metric by its
-//! goal; failures, and values that are not finite numbers, count as failures) with the queued
-//! and running runs as pending (TPE's constant liar, the GP's Kriging believer).
+//! Bayes proposals come from a `shared::search::Proposer` (a GP or TPE, by the sweep's
+//! sampler and space; one per sweep and batch, so the GP's kernel is fitted once) over the
+//! finished runs (their best value of the sweep metric by its goal; failures, and values that
+//! are not finite numbers, count as failures) with the queued and running runs as pending
+//! (TPE's constant liar, the GP's Kriging believer).
 //! Random search without a cap takes its seeded draw `index`.
 
 use super::Controller;
