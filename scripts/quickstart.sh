@@ -28,7 +28,9 @@ if [ "$keep" = auto ]; then
 fi
 
 cargo build --release
-app=$repo/target/release/app
+target=${CARGO_TARGET_DIR:-target}
+case $target in /*) ;; *) target=$repo/$target ;; esac
+app=$target/release/app
 export APP_URL=${APP_URL:-http://127.0.0.1:8000}
 bind=${APP_URL#http://}
 start_command="$app --bind $bind --data-dir $repo/app-data --work-dir $repo/app-work"

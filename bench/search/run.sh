@@ -27,12 +27,20 @@ fi
 if [ "$gp" = 1 ] && ! "$venv/bin/python" -c 'import torch, scipy' 2>/dev/null; then
     "$venv/bin/pip" install --quiet scipy "torch==2.11.0"
 fi
-results="$(mktemp)"
-trap 'rm -f "$results"' EXIT
-echo "optuna $("$venv/bin/python" -c 'import optuna; print(optuna.__version__)'): $seeds seeds" >&2
-OPTUNA_GP="$gp" "$venv/bin/python" "$here/optuna_bench.py" "$seeds" > "$results"
+# Optuna's results are kept (an hour or more with --gp): if app's side fails, rerun it alone
+# with `app-bench search --seeds N --optuna FILE`.
+suffix=""
+if [ "$gp" = 1 ]; then
+    suffix="-gp"
+fi
+results="$root/target/bench-search/optuna-$seeds-seeds$suffix.json"
+mkdir -p "$(dirname "$results")"
+echo "optuna $("$venv/bin/python" -c 'import optuna; print(optuna.__version__)'): $seeds seeds -> $results" >&2
+OPTUNA_GP="$gp" "$venv/bin/python" "$here/optuna_bench.py" "$seeds" > "$results.partial"
+mv "$results.partial" "$results"
 cd "$root"
 cargo build --release --quiet -p bench
-./target/release/app-bench search --seeds "$seeds" --optuna "$results"
+target="${CARGO_TARGET_DIR:-target}"
+"$target/release/app-bench" search --seeds "$seeds" --optuna "$results"
 echo
-./target/release/app-bench search --hostile
+"$target/release/app-bench" search --hostile
