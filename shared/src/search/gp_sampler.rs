@@ -17,10 +17,11 @@
 //!   one: a bounded amount of work), then [`LOCAL_SEARCHES`] L-BFGS searches with its gradient
 //!   from the best of them, the best run, and points drawn by their scores. The winner is
 //!   rounded to the space (integers, steps).
+//! - A categorical parameter is one dimension per choice, one-hot (as a one-hot kernel with a
+//!   length scale per choice); candidates and searches end at one choice each.
 //!
-//! Categorical parameters are not modelled here: [`super::Sampler::resolve`] sends such
-//! spaces to TPE. Each proposal draws from the `(seed, number)` stream TPE uses, so it is
-//! the same after a restart.
+//! Each proposal draws from the `(seed, number)` stream TPE uses, so it is the same after a
+//! restart.
 
 use super::gp::{Gp, Hyper};
 use super::space::{Param, Space};
@@ -44,7 +45,8 @@ const MIN_ITERATIONS: usize = 8;
 const MAX_ITERATIONS: usize = 50;
 
 /// One searched dimension: the parameter's index and how it maps to `[0, 1]` (an integer's
-/// range padded by half a step each side, so that each value has a bin of one width).
+/// range padded by half a step each side, so that each value has a bin of one width), or one
+/// choice of a categorical parameter, one-hot: 1 when the parameter takes it, else 0.
 struct Dimension {
     index: usize,
     low: f64,
@@ -52,10 +54,15 @@ struct Dimension {
     log: bool,
     /// Integers and stepped floats: the model sees only the points proposals can take.
     discrete: bool,
+    /// The choice this dimension stands for, of a categorical parameter.
+    choice: Option<usize>,
 }
 
 impl Dimension {
     fn encode(&self, value: f64) -> f64 {
+        if let Some(choice) = self.choice {
+            return if value.round() as usize == choice { 1.0 } else { 0.0 };
+        }
         let value = if self.log { value.max(f64::MIN_POSITIVE).ln() } else { value };
         ((value - self.low) / (self.high - self.low)).clamp(0.0, 1.0)
     }
@@ -69,18 +76,22 @@ impl Dimension {
         }
     }
 
-    /// The value of `param` (this dimension's) at `unit`: decoded, rounded, stepped, clamped.
-    fn value(&self, param: &Param, unit: f64) -> f64 {
-        param.snap(self.decode(unit), step_of(param))
+    /// The value of `param` (this dimension's) at `unit`: decoded, rounded, stepped, clamped;
+    /// a categorical's choice when `unit` says the parameter takes it, else `None`.
+    fn value(&self, param: &Param, unit: f64) -> Option<f64> {
+        match self.choice {
+            Some(choice) => (unit > 0.5).then_some(choice as f64),
+            None => Some(param.snap(self.decode(unit), step_of(param))),
+        }
     }
 
     /// `unit` moved to where the value it stands for lies, for a discrete dimension: the model
     /// scores the runs proposals can make, not points between two of them (which would round
     /// back to a run already made, again and again).
     fn snap(&self, param: &Param, unit: f64) -> f64 {
-        match self.discrete {
-            true => self.encode(self.value(param, unit)),
-            false => unit,
+        match (self.discrete, self.value(param, unit)) {
+            (true, Some(value)) if self.choice.is_none() => self.encode(value),
+            _ => unit,
         }
     }
 }
@@ -92,13 +103,27 @@ fn step_of(param: &Param) -> Option<f64> {
     }
 }
 
-/// The searched dimensions of `space`, or `None` when it has a categorical parameter of more
-/// than one choice or a range the model cannot map (not finite).
-fn dimensions(space: &Space) -> Option<Vec<Dimension>> {
+/// The searched dimensions of `space` (a categorical parameter's choices one each, in order),
+/// or `None` when it has a range the model cannot map (not finite) or more than `most`.
+fn dimensions(space: &Space, most: usize) -> Option<Vec<Dimension>> {
     let mut dimensions = Vec::new();
     for (index, param) in space.params.iter().enumerate() {
         let (low, high, log, discrete) = match *param {
-            Param::Categorical { choices } if choices > 1 => return None,
+            Param::Categorical { choices } if choices > 1 => {
+                if dimensions.len() + choices > most {
+                    return None;
+                }
+                let one_hot = (0..choices).map(|choice| Dimension {
+                    index,
+                    low: 0.0,
+                    high: 1.0,
+                    log: false,
+                    discrete: true,
+                    choice: Some(choice),
+                });
+                dimensions.extend(one_hot);
+                continue;
+            }
             Param::Categorical { .. } | Param::Fixed => continue,
             Param::Int { low, high } if high > low => (low as f64 - 0.5, high as f64 + 0.5, false, true),
             Param::Int { .. } => continue,
@@ -109,15 +134,16 @@ fn dimensions(space: &Space) -> Option<Vec<Dimension>> {
             return None;
         }
         if high > low {
-            dimensions.push(Dimension { index, low, high, log, discrete });
+            dimensions.push(Dimension { index, low, high, log, discrete, choice: None });
         }
     }
-    Some(dimensions)
+    (dimensions.len() <= most).then_some(dimensions)
 }
 
-/// Whether the GP models `space`: no categorical parameter, and 1 to `max_dims` searched ones.
+/// Whether the GP models `space`: 1 to `max_dims` searched dimensions (a categorical parameter
+/// counting one per choice).
 pub fn models(space: &Space, max_dims: usize) -> bool {
-    dimensions(space).is_some_and(|dims| (1..=max_dims).contains(&dims.len()))
+    dimensions(space, max_dims).is_some_and(|dims| !dims.is_empty())
 }
 
 /// What the proposals for one set of finished trials share: random ones until enough trials
@@ -139,10 +165,10 @@ pub(crate) struct Fitted {
     hyper: Hyper,
 }
 
-/// Prepares the proposals for `finished`; `None` when the space has a categorical parameter or
-/// nothing to search, or the kernel has no fit (the caller uses TPE).
+/// Prepares the proposals for `finished`; `None` when the space has nothing to search or more
+/// than [`super::GP_MAX_DIMS`] dimensions, or the kernel has no fit (the caller uses TPE).
 pub(crate) fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Option<Prepared> {
-    let dims = dimensions(space)?;
+    let dims = dimensions(space, super::GP_MAX_DIMS)?;
     if dims.is_empty() {
         return None;
     }
@@ -171,8 +197,8 @@ pub(crate) fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Opti
     Some(Prepared::Model(Fitted { dims, standard, best, hyper }))
 }
 
-/// Proposes trial `number` of a sweep seeded `seed` from the GP; `None` when the space has a
-/// categorical parameter or nothing to search (the caller uses TPE).
+/// Proposes trial `number` of a sweep seeded `seed` from the GP; `None` when [`prepare`] has
+/// none (the caller uses TPE).
 pub fn propose(
     space: &Space,
     maximize: bool,
@@ -249,7 +275,10 @@ pub(crate) fn propose_with(
     let size = points.len().max(1);
     let uniform = (CANDIDATE_WORK / size.pow(2)).clamp(MIN_CANDIDATES, MAX_CANDIDATES);
     let on_grid = |point: Vec<f64>| -> Vec<f64> {
-        dims.iter().zip(point).map(|(dim, unit)| dim.snap(&space.params[dim.index], unit)).collect()
+        let mut point: Vec<f64> =
+            dims.iter().zip(point).map(|(dim, unit)| dim.snap(&space.params[dim.index], unit)).collect();
+        one_hot(dims, &mut point);
+        point
     };
     let candidates: Vec<Vec<f64>> =
         (0..uniform).map(|_| on_grid((0..dims.len()).map(|_| rng.unit()).collect())).collect();
@@ -300,9 +329,28 @@ pub(crate) fn propose_with(
         .map(|(_, point)| point)?;
     let mut values: Vec<f64> = space.params.iter().map(fixed_value).collect();
     for (dim, unit) in dims.iter().zip(&chosen) {
-        values[dim.index] = dim.value(&space.params[dim.index], *unit);
+        if let Some(value) = dim.value(&space.params[dim.index], *unit) {
+            values[dim.index] = value;
+        }
     }
     Some(Proposal { values, random_because: None })
+}
+
+/// Each categorical parameter's one-hot dimensions in `point` set to its largest one: the point
+/// moved to the run it stands for (a choice, not a blend of several).
+fn one_hot(dims: &[Dimension], point: &mut [f64]) {
+    let mut start = 0;
+    while start < dims.len() {
+        let group = |dim: &Dimension| dim.choice.is_some() && dim.index == dims[start].index;
+        let end = start + dims[start..].iter().take_while(|dim| group(dim)).count().max(1);
+        if dims[start].choice.is_some() {
+            let top = (start..end).max_by(|&a, &b| point[a].total_cmp(&point[b]).then(b.cmp(&a))).unwrap_or(start);
+            for (offset, unit) in point[start..end].iter_mut().enumerate() {
+                *unit = if start + offset == top { 1.0 } else { 0.0 };
+            }
+        }
+        start = end;
+    }
 }
 
 /// The value of a parameter the model leaves out (a constant, a range of one value, a

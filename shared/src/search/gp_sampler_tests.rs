@@ -51,7 +51,7 @@ fn runs_in_flight_are_not_proposed_again() {
 }
 
 #[test]
-fn failed_metrics_are_left_out_and_categorical_spaces_are_not_modelled() {
+fn failed_metrics_are_left_out_and_spaces_too_wide_are_not_modelled() {
     let space = branin_space();
     let mut finished = run_branin(3, 12);
     finished.extend([
@@ -61,9 +61,11 @@ fn failed_metrics_are_left_out_and_categorical_spaces_are_not_modelled() {
     ]);
     let proposal = propose(&space, false, &finished, &[], 3, 15).unwrap();
     assert!(proposal.random_because.is_none() && proposal.values.iter().all(|value| value.is_finite()));
+    // A categorical parameter counts one dimension per choice.
     let mixed = Space { params: vec![Param::Categorical { choices: 3 }, Param::Int { low: 0, high: 4 }] };
-    assert!(propose(&mixed, false, &[], &[], 0, 0).is_none());
-    assert!(!models(&mixed, 20));
+    assert!(models(&mixed, 4) && !models(&mixed, 3));
+    let wide = Space { params: vec![Param::Categorical { choices: 30 }, Param::Int { low: 0, high: 4 }] };
+    assert!(propose(&wide, false, &[], &[], 0, 0).is_none() && !models(&wide, 20));
     let flat = Space { params: vec![Param::Int { low: 2, high: 2 }, Param::Fixed] };
     assert!(propose(&flat, false, &[], &[], 0, 0).is_none(), "nothing to search");
 }
@@ -121,6 +123,7 @@ fn param() -> impl Strategy<Value = Param> {
             step: None
         }),
         (0.0f64..1.0).prop_map(|low| Param::Float { low, high: low + 1.0, log: false, step: Some(0.25) }),
+        (1usize..5).prop_map(|choices| Param::Categorical { choices }),
         Just(Param::Fixed),
     ]
 }
@@ -135,7 +138,7 @@ fn inside(param: &Param, value: f64) -> bool {
             ((value / step).round() * step - value).abs() < 1e-9 && value >= low - step && value <= high + step
         }
         Param::Fixed => value == 0.0,
-        Param::Categorical { .. } => false,
+        Param::Categorical { choices } => value.fract() == 0.0 && value >= 0.0 && value < choices as f64,
     }
 }
 
@@ -256,5 +259,32 @@ fn one_proposer_makes_the_runs_of_a_batch_as_separate_proposals_would() {
             assert!(batched.random_because.is_none());
             pending.push(batched.values);
         }
+    }
+}
+
+#[test]
+fn a_categorical_parameter_is_modelled_one_hot_and_its_best_choice_found() {
+    use crate::search::Sampler;
+    // The best choice is 2 of 4, the best x 0.3; one choice, one x, per proposal.
+    let space = Space {
+        params: vec![Param::Categorical { choices: 4 }, Param::Float { low: 0.0, high: 1.0, log: false, step: None }],
+    };
+    let loss = |values: &[f64]| [1.0, 0.6, 0.0, 0.8][values[0] as usize] + (values[1] - 0.3).powi(2);
+    assert_eq!(Sampler::Gp.resolve(&space), Sampler::Gp);
+    assert_eq!(Sampler::Auto.resolve(&space), Sampler::Tpe, "auto keeps TPE for categorical spaces");
+    for seed in 0..2 {
+        let mut finished: Vec<Trial> = Vec::new();
+        for number in 0..25 {
+            let proposal = propose(&space, false, &finished, &[], seed, number).unwrap();
+            let choice = proposal.values[0];
+            assert!(choice.fract() == 0.0 && (0.0..4.0).contains(&choice), "{:?}", proposal.values);
+            finished.push(Trial { metric: Some(loss(&proposal.values)), values: proposal.values });
+        }
+        let best = finished.iter().min_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap())).unwrap();
+        assert_eq!(best.values[0], 2.0, "seed {seed}: {:?}", best.values);
+        assert!(best.metric.unwrap() < 0.01, "seed {seed}: {:?}", best);
+        let model_runs = &finished[STARTUP_TRIALS..];
+        let on_best = model_runs.iter().filter(|trial| trial.values[0] == 2.0).count();
+        assert!(on_best * 2 > model_runs.len(), "seed {seed}: the model's runs mostly take the best choice");
     }
 }

@@ -43,13 +43,14 @@ pub enum Search {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sampler {
     /// By the space: for 1 to [`GP_MAX_DIMS`] integer and float parameters, the GP proposes
-    /// and every [`TPE_EVERY`]th run is TPE's; [`Sampler::Tpe`] otherwise (W&B's
-    /// `method: bayes`, native `search: bayes`).
+    /// and every [`TPE_EVERY`]th run is TPE's; [`Sampler::Tpe`] otherwise, categorical
+    /// parameters included (W&B's `method: bayes`, native `search: bayes`).
     Auto,
     /// The tree-structured Parzen estimator (`search: tpe`).
     Tpe,
-    /// A Gaussian process with log expected improvement (`search: gp`); a space it does not
-    /// model (a categorical parameter, more than [`GP_MAX_DIMS`]) is proposed for by TPE.
+    /// A Gaussian process with log expected improvement (`search: gp`), categorical parameters
+    /// one-hot; a space it does not model (more than [`GP_MAX_DIMS`] dimensions, a categorical
+    /// counting one per choice) is proposed for by TPE.
     Gp,
 }
 
@@ -67,6 +68,11 @@ impl Sampler {
     pub fn resolve(self, space: &Space) -> Sampler {
         match self {
             Sampler::Tpe => Sampler::Tpe,
+            Sampler::Auto
+                if space.params.iter().any(|param| matches!(param, Param::Categorical { choices } if *choices > 1)) =>
+            {
+                Sampler::Tpe
+            }
             Sampler::Auto | Sampler::Gp if gp_sampler::models(space, GP_MAX_DIMS) => Sampler::Gp,
             Sampler::Auto | Sampler::Gp => Sampler::Tpe,
         }
