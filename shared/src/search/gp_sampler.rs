@@ -187,7 +187,7 @@ pub(crate) fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Opti
     }
     let (points, values): (Vec<Vec<f64>>, Vec<f64>) = scored.into_iter().unzip();
     let warped = super::warp::warp(&values);
-    let (mean, spread) = moments(warped.iter().copied());
+    let (mean, spread) = moments(&warped);
     let standard: Vec<(Vec<f64>, f64)> =
         points.into_iter().zip(warped).map(|(point, value)| (point, (value - mean) / spread)).collect();
     let best = standard.iter().map(|(_, value)| *value).fold(f64::INFINITY, f64::min);
@@ -197,21 +197,10 @@ pub(crate) fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Opti
     Some(Prepared::Model(Fitted { dims, standard, best, hyper }))
 }
 
-/// Proposes trial `number` of a sweep seeded `seed` from the GP; `None` when [`prepare`] has
-/// none (the caller uses TPE).
-pub fn propose(
-    space: &Space,
-    maximize: bool,
-    finished: &[Trial],
-    pending: &[Vec<f64>],
-    seed: u64,
-    number: u64,
-) -> Option<Proposal> {
-    propose_with(&prepare(space, maximize, finished)?, space, finished, pending, seed, number)
-}
-
-/// [`propose`] with what [`prepare`] made of the same `space` and `finished` trials (which
-/// the caller keeps the same: [`super::Proposer`] holds all three).
+/// Proposes trial `number` of a sweep seeded `seed` from the GP, with what [`prepare`] made of
+/// the same `space` and `finished` trials (which the caller keeps the same:
+/// [`super::Proposer`] holds all three); `None` when the model cannot propose (the caller uses
+/// TPE).
 pub(crate) fn propose_with(
     prepared: &Prepared,
     space: &Space,
@@ -364,11 +353,9 @@ fn fixed_value(param: &Param) -> f64 {
 }
 
 /// Mean and standard deviation (1 when the values are all alike).
-fn moments(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
-    let count = values.clone().count().max(1) as f64;
-    let mean = values.clone().sum::<f64>() / count;
-    let variance = values.map(|value| (value - mean).powi(2)).sum::<f64>() / count;
-    let spread = variance.sqrt();
+fn moments(values: &[f64]) -> (f64, f64) {
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let spread = super::warp::spread(values);
     (mean, if spread > 1e-12 && spread.is_finite() { spread } else { 1.0 })
 }
 

@@ -3,6 +3,19 @@ use crate::search::problems::branin;
 use crate::search::tpe::STARTUP_TRIALS;
 use proptest::prelude::*;
 
+/// Trial `number` from the GP alone, prepared for this one proposal; `None` when the GP does
+/// not model the space.
+fn propose(
+    space: &Space,
+    maximize: bool,
+    finished: &[Trial],
+    pending: &[Vec<f64>],
+    seed: u64,
+    number: u64,
+) -> Option<Proposal> {
+    propose_with(&prepare(space, maximize, finished)?, space, finished, pending, seed, number)
+}
+
 fn branin_space() -> Space {
     Space {
         params: vec![

@@ -41,7 +41,7 @@ fn log_likelihood(values: &[f64], lambda: f64) -> f64 {
 }
 
 /// The population standard deviation.
-fn spread(values: &[f64]) -> f64 {
+pub(super) fn spread(values: &[f64]) -> f64 {
     let count = values.len().max(1) as f64;
     let mean = values.iter().sum::<f64>() / count;
     (values.iter().map(|value| (value - mean).powi(2)).sum::<f64>() / count).sqrt()
