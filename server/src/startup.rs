@@ -73,6 +73,8 @@ pub async fn run(
     let reaper = tokio::spawn(crate::reaper::run(queue.clone(), shutting_down.clone()));
     let expansions = tokio::spawn(crate::queue::expansions::run(queue.clone(), shutting_down.clone()));
     let checkpointer = tokio::spawn(crate::reaper::run_checkpointer(queue.clone(), shutting_down));
+    // Kept to add, once the routes are done, the slot time the fair share's loop has not yet.
+    let stopping = queue.clone();
     drop(queue);
     if let Ok(address) = listener.local_addr() {
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -98,6 +100,8 @@ pub async fn run(
     let _ = reaper.await;
     let _ = checkpointer.await;
     let _ = expansions.await;
+    stopping.add_slot_time().await;
+    drop(stopping);
     // The writer and the dispatcher end once the last handle on the queue (in the state the
     // routes held) is gone.
     tasks.finish().await;

@@ -7,6 +7,7 @@
 //! order (priority, then submission) holds; a user alone gets everything. A claim batch feeds
 //! [`allot`] what the database holds (`server::queue::claims`).
 
+use crate::api::AttemptRecord;
 use crate::placement::{place, Capacity, Placement};
 use crate::sweep::Resources;
 use std::collections::BTreeMap;
@@ -65,6 +66,36 @@ pub fn check_weight(user: &str, weight: f64) -> Result<f64, String> {
 /// Usage recorded `age_secs` ago, as it counts now: it halves every `half_life_secs`.
 pub fn decay(usage: f64, age_secs: f64, half_life_secs: f64) -> f64 {
     usage * 0.5f64.powf(age_secs.max(0.0) / half_life_secs)
+}
+
+/// What an ended attempt's record charges its owner's usage: the GPU time it held, or for an
+/// attempt without GPUs the time it held its job slot (counted as one GPU, as a running job
+/// without GPUs is). Nothing for a record that says neither.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Charge {
+    Gpu(f64),
+    Slot(f64),
+}
+
+impl Charge {
+    pub fn seconds(self) -> f64 {
+        match self {
+            Charge::Gpu(seconds) | Charge::Slot(seconds) => seconds,
+        }
+    }
+}
+
+/// The [`Charge`] of an attempt's record (its times are Unix ms).
+pub fn charge(record: &AttemptRecord) -> Option<Charge> {
+    let positive = |seconds: f64| seconds.is_finite() && seconds > 0.0;
+    match &record.gpu_usage {
+        Some(usage) => Some(Charge::Gpu(usage.gpu_hours * 3600.0)).filter(|charge| positive(charge.seconds())),
+        None if record.gpus.is_empty() => {
+            let held = record.finished_at.saturating_sub(record.started_at) as f64 / 1000.0;
+            Some(Charge::Slot(held)).filter(|charge| positive(charge.seconds()))
+        }
+        None => None,
+    }
 }
 
 /// The order in which waiting users get free places, from each one's usage now (`(user,
@@ -234,6 +265,25 @@ mod tests {
         // b's 150 GPU-seconds at weight 2 stand as 75: below a and c's 100; a before c by name.
         assert_eq!(order(&waiting, &policy()), [1, 0, 2]);
         assert_eq!(order(&[("solo", 1e9)], &policy()), [0], "a user alone goes first");
+    }
+
+    #[test]
+    fn a_record_charges_its_gpu_time_or_else_its_slot_time() {
+        let gpu = crate::api::GpuUsage { gpu_hours: 0.5, ..Default::default() };
+        let held = |gpus: &[&str], usage: Option<crate::api::GpuUsage>, (started_at, finished_at)| AttemptRecord {
+            gpus: gpus.iter().map(|name| name.to_string()).collect(),
+            gpu_usage: usage,
+            started_at,
+            finished_at,
+            ..AttemptRecord::default()
+        };
+        assert_eq!(charge(&held(&["H100"], Some(gpu.clone()), (0, 90_000))), Some(Charge::Gpu(1800.0)));
+        assert_eq!(charge(&held(&[], None, (1_000, 91_000))), Some(Charge::Slot(90.0)), "a CPU job's slot");
+        assert_eq!(charge(&held(&["H100"], None, (0, 90_000))), None, "GPUs held but not measured");
+        assert_eq!(charge(&held(&[], None, (91_000, 1_000))), None, "a clock that stepped back");
+        assert_eq!(charge(&held(&[], None, (i64::MIN, i64::MAX))).map(|c| c.seconds().is_finite()), Some(true));
+        let nan = crate::api::GpuUsage { gpu_hours: f64::NAN, ..gpu };
+        assert_eq!(charge(&held(&["H100"], Some(nan), (0, 90_000))), None);
     }
 
     #[test]

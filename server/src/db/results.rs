@@ -114,9 +114,24 @@ impl VersionColumns {
     }
 }
 
-/// Records a sealed version, and the GPU time its attempt held as its sweep owner's
-/// (`usage`); false if the attempt already has one (nothing is counted again).
+/// Records a sealed version, and what its attempt held (GPU time, or a job slot's time) as its
+/// owner's (`usage`); false if the attempt already has one (nothing is counted again).
 pub async fn insert(conn: impl Into<Conn<'_>>, version: &ResultVersion) -> anyhow::Result<bool> {
+    insert_charging(conn, version, shared::fair_share::charge(&version.record)).await
+}
+
+/// Records a version as the finish+claim steps store one, without its charge: a step's record
+/// holds no GPU time (`queue::finish::is_bare`), and the slot time its finish adds up in
+/// memory (`queue::shares`) rather than in one more statement on the hot path.
+pub async fn insert_uncharged(conn: impl Into<Conn<'_>>, version: &ResultVersion) -> anyhow::Result<bool> {
+    insert_charging(conn, version, None).await
+}
+
+async fn insert_charging(
+    conn: impl Into<Conn<'_>>,
+    version: &ResultVersion,
+    charge: Option<shared::fair_share::Charge>,
+) -> anyhow::Result<bool> {
     let mut conn = conn.into();
     let columns = VersionColumns::of(version)?;
     on_conn!(conn, |conn, engine| {
@@ -131,17 +146,11 @@ pub async fn insert(conn: impl Into<Conn<'_>>, version: &ResultVersion) -> anyho
             .bind(version.stored_at)
             .fetch_optional(&mut *conn)
             .await?;
-        if let (Some(_), Some(seconds)) = (&inserted, gpu_seconds(&version.record)) {
-            super::usage::add(&mut *conn, version.job_id, version.stored_at, seconds).await?;
+        if let (Some(_), Some(charge)) = (&inserted, charge) {
+            super::usage::add(&mut *conn, version.job_id, version.stored_at, charge).await?;
         }
         Ok(inserted.is_some())
     })
-}
-
-/// The GPU time an attempt's record says it held, when it held some.
-pub fn gpu_seconds(record: &shared::api::AttemptRecord) -> Option<f64> {
-    let hours = record.gpu_usage.as_ref()?.gpu_hours;
-    (hours.is_finite() && hours > 0.0).then_some(hours * 3600.0)
 }
 
 fn version_of(row: &impl DbRow) -> anyhow::Result<ResultVersion> {

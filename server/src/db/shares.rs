@@ -69,7 +69,8 @@ pub async fn holdings(conn: impl Into<Conn<'_>>, now: i64) -> sql::Result<Vec<Ho
 
 const HOUR_MS: i64 = 3_600_000;
 
-/// Each user's recorded GPU time (`user_gpu_usage`) as it counts at `now` (Unix ms): halved
+/// Each user's recorded GPU time and CPU jobs' slot time (`user_gpu_usage`) as it counts at
+/// `now` (Unix ms): halved
 /// every `half_life_secs`. Read summed over spans of a sixteenth of the half-life (an hour at
 /// least), each aged from its middle (within 3% of hour by hour: 30 users' 70 days are 840
 /// rows, not 50,000); spans older than 10 half-lives (under a thousandth) are not read.
@@ -83,8 +84,9 @@ pub async fn decayed_usage(
     let span = (half_life_ms / 16 / HOUR_MS).max(1) * HOUR_MS;
     let rows: Vec<(String, i64, f64)> = on_pool!(pool, |pool, engine| {
         sql::query_as(
-            "SELECT owner, span_at, CAST(sum(gpu_seconds) AS DOUBLE PRECISION) FROM (
-                 SELECT owner, hour_at - hour_at % $1 AS span_at, gpu_seconds FROM user_gpu_usage WHERE hour_at >= $2
+            "SELECT owner, span_at, CAST(sum(held) AS DOUBLE PRECISION) FROM (
+                 SELECT owner, hour_at - hour_at % $1 AS span_at, gpu_seconds + slot_seconds AS held
+                 FROM user_gpu_usage WHERE hour_at >= $2
              ) AS recent GROUP BY owner, span_at",
         )
         .bind(span)

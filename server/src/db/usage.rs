@@ -1,44 +1,80 @@
-//! GPU time per user, kept as hourly sums (migrations/0011): added when an attempt's record is
-//! stored ([`add`], from `results::insert`), read as a few rows per user, never by a pass over
-//! the results or the jobs.
+//! GPU time per user, kept as hourly sums (migrations/0011), with the job slots' time of jobs
+//! without GPUs beside it (0017: the fair share counts it, the GPU figures do not): added when
+//! an attempt's record is stored ([`add`], from `results::insert`), read as a few rows per user,
+//! never by a pass over the results or the jobs.
 
 use super::backend::{on_conn, on_pool, Conn, PoolRef};
 use super::sql;
-use shared::api::JobId;
+use shared::api::{JobId, SweepId};
+use shared::fair_share::Charge;
 
 const HOUR_MS: i64 = 3_600_000;
 
-/// Adds `gpu_seconds` that an attempt of `job` held to its sweep owner's hour of `at` (Unix ms).
-pub async fn add(conn: impl Into<Conn<'_>>, job: JobId, at: i64, gpu_seconds: f64) -> sql::Result<()> {
+/// Adds what an attempt of `job` held (its record's [`Charge`]) to its owner's hour of `at`
+/// (Unix ms): GPU time, or a job slot's time for an attempt without GPUs.
+pub async fn add(conn: impl Into<Conn<'_>>, job: JobId, at: i64, charge: Charge) -> sql::Result<()> {
+    let (gpu_seconds, slot_seconds) = match charge {
+        Charge::Gpu(seconds) => (seconds, 0.0),
+        Charge::Slot(seconds) => (0.0, seconds),
+    };
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         sql::query(
-            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds)
-             SELECT s.owner, $2, $3 FROM jobs j JOIN sweeps s ON s.id = j.sweep_id WHERE j.id = $1
-             ON CONFLICT (hour_at, owner) DO UPDATE SET gpu_seconds = user_gpu_usage.gpu_seconds + excluded.gpu_seconds",
+            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds, slot_seconds)
+             SELECT owner, $2, $3, $4 FROM jobs WHERE id = $1
+             ON CONFLICT (hour_at, owner) DO UPDATE SET gpu_seconds = user_gpu_usage.gpu_seconds + excluded.gpu_seconds,
+               slot_seconds = user_gpu_usage.slot_seconds + excluded.slot_seconds",
         )
         .bind(job.get())
         .bind(at - at.rem_euclid(HOUR_MS))
         .bind(gpu_seconds)
+        .bind(slot_seconds)
         .execute(&mut *conn)
         .await?;
         Ok(())
     })
 }
 
-/// Adds the GPU time `job`'s running attempt has held until `now` (its GPUs times its run time)
-/// to its owner's hour of `now`: for an attempt that ends without a record saying it (a
-/// preempted one). Nothing for an attempt without GPUs.
+/// Adds job slots' time held by jobs of `sweep` to its owner's hour `hour_at` (Unix ms, on the
+/// hour): the finish+claim steps' records, summed in memory (`queue::shares`).
+pub async fn add_slots_of_sweep(
+    conn: impl Into<Conn<'_>>,
+    sweep: SweepId,
+    hour_at: i64,
+    slot_seconds: f64,
+) -> sql::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sql::query(
+            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds, slot_seconds)
+             SELECT owner, $2, 0.0, $3 FROM sweeps WHERE id = $1
+             ON CONFLICT (hour_at, owner) DO UPDATE SET slot_seconds = user_gpu_usage.slot_seconds + excluded.slot_seconds",
+        )
+        .bind(sweep.get())
+        .bind(hour_at - hour_at.rem_euclid(HOUR_MS))
+        .bind(slot_seconds)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    })
+}
+
+/// Adds the time `job`'s running attempt has held until `now` to its owner's hour of `now`:
+/// its GPUs times its run time, or its job slot's run time when it holds no GPU. For an
+/// attempt that ends without a record saying it (a preempted one).
 pub async fn add_held(conn: impl Into<Conn<'_>>, job: JobId, now: i64) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        let gpus = engine.pick("json_array_length(j.gpu_ids)", "json_array_length(j.gpu_ids::json)");
+        let gpus =
+            engine.pick("coalesce(json_array_length(j.gpu_ids), 0)", "coalesce(json_array_length(j.gpu_ids::json), 0)");
         let sql = format!(
-            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds)
-             SELECT j.owner, $2, CAST({gpus} * ($3 - j.started_at) AS DOUBLE PRECISION) / 1000.0 FROM jobs j
-             WHERE j.id = $1 AND j.status = 'running' AND j.started_at IS NOT NULL AND j.gpu_ids IS NOT NULL
-               AND {gpus} > 0
-             ON CONFLICT (hour_at, owner) DO UPDATE SET gpu_seconds = user_gpu_usage.gpu_seconds + excluded.gpu_seconds"
+            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds, slot_seconds)
+             SELECT j.owner, $2, CAST({gpus} * ($3 - j.started_at) AS DOUBLE PRECISION) / 1000.0,
+                    CASE WHEN {gpus} = 0 THEN CAST($3 - j.started_at AS DOUBLE PRECISION) / 1000.0 ELSE 0.0 END
+             FROM jobs j
+             WHERE j.id = $1 AND j.status = 'running' AND j.started_at IS NOT NULL AND j.started_at < $3
+             ON CONFLICT (hour_at, owner) DO UPDATE SET gpu_seconds = user_gpu_usage.gpu_seconds + excluded.gpu_seconds,
+               slot_seconds = user_gpu_usage.slot_seconds + excluded.slot_seconds"
         );
         sql::query(&sql).bind(job.get()).bind(now - now.rem_euclid(HOUR_MS)).bind(now).execute(&mut *conn).await?;
         Ok(())

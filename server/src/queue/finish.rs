@@ -14,6 +14,7 @@ use shared::api::{ClaimedJob, WorkerId};
 use shared::api::{
     FinishRequest, FinishResponse, InlineResult, JobAttempt, ManifestEntry, ResultVersion, MAX_INLINE_BYTES,
 };
+use shared::fair_share::Charge;
 use shared::job::{Finish, JobStatus};
 use shared::placement::Capacity;
 use std::collections::HashSet;
@@ -82,7 +83,7 @@ impl Queue {
                 })?;
         }
         let claim = request.claim.clone().filter(|_| !self.is_draining(worker));
-        let gpu_time = request.result.as_ref().and_then(|result| db::results::gpu_seconds(&result.record));
+        let charge = request.result.as_ref().and_then(|result| shared::fair_share::charge(&result.record));
         let preempted = request.outcome == shared::job::Outcome::Preempted;
         // Taken whichever path the finish goes: the attempt ends here.
         let viewed = self.views.take(at.job, at.attempt);
@@ -125,8 +126,14 @@ impl Queue {
         let tried = snapshot.is_some();
         let quick = match snapshot {
             Some(snapshot) => {
+                let sweep = snapshot.0.sweep_id;
                 let record = request.result.as_ref().map(|result| result.record.clone());
-                self.quick(at, (&request.outcome, record), snapshot, &requests).await?
+                let done = self.quick(at, (&request.outcome, record), snapshot, &requests).await?;
+                // Its record was stored without its slot time: that is added every few seconds.
+                if let (Some((_, _, true)), Some(Charge::Slot(seconds))) = (&done, charge) {
+                    self.shares.slot_held(sweep, now_ms(), seconds);
+                }
+                done.map(|(status, jobs, _)| (status, jobs))
             }
             None => None,
         };
@@ -147,10 +154,11 @@ impl Queue {
                     .await?
             }
         };
-        // Counted here at once; the next read of what is stored (`Shares::refresh_usage`)
-        // replaces it, so a retried finish's second count lasts until then at most.
-        if let Some(seconds) = gpu_time {
-            self.gpu_time_recorded(at.job, seconds).await;
+        // Counted here at once when the general path stored it; the next read of what is
+        // stored (`Shares::refresh_usage`) replaces it, so a retried finish's second count
+        // lasts until then at most.
+        if let (FinishPath::General | FinishPath::Fallback, Some(charge)) = (path, charge) {
+            self.usage_recorded(at.job, charge.seconds()).await;
         }
         if preempted {
             // The time it held was charged in the database (`db::usage::add_held`).
@@ -200,13 +208,16 @@ struct Context {
 
 /// A finish with no log, metrics, notes or files: its outcome and at most a result record, one
 /// without GPU time (that is counted as its owner's on the general path, by
-/// `db::results::insert`: the step lane's owners store records without it).
+/// `db::results::insert`: the step lane's owners store records without it; a job slot's time
+/// is summed in memory instead, `Shares::slot_held`).
 fn is_bare(request: &FinishRequest) -> bool {
     request.log.is_none()
         && request.metrics.is_none()
         && request.notes.is_empty()
         && request.result.as_ref().is_none_or(|result| {
-            result.files.is_empty() && result.streamed.is_empty() && db::results::gpu_seconds(&result.record).is_none()
+            result.files.is_empty()
+                && result.streamed.is_empty()
+                && !matches!(shared::fair_share::charge(&result.record), Some(Charge::Gpu(_)))
         })
 }
 
@@ -277,7 +288,7 @@ impl Queue {
         (outcome, record): (&shared::job::Outcome, Option<shared::api::AttemptRecord>),
         (seen, source): (db::jobs::JobState, db::jobs::ResultSource),
         requests: &[(WorkerId, Capacity)],
-    ) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>)>> {
+    ) -> ApiResult<Option<(JobStatus, Vec<ClaimedJob>, bool)>> {
         let attempt = JobAttempt { job_id: at.job, attempt: at.attempt };
         let Some(QuickStep { decision, now, claim, version }) =
             quick_step(self.config.lease, at, (outcome, record), (&seen, source), requests)?
@@ -308,7 +319,7 @@ impl Queue {
                     }
                     // The sweep has no `metric.target` (the caller checked): nothing follows.
                     super::reports::settle(tx, attempt, &decision, true)?;
-                    Ok(Some((decision.status, jobs)))
+                    Ok(Some((decision.status, jobs, done.stored)))
                 })
             })
             .await

@@ -185,6 +185,12 @@ impl Queue {
         &self.db
     }
 
+    /// Adds the job slots' time the finish+claim steps recorded to the users' usage (as the
+    /// fair share's loop does every few seconds): before the server stops.
+    pub async fn add_slot_time(&self) {
+        self.shares.add_slot_time(self).await
+    }
+
     /// Runs one write unit (see [`writer`]); its noted changes wake their waiters once committed.
     pub async fn write<T, F>(&self, unit: F) -> ApiResult<T>
     where

@@ -148,8 +148,8 @@ impl Queue {
             // A version without files is its record alone (see `finish::seal`).
             let recorded = version.clone();
             self.write(move |tx| Box::pin(async move { record(tx, &recorded, worker).await })).await?;
-            if let Some(seconds) = db::results::gpu_seconds(&version.record) {
-                self.gpu_time_recorded(version.job_id, seconds).await;
+            if let Some(charge) = shared::fair_share::charge(&version.record) {
+                self.usage_recorded(version.job_id, charge.seconds()).await;
             }
             return Ok(version);
         }
@@ -180,8 +180,8 @@ impl Queue {
             }
         }
         recorded?;
-        if let Some(seconds) = db::results::gpu_seconds(&version.record) {
-            self.gpu_time_recorded(version.job_id, seconds).await;
+        if let Some(charge) = shared::fair_share::charge(&version.record) {
+            self.usage_recorded(version.job_id, charge.seconds()).await;
         }
         tracing::info!(job = %id, attempt, path = %version.path, files = version.files.len(), "result sealed");
         Ok(version)
@@ -189,15 +189,16 @@ impl Queue {
 }
 
 impl Queue {
-    /// A stored record's GPU time counts in its owner's fair share from the next claim on.
-    pub(super) async fn gpu_time_recorded(&self, job: JobId, seconds: f64) {
+    /// A stored record's charge (GPU or slot time) counts in its owner's fair share from the
+    /// next claim on.
+    pub(super) async fn usage_recorded(&self, job: JobId, seconds: f64) {
         if !self.shares.tracks_usage() {
             return; // no fair share has read usage yet: its first read finds this stored
         }
         match db::shares::owner_of(self.reader(), job).await {
             Ok(Some(owner)) => self.shares.recorded(&owner, seconds),
             Ok(None) => {}
-            Err(error) => tracing::warn!(%error, %job, "reading a job's owner; its GPU time counts from the next read"),
+            Err(error) => tracing::warn!(%error, %job, "reading a job's owner; its usage counts from the next read"),
         }
     }
 }

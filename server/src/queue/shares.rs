@@ -13,7 +13,7 @@ use super::Tx;
 use crate::db;
 use crate::db::claims::{Candidate, Fitting};
 use crate::error::ApiResult;
-use shared::api::{JobId, WorkerId};
+use shared::api::{JobId, SweepId, WorkerId};
 use shared::fair_share::{allot, Contender, Held, Policy, Quota};
 use shared::placement::{Capacity, Placement};
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +26,10 @@ const WAITING_FOR: Duration = Duration::from_secs(1);
 const LOOK_TRUSTED_FOR: Duration = Duration::from_secs(5);
 /// How long a read of the users' recorded usage stands (it changes as attempts end).
 const USAGE_FOR: Duration = Duration::from_secs(30);
+/// Every how many looks the finish+claim steps' slot time is added to the database: a crash
+/// loses at most that many seconds of it.
+const SLOTS_EVERY: u32 = 10;
+const HOUR_MS: i64 = 3_600_000;
 
 /// The queue's fair share: its policy and what it last saw.
 pub(super) struct Shares {
@@ -35,6 +39,9 @@ pub(super) struct Shares {
     started_waiting: tokio::sync::Notify,
     /// Workers held for jobs of several GPUs, as last seen (`queue::reservations`).
     pub reservations: super::reservations::Reservations,
+    /// Job slots' time in the records the finish+claim steps stored, by sweep and hour (Unix
+    /// ms), not yet in the database: [`keep_looking`] adds it every [`SLOTS_EVERY`] looks.
+    slots: Mutex<HashMap<(SweepId, i64), f64>>,
 }
 
 #[derive(Default)]
@@ -62,6 +69,49 @@ impl Shares {
             seen: Mutex::default(),
             started_waiting: tokio::sync::Notify::new(),
             reservations: Default::default(),
+            slots: Mutex::default(),
+        }
+    }
+
+    /// A job of `sweep` without GPUs held its slot for `seconds`, recorded at `at` (Unix ms)
+    /// by a finish+claim step (which stores records without their usage: the hot path).
+    pub fn slot_held(&self, sweep: SweepId, at: i64, seconds: f64) {
+        if let Ok(mut slots) = self.slots.lock() {
+            *slots.entry((sweep, at - at.rem_euclid(HOUR_MS))).or_default() += seconds;
+        }
+    }
+
+    /// Adds the slot time [`Shares::slot_held`] summed to the database in one unit; kept for
+    /// the next time if that fails. The next claim that needs usage reads it again.
+    pub async fn add_slot_time(&self, queue: &super::Queue) {
+        let held: Vec<((SweepId, i64), f64)> = match self.slots.lock() {
+            Ok(mut slots) => slots.drain().collect(),
+            Err(_) => return,
+        };
+        if held.is_empty() {
+            return;
+        }
+        let adding = held.clone();
+        let added = queue
+            .write(move |tx| {
+                Box::pin(async move {
+                    for ((sweep, hour_at), seconds) in adding {
+                        db::usage::add_slots_of_sweep(tx.conn().await?, sweep, hour_at, seconds).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .await;
+        match added {
+            Ok(()) => self.usage_changed(),
+            Err(error) => {
+                tracing::warn!(%error, "adding jobs' slot time to their users' usage; trying again later");
+                if let Ok(mut slots) = self.slots.lock() {
+                    for (key, seconds) in held {
+                        *slots.entry(key).or_default() += seconds;
+                    }
+                }
+            }
         }
     }
 
@@ -308,8 +358,13 @@ impl Shares {
 /// submissions say so at once, another replica's are seen here within the second.
 pub(super) async fn keep_looking(queue: std::sync::Weak<super::Queue>) {
     let mut warned: Option<Instant> = None;
+    let mut looks: u32 = 0;
     loop {
+        looks = looks.wrapping_add(1);
         let Some(queue) = queue.upgrade() else { return };
+        if looks.is_multiple_of(SLOTS_EVERY) {
+            queue.shares.add_slot_time(&queue).await;
+        }
         let looked = match queue.shares.look(queue.reader()).await {
             Ok(()) => queue.shares.reservations.look(queue.reader()).await,
             Err(error) => Err(error),

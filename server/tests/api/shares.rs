@@ -127,6 +127,66 @@ async fn weights_split_the_places_and_recorded_gpu_time_counts_against_its_user(
     assert_eq!(split(&worker.claim(cpu(2)).await), (0, 2), "user-a's hour still counts");
 }
 
+/// A record of an attempt without GPUs that held its job slot for `seconds`.
+fn slot_record(seconds: i64) -> AttemptRecord {
+    let finished_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    AttemptRecord {
+        exit_code: Some(0),
+        outcome: "exited with code 0".into(),
+        worker: "w".into(),
+        started_at: finished_at - seconds * 1000,
+        finished_at,
+        ..AttemptRecord::default()
+    }
+}
+
+async fn fast_finishes(app: &TestApp) -> f64 {
+    let metrics = reqwest::Client::new().get(format!("{}/metrics", app.url)).bearer_auth(USER_A).send().await.unwrap();
+    let text = metrics.error_for_status().unwrap().text().await.unwrap();
+    let name = "app_finishes_total{path=\"fast\"}";
+    let line = text.lines().find(|line| line.starts_with(name));
+    line.map_or(0.0, |line| line.rsplit(' ').next().unwrap().parse().unwrap())
+}
+
+#[tokio::test]
+async fn jobs_without_gpus_count_the_time_they_held_their_slots_on_either_finish_path() {
+    const USER_C: &str = "share-c-token-0123456789";
+    let app = lab(|config| config.tokens.add_users(&format!("user-c:{USER_C}"), "test").unwrap()).await;
+    let (user_b, user_c) = (as_token(&app, USER_B), as_token(&app, USER_C));
+    let worker = Worker::register(&app).await;
+    app.submit(&sweep_of("grid-a", 20)).await;
+    user_b.submit(&sweep_of("grid-b", 20), &Default::default()).await.unwrap();
+    user_c.submit(&sweep_of("grid-c", 20), &Default::default()).await.unwrap();
+    let running = worker.claim(cpu(6)).await;
+    let of = |sweep: &str| running.iter().filter(|job| job.sweep == sweep).collect::<Vec<_>>();
+    let (of_a, of_b, of_c) = (of("grid-a"), of("grid-b"), of("grid-c"));
+    assert_eq!((of_a.len(), of_b.len(), of_c.len()), (2, 2, 2));
+    // The first finish of each sweep goes the general path (which caches the sweep).
+    for job in [of_a[0], of_b[0], of_c[0]] {
+        worker.finish(job, None).await;
+    }
+    // 110 s of user-b's slot time, stored with a log: the general path.
+    let with_log = FinishRequest {
+        log: Some(shared::api::LogTail { offset: 0, data: b"done\n".to_vec() }),
+        result: Some(InlineResult { files: Vec::new(), streamed: Vec::new(), record: slot_record(110) }),
+        ..FinishRequest::outcome(of_b[1].id, of_b[1].attempt, Outcome::Exited { code: 0 })
+    };
+    worker.client.finish(worker.id, &with_log).await.unwrap();
+    // 200 s of user-a's through the finish+claim step (bare: its record alone).
+    let fast = fast_finishes(&app).await;
+    worker.finish(of_a[1], Some(slot_record(200))).await;
+    assert_eq!(fast_finishes(&app).await, fast + 1.0, "the bare finish took the step");
+    worker.finish(of_c[1], None).await;
+    // Kept across a restart (the step's slot time is added before the server stops). Nothing
+    // runs: user-a stands at 200 s, user-b at 110, user-c at 0, and each job chosen adds its
+    // minute: c (60), c (120), b (170), c (180), b (230), c.
+    let app = app.restart().await;
+    let worker = Worker::register(&app).await;
+    let claimed = worker.claim(cpu(6)).await;
+    let count = |sweep: &str| claimed.iter().filter(|job| job.sweep == sweep).count();
+    assert_eq!((count("grid-a"), count("grid-b"), count("grid-c")), (0, 2, 4), "{claimed:?}");
+}
+
 #[tokio::test]
 async fn quotas_hold_a_user_back_at_claim_time_and_the_listing_says_why() {
     let app = lab(|config| {

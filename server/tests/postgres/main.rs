@@ -339,14 +339,16 @@ async fn the_triggers_do_on_postgres_what_they_do_on_sqlite() {
 /// The last schema version before sweeps had owners (migrations/0011).
 const BEFORE_OWNERS: i64 = 10;
 
-/// Rows of a database from before owners: a sweep, its job, and two attempts' records, one with
-/// half an hour of GPU time (stored at 02:00:00.123 on the first day of 1970) and one without.
+/// Rows of a database from before owners: a sweep, its job, and three attempts' records, one with
+/// half an hour of GPU time (stored at 02:00:00.123 on the first day of 1970), one saying
+/// nothing of it, and one without GPUs that held its job slot for a minute (migration 0017).
 const BEFORE_OWNERS_ROWS: &str = r#"
     INSERT INTO sweeps (id, name, form, source, job_count, created_at) VALUES (1, 'old', 'native', 'x', 1, 0);
     INSERT INTO jobs (id, sweep_id, idx, params, command, created_at) VALUES (1, 1, 0, '{}', 'true', 0);
     INSERT INTO results (job_id, attempt, path, manifest, record, params, metrics, stored_at) VALUES
         (1, 1, 'a', '[]', '{"gpu_usage":{"gpus":[0],"samples":1,"gpu_hours":0.5}}', '{}', '{}', 7200123),
-        (1, 2, 'b', '[]', '{"outcome":"exited with code 0"}', '{}', '{}', 7200999);
+        (1, 2, 'b', '[]', '{"outcome":"exited with code 0"}', '{}', '{}', 7200999),
+        (1, 3, 'c', '[]', '{"started_at":7140000,"finished_at":7200000,"gpus":[]}', '{}', '{}', 7201000);
 "#;
 
 /// Then a sweep of user-a's. (GPU time is added by the server as records are stored, on both
@@ -356,7 +358,7 @@ const AFTER_OWNERS_ROWS: &str = "
 ";
 
 const OWNERS: &str = "SELECT name, owner FROM sweeps ORDER BY id";
-const USAGE: &str = "SELECT owner, hour_at, gpu_seconds FROM user_gpu_usage ORDER BY owner";
+const USAGE: &str = "SELECT owner, hour_at, gpu_seconds, slot_seconds FROM user_gpu_usage ORDER BY owner";
 
 #[tokio::test]
 async fn a_database_from_before_owners_gives_its_sweeps_to_default_on_both_backends() {
@@ -386,7 +388,7 @@ async fn a_database_from_before_owners_gives_its_sweeps_to_default_on_both_backe
     sqlite.sqlite_connection().unwrap().unwrap().execute_batch(AFTER_OWNERS_ROWS).unwrap();
     let readers = sqlite.reader.sqlite().unwrap();
     let owners: Vec<(String, String)> = sql::query_as(OWNERS).fetch_all(readers).await.unwrap();
-    let usage: Vec<(String, i64, f64)> = sql::query_as(USAGE).fetch_all(readers).await.unwrap();
+    let usage: Vec<(String, i64, f64, f64)> = sql::query_as(USAGE).fetch_all(readers).await.unwrap();
 
     // PostgreSQL: the same, by sqlx's migrator given the migrations before owners only.
     let pg = PgServer::start();
@@ -403,10 +405,11 @@ async fn a_database_from_before_owners_gives_its_sweeps_to_default_on_both_backe
     let expected_owners = [("old", "default"), ("new", "user-a")].map(|(name, owner)| (name.into(), owner.into()));
     assert_eq!(owners, expected_owners, "sweeps from before owners are the user default's");
     assert_eq!(owners, sqlx::query_as::<_, (String, String)>(OWNERS).fetch_all(&opened.pool).await.unwrap());
-    // The record stored before counted once, as default's, in the hour it was stored in (02:00);
-    // the record without GPU time counts nothing.
-    assert_eq!(usage, [("default".to_string(), 7_200_000, 1800.0)]);
-    assert_eq!(usage, sqlx::query_as::<_, (String, i64, f64)>(USAGE).fetch_all(&opened.pool).await.unwrap());
+    // The records stored before counted once, as default's, in the hour they were stored in
+    // (02:00): the GPU time, and the minute a job without GPUs held its slot; the record that
+    // says neither counts nothing.
+    assert_eq!(usage, [("default".to_string(), 7_200_000, 1800.0, 60.0)]);
+    assert_eq!(usage, sqlx::query_as::<_, (String, i64, f64, f64)>(USAGE).fetch_all(&opened.pool).await.unwrap());
     sqlite.close().await;
 }
 

@@ -26,7 +26,7 @@ async fn one(conn: &mut rusqlite::Connection, step: &Step) -> anyhow::Result<Fin
         return Ok(Finished::default());
     }
     let stored = match &step.version {
-        Some(version) => crate::db::results::insert(&mut *conn, version).await?,
+        Some(version) => crate::db::results::insert_uncharged(&mut *conn, version).await?,
         None => false,
     };
     let claimed = match step.claim {
