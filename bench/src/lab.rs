@@ -79,6 +79,13 @@ impl Job {
         self.saved + self.started.map_or(0, |at| now - at)
     }
 
+    /// When its attempt last checkpointed, if it has (what the server reads from its uploads).
+    fn last_checkpoint(&self, now: i64) -> Option<i64> {
+        let started = self.started?;
+        let taken = (now - started) / CHECKPOINT;
+        (taken > 0).then_some(started + taken * CHECKPOINT)
+    }
+
     /// Progress kept if stopped now: the last checkpoint taken while it ran.
     fn checkpointed(&self, now: i64) -> i64 {
         self.saved + self.started.map_or(0, |at| (now - at) / CHECKPOINT * CHECKPOINT)
@@ -311,6 +318,7 @@ fn preempt(
             worker: job.worker as u64,
             gpus: job.gpus,
             started_at: job.started.unwrap_or(now),
+            checkpointed_at: job.last_checkpoint(now),
             preemptible: true,
             preempted_at: job.preempted_at.clone(),
         })

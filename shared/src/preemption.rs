@@ -9,8 +9,9 @@
 //! minimum runtime, have not been preempted twice in the last hour, and belong to users who
 //! stay at or above their own share without them and who rank after the waiting user in the
 //! fair share (more usage per unit of weight): the claim that follows gives freed GPUs to the
-//! user who ranks first, so a preemption for anyone else would hand them back. The youngest go
-//! first (the least work lost), all on one worker (a job's GPUs are on one box).
+//! user who ranks first, so a preemption for anyone else would hand them back. The jobs that
+//! would lose the least work go first (the least time since their attempt's last checkpoint,
+//! else since its start: the youngest), all on one worker (a job's GPUs are on one box).
 
 use crate::fair_share::{admits, rank, Held, Policy, START_CHARGE_SECS};
 use std::collections::BTreeMap;
@@ -31,6 +32,8 @@ pub struct Running<'a> {
     pub gpus: u32,
     /// When its attempt started (Unix ms).
     pub started_at: i64,
+    /// When its attempt last stored a checkpoint (Unix ms), if it has.
+    pub checkpointed_at: Option<i64>,
     pub preemptible: bool,
     /// When it was preempted before (Unix ms), any order.
     pub preempted_at: Vec<i64>,
@@ -55,6 +58,14 @@ pub struct Queued<'a> {
     pub on: Vec<u64>,
 }
 
+impl Running<'_> {
+    /// The work a preemption at `now` would lose: the time since its attempt's last
+    /// checkpoint, or since it started (a job that checkpoints on SIGTERM loses less).
+    pub fn at_stake(&self, now: i64) -> i64 {
+        (now - self.checkpointed_at.map_or(self.started_at, |at| at.max(self.started_at))).max(0)
+    }
+}
+
 /// What the cluster looks like now.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster<'a> {
@@ -73,7 +84,7 @@ pub struct Cluster<'a> {
     pub cpu_running: BTreeMap<&'a str, u32>,
 }
 
-/// The jobs to preempt for a need: on `worker`, youngest first.
+/// The jobs to preempt for a need: on `worker`, the least work at stake first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Victims {
     pub worker: u64,
@@ -109,7 +120,8 @@ pub fn may_preempt(job: &Running<'_>, now: i64, min_runtime_ms: i64) -> bool {
 
 /// The jobs to preempt so that `need` can start, or `None` when its user is not below their
 /// share or no worker can make the room. Among the workers that can, the one where the least
-/// GPUs are freed beyond the need, then the least work is lost (the victims' run time).
+/// GPUs are freed beyond the need, then the least work is lost (GPU-ms since the victims'
+/// checkpoints, [`Running::at_stake`]).
 pub fn victims(
     need: Need<'_>,
     cluster: &Cluster<'_>,
@@ -139,8 +151,9 @@ pub fn victims(
             .filter(|job| job.worker == worker && job.user != need.user && job.gpus > 0)
             .filter(|job| may_preempt(job, now, min_runtime_ms) && rank_of(job.user) > needing)
             .collect();
-        // The youngest first; ties by id, so the choice does not depend on the input's order.
-        candidates.sort_by_key(|job| (std::cmp::Reverse(job.started_at), job.job));
+        // The least work lost first (the time since a checkpoint, else since the start: the
+        // youngest), then the youngest; ties by id, so the input's order does not matter.
+        candidates.sort_by_key(|job| (job.at_stake(now), std::cmp::Reverse(job.started_at), job.job));
         let (mut room, mut lost, mut chosen) = (free, 0i64, Vec::new());
         let mut left = held.clone();
         for job in candidates {
@@ -156,7 +169,7 @@ pub fn victims(
             }
             left.insert(job.user, remaining);
             room += job.gpus;
-            lost += now - job.started_at;
+            lost += job.at_stake(now) * i64::from(job.gpus);
             chosen.push(job.job);
         }
         if room < need.gpus || chosen.is_empty() {
@@ -236,6 +249,7 @@ pub fn plan<'a>(
                 worker,
                 gpus: queued.gpus,
                 started_at: now,
+                checkpointed_at: None,
                 preemptible: false,
                 preempted_at: Vec::new(),
             });
@@ -258,6 +272,7 @@ mod tests {
             worker,
             gpus,
             started_at: NOW - age_min * 60_000,
+            checkpointed_at: None,
             preemptible: true,
             preempted_at: Vec::new(),
         }
@@ -298,6 +313,21 @@ mod tests {
         // A 5-GPU need is past user-b's share of 4 even from nothing.
         let need = Need { user: "user-b", gpus: 5, on: &[] };
         assert_eq!(victims(need, &busy(), &Policy::default(), NOW, MIN), None);
+    }
+
+    #[test]
+    fn the_jobs_that_checkpointed_last_go_before_the_youngest() {
+        let mut cluster = busy();
+        // Job 4 (14 minutes old) stored a checkpoint a minute ago, job 3 (13) one four minutes
+        // ago, job 1 (11) one of an earlier attempt (before this one started: it counts from
+        // its start), jobs 2 and 5-8 none.
+        cluster.running[3].checkpointed_at = Some(NOW - 60_000);
+        cluster.running[2].checkpointed_at = Some(NOW - 4 * 60_000);
+        cluster.running[0].checkpointed_at = Some(NOW - 30 * 60_000);
+        assert_eq!(cluster.running[0].at_stake(NOW), 11 * 60_000);
+        let chosen =
+            victims(Need { user: "user-b", gpus: 3, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 0, jobs: vec![4, 3, 1] }, "then the youngest");
     }
 
     #[test]

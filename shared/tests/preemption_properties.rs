@@ -27,6 +27,7 @@ fn cluster(sizes: &[u32], drawn: &[Drawn], usage: &[f64]) -> Cluster<'static> {
             worker: *worker,
             gpus: *gpus,
             started_at: NOW - age * 60_000,
+            checkpointed_at: None,
             preemptible: *preemptible,
             preempted_at: (0..*recent).map(|at| NOW - 60_000 * (at as i64 + 1)).collect(),
         });

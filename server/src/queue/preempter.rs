@@ -117,6 +117,7 @@ impl Queue {
                 worker: job.worker.map_or(u64::MAX, |worker| worker as u64),
                 gpus: job.gpu_ids.len() as u32,
                 started_at: job.started_at,
+                checkpointed_at: job.checkpointed_at,
                 preemptible: !shares_a_gpu(job)
                     && job.preemptible.unwrap_or(match default {
                         Preemptible::All => true,

@@ -85,3 +85,50 @@ async fn a_user_below_their_share_gets_the_gpus_of_preemptible_jobs_only() {
     let metrics = crate::metrics_text(&app, Some(USER_A)).await;
     assert!(metrics.contains("app_preemptions_total{by=\"scheduler\"} 1\n"), "{metrics}");
 }
+
+#[tokio::test]
+async fn the_job_that_checkpointed_last_is_preempted_before_the_youngest() {
+    let app = TestApp::spawn_secure(
+        |config| {
+            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
+            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
+            config.min_runtime = Duration::ZERO;
+            config.reaper_interval = Duration::from_millis(100);
+        },
+        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
+    )
+    .await;
+    let worker = as_token(&app, WORKER);
+    let register = RegisterRequest { capacity: Capacity::idle_gpus(3, 3, 24 << 30), ..cpu_worker("box") };
+    let id: WorkerId = worker.register(&register).await.unwrap().worker_id;
+    app.submit("name: grid-a\ncommand: \"true\"\npreemptible: true\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n")
+        .await;
+    // Started one after the other: the first is the oldest.
+    let mut jobs = Vec::new();
+    for gpu in 0..3 {
+        let mut capacity = Capacity::idle_gpus(1, 3, 24 << 30);
+        capacity.gpus.retain(|free| free.index == gpu);
+        let claim = ClaimRequest { capacity, wait_ms: 0, reserve: 0 };
+        jobs.extend(worker.claim(id, &claim).await.unwrap().jobs);
+        tokio::time::sleep(Duration::from_millis(5)).await; // distinct start times (ms)
+    }
+    assert_eq!(jobs.len(), 3);
+    // The oldest stores a checkpoint now: stopping it loses the least.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ckpt"), b"weights").unwrap();
+    let open = tokio::fs::File::open(dir.path().join("ckpt")).await.unwrap();
+    worker.upload_checkpoint(jobs[0].id, jobs[0].attempt, id, open).await.unwrap();
+
+    let user_b = as_token(&app, USER_B);
+    user_b
+        .submit("name: grid-b\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0]}\n", &Default::default())
+        .await
+        .unwrap();
+    let heartbeat = HeartbeatRequest { running: jobs.iter().map(attempt).collect(), gpus: Vec::new() };
+    let told = wait_until("the pass orders a preemption", Duration::from_secs(20), || async {
+        let told = worker.heartbeat(id, &heartbeat).await.unwrap();
+        (!told.preempt.is_empty()).then_some(told)
+    })
+    .await;
+    assert_eq!(told.preempt, [attempt(&jobs[0])], "not the youngest, {}", jobs[2].id);
+}
