@@ -1,6 +1,6 @@
 //! The scheduler's preemption pass (issue 29, item 3; decision 0079): when a user below their
-//! share waits and no free GPU fits their job, stop the youngest preemptible jobs of users
-//! above theirs. It reads the cluster from a reader (live workers' GPUs, running jobs, each
+//! share waits and no free GPU fits their job, stop the preemptible jobs of users above theirs
+//! that lose least (decision 0084), never on a worker held for another job (0080). It reads the cluster from a reader (live workers' GPUs, running jobs, each
 //! waiting user's queue, usage as the fair share ranks it), lets `shared::preemption::plan`
 //! decide, and gives each order in one write; the worker's next heartbeat carries it.
 //!
@@ -134,13 +134,23 @@ impl Queue {
             // Jobs without GPUs are read too (and passed over): a few times the GPUs.
             limit: total_gpus.saturating_mul(4).min(MAX_READ),
         };
+        // A held worker's GPUs go to the job it is held for (decision 0080): room is made there
+        // for that job alone, and for that job nowhere else.
+        let holds = db::reservations::all(self.reader()).await?;
+        let may_free = |worker: WorkerId, job: JobId| match holds.iter().find(|hold| hold.job == job) {
+            Some(hold) => hold.worker == worker,
+            None => holds.iter().all(|hold| hold.worker != worker),
+        };
         let mut queues = Vec::with_capacity(waiting.len());
         for user in &waiting {
             let mut reader = self.reader().acquire().await?;
             let candidates = db::claims::queued_candidates(reader.conn(), fitting, Some(user)).await?;
             let queued = candidates.iter().map(|candidate| {
-                let able: Vec<u64> =
-                    live.iter().filter(|w| w.could_run(&candidate.resources)).map(|w| w.id.get() as u64).collect();
+                let able: Vec<u64> = live
+                    .iter()
+                    .filter(|w| w.could_run(&candidate.resources) && may_free(w.id, candidate.id))
+                    .map(|w| w.id.get() as u64)
+                    .collect();
                 Queued {
                     job: candidate.id.get() as u64,
                     user,

@@ -132,3 +132,68 @@ async fn the_job_that_checkpointed_last_is_preempted_before_the_youngest() {
     .await;
     assert_eq!(told.preempt, [attempt(&jobs[0])], "not the youngest, {}", jobs[2].id);
 }
+
+#[tokio::test]
+async fn room_for_a_job_holding_a_worker_is_made_on_that_worker_alone() {
+    let app = TestApp::spawn_secure(
+        |config| {
+            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
+            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
+            // Long enough for the hold to be made before any job may be preempted.
+            config.min_runtime = Duration::from_secs(2);
+            config.backfill_after = Duration::ZERO;
+            config.reaper_interval = Duration::from_millis(100);
+        },
+        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
+    )
+    .await;
+    let worker = as_token(&app, WORKER);
+    let two_gpus = Capacity::idle_gpus(2, 2, 24 << 30);
+    let mut ids = Vec::new();
+    for name in ["near", "far"] {
+        let register = RegisterRequest { capacity: two_gpus.clone(), ..cpu_worker(name) };
+        ids.push(worker.register(&register).await.unwrap().worker_id);
+    }
+    // user-a fills both: jobs that time out in 10 minutes on `near`, in an hour on `far`.
+    let claim = ClaimRequest { capacity: two_gpus.clone(), wait_ms: 0, reserve: 0 };
+    let mut jobs = Vec::new();
+    for (name, timeout, id) in [("soon", "10m", ids[0]), ("late", "1h", ids[1])] {
+        let yaml = format!(
+            "name: {name}\ncommand: \"true\"\npreemptible: true\ntimeout: {timeout}\nresources: {{gpus: 1}}\ngrid: {{i: [0, 1]}}\n"
+        );
+        app.submit(&yaml).await;
+        let claimed = worker.claim(id, &claim).await.unwrap().jobs;
+        assert_eq!(claimed.iter().filter(|job| job.sweep == name).count(), 2);
+        jobs.push(claimed);
+    }
+    // `far`'s jobs store checkpoints: stopping them would lose least.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ckpt"), b"weights").unwrap();
+    for job in &jobs[1] {
+        let open = tokio::fs::File::open(dir.path().join("ckpt")).await.unwrap();
+        worker.upload_checkpoint(job.id, job.attempt, ids[1], open).await.unwrap();
+    }
+    // user-b's 2-GPU job holds `near`, where it could start first (by the timeouts).
+    let user_b = as_token(&app, USER_B);
+    user_b.submit("name: pair\ncommand: \"true\"\nresources: {gpus: 2}\n", &Default::default()).await.unwrap();
+    let reserved = wait_until("the pair holds a worker", Duration::from_secs(20), || async {
+        app.client.sweep("pair").await.unwrap().info.reserved
+    })
+    .await;
+    assert_eq!(reserved.worker, "near");
+    // Room is made there, not on `far` (where the claims would not give it to the pair).
+    let told = wait_until("the pass orders preemptions", Duration::from_secs(20), || async {
+        let mut told = Vec::new();
+        for (id, running) in ids.iter().zip(&jobs) {
+            let heartbeat = HeartbeatRequest { running: running.iter().map(attempt).collect(), gpus: Vec::new() };
+            told.extend(worker.heartbeat(*id, &heartbeat).await.unwrap().preempt);
+        }
+        (!told.is_empty()).then_some(told)
+    })
+    .await;
+    let mut expected: Vec<JobAttempt> = jobs[0].iter().map(attempt).collect();
+    expected.sort_by_key(|at| at.job_id);
+    let mut told = told;
+    told.sort_by_key(|at| at.job_id);
+    assert_eq!(told, expected);
+}
