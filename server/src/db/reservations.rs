@@ -106,18 +106,18 @@ pub async fn claimable(conn: impl Into<Conn<'_>>, job: JobId) -> anyhow::Result<
     })
 }
 
-/// Claimable jobs that end within `within_secs` by their timeout, in dispatch order, `limit`
-/// at most: those that may backfill a held worker's GPUs.
+/// Claimable jobs that end within `within_secs` by their timeout, with their owners, in
+/// dispatch order, `limit` at most: those that may backfill a held worker's GPUs.
 pub async fn backfill_candidates(
     conn: impl Into<Conn<'_>>,
     within_secs: i64,
     limit: u32,
-) -> anyhow::Result<Vec<Candidate>> {
+) -> anyhow::Result<Vec<(Candidate, String)>> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let hint = engine.pick(" INDEXED BY jobs_queue", "");
         let rows = sql::query(&format!(
-            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs FROM jobs{hint}
+            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, owner FROM jobs{hint}
              WHERE {CLAIMABLE} AND timeout_secs IS NOT NULL AND timeout_secs <= $1
              ORDER BY {DISPATCH_ORDER} LIMIT $2"
         ))
@@ -125,7 +125,7 @@ pub async fn backfill_candidates(
         .bind(limit)
         .fetch_all(&mut *conn)
         .await?;
-        rows.iter().map(Candidate::from_row).collect()
+        rows.iter().map(|row| Ok((Candidate::from_row(row)?, row.get_as("owner")?))).collect()
     })
 }
 

@@ -246,21 +246,21 @@ pub(super) async fn claim_batch(
     // The look and the update run in one write unit: no other writer runs in between, and all
     // chosen jobs change in one statement.
     let mut limit = slots.saturating_mul(CANDIDATES_PER_SLOT).clamp(CANDIDATES_PER_SLOT, MAX_CANDIDATES);
-    let (mut chosen, mut order) = loop {
+    let (mut chosen, mut order, standing) = loop {
         let fitting = db::claims::Fitting { gpus: max_gpus, max_free_memory, trainer, limit };
-        let (chosen, order, unfilled, cut) = match &waiting {
+        let (chosen, order, unfilled, cut, standing) = match &waiting {
             Some(waiting) => shares.choose(tx, requests, waiting, (fitting, &excluded, &charged), now).await?,
             None => {
                 let mut candidates = db::claims::queued_candidates(tx.conn().await?, fitting, None).await?;
                 candidates.retain(|candidate| !excluded.contains(&candidate.id));
                 let (chosen, order, unfilled) = assign(requests, &candidates);
-                (chosen, order, unfilled, candidates.len() as u32 >= limit)
+                (chosen, order, unfilled, candidates.len() as u32 >= limit, Vec::new())
             }
         };
         // Jobs that fit nobody (exclusive ones while the GPUs are shared, say) may fill the
         // head of the queue: look further while a claim still has room and the queue has more.
         if !unfilled || !cut || limit >= MAX_CANDIDATES {
-            break (chosen, order);
+            break (chosen, order, standing);
         }
         limit = limit.saturating_mul(8).min(MAX_CANDIDATES);
     };
@@ -274,11 +274,10 @@ pub(super) async fn claim_batch(
         for (position, _) in chosen.values() {
             used[*position] += 1;
         }
-        let lent = match shares.has_quotas() {
-            // (What the choice just gave each user is not in the holdings a lend would read.)
-            true => Vec::new(),
-            false => super::reservations::lend(tx, holds, &taken, &used, now).await?,
-        };
+        // With a fair share, lent in its order and under the quotas, from where the users
+        // stand after the choice; otherwise in dispatch order.
+        let fair = waiting.is_some().then(|| (standing, shares.policy()));
+        let lent = super::reservations::lend(tx, holds, (&taken, &used), now, fair).await?;
         for (id, position, placement) in lent {
             chosen.insert(id, (position, placement));
             order.push((id, requests[position].0));

@@ -11,6 +11,7 @@
 //! start. Every replica looks at the rows every second ([`Reservations::look`], from the fair
 //! share's loop), so a claim reads nothing more unless a worker it serves is held.
 
+use super::shares::Standing;
 use super::{Queue, Tx};
 use crate::db::claims::Candidate;
 use crate::db::reservations::Reservation;
@@ -18,6 +19,7 @@ use crate::db::{self, now_ms};
 use crate::error::ApiResult;
 use shared::api::{JobId, WorkerId};
 use shared::backfill::{choose, may_backfill, Busy, Worker};
+use shared::fair_share::{allot, Contender, Policy, START_CHARGE_SECS};
 use shared::placement::{place, Capacity, Placement};
 use std::sync::{Arc, Mutex};
 
@@ -201,16 +203,19 @@ pub(super) async fn hold(
 }
 
 /// After the batch's choice: the held workers' GPUs to jobs that end before the held job could
-/// start (`shared::backfill::may_backfill`), in dispatch order; `taken` are the jobs chosen
-/// already, `used` the job slots the choice gave each request.
+/// start (`shared::backfill::may_backfill`); `taken` are the jobs chosen already, `used` the
+/// job slots the choice gave each request. With `fair` (where each waiting user stands after
+/// the choice, and the policy), each lent place goes as the choice's did: to the user furthest
+/// below their share whose quota admits the job (`fair_share::allot`); otherwise in dispatch
+/// order.
 pub(super) async fn lend(
     tx: &mut Tx,
     holds: &Holds,
-    taken: &std::collections::HashSet<JobId>,
-    used: &[u32],
+    (taken, used): (&std::collections::HashSet<JobId>, &[u32]),
     now: i64,
+    mut fair: Option<(Vec<Standing>, &Policy)>,
 ) -> ApiResult<Vec<(JobId, usize, Placement)>> {
-    let mut lent = Vec::new();
+    let mut lent: Vec<(JobId, usize, Placement)> = Vec::new();
     for (position, capacity, starts_at) in &holds.lend {
         let Some(start) = starts_at else { continue };
         let within = (start - now) / 1000;
@@ -220,21 +225,67 @@ pub(super) async fn lend(
         let mut free = capacity.clone();
         // (Lent jobs end before the held job starts: the slots they take are free by then.)
         free.job_slots = free.job_slots.saturating_sub(used[*position]);
-        let candidates: Vec<Candidate> =
+        let mut candidates =
             db::reservations::backfill_candidates(tx.conn().await?, within, BACKFILL_CANDIDATES).await?;
-        for candidate in &candidates {
-            if free.job_slots == 0 {
-                break;
-            }
+        candidates.retain(|(candidate, _)| {
             let already = taken.contains(&candidate.id) || lent.iter().any(|(id, _, _)| *id == candidate.id);
-            if already || !may_backfill(candidate.timeout_secs, now, *starts_at) {
-                continue;
-            }
-            if let Some(placement) = place(&candidate.resources, &free) {
-                free.reserve(&candidate.resources, &placement);
-                lent.push((candidate.id, *position, placement));
+            !already && may_backfill(candidate.timeout_secs, now, *starts_at)
+        });
+        match &mut fair {
+            Some((standing, policy)) => lent.extend(
+                lend_fairly(standing, policy, &candidates, &free)
+                    .into_iter()
+                    .map(|(id, placement)| (id, *position, placement)),
+            ),
+            None => {
+                for (candidate, _) in &candidates {
+                    if free.job_slots == 0 {
+                        break;
+                    }
+                    if let Some(placement) = place(&candidate.resources, &free) {
+                        free.reserve(&candidate.resources, &placement);
+                        lent.push((candidate.id, *position, placement));
+                    }
+                }
             }
         }
     }
     Ok(lent)
+}
+
+/// The jobs among `candidates` (with their owners, in dispatch order) lent `free` by the fair
+/// share, and `standing` moved on by them: what they hold and their start's charge.
+fn lend_fairly(
+    standing: &mut [Standing],
+    policy: &Policy,
+    candidates: &[(Candidate, String)],
+    free: &Capacity,
+) -> Vec<(JobId, Placement)> {
+    let mut queues: Vec<Vec<&Candidate>> = vec![Vec::new(); standing.len()];
+    for (candidate, owner) in candidates {
+        // (A job whose owner was not waiting at the choice's look waits for the next claim.)
+        if let Some(user) = standing.iter().position(|standing| standing.user == *owner) {
+            queues[user].push(candidate);
+        }
+    }
+    let contenders: Vec<Contender<'_>> = standing
+        .iter()
+        .zip(&queues)
+        .map(|(standing, queue)| Contender {
+            user: &standing.user,
+            usage: standing.usage,
+            held: standing.held,
+            jobs: queue.iter().map(|candidate| &candidate.resources).collect(),
+        })
+        .collect();
+    let picks = allot(std::slice::from_ref(free), &contenders, policy);
+    let mut lent = Vec::with_capacity(picks.len());
+    for pick in picks {
+        let gpus = pick.placement.gpus.len() as u32;
+        let user = &mut standing[pick.user];
+        (user.held.gpus, user.held.running) = (user.held.gpus + gpus, user.held.running + 1);
+        user.usage += f64::from(gpus.max(1)) * START_CHARGE_SECS;
+        lent.push((queues[pick.user][pick.job].id, pick.placement));
+    }
+    lent
 }

@@ -14,7 +14,7 @@ use crate::db;
 use crate::db::claims::{Candidate, Fitting};
 use crate::error::ApiResult;
 use shared::api::{JobId, SweepId, WorkerId};
-use shared::fair_share::{allot, Contender, Held, Policy, Quota};
+use shared::fair_share::{allot, Contender, Held, Policy, Quota, START_CHARGE_SECS};
 use shared::placement::{Capacity, Placement};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -58,9 +58,19 @@ struct Seen {
 }
 
 /// A claim batch's choices: each job's claim (its place in the batch) and GPUs, the (job,
-/// worker) pairs in the order chosen, whether some claim still has room, and whether a queue
-/// read was cut at its limit (a longer read might fill that room).
-pub(super) type Choices = (HashMap<JobId, (usize, Placement)>, Vec<(JobId, WorkerId)>, bool, bool);
+/// worker) pairs in the order chosen, whether some claim still has room, whether a queue read
+/// was cut at its limit (a longer read might fill that room), and where each waiting user
+/// stands after the choice (for what a held worker lends next: `reservations::lend`).
+pub(super) type Choices = (HashMap<JobId, (usize, Placement)>, Vec<(JobId, WorkerId)>, bool, bool, Vec<Standing>);
+
+/// A waiting user after a batch's choice: their usage as the fair share ranks it (the jobs
+/// just chosen charged their start) and what they hold (those jobs included).
+#[derive(Debug, Clone)]
+pub(super) struct Standing {
+    pub user: String,
+    pub usage: f64,
+    pub held: Held,
+}
 
 impl Shares {
     pub fn new(policy: Policy) -> Shares {
@@ -333,6 +343,7 @@ impl Shares {
         let picks = allot(&capacities, &contenders, &self.policy);
         let mut filled = vec![0u32; requests.len()];
         let mut after: Vec<Held> = contenders.iter().map(|contender| contender.held).collect();
+        let mut charged: Vec<f64> = contenders.iter().map(|contender| contender.usage).collect();
         let mut chosen = HashMap::with_capacity(picks.len());
         let mut order = Vec::with_capacity(picks.len());
         for pick in picks {
@@ -340,6 +351,7 @@ impl Shares {
             filled[pick.request] += 1;
             after[pick.user].gpus += pick.placement.gpus.len() as u32;
             after[pick.user].running += 1;
+            charged[pick.user] += f64::from((pick.placement.gpus.len() as u32).max(1)) * START_CHARGE_SECS;
             order.push((id, requests[pick.request].0));
             chosen.insert(id, (pick.request, pick.placement));
         }
@@ -349,7 +361,12 @@ impl Shares {
         let cut = waiting.iter().zip(&queues).zip(&after).any(|((user, queue), held)| {
             queue.len() as u32 >= fitting.limit && shared::fair_share::admits(user, *held, 1, &self.policy).is_ok()
         });
-        Ok((chosen, order, unfilled, cut))
+        let standing = waiting
+            .iter()
+            .zip(after.iter().zip(&charged))
+            .map(|(user, (held, usage))| Standing { user: user.clone(), usage: *usage, held: *held })
+            .collect();
+        Ok((chosen, order, unfilled, cut, standing))
     }
 }
 

@@ -3,11 +3,19 @@
 //! that free go to no other job unless it ends (by its timeout) before the held job could
 //! start, and the held job gets the worker once its GPUs are free, ahead of the queue.
 
+use client::{Client, ClientOptions};
+use server::auth::Role;
+use server::config::ServerConfig;
 use shared::api::{ClaimRequest, ClaimedJob, FinishRequest, RegisterRequest, WorkerId};
+use shared::fair_share::Quota;
 use shared::job::Outcome;
 use shared::placement::Capacity;
 use std::time::Duration;
 use testkit::{cpu_worker, wait_until, TestApp};
+
+const USER_A: &str = "lend-a-token-0123456789";
+const USER_B: &str = "lend-b-token-0123456789";
+const WORKER: &str = "lend-worker-token-01234";
 
 /// The worker's capacity with the GPUs `busy` taken (exclusively) and a slot per free GPU.
 fn with_busy(busy: &[u32]) -> Capacity {
@@ -64,4 +72,88 @@ async fn a_large_job_holds_a_worker_and_small_ones_backfill_only_what_ends_befor
         app.client.sweep("big").await.unwrap().info.reserved.is_none().then_some(())
     })
     .await;
+}
+
+/// A server with users `user-a` (its own client) and `user-b` and a worker token, holding a
+/// worker for a large job at once, set up further by `tweak`; user-b's client and the
+/// worker's.
+async fn two_users(tweak: impl FnOnce(&mut ServerConfig)) -> (TestApp, Client, Client) {
+    let app = TestApp::spawn_secure(
+        |config| {
+            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
+            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
+            config.backfill_after = Duration::ZERO;
+            tweak(config);
+        },
+        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
+    )
+    .await;
+    let client =
+        |token: &str| Client::with_options(&app.url, &ClientOptions { token: Some(token.into()), ca_pem: None });
+    let (user_b, worker) = (client(USER_B).unwrap(), client(WORKER).unwrap());
+    (app, user_b, worker)
+}
+
+/// user-a's 10-minute jobs on `box` (4 GPUs) as many as `claim` gives, then user-b's 4-GPU job
+/// holding `box`; returns the worker's id and user-a's running jobs.
+async fn held_box(app: &TestApp, user_b: &Client, worker: &Client) -> (WorkerId, Vec<ClaimedJob>) {
+    let register = RegisterRequest { capacity: Capacity::idle_gpus(4, 4, 24 << 30), ..cpu_worker("box") };
+    let id = worker.register(&register).await.unwrap().worker_id;
+    app.submit("name: small\ncommand: \"true\"\ntimeout: 10m\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2, 3, 4, 5]}\n")
+        .await;
+    let small =
+        worker.claim(id, &ClaimRequest { capacity: with_busy(&[]), wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
+    user_b.submit("name: big\ncommand: \"true\"\nresources: {gpus: 4}\n", &Default::default()).await.unwrap();
+    wait_until("the big job holds the worker", Duration::from_secs(20), || async {
+        app.client.sweep("big").await.unwrap().info.reserved
+    })
+    .await;
+    (id, small)
+}
+
+fn busy_with(jobs: &[ClaimedJob]) -> Vec<u32> {
+    jobs.iter().flat_map(|job| job.placement.gpus.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_held_worker_lends_its_gpus_in_fair_share_order() {
+    let (app, user_b, worker) = two_users(|_| {}).await;
+    let (id, small) = held_box(&app, &user_b, &worker).await;
+    assert_eq!(small.len(), 4);
+    // user-a's one-minute job is queued before user-b's.
+    app.submit("name: quick-a\ncommand: \"true\"\ntimeout: 1m\nresources: {gpus: 1}\n").await;
+    user_b
+        .submit("name: quick-b\ncommand: \"true\"\ntimeout: 1m\nresources: {gpus: 1}\n", &Default::default())
+        .await
+        .unwrap();
+    worker
+        .finish(id, &FinishRequest::outcome(small[0].id, small[0].attempt, Outcome::Exited { code: 0 }))
+        .await
+        .unwrap();
+    let claim = ClaimRequest { capacity: with_busy(&busy_with(&small[1..])), wait_ms: 0, reserve: 0 };
+    let lent = worker.claim(id, &claim).await.unwrap().jobs;
+    // user-a holds three GPUs, user-b none: the GPU goes to user-b.
+    assert_eq!(lent.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["quick-b"]);
+}
+
+#[tokio::test]
+async fn a_held_worker_lends_under_quotas_and_never_past_one() {
+    let (app, user_b, worker) = two_users(|config| {
+        config.shares.quotas.insert("user-a".into(), Quota { max_gpus: Some(3), max_running: None });
+    })
+    .await;
+    let (id, small) = held_box(&app, &user_b, &worker).await;
+    assert_eq!(small.len(), 3, "user-a's quota");
+    app.submit("name: quick-a\ncommand: \"true\"\ntimeout: 1m\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n").await;
+    let claim =
+        |running: &[ClaimedJob]| ClaimRequest { capacity: with_busy(&busy_with(running)), wait_ms: 0, reserve: 0 };
+    // One GPU free, but user-a holds 3 of 3.
+    assert!(worker.claim(id, &claim(&small)).await.unwrap().jobs.is_empty());
+    // Two free once a job ends: one lent, as user-a then holds 3 again.
+    worker
+        .finish(id, &FinishRequest::outcome(small[0].id, small[0].attempt, Outcome::Exited { code: 0 }))
+        .await
+        .unwrap();
+    let lent = worker.claim(id, &claim(&small[1..])).await.unwrap().jobs;
+    assert_eq!(lent.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["quick-a"]);
 }
