@@ -72,6 +72,35 @@ pub struct ServerConfig {
     pub backfill_after: Duration,
 }
 
+impl ServerConfig {
+    /// What this server must agree on with the other replicas of its database: its lease, and
+    /// its scheduler settings in three groups, each written out the same way by every build.
+    pub fn replica_agreement(&self) -> crate::db::postgres::Agreement {
+        let shares = &self.shares;
+        let groups = [
+            (
+                "the shares: [server.shares], share_half_life_secs",
+                format!("{:?} {}", shares.weights, shares.half_life_secs),
+            ),
+            (
+                "the quotas: [server.quotas], [server.default_quota]",
+                format!("{:?} {:?}", shares.quotas, shares.default_quota),
+            ),
+            (
+                "preemption and backfill: min_runtime_secs, preempt_grace_secs, preemptible, backfill_after_secs",
+                format!(
+                    "{} {} {:?} {}",
+                    self.min_runtime.as_millis(),
+                    self.preempt_grace.as_millis(),
+                    self.preemptible,
+                    self.backfill_after.as_millis()
+                ),
+            ),
+        ];
+        crate::db::postgres::Agreement::with_scheduler(self.lease.as_millis() as u64, &groups)
+    }
+}
+
 /// Which jobs the scheduler may preempt when their sweep has no `preemptible` key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Preemptible {

@@ -24,7 +24,7 @@ pub async fn run(
     // Certificate problems are start-up errors, before anything else is touched.
     let tls = config.tls.as_ref().map(crate::tls::server_config).transpose()?;
     let db = match &config.database_url {
-        Some(url) => Db::open_postgres(url, config.lease.as_millis() as u64).await?,
+        Some(url) => Db::open_postgres(url, &config.replica_agreement()).await?,
         None => Db::open(&config.data_dir).await?,
     };
     let instance = match own_data_dir(&db, &config.data_dir).await {

@@ -222,6 +222,38 @@ async fn a_replica_that_hangs_mid_sweep_runs_nothing_twice() {
     let _ = b.wait();
 }
 
+#[tokio::test]
+async fn a_replica_with_other_scheduler_settings_than_the_running_ones_is_refused_saying_which() {
+    let pg = PgServer::start();
+    let shared = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let mut a =
+        replica_with(free_port(), shared.path(), &pg.url, &logs.path().join("a.log"), "min_runtime_secs = 60\n");
+    // Another minimum runtime: refused at start, naming the group it is in.
+    let config = logs.path().join("b.toml");
+    std::fs::write(&config, "[server]\nmin_runtime_secs = 600\n").unwrap();
+    let refused = app()
+        .args(["--server-only", "--bind", &format!("127.0.0.1:{}", free_port()), "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(shared.path())
+        .args(["--database-url", &pg.url])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("other scheduler settings in its [server] table (preemption and backfill:"), "{said}");
+    assert!(!said.contains("the quotas"), "{said}");
+    // The same settings are fine.
+    let mut c =
+        replica_with(free_port(), shared.path(), &pg.url, &logs.path().join("c.log"), "min_runtime_secs = 60\n");
+    assert!(c.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(logs.path().join("c.log")).unwrap());
+    for replica in [&mut a, &mut c] {
+        let _ = replica.kill();
+        let _ = replica.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_another_lease_than_the_running_ones_is_refused_naming_both() {
     let pg = PgServer::start();

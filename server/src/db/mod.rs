@@ -94,10 +94,11 @@ impl Db {
         })
     }
 
-    /// Opens the PostgreSQL database at `url` as a replica with a lease of `lease_ms` and
-    /// brings its schema up to date (see [`postgres::open`]).
-    pub async fn open_postgres(url: &str, lease_ms: u64) -> anyhow::Result<Db> {
-        let opened = postgres::open(url, lease_ms).await?;
+    /// Opens the PostgreSQL database at `url` as a replica that runs by `agreement` (its lease
+    /// and scheduler settings, which the running replicas must share) and brings its schema up
+    /// to date (see [`postgres::open_agreeing`]).
+    pub async fn open_postgres(url: &str, agreement: &postgres::Agreement) -> anyhow::Result<Db> {
+        let opened = postgres::open_agreeing(url, agreement).await?;
         Ok(Db {
             reader: backend::Pool::Postgres(opened.pool.clone()),
             kind: Kind::Postgres { pool: opened.pool },

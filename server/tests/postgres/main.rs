@@ -1312,8 +1312,11 @@ async fn a_replica_stopped_inside_a_transaction_keeps_its_row_locks_only_for_a_w
     use sqlx::Connection;
     if let Ok(url) = std::env::var(HOLDER) {
         // The child: lock the row, say so, and wait to be stopped and killed.
-        let mut held =
-            sqlx::PgConnection::connect_with(&postgres::replica_options(&url, 20_000).unwrap()).await.unwrap();
+        let mut held = sqlx::PgConnection::connect_with(
+            &postgres::replica_options(&url, &postgres::Agreement::lease(20_000)).unwrap(),
+        )
+        .await
+        .unwrap();
         sqlx::query("BEGIN").execute(&mut held).await.unwrap();
         sqlx::query("SELECT id FROM held WHERE id = 1 FOR UPDATE").execute(&mut held).await.unwrap();
         println!("locked");
@@ -1321,7 +1324,7 @@ async fn a_replica_stopped_inside_a_transaction_keeps_its_row_locks_only_for_a_w
         return;
     }
     let pg = PgServer::start();
-    let options = postgres::replica_options(&pg.url, 20_000).unwrap();
+    let options = postgres::replica_options(&pg.url, &postgres::Agreement::lease(20_000)).unwrap();
     let mut waiting = sqlx::PgConnection::connect_with(&options).await.unwrap();
     sqlx::query("CREATE TABLE held (id INTEGER PRIMARY KEY)").execute(&mut waiting).await.unwrap();
     sqlx::query("INSERT INTO held VALUES (1)").execute(&mut waiting).await.unwrap();

@@ -8,7 +8,11 @@
 //! the reaper ([`Leadership`]). The queue's statements are in the other `db` modules, for both
 //! backends.
 
+mod agreement;
 pub mod steps;
+
+pub use agreement::Agreement;
+use agreement::REPLICA_NAME;
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -22,11 +26,6 @@ pub const ANALYZE_AFTER_JOBS: u64 = 1000;
 /// How long connecting may take before start-up fails with the reason.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What every session of a replica names itself, followed by the replica's lease in ms: the
-/// replicas of one database must agree on it, and a starting one reads the others' names from
-/// `pg_stat_activity` (see [`open`]).
-const REPLICA_NAME: &str = "app replica, lease_ms=";
-
 /// The limits every session of a replica runs under. A replica stopped (SIGSTOP, swapping)
 /// inside a transaction would keep its row locks for as long as it stays stopped: PostgreSQL
 /// ends such a session after `idle_in_transaction_session_timeout`, releasing them; and a
@@ -35,10 +34,10 @@ const REPLICA_NAME: &str = "app replica, lease_ms=";
 /// a transaction (milliseconds), and shorter than a lease.
 pub const SESSION_LIMITS: [(&str, &str); 2] = [("idle_in_transaction_session_timeout", "15s"), ("lock_timeout", "10s")];
 
-/// The options of a replica's sessions at `url`: its name with its lease, and
-/// [`SESSION_LIMITS`].
-pub fn replica_options(url: &str, lease_ms: u64) -> anyhow::Result<PgConnectOptions> {
-    Ok(options(url)?.application_name(&format!("{REPLICA_NAME}{lease_ms}")).options(SESSION_LIMITS))
+/// The options of a replica's sessions at `url`: its name with what it must agree on with the
+/// other replicas (`agreement`), and [`SESSION_LIMITS`].
+pub fn replica_options(url: &str, agreement: &Agreement) -> anyhow::Result<PgConnectOptions> {
+    Ok(options(url)?.application_name(&agreement.application_name()).options(SESSION_LIMITS))
 }
 
 /// An open PostgreSQL database with its schema up to date.
@@ -77,12 +76,18 @@ pub fn options(url: &str) -> anyhow::Result<PgConnectOptions> {
     })
 }
 
-/// Connects to the database at `url` as a replica with a lease of `lease_ms`, refuses a schema
-/// newer than this build's and a lease other running replicas do not share, and applies the
-/// migrations it lacks, under an advisory lock: replicas that start together check and migrate
-/// one after the other.
+/// Connects to the database at `url` as a replica with a lease of `lease_ms` (and no scheduler
+/// settings to agree on: see [`open_agreeing`]).
 pub async fn open(url: &str, lease_ms: u64) -> anyhow::Result<Postgres> {
-    let options = replica_options(url, lease_ms)?;
+    open_agreeing(url, &Agreement::lease(lease_ms)).await
+}
+
+/// Connects to the database at `url` as a replica, refuses a schema newer than this build's
+/// and an `agreement` (lease, scheduler settings) other running replicas do not share, and
+/// applies the migrations it lacks, under an advisory lock: replicas that start together check
+/// and migrate one after the other.
+pub async fn open_agreeing(url: &str, agreement: &Agreement) -> anyhow::Result<Postgres> {
+    let options = replica_options(url, agreement)?;
     let place = describe(&options);
     // One connection first, for its error: the pool would retry a refused connection until its
     // timeout and then say only that it timed out.
@@ -110,7 +115,7 @@ pub async fn open(url: &str, lease_ms: u64) -> anyhow::Result<Postgres> {
         .execute(&mut *lock)
         .await
         .with_context(|| format!("waiting for the start-up lock of {place}"))?;
-    let agreed = agree_on_lease(&mut lock, lease_ms).await;
+    let agreed = agree(&mut lock, agreement).await;
     let migrated = match agreed {
         Ok(()) => migrate(&pool, &mut lock, &place).await,
         Err(error) => Err(error),
@@ -127,9 +132,8 @@ pub async fn open(url: &str, lease_ms: u64) -> anyhow::Result<Postgres> {
     }
 }
 
-/// Refuses to start beside running replicas of this database whose lease is not `lease_ms`: the
-/// reaper of one would take back the jobs of workers heartbeating at the pace of the other.
-async fn agree_on_lease(connection: &mut PgConnection, lease_ms: u64) -> anyhow::Result<()> {
+/// Refuses to start beside running replicas of this database that do not share `agreement`.
+async fn agree(connection: &mut PgConnection, agreement: &Agreement) -> anyhow::Result<()> {
     let names: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT application_name FROM pg_stat_activity
          WHERE datname = current_database() AND application_name LIKE $1",
@@ -138,21 +142,7 @@ async fn agree_on_lease(connection: &mut PgConnection, lease_ms: u64) -> anyhow:
     .fetch_all(&mut *connection)
     .await
     .context("looking for the other replicas of this database")?;
-    let others: Vec<u64> = names
-        .iter()
-        .filter_map(|name| name.strip_prefix(REPLICA_NAME)?.parse().ok())
-        .filter(|lease| *lease != lease_ms)
-        .collect();
-    if let Some(other) = others.first() {
-        anyhow::bail!(
-            "another replica of this database runs with lease_secs = {}, this one with lease_secs = {}: \
-             replicas must agree on the lease (set lease_secs = {0} here, or stop every replica and \
-             start them all with the new value)",
-            *other as f64 / 1000.0,
-            lease_ms as f64 / 1000.0
-        );
-    }
-    Ok(())
+    agreement.check(&names)
 }
 
 /// The advisory lock held while a replica checks and migrates the schema at start-up.
