@@ -10,7 +10,7 @@ ALTER TABLE user_gpu_usage ADD COLUMN slot_seconds DOUBLE PRECISION NOT NULL DEF
 -- What was stored before, counted once: records of attempts without GPUs.
 INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds, slot_seconds)
 SELECT j.owner, r.stored_at - r.stored_at % 3600000, 0.0,
-       sum(greatest((r.record::jsonb ->> 'finished_at')::BIGINT - (r.record::jsonb ->> 'started_at')::BIGINT, 0)::DOUBLE PRECISION / 1000.0)
+       coalesce(sum(greatest(coalesce((r.record::jsonb ->> 'finished_at')::BIGINT - (r.record::jsonb ->> 'started_at')::BIGINT, 0), 0)), 0)::DOUBLE PRECISION / 1000.0
 FROM results r JOIN jobs j ON j.id = r.job_id
 WHERE strpos(r.record, '"gpu_usage"') = 0 AND jsonb_array_length(r.record::jsonb -> 'gpus') = 0
 GROUP BY j.owner, r.stored_at - r.stored_at % 3600000

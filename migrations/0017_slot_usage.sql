@@ -10,7 +10,7 @@ ALTER TABLE user_gpu_usage ADD COLUMN slot_seconds REAL NOT NULL DEFAULT 0;
 -- What was stored before, counted once: records of attempts without GPUs.
 INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds, slot_seconds)
 SELECT j.owner, r.stored_at - r.stored_at % 3600000, 0.0,
-       sum(max(json_extract(r.record, '$.finished_at') - json_extract(r.record, '$.started_at'), 0) / 1000.0)
+       total(max(coalesce(json_extract(r.record, '$.finished_at') - json_extract(r.record, '$.started_at'), 0), 0)) / 1000.0
 FROM results r JOIN jobs j ON j.id = r.job_id
 WHERE instr(r.record, '"gpu_usage"') = 0 AND json_array_length(json_extract(r.record, '$.gpus')) = 0
 GROUP BY j.owner, r.stored_at - r.stored_at % 3600000

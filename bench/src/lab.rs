@@ -292,6 +292,7 @@ fn choose(
             usage: usage[user],
             held: Held::default(),
             jobs: per_user[user].iter().map(|&i| &jobs[i].resources).collect(),
+            classes: Vec::new(),
         })
         .collect();
     let users: Vec<usize> = (0..USERS.len()).filter(|&user| !per_user[user].is_empty()).collect();
@@ -320,6 +321,7 @@ fn preempt(
             started_at: job.started.unwrap_or(now),
             checkpointed_at: job.last_checkpoint(now),
             preemptible: true,
+            class: 0,
             preempted_at: job.preempted_at.clone(),
         })
         .collect();
@@ -328,7 +330,8 @@ fn preempt(
         jobs.iter().enumerate().filter(|(_, job)| !job.done && job.started.is_none() && job.submitted <= now)
     {
         if queues[job.user].len() < (GPUS as usize * WORKERS) {
-            queues[job.user].push(Queued { job: i as u64, user: USERS[job.user], gpus: job.gpus, on: Vec::new() });
+            let queued = Queued { job: i as u64, user: USERS[job.user], gpus: job.gpus, on: Vec::new(), class: 0 };
+            queues[job.user].push(queued);
         }
     }
     let waiting: Vec<&str> = queues.iter().filter_map(|queue| queue.first().map(|q| q.user)).collect();

@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub preemptible: Preemptible,
     /// A job of several GPUs that waited this long holds a worker until it fits (backfill).
     pub backfill_after: Duration,
+    /// Priority classes (`[server.priority_classes]`, NAME = value): across users, a job of a
+    /// higher class is claimed first and may preempt lower ones; a sweep naming none is in 0.
+    pub priority_classes: BTreeMap<String, i64>,
 }
 
 impl ServerConfig {
@@ -79,8 +82,8 @@ impl ServerConfig {
         let shares = &self.shares;
         let groups = [
             (
-                "the shares: [server.shares], share_half_life_secs",
-                format!("{:?} {}", shares.weights, shares.half_life_secs),
+                "the shares: [server.shares], share_half_life_secs, [server.priority_classes]",
+                format!("{:?} {} {:?}", shares.weights, shares.half_life_secs, self.priority_classes),
             ),
             (
                 "the quotas: [server.quotas], [server.default_quota]",
@@ -174,6 +177,7 @@ impl Default for ServerConfig {
             min_runtime: Duration::from_secs(600),
             preemptible: Preemptible::Checkpointing,
             backfill_after: Duration::from_secs(900),
+            priority_classes: BTreeMap::new(),
         }
     }
 }
@@ -228,6 +232,8 @@ pub struct ServerFile {
     pub preemptible: Option<PreemptibleFile>,
     /// A job of several GPUs that waited this long holds a worker as its GPUs free up (900 s).
     pub backfill_after_secs: Option<f64>,
+    /// Priority classes (`[server.priority_classes]`, NAME = integer).
+    pub priority_classes: Option<BTreeMap<String, ClassValue>>,
     /// User tokens given as a value (APP_USER_TOKEN, comma-separated `[admin:][NAME:]TOKEN`);
     /// never read from a file's table.
     #[serde(skip)]
@@ -246,6 +252,18 @@ pub enum Weight {
     Text(String),
     Other(serde::de::IgnoredAny),
 }
+
+/// A priority class's value as the config gives it: read as any value, so that one that is
+/// not an integer is refused with the class's name rather than a type error.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ClassValue {
+    Integer(i64),
+    Other(serde::de::IgnoredAny),
+}
+
+/// The largest value of a priority class, either way.
+pub const MAX_CLASS_VALUE: i64 = 1_000_000_000;
 
 /// One user's quota as the config gives it; a key left out is no limit.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -306,6 +324,7 @@ impl ServerFile {
             min_runtime_secs: self.min_runtime_secs.or(lower.min_runtime_secs),
             preemptible: self.preemptible.or(lower.preemptible),
             backfill_after_secs: self.backfill_after_secs.or(lower.backfill_after_secs),
+            priority_classes: self.priority_classes.or(lower.priority_classes),
         }
     }
 }
@@ -466,6 +485,24 @@ impl ServerConfig {
                 };
                 let weight = weight.map_err(|why| anyhow::anyhow!("`[server.shares]`: {why}"))?;
                 self.shares.weights.insert(user.clone(), weight);
+            }
+        }
+        if let Some(classes) = &file.priority_classes {
+            for (class, value) in classes {
+                shared::names::check_user_name(class).map_err(|_| {
+                    anyhow::anyhow!(
+                        "`[server.priority_classes]` lists a bad name, {class:?}: 1 to 32 of a-z, 0-9, `_`, `.` and `-`"
+                    )
+                })?;
+                match value {
+                    ClassValue::Integer(value) if value.abs() <= MAX_CLASS_VALUE => {
+                        self.priority_classes.insert(class.clone(), *value);
+                    }
+                    _ => anyhow::bail!(
+                        "`[server.priority_classes]`: the class `{class}` must be an integer from \
+                         -{MAX_CLASS_VALUE} to {MAX_CLASS_VALUE}"
+                    ),
+                }
             }
         }
         if let Some(quotas) = &file.quotas {

@@ -63,6 +63,50 @@ pub fn check_weight(user: &str, weight: f64) -> Result<f64, String> {
     }
 }
 
+/// Why a sweep may not be in the priority class it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClassRefused {
+    /// The server has no class of that name; its classes, by name.
+    Unknown { class: String, known: Vec<String> },
+    /// A class above the default (0) is an admin's to give.
+    NotAdmin { class: String, value: i64 },
+}
+
+impl fmt::Display for ClassRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClassRefused::Unknown { class, known } if known.is_empty() => {
+                write!(f, "no priority class `{class}`: this server has none ([server.priority_classes])")
+            }
+            ClassRefused::Unknown { class, known } => write!(
+                f,
+                "no priority class `{class}`: this server's are {} ([server.priority_classes])",
+                known.iter().map(|name| format!("`{name}`")).collect::<Vec<_>>().join(", ")
+            ),
+            ClassRefused::NotAdmin { class, value } => write!(
+                f,
+                "priority class `{class}` ({value}) is above the default: only an admin may submit a sweep in it"
+            ),
+        }
+    }
+}
+
+/// The value of the priority class a sweep names (`None`: the default, 0) among the server's
+/// `classes`, submitted by an admin or not. As Kubernetes' priority classes, a higher value
+/// goes first across users and may preempt lower ones; unlike them, a class above 0 is an
+/// admin's to give (a lab's users could otherwise all name the highest), while anyone may
+/// name one at or below it (to volunteer their jobs to go last).
+pub fn class_value(classes: &BTreeMap<String, i64>, named: Option<&str>, admin: bool) -> Result<i64, ClassRefused> {
+    let Some(class) = named else { return Ok(0) };
+    let Some(&value) = classes.get(class) else {
+        return Err(ClassRefused::Unknown { class: class.into(), known: classes.keys().cloned().collect() });
+    };
+    match value > 0 && !admin {
+        true => Err(ClassRefused::NotAdmin { class: class.into(), value }),
+        false => Ok(value),
+    }
+}
+
 /// Usage recorded `age_secs` ago, as it counts now: it halves every `half_life_secs`.
 pub fn decay(usage: f64, age_secs: f64, half_life_secs: f64) -> f64 {
     usage * 0.5f64.powf(age_secs.max(0.0) / half_life_secs)
@@ -179,13 +223,22 @@ pub fn admits(user: &str, held: Held, gpus: u32, policy: &Policy) -> Result<(), 
 pub const START_CHARGE_SECS: f64 = 60.0;
 
 /// A waiting user in a claim batch: their usage now (decayed GPU-seconds, running attempts'
-/// time so far included), what they hold, and their queued jobs in their own dispatch order.
+/// time so far included), what they hold, and their queued jobs in their own dispatch order,
+/// with each job's priority class value (`classes`, by job; empty: all in the default, 0).
 #[derive(Debug, Clone)]
 pub struct Contender<'a> {
     pub user: &'a str,
     pub usage: f64,
     pub held: Held,
     pub jobs: Vec<&'a Resources>,
+    pub classes: Vec<i64>,
+}
+
+impl Contender<'_> {
+    /// The priority class value of job `job`.
+    pub fn class(&self, job: usize) -> i64 {
+        self.classes.get(job).copied().unwrap_or(0)
+    }
 }
 
 /// One job given: to request `request`, user `user`'s job `job` (indices into [`allot`]'s
@@ -198,10 +251,11 @@ pub struct Pick {
     pub placement: Placement,
 }
 
-/// Fills each request (in arrival order) job by job: each free place goes to the user
-/// furthest below their share ([`order`]) who has a job that fits it and that their quota
-/// admits, taking that user's first such job. Each job started counts as [`START_CHARGE_SECS`]
-/// of its GPUs (or slot) for the rest of the batch, and as held for the quotas.
+/// Fills each request (in arrival order) job by job: each free place goes to the user whose
+/// first job that fits it and that their quota admits is of the highest priority class, and
+/// among those to the one furthest below their share ([`order`]), taking that job. Each job
+/// started counts as [`START_CHARGE_SECS`] of its GPUs (or slot) for the rest of the batch,
+/// and as held for the quotas.
 pub fn allot(requests: &[Capacity], contenders: &[Contender<'_>], policy: &Policy) -> Vec<Pick> {
     let mut usage: Vec<f64> = contenders.iter().map(|contender| standing(contender.usage)).collect();
     let mut held: Vec<Held> = contenders.iter().map(|contender| contender.held).collect();
@@ -215,13 +269,13 @@ pub fn allot(requests: &[Capacity], contenders: &[Contender<'_>], policy: &Polic
         while free.job_slots > 0 {
             let usages: Vec<(&str, f64)> =
                 contenders.iter().zip(&usage).map(|(contender, usage)| (contender.user, *usage)).collect();
-            let mut chosen = None;
+            let mut chosen: Option<(usize, usize, Placement)> = None;
             for user in order(&usages, policy) {
                 let name = contenders[user].user;
                 if done[user] {
                     continue;
                 }
-                chosen = contenders[user].jobs.iter().enumerate().find_map(|(job, resources)| {
+                let first = contenders[user].jobs.iter().enumerate().find_map(|(job, resources)| {
                     if taken[user][job] {
                         return None;
                     }
@@ -229,8 +283,16 @@ pub fn allot(requests: &[Capacity], contenders: &[Contender<'_>], policy: &Polic
                     admits(name, held[user], placement.gpus.len() as u32, policy).ok()?;
                     Some((user, job, placement))
                 });
-                match chosen {
-                    Some(_) => break,
+                match first {
+                    // A later user (in share order) wins only with a higher class.
+                    Some((_, job, _)) => {
+                        let higher = chosen.as_ref().is_none_or(|(best, best_job, _)| {
+                            contenders[user].class(job) > contenders[*best].class(*best_job)
+                        });
+                        if higher {
+                            chosen = first;
+                        }
+                    }
                     None => done[user] = true,
                 }
             }
@@ -287,6 +349,20 @@ mod tests {
     }
 
     #[test]
+    fn a_class_above_the_default_is_an_admins_to_give() {
+        let classes = BTreeMap::from([("urgent".to_string(), 100), ("low".to_string(), -10)]);
+        assert_eq!(class_value(&classes, None, false), Ok(0));
+        assert_eq!(class_value(&classes, Some("low"), false), Ok(-10));
+        assert_eq!(class_value(&classes, Some("urgent"), true), Ok(100));
+        let refused = class_value(&classes, Some("urgent"), false).unwrap_err();
+        assert_eq!(refused, ClassRefused::NotAdmin { class: "urgent".into(), value: 100 });
+        assert!(refused.to_string().contains("only an admin"), "{refused}");
+        let unknown = class_value(&classes, Some("high"), true).unwrap_err().to_string();
+        assert!(unknown.contains("no priority class `high`: this server's are `low`, `urgent`"), "{unknown}");
+        assert!(class_value(&BTreeMap::new(), Some("x"), true).unwrap_err().to_string().contains("has none"));
+    }
+
+    #[test]
     fn usage_halves_every_half_life() {
         assert_eq!(decay(100.0, 0.0, 10.0), 100.0);
         assert!((decay(100.0, 10.0, 10.0) - 50.0).abs() < 1e-9);
@@ -333,7 +409,8 @@ mod tests {
     #[test]
     fn freed_gpus_go_by_standing_and_each_start_counts_for_the_rest_of_the_batch() {
         let one = gpus(1);
-        let contender = |user, usage| Contender { user, usage, held: Held::default(), jobs: vec![&one; 8] };
+        let contender =
+            |user, usage| Contender { user, usage, held: Held::default(), jobs: vec![&one; 8], classes: Vec::new() };
         let even = [contender("b", 0.0), contender("a", 0.0)];
         let picks = allot(&[worker(4)], &even, &Policy::default());
         assert_eq!(users(&picks, &even), ["a", "b", "a", "b"], "equal standing: alternate, ties by name");
@@ -350,6 +427,26 @@ mod tests {
     }
 
     #[test]
+    fn a_higher_class_goes_first_whatever_the_shares_and_a_lower_one_fills_what_it_cannot() {
+        fn contender<'a>(user: &'a str, usage: f64, jobs: Vec<&'a Resources>, class: i64) -> Contender<'a> {
+            Contender { user, usage, held: Held::default(), classes: vec![class; jobs.len()], jobs }
+        }
+        let (one, four) = (&gpus(1), &gpus(4));
+        // b has used far more, but its jobs are of class 10.
+        let contenders = [contender("a", 0.0, vec![one; 4], 0), contender("b", 1e6, vec![one, one], 10)];
+        let users: Vec<usize> = allot(&[worker(3)], &contenders, &Policy::default()).iter().map(|p| p.user).collect();
+        assert_eq!(users, [1, 1, 0], "b's two first, then a");
+        // b's class-10 job needs four GPUs and three are free: a's job of class 0 fits.
+        let contenders = [contender("a", 0.0, vec![one; 4], 0), contender("b", 0.0, vec![four], 10)];
+        let users: Vec<usize> = allot(&[worker(3)], &contenders, &Policy::default()).iter().map(|p| p.user).collect();
+        assert_eq!(users, [0, 0, 0]);
+        // Equal classes: the shares decide, as without classes.
+        let contenders = [contender("a", 0.0, vec![one; 4], 5), contender("b", 1e6, vec![one; 4], 5)];
+        let users: Vec<usize> = allot(&[worker(2)], &contenders, &Policy::default()).iter().map(|p| p.user).collect();
+        assert_eq!(users, [0, 0]);
+    }
+
+    #[test]
     fn a_job_that_does_not_fit_or_is_over_quota_gives_way_to_the_next() {
         let (one, four) = (gpus(1), gpus(4));
         let contenders = [
@@ -358,8 +455,9 @@ mod tests {
                 usage: 0.0,
                 held: Held { gpus: 6, running: 1 },
                 jobs: vec![&four, &one, &one, &one],
+                classes: Vec::new(),
             },
-            Contender { user: "b", usage: 500.0, held: Held::default(), jobs: vec![&one; 4] },
+            Contender { user: "b", usage: 500.0, held: Held::default(), jobs: vec![&one; 4], classes: Vec::new() },
         ];
         let picks = allot(&[worker(4)], &contenders, &policy());
         // a may hold 8 GPUs and 3 jobs: its 4-GPU job would make 10, and one 1-GPU job later

@@ -35,6 +35,8 @@ pub struct Running<'a> {
     /// When its attempt last stored a checkpoint (Unix ms), if it has.
     pub checkpointed_at: Option<i64>,
     pub preemptible: bool,
+    /// Its sweep's priority class value (0: the default).
+    pub class: i64,
     /// When it was preempted before (Unix ms), any order.
     pub preempted_at: Vec<i64>,
 }
@@ -46,6 +48,8 @@ pub struct Need<'a> {
     pub user: &'a str,
     pub gpus: u32,
     pub on: &'a [u64],
+    /// Its priority class value: jobs of a lower class give way whatever the shares.
+    pub class: i64,
 }
 
 /// A queued job as the pass sees it: one of its user's, in their dispatch order, with the
@@ -56,6 +60,7 @@ pub struct Queued<'a> {
     pub user: &'a str,
     pub gpus: u32,
     pub on: Vec<u64>,
+    pub class: i64,
 }
 
 impl Running<'_> {
@@ -136,9 +141,9 @@ pub fn victims(
     }
     let share = |user: &str| shares.get(user).copied().unwrap_or(0.0);
     let holds = |user: &str| held.get(user).copied().unwrap_or(0);
-    if f64::from(holds(need.user) + need.gpus) > share(need.user).ceil() {
-        return None;
-    }
+    // Within its class, a need takes only while its user stays within their share; jobs of a
+    // lower class give way whatever the shares (as Kubernetes' priority classes).
+    let within_share = f64::from(holds(need.user) + need.gpus) <= share(need.user).ceil();
     let rank_of = |user: &str| rank(user, cluster.usage.get(user).copied().unwrap_or(0.0), policy);
     let needing = rank_of(need.user);
     // What the waiting user will hold per unit of weight: a victim's user keeps at least that.
@@ -149,11 +154,15 @@ pub fn victims(
             .running
             .iter()
             .filter(|job| job.worker == worker && job.user != need.user && job.gpus > 0)
-            .filter(|job| may_preempt(job, now, min_runtime_ms) && rank_of(job.user) > needing)
+            .filter(|job| may_preempt(job, now, min_runtime_ms))
+            .filter(|job| {
+                job.class < need.class || (job.class == need.class && within_share && rank_of(job.user) > needing)
+            })
             .collect();
-        // The least work lost first (the time since a checkpoint, else since the start: the
-        // youngest), then the youngest; ties by id, so the input's order does not matter.
-        candidates.sort_by_key(|job| (job.at_stake(now), std::cmp::Reverse(job.started_at), job.job));
+        // The lowest class first, then the least work lost (the time since a checkpoint, else
+        // since the start: the youngest), then the youngest; ties by id, so the input's order
+        // does not matter.
+        candidates.sort_by_key(|job| (job.class, job.at_stake(now), std::cmp::Reverse(job.started_at), job.job));
         let (mut room, mut lost, mut chosen) = (free, 0i64, Vec::new());
         let mut left = held.clone();
         for job in candidates {
@@ -161,10 +170,12 @@ pub fn victims(
                 break;
             }
             let remaining = left.get(job.user).copied().unwrap_or(0).saturating_sub(job.gpus);
-            // Never below their own share, and never below the waiting user per unit of weight
-            // (with 9 GPUs between two, 5 and 4 would otherwise trade places back and forth).
-            if f64::from(remaining) < share(job.user).floor() || f64::from(remaining) / policy.weight(job.user) < after
-            {
+            // Within a class: never below their own share, and never below the waiting user per
+            // unit of weight (with 9 GPUs between two, 5 and 4 would otherwise trade places back
+            // and forth).
+            let below = f64::from(remaining) < share(job.user).floor()
+                || f64::from(remaining) / policy.weight(job.user) < after;
+            if job.class == need.class && below {
                 continue;
             }
             left.insert(job.user, remaining);
@@ -197,16 +208,18 @@ pub fn plan<'a>(
     now: i64,
     min_runtime_ms: i64,
 ) -> Vec<Order> {
-    let mut users: Vec<(f64, &str, &[Queued<'a>])> = queues
+    // The users whose first job with GPUs is of the highest class first, then by fair share.
+    let mut users: Vec<(i64, f64, &str, &[Queued<'a>])> = queues
         .iter()
         .filter_map(|queue| {
             let user = queue.first()?.user;
-            Some((rank(user, cluster.usage.get(user).copied().unwrap_or(0.0), policy), user, &queue[..]))
+            let class = queue.iter().find(|queued| queued.gpus > 0).map_or(0, |queued| queued.class);
+            Some((class, rank(user, cluster.usage.get(user).copied().unwrap_or(0.0), policy), user, &queue[..]))
         })
         .collect();
-    users.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    users.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.total_cmp(&b.1)).then_with(|| a.2.cmp(b.2)));
     let mut orders = Vec::new();
-    for (_, user, queue) in users {
+    for (_, _, user, queue) in users {
         for queued in queue.iter().filter(|queued| queued.gpus > 0) {
             let cpu = Held { gpus: 0, running: cluster.cpu_running.get(user).copied().unwrap_or(0) };
             let held = cluster
@@ -227,7 +240,7 @@ pub fn plan<'a>(
             let worker = match fits.map(|(worker, _)| *worker) {
                 Some(worker) => worker,
                 None => {
-                    let need = Need { user, gpus: queued.gpus, on: &queued.on };
+                    let need = Need { user, gpus: queued.gpus, on: &queued.on, class: queued.class };
                     let Some(chosen) = victims(need, &cluster, policy, now, min_runtime_ms) else { break };
                     for job in &chosen.jobs {
                         orders.push(Order { job: *job, for_job: queued.job });
@@ -251,6 +264,7 @@ pub fn plan<'a>(
                 started_at: now,
                 checkpointed_at: None,
                 preemptible: false,
+                class: queued.class,
                 preempted_at: Vec::new(),
             });
         }
@@ -274,6 +288,7 @@ mod tests {
             started_at: NOW - age_min * 60_000,
             checkpointed_at: None,
             preemptible: true,
+            class: 0,
             preempted_at: Vec::new(),
         }
     }
@@ -289,10 +304,11 @@ mod tests {
 
     #[test]
     fn a_user_below_their_share_takes_the_youngest_jobs_of_one_worker() {
-        let need = Need { user: "user-b", gpus: 2, on: &[] };
+        let need = Need { user: "user-b", gpus: 2, on: &[], class: 0 };
         let chosen = victims(need, &busy(), &Policy::default(), NOW, MIN).unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![1, 2] }, "the two youngest on worker 0");
-        let one = victims(Need { user: "user-b", gpus: 1, on: &[] }, &busy(), &Policy::default(), NOW, MIN).unwrap();
+        let one = victims(Need { user: "user-b", gpus: 1, on: &[], class: 0 }, &busy(), &Policy::default(), NOW, MIN)
+            .unwrap();
         assert_eq!(one.jobs, [1], "exactly what is needed");
     }
 
@@ -303,15 +319,19 @@ mod tests {
         cluster.running.retain(|job| job.worker == 0);
         cluster.running.extend((9..=12).map(|id| job(id, "user-b", 1, 1, 30)));
         cluster.usage.insert("user-b", 4.0 * 1800.0);
-        assert_eq!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN), None);
+        assert_eq!(
+            victims(Need { user: "user-b", gpus: 1, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN),
+            None
+        );
         // A third user makes each share 8/3: user-c takes from the two above theirs, the job
         // that lost least (user-a's youngest, 11 minutes, before user-b's 30).
         cluster.waiting.push("user-c");
         let chosen =
-            victims(Need { user: "user-c", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+            victims(Need { user: "user-c", gpus: 1, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN)
+                .unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![1] });
         // A 5-GPU need is past user-b's share of 4 even from nothing.
-        let need = Need { user: "user-b", gpus: 5, on: &[] };
+        let need = Need { user: "user-b", gpus: 5, on: &[], class: 0 };
         assert_eq!(victims(need, &busy(), &Policy::default(), NOW, MIN), None);
     }
 
@@ -326,8 +346,51 @@ mod tests {
         cluster.running[0].checkpointed_at = Some(NOW - 30 * 60_000);
         assert_eq!(cluster.running[0].at_stake(NOW), 11 * 60_000);
         let chosen =
-            victims(Need { user: "user-b", gpus: 3, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+            victims(Need { user: "user-b", gpus: 3, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN)
+                .unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![4, 3, 1] }, "then the youngest");
+    }
+
+    #[test]
+    fn a_higher_class_takes_from_lower_ones_whatever_the_shares_and_never_from_higher() {
+        // user-b holds worker 1's four GPUs (its share of 8), user-a worker 0's; user-b has
+        // used least. Within one class user-b may take nothing more.
+        let mut cluster = busy();
+        for job in cluster.running.iter_mut().filter(|job| job.worker == 1) {
+            job.user = "user-b";
+        }
+        let need = |class| Need { user: "user-b", gpus: 2, on: &[], class };
+        assert_eq!(victims(need(0), &cluster, &Policy::default(), NOW, MIN), None, "at its share");
+        // A class-10 job of user-b's takes user-a's two least at stake (class 0).
+        let chosen = victims(need(10), &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 0, jobs: vec![1, 2] });
+        // Jobs of its own class or higher are out of its reach (one of class 10 would be taken
+        // only within the shares).
+        for job in cluster.running.iter_mut() {
+            job.class = 10;
+        }
+        assert_eq!(victims(need(10), &cluster, &Policy::default(), NOW, MIN), None);
+        // Guards still hold: a lower class under the minimum runtime is kept.
+        for job in cluster.running.iter_mut() {
+            (job.class, job.started_at) = (0, NOW - MIN + 1);
+        }
+        assert_eq!(victims(need(10), &cluster, &Policy::default(), NOW, MIN), None);
+    }
+
+    #[test]
+    fn a_pass_serves_the_highest_class_first() {
+        // Both users wait for one worker's four GPUs; user-c has used less, but user-b's job is
+        // of class 10: its need is placed first.
+        let mut cluster = busy();
+        cluster.free.insert(0, 2);
+        cluster.running.retain(|job| job.job != 1 && job.job != 2);
+        cluster.usage.insert("user-b", 5_000.0);
+        let mut b = queue("user-b", 100, 1, 2);
+        b[0].class = 10;
+        let c = queue("user-c", 200, 1, 2);
+        let orders = plan(cluster, &[c, b], &Policy::default(), NOW, MIN);
+        // user-b's job takes the two free GPUs; user-c's finds room by the share rules only.
+        assert!(orders.iter().all(|order| order.for_job != 100), "{orders:?}");
     }
 
     #[test]
@@ -338,7 +401,8 @@ mod tests {
         cluster.running[2].preempted_at = vec![NOW - 50 * 60_000, NOW - 10 * 60_000]; // job 3: twice this hour
         cluster.running[3].preempted_at = vec![NOW - 2 * GUARD_MS, NOW - 10 * 60_000]; // job 4: once this hour
         let chosen =
-            victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+            victims(Need { user: "user-b", gpus: 1, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN)
+                .unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![4] });
         assert!(!may_preempt(&cluster.running[2], NOW, MIN));
         assert!(may_preempt(&cluster.running[2], NOW + 51 * 60_000, MIN), "an hour after the first of the two");
@@ -350,7 +414,8 @@ mod tests {
         cluster.free.insert(1, 1);
         cluster.running.retain(|job| job.job != 5); // worker 1 has one GPU free
         let chosen =
-            victims(Need { user: "user-b", gpus: 2, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+            victims(Need { user: "user-b", gpus: 2, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN)
+                .unwrap();
         assert_eq!(chosen, Victims { worker: 1, jobs: vec![6] }, "one job lost instead of two");
         // Weights: user-b weighs 3, so its share is 6 of 8 and user-a's 2; user-a, holding 4
         // after losing worker 0's jobs, may lose 2 more but not 3.
@@ -359,10 +424,10 @@ mod tests {
         cluster.running.retain(|job| job.worker == 1);
         cluster.running.extend((9..=12).map(|id| job(id, "user-b", 0, 1, 30)));
         cluster.usage.insert("user-b", 100.0);
-        let two = victims(Need { user: "user-b", gpus: 2, on: &[] }, &cluster, &policy, NOW, MIN).unwrap();
+        let two = victims(Need { user: "user-b", gpus: 2, on: &[], class: 0 }, &cluster, &policy, NOW, MIN).unwrap();
         assert_eq!(two, Victims { worker: 1, jobs: vec![5, 6] });
         assert_eq!(
-            victims(Need { user: "user-b", gpus: 3, on: &[] }, &cluster, &policy, NOW, MIN),
+            victims(Need { user: "user-b", gpus: 3, on: &[], class: 0 }, &cluster, &policy, NOW, MIN),
             None,
             "past user-b's 6"
         );
@@ -373,14 +438,17 @@ mod tests {
         // user-b used more than user-a lately: a claim would give freed GPUs back to user-a.
         let mut cluster = busy();
         cluster.usage.insert("user-b", 9.0 * 900.0);
-        assert_eq!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN), None);
+        assert_eq!(
+            victims(Need { user: "user-b", gpus: 1, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN),
+            None
+        );
         // With a weight of 2, user-b's 8,100 GPU-seconds rank as 4,050: before user-a's 7,200.
         let policy = Policy { weights: BTreeMap::from([("user-b".to_string(), 2.0)]), ..Policy::default() };
-        assert!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &policy, NOW, MIN).is_some());
+        assert!(victims(Need { user: "user-b", gpus: 1, on: &[], class: 0 }, &cluster, &policy, NOW, MIN).is_some());
     }
 
     fn queue(user: &'static str, first: u64, jobs: u64, gpus: u32) -> Vec<Queued<'static>> {
-        (first..first + jobs).map(|job| Queued { job, user, gpus, on: Vec::new() }).collect()
+        (first..first + jobs).map(|job| Queued { job, user, gpus, on: Vec::new(), class: 0 }).collect()
     }
 
     #[test]
@@ -429,11 +497,13 @@ mod tests {
         // A CPU job on worker 0, younger than every GPU job there: it frees nothing.
         cluster.running.push(job(99, "user-a", 0, 0, 10));
         let chosen =
-            victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+            victims(Need { user: "user-b", gpus: 1, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN)
+                .unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![1] });
         // The job can only run on worker 1 (its GPUs' memory, say).
         let chosen =
-            victims(Need { user: "user-b", gpus: 1, on: &[1] }, &cluster, &Policy::default(), NOW, MIN).unwrap();
+            victims(Need { user: "user-b", gpus: 1, on: &[1], class: 0 }, &cluster, &Policy::default(), NOW, MIN)
+                .unwrap();
         assert_eq!(chosen, Victims { worker: 1, jobs: vec![5] });
         let mut jobs = queue("user-b", 100, 1, 1);
         jobs[0].on = vec![7];
@@ -450,6 +520,9 @@ mod tests {
         let usage = BTreeMap::from([("user-a", 5.0 * 1200.0), ("user-b", 4.0 * 1200.0)]);
         let free = BTreeMap::from([(0, 0), (1, 0)]);
         let cluster = Cluster { free, running, waiting: vec!["user-b"], total_gpus: 9, usage, ..Cluster::default() };
-        assert_eq!(victims(Need { user: "user-b", gpus: 1, on: &[] }, &cluster, &Policy::default(), NOW, MIN), None);
+        assert_eq!(
+            victims(Need { user: "user-b", gpus: 1, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN),
+            None
+        );
     }
 }

@@ -46,6 +46,7 @@ fn simulate(policy: &Policy, users: &[String], sizes: &[u32], durations: &[u64],
                 usage: usage[user],
                 held: held(user),
                 jobs: vec![&resources[user]; free as usize],
+                classes: Vec::new(),
             })
             .collect();
         for pick in allot(&[worker(free)], &contenders, policy) {

@@ -29,6 +29,7 @@ fn cluster(sizes: &[u32], drawn: &[Drawn], usage: &[f64]) -> Cluster<'static> {
             started_at: NOW - age * 60_000,
             checkpointed_at: None,
             preemptible: *preemptible,
+            class: 0,
             preempted_at: (0..*recent).map(|at| NOW - 60_000 * (at as i64 + 1)).collect(),
         });
     }
@@ -53,7 +54,7 @@ proptest! {
         let mut queues: BTreeMap<usize, Vec<Queued<'static>>> = BTreeMap::new();
         for (at, (user, jobs, gpus)) in waiting.iter().enumerate() {
             let queue = queues.entry(*user).or_default();
-            queue.extend((0..*jobs).map(|job| Queued { job: 1_000 + at as u64 * 10 + u64::from(job), user: USERS[*user], gpus: *gpus, on: Vec::new() }));
+            queue.extend((0..*jobs).map(|job| Queued { job: 1_000 + at as u64 * 10 + u64::from(job), user: USERS[*user], gpus: *gpus, on: Vec::new(), class: 0 }));
         }
         cluster.waiting = queues.keys().map(|user| USERS[*user]).collect();
         let queues: Vec<Vec<Queued<'static>>> = queues.into_values().collect();

@@ -96,6 +96,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 if let Some(missing) = &detail.metric_missing {
                     writeln!(out, "warning: {}", missing.sentence())?;
                 }
+                if let Some(class) = &sweep.priority_class {
+                    writeln!(out, "priority class: {class} (across users, a higher class goes first and may preempt)")?;
+                }
                 if let Some(why) = &sweep.held_back {
                     writeln!(out, "its queued jobs wait for its owner's quota: {why}")?;
                 }

@@ -109,6 +109,7 @@ fn sweeps() -> Vec<SweepInfo> {
             held_back: None,
             preempted: 0,
             reserved: None,
+            priority_class: None,
         },
         SweepInfo {
             id: SweepId::new(2),
@@ -122,6 +123,7 @@ fn sweeps() -> Vec<SweepInfo> {
             held_back: None,
             preempted: 0,
             reserved: None,
+            priority_class: None,
         },
     ]
 }

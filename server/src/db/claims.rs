@@ -151,16 +151,23 @@ pub struct Candidate {
     pub resources: Resources,
     /// Its sweep's `timeout`, in seconds.
     pub timeout_secs: Option<u64>,
+    /// Its sweep's priority class value (read where users are chosen between; else 0).
+    pub class: i64,
 }
 
+/// The column [`Candidate::from_row`] reads a job's class from: its sweep's, where users are
+/// chosen between (a primary-key lookup per job read).
+pub const CLASS_OF_JOB: &str = "(SELECT class_value FROM sweeps s WHERE s.id = jobs.sweep_id) AS class_value";
+
 impl Candidate {
-    /// From a row with `id`, the resource columns and `timeout_secs`.
+    /// From a row with `id`, the resource columns, `timeout_secs` and `class_value`.
     pub fn from_row(row: &impl DbRow) -> anyhow::Result<Candidate> {
         let timeout: Option<i64> = row.get_as("timeout_secs")?;
         Ok(Candidate {
             id: JobId::new(row.get_as("id")?),
             resources: super::jobs::resources_of(row)?,
             timeout_secs: timeout.map(|secs| secs.max(0) as u64),
+            class: row.get_as("class_value")?,
         })
     }
 }
@@ -191,8 +198,10 @@ pub async fn queued_candidates(
         let index = if owner.is_some() { "jobs_queue_by_owner" } else { "jobs_queue" };
         let hint = engine.pick(format!(" INDEXED BY {index}"), String::new());
         let of_owner = if owner.is_some() { " AND owner = $5" } else { "" };
+        // One user's queue is read to choose between users: with each job's class.
+        let class = if owner.is_some() { CLASS_OF_JOB } else { "CAST(0 AS BIGINT) AS class_value" };
         let sql = format!(
-            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs FROM jobs{hint}
+            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, {class} FROM jobs{hint}
              WHERE {CLAIMABLE} AND (gpus IS NULL OR gpus <= $1) AND (gpu_memory IS NULL OR gpu_memory <= $2)
                AND (needs_trainer = 0 OR $3){of_owner}
              ORDER BY {DISPATCH_ORDER} LIMIT $4"

@@ -71,6 +71,8 @@ pub struct RunningJob {
     pub checkpointed: bool,
     /// When its running attempt stored its last checkpoint (Unix ms), if it has.
     pub checkpointed_at: Option<i64>,
+    /// Its sweep's priority class value.
+    pub class: i64,
     /// Its running attempt was ordered to stop already.
     pub ordered: bool,
     /// When it was preempted since `since` (Unix ms).
@@ -84,6 +86,7 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, since: i64) -> anyhow::Result
         let hint = engine.pick(" INDEXED BY jobs_running_by_lease", "");
         let rows = sql::query(&format!(
             "SELECT j.id, j.attempt, j.owner, j.worker_id, j.gpu_ids, j.started_at, j.timeout_secs, s.preemptible,
+                    s.class_value,
                     EXISTS (SELECT 1 FROM checkpoints c WHERE c.job_id = j.id) AS checkpointed,
                     (SELECT c.uploaded_at FROM checkpoints c WHERE c.job_id = j.id AND c.attempt = j.attempt)
                         AS checkpointed_at,
@@ -118,6 +121,7 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, since: i64) -> anyhow::Result
                     preemptible: row.get_as::<Option<i64>>("preemptible")?.map(|flag| flag != 0),
                     checkpointed: row.get_as("checkpointed")?,
                     checkpointed_at: row.get_as("checkpointed_at")?,
+                    class: row.get_as("class_value")?,
                     ordered: row.get_as::<Option<i64>>("preempt_attempt")? == Some(attempt),
                     preempted_at: recent.iter().filter(|(job, _)| *job == id).map(|(_, at)| *at).collect(),
                 })

@@ -4,7 +4,7 @@
 //! `shared::backfill`'s.
 
 use super::backend::{on_conn, on_pool, Conn, PoolRef};
-use super::claims::{Candidate, CLAIMABLE, DISPATCH_ORDER};
+use super::claims::{Candidate, CLAIMABLE, CLASS_OF_JOB, DISPATCH_ORDER};
 use super::sql::{self, DbRow};
 use shared::api::{JobId, Reserved, SweepId, WorkerId};
 
@@ -44,7 +44,7 @@ pub async fn waited_long(pool: impl Into<PoolRef<'_>>, before: i64, limit: u32) 
     on_pool!(pool, |pool, engine| {
         let hint = engine.pick(" INDEXED BY jobs_queue", "");
         let rows = sql::query(&format!(
-            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs FROM jobs{hint}
+            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, CAST(0 AS BIGINT) AS class_value FROM jobs{hint}
              WHERE {CLAIMABLE} AND gpus > 1 AND created_at <= $1 ORDER BY {DISPATCH_ORDER} LIMIT $2"
         ))
         .bind(before)
@@ -93,7 +93,7 @@ pub async fn claimable(conn: impl Into<Conn<'_>>, job: JobId) -> anyhow::Result<
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         let row = sql::query(&format!(
-            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, owner FROM jobs
+            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, owner, {CLASS_OF_JOB} FROM jobs
              WHERE id = $1 AND {CLAIMABLE}"
         ))
         .bind(job.get())
@@ -117,7 +117,7 @@ pub async fn backfill_candidates(
     on_conn!(conn, |conn, engine| {
         let hint = engine.pick(" INDEXED BY jobs_queue", "");
         let rows = sql::query(&format!(
-            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, owner FROM jobs{hint}
+            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, owner, {CLASS_OF_JOB} FROM jobs{hint}
              WHERE {CLAIMABLE} AND timeout_secs IS NOT NULL AND timeout_secs <= $1
              ORDER BY {DISPATCH_ORDER} LIMIT $2"
         ))

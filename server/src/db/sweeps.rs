@@ -29,10 +29,11 @@ pub async fn unique_name(conn: impl Into<Conn<'_>>, base: &str) -> sql::Result<S
     })
 }
 
-/// Inserts the sweep's row, owned by `owner` (for good: nothing changes a sweep's owner).
+/// Inserts the sweep's row, owned by `owner` (for good: nothing changes a sweep's owner), in
+/// the priority class it names, of value `class`.
 pub async fn insert(
     conn: impl Into<Conn<'_>>,
-    (name, owner): (&str, &str),
+    (name, owner, class): (&str, &str, i64),
     sweep: &Sweep,
     source: &str,
     now: i64,
@@ -41,8 +42,9 @@ pub async fn insert(
     on_conn!(conn, |conn, engine| {
         sql::query_scalar::<i64>(
             "INSERT INTO sweeps (name, form, source, metric_name, metric_goal, job_count, created_at,
-                             max_initial_failures, max_consecutive_failures, owner, preemptible)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+                             max_initial_failures, max_consecutive_failures, owner, preemptible, priority_class,
+                             class_value)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
         )
         .bind(name)
         .bind(form_text(sweep.form))
@@ -55,6 +57,8 @@ pub async fn insert(
         .bind(i64::from(sweep.fail_fast.consecutive))
         .bind(owner)
         .bind(sweep.preemptible.map(i64::from))
+        .bind(sweep.priority_class.as_deref())
+        .bind(class)
         .fetch_one(&mut *conn)
         .await
         .map(SweepId::new)
@@ -173,6 +177,7 @@ fn info_from_row(row: &impl DbRow) -> sql::Result<SweepInfo> {
         held_back: None,
         preempted: 0,
         reserved: None,
+        priority_class: row.get_as("priority_class")?,
     })
 }
 

@@ -94,7 +94,8 @@ pub async fn gpu_seconds_by_owner(
     on_pool!(pool, |pool, engine| {
         sql::query_as(
             "SELECT owner, sum(CASE WHEN hour_at >= $1 THEN gpu_seconds ELSE 0.0 END), sum(gpu_seconds)
-             FROM user_gpu_usage WHERE hour_at >= $2 GROUP BY owner ORDER BY owner",
+             FROM user_gpu_usage WHERE hour_at >= $2 GROUP BY owner
+             HAVING sum(gpu_seconds) > 0 ORDER BY owner",
         )
         .bind(recent_from)
         .bind(longer_from)

@@ -25,7 +25,8 @@ async fn start(directory: &tempfile::TempDir) -> (Arc<Queue>, super::super::Task
 async fn submit(queue: &Queue, name: &str) -> SweepId {
     let source = Arc::new(grid(name));
     let sweep = queue.parse_sweep(source.clone(), None).await.unwrap();
-    let submitted = queue.submit(Arc::new(sweep), source, (name.into(), "default".into()), Workspace::default()).await;
+    let submitted =
+        queue.submit(Arc::new(sweep), source, (name.into(), "default".into(), 0), Workspace::default()).await;
     let submitted = submitted.unwrap();
     assert_eq!(submitted.count, JOBS);
     submitted.sweep_id

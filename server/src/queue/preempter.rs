@@ -118,6 +118,7 @@ impl Queue {
                 gpus: job.gpu_ids.len() as u32,
                 started_at: job.started_at,
                 checkpointed_at: job.checkpointed_at,
+                class: job.class,
                 preemptible: !shares_a_gpu(job)
                     && job.preemptible.unwrap_or(match default {
                         Preemptible::All => true,
@@ -156,6 +157,7 @@ impl Queue {
                     user,
                     // A job that does not say takes one GPU on a GPU box (the only kind here).
                     gpus: candidate.resources.gpus.unwrap_or(1),
+                    class: candidate.class,
                     // Nobody able: no worker to free for it (an empty list would mean any).
                     on: if able.len() == live.len() {
                         Vec::new()

@@ -276,6 +276,7 @@ fn lend_fairly(
             usage: standing.usage,
             held: standing.held,
             jobs: queue.iter().map(|candidate| &candidate.resources).collect(),
+            classes: queue.iter().map(|candidate| candidate.class).collect(),
         })
         .collect();
     let picks = allot(std::slice::from_ref(free), &contenders, policy);

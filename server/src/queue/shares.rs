@@ -41,7 +41,7 @@ pub(super) struct Shares {
     pub reservations: super::reservations::Reservations,
     /// Job slots' time in the records the finish+claim steps stored, by sweep and hour (Unix
     /// ms), not yet in the database: [`keep_looking`] adds it every [`SLOTS_EVERY`] looks.
-    slots: Mutex<HashMap<(SweepId, i64), f64>>,
+    slots: Mutex<BTreeMap<(SweepId, i64), f64>>,
 }
 
 #[derive(Default)]
@@ -94,8 +94,9 @@ impl Shares {
     /// Adds the slot time [`Shares::slot_held`] summed to the database in one unit; kept for
     /// the next time if that fails. The next claim that needs usage reads it again.
     pub async fn add_slot_time(&self, queue: &super::Queue) {
+        // (In key order: two replicas adding the same users' rows lock them in one order.)
         let held: Vec<((SweepId, i64), f64)> = match self.slots.lock() {
-            Ok(mut slots) => slots.drain().collect(),
+            Ok(mut slots) => std::mem::take(&mut *slots).into_iter().collect(),
             Err(_) => return,
         };
         if held.is_empty() {
@@ -336,6 +337,7 @@ impl Shares {
                     usage: usage.get(user).copied().unwrap_or(0.0) + holding.map_or(0.0, |h| h.running_secs),
                     held: holding.map(|holding| holding.held).unwrap_or_default(),
                     jobs: queue.iter().map(|candidate| &candidate.resources).collect(),
+                    classes: queue.iter().map(|candidate| candidate.class).collect(),
                 }
             })
             .collect();

@@ -28,14 +28,27 @@ impl Queue {
             .map_err(|error| ApiError::BadRequest(error.to_string()))
     }
 
+    /// The value of the priority class `sweep` names, as `caller` may submit it: 400 for a
+    /// class the server does not have, 403 for one above the default from someone not an admin.
+    pub fn class_of(&self, sweep: &Sweep, caller: &crate::auth::Caller) -> ApiResult<i64> {
+        let named = sweep.priority_class.as_deref();
+        shared::fair_share::class_value(&self.config.priority_classes, named, caller.admin).map_err(|refused| {
+            match refused {
+                shared::fair_share::ClassRefused::Unknown { .. } => ApiError::BadRequest(refused.to_string()),
+                shared::fair_share::ClassRefused::NotAdmin { .. } => ApiError::Forbidden(refused.to_string()),
+            }
+        })
+    }
+
     /// Stores a parsed sweep and its jobs in one transaction (a large sweep's first jobs, the
     /// others following in the background: see `expansions`), under a name made unique,
-    /// owned by `owner`, with the workspace its jobs run in (see `code`).
+    /// owned by `owner`, in its priority class of value `class` ([`Queue::class_of`]), with the
+    /// workspace its jobs run in (see `code`).
     pub async fn submit(
         &self,
         sweep: Arc<Sweep>,
         source: Arc<String>,
-        (base_name, owner): (String, String),
+        (base_name, owner, class): (String, String, i64),
         workspace: Workspace,
     ) -> ApiResult<Submitted> {
         let form = sweep.form;
@@ -59,7 +72,8 @@ impl Queue {
             .write(move |tx| {
                 Box::pin(async move {
                     let name = db::sweeps::unique_name(tx.conn().await?, &base_name).await?;
-                    let sweep_id = db::sweeps::insert(tx.conn().await?, (&name, &owner), &sweep, &source, now).await?;
+                    let sweep_id =
+                        db::sweeps::insert(tx.conn().await?, (&name, &owner, class), &sweep, &source, now).await?;
                     let count = db::sweep_jobs::insert(tx.conn().await?, sweep_id, &sweep, &prepared, now).await?;
                     super::code::set_workspace(tx, sweep_id, &stored_workspace).await?;
                     search.on_submit(tx, sweep_id, &sweep).await?;

@@ -43,6 +43,7 @@ async fn submit(
     let sweep = state.queue.parse_sweep(source.clone(), query.command.clone()).await?;
     let base_name = sweep.name.clone().or(query.name.clone()).unwrap_or_else(|| "sweep".into());
     check_sweep_name(&base_name).map_err(ApiError::BadRequest)?;
+    let class = state.queue.class_of(&sweep, &caller)?;
     let search = SearchPlan::of(&sweep);
     if query.dry_run {
         // An adaptive sweep shows its first runs: they are drawn before any result is in.
@@ -65,7 +66,7 @@ async fn submit(
     }
     let (form, warnings) = (sweep.form, sweep.warnings.clone());
     let workspace = state.queue.workspace_for(&sweep, &query).await?;
-    let submitted = state.queue.submit(Arc::new(sweep), source, (base_name, caller.name), workspace).await?;
+    let submitted = state.queue.submit(Arc::new(sweep), source, (base_name, caller.name, class), workspace).await?;
     let response = SubmitResponse {
         sweep_id: Some(submitted.sweep_id),
         name: submitted.name,

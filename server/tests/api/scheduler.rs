@@ -139,8 +139,9 @@ async fn room_for_a_job_holding_a_worker_is_made_on_that_worker_alone() {
         |config| {
             config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
             config.tokens.add(Role::Worker, WORKER, "test").unwrap();
-            // Long enough for the hold to be made before any job may be preempted.
-            config.min_runtime = Duration::from_secs(2);
+            // Long enough for the hold to be made before any job may be preempted (the
+            // reservation pass runs after the preemption pass in each reaper tick).
+            config.min_runtime = Duration::from_secs(4);
             config.backfill_after = Duration::ZERO;
             config.reaper_interval = Duration::from_millis(100);
         },
@@ -196,4 +197,67 @@ async fn room_for_a_job_holding_a_worker_is_made_on_that_worker_alone() {
     let mut told = told;
     told.sort_by_key(|at| at.job_id);
     assert_eq!(told, expected);
+}
+
+#[tokio::test]
+async fn a_higher_priority_class_preempts_a_lower_one_whatever_the_shares_and_is_an_admins_to_give() {
+    const BOSS: &str = "sched-boss-token-0123456";
+    let app = TestApp::spawn_secure(
+        |config| {
+            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B},admin:boss:{BOSS}"), "test").unwrap();
+            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
+            config.priority_classes = [("urgent".to_string(), 100), ("low".to_string(), -10)].into();
+            config.min_runtime = Duration::ZERO;
+            config.reaper_interval = Duration::from_millis(100);
+        },
+        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
+    )
+    .await;
+    // Classes: unknown ones are refused, one above the default is an admin's to give, and
+    // anyone may name one below it.
+    let one_gpu = |name: &str, class: &str| {
+        format!("name: {name}\ncommand: \"true\"\npreemptible: true\npriority_class: {class}\nresources: {{gpus: 1}}\n")
+    };
+    let user_b = as_token(&app, USER_B);
+    let unknown = user_b.submit(&one_gpu("x", "high"), &Default::default()).await.unwrap_err();
+    assert_eq!(unknown.status(), Some(400), "{unknown}");
+    assert!(unknown.to_string().contains("this server's are `low`, `urgent`"), "{unknown}");
+    let not_admin = user_b.submit(&one_gpu("x", "urgent"), &Default::default()).await.unwrap_err();
+    assert_eq!(not_admin.status(), Some(403), "{not_admin}");
+    user_b.submit(&one_gpu("later", "low"), &Default::default()).await.unwrap();
+    assert_eq!(app.client.sweep("later").await.unwrap().info.priority_class.as_deref(), Some("low"));
+
+    // user-a and the admin hold two GPUs each of four: each at their share.
+    let worker = as_token(&app, WORKER);
+    let register = RegisterRequest { capacity: Capacity::idle_gpus(4, 4, 24 << 30), ..cpu_worker("box") };
+    let id: WorkerId = worker.register(&register).await.unwrap().worker_id;
+    let boss = as_token(&app, BOSS);
+    app.submit("name: grid-a\ncommand: \"true\"\npreemptible: true\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n").await;
+    boss.submit("name: grid-boss\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n", &Default::default())
+        .await
+        .unwrap();
+    let claim =
+        |gpus: u32| ClaimRequest { capacity: Capacity::idle_gpus(gpus, gpus, 24 << 30), wait_ms: 0, reserve: 0 };
+    let running = worker.claim(id, &claim(4)).await.unwrap().jobs;
+    let grid_a: Vec<&ClaimedJob> = running.iter().filter(|job| job.sweep == "grid-a").collect();
+    assert_eq!((grid_a.len(), running.len()), (2, 4), "{running:?}");
+    // The admin's urgent job: user-a's (class 0) gives way though the admin is at its share.
+    boss.submit(&one_gpu("rush", "urgent"), &Default::default()).await.unwrap();
+    let heartbeat = HeartbeatRequest { running: running.iter().map(attempt).collect(), gpus: Vec::new() };
+    let told = wait_until("the pass orders a preemption", Duration::from_secs(20), || async {
+        let told = worker.heartbeat(id, &heartbeat).await.unwrap();
+        (!told.preempt.is_empty()).then_some(told)
+    })
+    .await;
+    assert_eq!(told.preempt.len(), 1, "{:?}", told.preempt);
+    let stopped = grid_a.iter().find(|job| attempt(job) == told.preempt[0]).expect("one of user-a's");
+    let report = ReportRequest { worker_id: id, attempt: stopped.attempt, outcome: Outcome::Preempted };
+    worker.report(stopped.id, &report).await.unwrap();
+    assert_eq!(
+        app.client.job_attempts(stopped.id).await.unwrap()[0].reason.as_deref(),
+        Some("preempted for boss's sweep rush")
+    );
+    // The freed GPU goes to the urgent job, ahead of user-a (below its share now) and user-b.
+    let freed = worker.claim(id, &claim(1)).await.unwrap().jobs;
+    assert_eq!(freed.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["rush"]);
 }

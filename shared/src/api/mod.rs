@@ -128,6 +128,9 @@ pub struct SweepInfo {
     /// A worker held for one of its queued jobs of several GPUs (backfill), while one is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved: Option<Reserved>,
+    /// The priority class it named (`[server.priority_classes]`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
 }
 
 /// A worker held for a queued job of several GPUs: its GPUs go to that job once enough are

@@ -1,5 +1,5 @@
 //! The keys the native and W&B forms share: `name`, `description`, `resources`, `metric`,
-//! `priority`, `preemptible`, `retries`, `timeout`, `max_initial_failures`, `max_consecutive_failures`, and
+//! `priority`, `priority_class`, `preemptible`, `retries`, `timeout`, `max_initial_failures`, `max_consecutive_failures`, and
 //! where and how jobs run (`code`, `workdir`, `env`, `setup`, `capture`, `metrics_regex`, read
 //! by [`super::environment`]).
 
@@ -11,12 +11,13 @@ use super::read::{self, describe, get};
 use super::{Goal, Metric, Resources};
 
 /// The keys every form with sweep keys accepts.
-pub(crate) const SHARED_KEYS: [&str; 16] = [
+pub(crate) const SHARED_KEYS: [&str; 17] = [
     "name",
     "description",
     "resources",
     "metric",
     "priority",
+    "priority_class",
     "preemptible",
     "retries",
     "timeout",
@@ -39,6 +40,8 @@ pub(crate) struct Settings {
     pub metric_target: Option<f64>,
     pub resources: Resources,
     pub priority: i64,
+    /// The server's priority class its jobs are in (`[server.priority_classes]`), if it names one.
+    pub priority_class: Option<String>,
     /// Whether the scheduler may stop its jobs for another user's (`None`: the server's default).
     pub preemptible: Option<bool>,
     pub retries: u32,
@@ -67,6 +70,13 @@ pub(crate) fn parse_settings(root: &Mapping) -> Result<Settings, SweepError> {
     }
     if let Some(value) = get(root, "priority") {
         settings.priority = read::integer_in(value, "priority", i64::MIN.into(), i64::MAX.into(), "an integer")?;
+    }
+    if let Some(value) = get(root, "priority_class") {
+        let class = read::string(value, "priority_class")?;
+        crate::names::check_user_name(&class).map_err(|_| {
+            invalid("priority_class", format!("`{class}` is not a class name: 1 to 32 of a-z, 0-9, `_`, `.` and `-`"))
+        })?;
+        settings.priority_class = Some(class);
     }
     if let Some(value) = get(root, "preemptible") {
         settings.preemptible = Some(read::boolean(value, "preemptible")?);
@@ -218,6 +228,16 @@ mod tests {
         assert_eq!(parsed.metric, Some(Metric { name: "acc".into(), goal: Goal::Maximize }));
         assert_eq!(settings("metric: {name: acc, target: 0.99}").unwrap().metric_target, Some(0.99));
         assert_eq!((parsed.priority, parsed.retries, parsed.timeout_secs), (-3, 2, Some(5400)));
+    }
+
+    #[test]
+    fn a_priority_class_is_a_name_the_server_resolves() {
+        assert_eq!(settings("name: n").unwrap().priority_class, None);
+        assert_eq!(settings("priority_class: urgent").unwrap().priority_class.as_deref(), Some("urgent"));
+        for bad in ["priority_class: Urgent", "priority_class: 3", "priority_class: ''", "priority_class: [a]"] {
+            let error = settings(bad).unwrap_err();
+            assert!(matches!(&error, SweepError::Invalid { path, .. } if path == "priority_class"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -166,6 +166,9 @@ pub struct Sweep {
     pub metric_target: Option<f64>,
     pub resources: Resources,
     pub priority: i64,
+    /// The server's priority class (`[server.priority_classes]`) its jobs are in, if named:
+    /// across users, a higher class goes first and may preempt lower ones.
+    pub priority_class: Option<String>,
     /// Whether the scheduler may stop its jobs (SIGTERM, then requeue to resume from their
     /// checkpoints) to give their GPUs to a user below their share; `None`: the server decides.
     pub preemptible: Option<bool>,
@@ -267,6 +270,7 @@ impl Sweep {
             metric_target,
             resources,
             priority,
+            priority_class,
             preemptible,
             retries,
             timeout_secs,
@@ -280,6 +284,7 @@ impl Sweep {
             metric_target,
             resources,
             priority,
+            priority_class,
             preemptible,
             retries,
             timeout_secs,
