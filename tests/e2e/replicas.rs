@@ -31,6 +31,33 @@ fn replica_with(port: u16, data_dir: &std::path::Path, database: &str, log: &std
     child
 }
 
+/// What a replica started with `config` says as it refuses to start; fails the test if it
+/// starts instead (killed, so that the test ends rather than waits on a serving replica).
+fn refused_start(config: &std::path::Path, data_dir: &std::path::Path, database: &str) -> String {
+    let mut replica = app()
+        .args(["--server-only", "--bind", &format!("127.0.0.1:{}", free_port()), "--config"])
+        .arg(config)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--database-url", database])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while replica.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = replica.kill();
+            let _ = replica.wait();
+            panic!("the replica started (or hung) instead of refusing to");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let output = replica.wait_with_output().unwrap();
+    assert!(!output.status.success(), "the replica started");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 /// Each of `jobs` jobs left exactly one line (its index) in `ran`: it ran once, whatever its
 /// attempts say.
 fn assert_each_ran_once(ran: &std::path::Path, jobs: usize) {
@@ -232,16 +259,7 @@ async fn a_replica_with_other_scheduler_settings_than_the_running_ones_is_refuse
     // Another minimum runtime: refused at start, naming the group it is in.
     let config = logs.path().join("b.toml");
     std::fs::write(&config, "[server]\nmin_runtime_secs = 600\n").unwrap();
-    let refused = app()
-        .args(["--server-only", "--bind", &format!("127.0.0.1:{}", free_port()), "--config"])
-        .arg(&config)
-        .arg("--data-dir")
-        .arg(shared.path())
-        .args(["--database-url", &pg.url])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let said = String::from_utf8_lossy(&refused.stderr);
+    let said = refused_start(&config, shared.path(), &pg.url);
     assert!(said.contains("other scheduler settings in its [server] table (preemption and backfill:"), "{said}");
     assert!(!said.contains("the quotas"), "{said}");
     // The same settings are fine.
@@ -263,16 +281,7 @@ async fn a_replica_with_another_lease_than_the_running_ones_is_refused_naming_bo
     // Another lease: refused at start, saying both.
     let config = logs.path().join("b.toml");
     std::fs::write(&config, "[server]\nlease_secs = 30\n").unwrap();
-    let refused = app()
-        .args(["--server-only", "--bind", &format!("127.0.0.1:{}", free_port()), "--config"])
-        .arg(&config)
-        .arg("--data-dir")
-        .arg(shared.path())
-        .args(["--database-url", &pg.url])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let said = String::from_utf8_lossy(&refused.stderr);
+    let said = refused_start(&config, shared.path(), &pg.url);
     assert!(said.contains("runs with lease_secs = 20, this one with lease_secs = 30"), "{said}");
     // The same lease is fine.
     let mut c = replica_with(free_port(), shared.path(), &pg.url, &logs.path().join("c.log"), "lease_secs = 20\n");

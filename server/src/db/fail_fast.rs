@@ -51,10 +51,17 @@ pub async fn failures(conn: impl Into<Conn<'_>>, sweep_id: SweepId) -> sql::Resu
         let last_success: Option<i64> = sweep.get_as("last_success")?;
         let resumed_at: Option<i64> = sweep.get_as("resumed_at")?;
         // After the last success, and from the resume on (a failure the writer applied after
-        // the resume may share its millisecond).
+        // the resume may share its millisecond). A failure in the last success's millisecond
+        // counts when its transition was recorded after the success's (`job_events` ids follow
+        // the writes): jobs that end together, or a test's, share milliseconds.
         let rows = sql::query(
             "SELECT id, attempt, exit_code, reason FROM jobs
-             WHERE sweep_id = $1 AND status = 'failed' AND finished_at > $2 AND finished_at >= $3
+             WHERE sweep_id = $1 AND status = 'failed' AND finished_at >= $3
+               AND (finished_at > $2 OR (finished_at = $2
+                    AND (SELECT max(e.id) FROM job_events e WHERE e.job_id = jobs.id AND e.to_status = 'failed')
+                      > (SELECT max(e.id) FROM jobs s JOIN job_events e ON e.job_id = s.id
+                         WHERE s.sweep_id = $1 AND s.status = 'succeeded' AND s.finished_at = $2
+                           AND e.to_status = 'succeeded')))
              ORDER BY finished_at DESC, id DESC LIMIT $4",
         )
         .bind(sweep_id.get())
@@ -130,4 +137,31 @@ pub async fn resume(conn: impl Into<Conn<'_>>, sweep_id: SweepId, now: i64) -> s
         super::sweep_jobs::hold_last_while_expanding(&mut *conn, sweep_id).await?;
         Ok(true)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failure_in_the_last_successs_millisecond_counts_only_if_it_came_after() {
+        let directory = tempfile::tempdir().unwrap();
+        let db = crate::db::Db::open(directory.path()).await.unwrap();
+        // Job 4 fails, job 1 succeeds, jobs 2 and 3 fail: all in millisecond 1000.
+        let setup = "INSERT INTO sweeps (id, name, form, source, job_count, created_at, max_consecutive_failures)
+                 VALUES (1, 's', 'native', '', 4, 0, 3);
+             INSERT INTO jobs (id, sweep_id, idx, params, command, priority, created_at) VALUES
+                 (1, 1, 0, '{}', 'true', 0, 0), (2, 1, 1, '{}', 'true', 0, 0),
+                 (3, 1, 2, '{}', 'true', 0, 0), (4, 1, 3, '{}', 'true', 0, 0);
+             UPDATE jobs SET status = 'failed', finished_at = 1000 WHERE id = 4;
+             UPDATE jobs SET status = 'succeeded', finished_at = 1000 WHERE id = 1;
+             UPDATE jobs SET status = 'failed', finished_at = 1000 WHERE id = 2;
+             UPDATE jobs SET status = 'failed', finished_at = 1000 WHERE id = 3;";
+        db.sqlite_connection().unwrap().unwrap().execute_batch(setup).unwrap();
+        let mut reader = db.reader.acquire().await.unwrap();
+        let failures = failures(reader.conn(), SweepId::new(1)).await.unwrap().unwrap();
+        let jobs: Vec<i64> = failures.failed_in_a_row.iter().map(|run| run.job.get()).collect();
+        assert_eq!(jobs, [3, 2], "after the success, not before");
+        assert!(failures.any_succeeded);
+    }
 }
