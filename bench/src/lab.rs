@@ -24,16 +24,23 @@ pub struct BenchLabArgs {
     /// Seed of the jobs' lengths.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Run the trace through real processes instead (a server, 4 workers of 8 fake GPUs, real
+    /// jobs that checkpoint), FIFO against fair share with preemption and reservations.
+    #[arg(long)]
+    pub live: bool,
+    /// With --live: simulated seconds per real second (60: the 2 hours in about 4 minutes).
+    #[arg(long, default_value_t = 60.0)]
+    pub speed: f64,
 }
 
-const STEP: i64 = 10_000;
-const MIN: i64 = 60_000;
-const WORKERS: usize = 4;
-const GPUS: u32 = 8;
-const CHECKPOINT: i64 = 5 * MIN;
-const MIN_RUNTIME: i64 = 10 * MIN;
-const BACKFILL_AFTER: i64 = 15 * MIN;
-const USERS: [&str; 6] = ["ana", "ben", "cai", "dee", "eli", "fay"];
+pub(crate) const STEP: i64 = 10_000;
+pub(crate) const MIN: i64 = 60_000;
+pub(crate) const WORKERS: usize = 4;
+pub(crate) const GPUS: u32 = 8;
+pub(crate) const CHECKPOINT: i64 = 5 * MIN;
+pub(crate) const MIN_RUNTIME: i64 = 10 * MIN;
+pub(crate) const BACKFILL_AFTER: i64 = 15 * MIN;
+pub(crate) const USERS: [&str; 6] = ["ana", "ben", "cai", "dee", "eli", "fay"];
 
 /// A sweep: its user, when it arrives, how many jobs of how many GPUs and minutes.
 struct Sweep {
@@ -58,12 +65,12 @@ fn trace() -> Vec<Sweep> {
 }
 
 #[derive(Debug, Clone)]
-struct Job {
-    user: usize,
-    gpus: u32,
-    work: i64,
-    timeout: i64,
-    submitted: i64,
+pub(crate) struct Job {
+    pub(crate) user: usize,
+    pub(crate) gpus: u32,
+    pub(crate) work: i64,
+    pub(crate) timeout: i64,
+    pub(crate) submitted: i64,
     /// Progress kept by the last checkpoint (what a next attempt resumes from).
     saved: i64,
     started: Option<i64>,
@@ -112,16 +119,16 @@ impl Mode {
 }
 
 /// What one policy's run measured.
-struct Outcome {
+pub(crate) struct Outcome {
     /// Per user, each job's wait from submission to its first start (ms).
-    waits: Vec<Vec<i64>>,
+    pub(crate) waits: Vec<Vec<i64>>,
     /// Per step, each user's GPUs in use, and whether they had work queued.
-    used: Vec<Vec<u32>>,
-    backlogged: Vec<Vec<bool>>,
-    idle_while_waiting: f64,
-    lost_fraction: f64,
-    preemptions: usize,
-    makespan_min: f64,
+    pub(crate) used: Vec<Vec<u32>>,
+    pub(crate) backlogged: Vec<Vec<bool>>,
+    pub(crate) idle_while_waiting: f64,
+    pub(crate) lost_fraction: f64,
+    pub(crate) preemptions: usize,
+    pub(crate) makespan_min: f64,
 }
 
 /// A small deterministic generator (no dependency): lengths within +-20%.
@@ -134,7 +141,7 @@ impl Lcg {
     }
 }
 
-fn jobs(seed: u64) -> Vec<Job> {
+pub(crate) fn jobs(seed: u64) -> Vec<Job> {
     let mut random = Lcg(seed);
     let mut jobs = Vec::new();
     for sweep in trace() {
@@ -425,32 +432,39 @@ fn share_error(outcome: &Outcome) -> f64 {
 }
 
 pub async fn run(args: BenchLabArgs) -> anyhow::Result<()> {
+    if args.live {
+        return crate::lab_live::run(&args).await;
+    }
     println!(
         "simulated lab: {WORKERS} workers x {GPUS} GPUs, {} users, 2 hours of arrivals (seed {})",
         USERS.len(),
         args.seed
     );
     for mode in [Mode::Fifo, Mode::Fair, Mode::FairReserve, Mode::FairPreemptReserve] {
-        let outcome = simulate(mode, args.seed);
-        println!("\n{}", mode.name());
-        println!(
-            "  share error {:.3} (mean |share - 1/n| over 30-min windows), GPUs idle while work waits {:.1}%, \
-             work lost to preemption {:.2}% ({} preemptions), all done at {:.0} min",
-            share_error(&outcome),
-            outcome.idle_while_waiting * 100.0,
-            outcome.lost_fraction * 100.0,
-            outcome.preemptions,
-            outcome.makespan_min
-        );
-        for (user, waits) in outcome.waits.iter().enumerate() {
-            println!(
-                "  {:<4} {:>4} jobs  wait p50 {:>6.1} min  p95 {:>6.1} min",
-                USERS[user],
-                waits.len(),
-                percentile_min(waits, 0.5),
-                percentile_min(waits, 0.95)
-            );
-        }
+        print_outcome(mode.name(), &simulate(mode, args.seed));
     }
     Ok(())
+}
+
+/// Prints what one policy's run measured.
+pub(crate) fn print_outcome(name: &str, outcome: &Outcome) {
+    println!("\n{name}");
+    println!(
+        "  share error {:.3} (mean |share - 1/n| over 30-min windows), GPUs idle while work waits {:.1}%, \
+         work lost to preemption {:.2}% ({} preemptions), all done at {:.0} min",
+        share_error(outcome),
+        outcome.idle_while_waiting * 100.0,
+        outcome.lost_fraction * 100.0,
+        outcome.preemptions,
+        outcome.makespan_min
+    );
+    for (user, waits) in outcome.waits.iter().enumerate() {
+        println!(
+            "  {:<4} {:>4} jobs  wait p50 {:>6.1} min  p95 {:>6.1} min",
+            USERS[user],
+            waits.len(),
+            percentile_min(waits, 0.5),
+            percentile_min(waits, 0.95)
+        );
+    }
 }

@@ -10,6 +10,7 @@
 mod capture;
 mod code;
 mod lab;
+mod lab_live;
 mod load;
 mod page;
 mod queue;
