@@ -213,6 +213,8 @@ async fn one_policy(fair: bool, args: &BenchLabArgs) -> anyhow::Result<Outcome> 
     let step = real(STEP, speed);
     let cap = started + real(12 * 60 * MIN, speed);
     let mut tick = tokio::time::interval(step);
+    // A slow listing delays the samples after it rather than bunching them up.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let sweeps = observer.sweeps().await?;

@@ -495,7 +495,7 @@ impl ServerConfig {
                     )
                 })?;
                 match value {
-                    ClassValue::Integer(value) if value.abs() <= MAX_CLASS_VALUE => {
+                    ClassValue::Integer(value) if (-MAX_CLASS_VALUE..=MAX_CLASS_VALUE).contains(value) => {
                         self.priority_classes.insert(class.clone(), *value);
                     }
                     _ => anyhow::bail!(

@@ -370,6 +370,17 @@ mod tests {
             job.class = 10;
         }
         assert_eq!(victims(need(10), &cluster, &Policy::default(), NOW, MIN), None);
+        for job in cluster.running.iter_mut() {
+            job.class = 20;
+        }
+        assert_eq!(victims(need(10), &cluster, &Policy::default(), NOW, MIN), None, "a higher class");
+        // Even below its share (user-b holds nothing here), never from a higher class.
+        let mut higher = busy();
+        for job in higher.running.iter_mut() {
+            job.class = 20;
+        }
+        assert_eq!(victims(need(10), &higher, &Policy::default(), NOW, MIN), None);
+        assert!(victims(need(20), &higher, &Policy::default(), NOW, MIN).is_some(), "its own class, by the shares");
         // Guards still hold: a lower class under the minimum runtime is kept.
         for job in cluster.running.iter_mut() {
             (job.class, job.started_at) = (0, NOW - MIN + 1);

@@ -35,22 +35,24 @@ pub async fn add(conn: impl Into<Conn<'_>>, job: JobId, at: i64, charge: Charge)
     })
 }
 
-/// Adds job slots' time held by jobs of `sweep` to its owner's hour `hour_at` (Unix ms, on the
-/// hour): the finish+claim steps' records, summed in memory (`queue::shares`).
-pub async fn add_slots_of_sweep(
-    conn: impl Into<Conn<'_>>,
-    sweep: SweepId,
-    hour_at: i64,
-    slot_seconds: f64,
-) -> sql::Result<()> {
+/// The owner of `sweep`, if it is still there.
+pub async fn owner_of_sweep(conn: impl Into<Conn<'_>>, sweep: SweepId) -> sql::Result<Option<String>> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sql::query_scalar("SELECT owner FROM sweeps WHERE id = $1").bind(sweep.get()).fetch_optional(&mut *conn).await
+    })
+}
+
+/// Adds job slots' time held by `owner`'s jobs to their hour `hour_at` (Unix ms, on the hour):
+/// the finish+claim steps' records, summed in memory (`queue::shares`).
+pub async fn add_slots(conn: impl Into<Conn<'_>>, owner: &str, hour_at: i64, slot_seconds: f64) -> sql::Result<()> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
         sql::query(
-            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds, slot_seconds)
-             SELECT owner, $2, 0.0, $3 FROM sweeps WHERE id = $1
+            "INSERT INTO user_gpu_usage (owner, hour_at, gpu_seconds, slot_seconds) VALUES ($1, $2, 0.0, $3)
              ON CONFLICT (hour_at, owner) DO UPDATE SET slot_seconds = user_gpu_usage.slot_seconds + excluded.slot_seconds",
         )
-        .bind(sweep.get())
+        .bind(owner)
         .bind(hour_at - hour_at.rem_euclid(HOUR_MS))
         .bind(slot_seconds)
         .execute(&mut *conn)

@@ -94,7 +94,6 @@ impl Shares {
     /// Adds the slot time [`Shares::slot_held`] summed to the database in one unit; kept for
     /// the next time if that fails. The next claim that needs usage reads it again.
     pub async fn add_slot_time(&self, queue: &super::Queue) {
-        // (In key order: two replicas adding the same users' rows lock them in one order.)
         let held: Vec<((SweepId, i64), f64)> = match self.slots.lock() {
             Ok(mut slots) => std::mem::take(&mut *slots).into_iter().collect(),
             Err(_) => return,
@@ -106,8 +105,17 @@ impl Shares {
         let added = queue
             .write(move |tx| {
                 Box::pin(async move {
+                    // By (hour, owner): the rows written, in one order on every replica (two
+                    // replicas' units locking the same rows in opposite orders would deadlock).
+                    let mut rows: BTreeMap<(i64, String), f64> = BTreeMap::new();
                     for ((sweep, hour_at), seconds) in adding {
-                        db::usage::add_slots_of_sweep(tx.conn().await?, sweep, hour_at, seconds).await?;
+                        // (A sweep removed since has no owner left to charge.)
+                        if let Some(owner) = db::usage::owner_of_sweep(tx.conn().await?, sweep).await? {
+                            *rows.entry((hour_at, owner)).or_default() += seconds;
+                        }
+                    }
+                    for ((hour_at, owner), seconds) in rows {
+                        db::usage::add_slots(tx.conn().await?, &owner, hour_at, seconds).await?;
                     }
                     Ok(())
                 })
