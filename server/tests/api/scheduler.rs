@@ -20,25 +20,38 @@ fn as_token(app: &TestApp, token: &str) -> Client {
     Client::with_options(&app.url, &ClientOptions { token: Some(token.into()), ca_pem: None }).unwrap()
 }
 
+/// A server with users `user-a` (its own client) and `user-b` and a worker token, preempting
+/// at once (no minimum runtime, a pass every 100 ms), set up further by `tweak`.
+async fn lab(tweak: impl FnOnce(&mut server::config::ServerConfig)) -> TestApp {
+    TestApp::spawn_secure(
+        |config| {
+            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
+            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
+            config.min_runtime = Duration::ZERO;
+            config.reaper_interval = Duration::from_millis(100);
+            tweak(config);
+        },
+        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
+    )
+    .await
+}
+
+/// The worker's client and a worker `name` of `gpus` GPUs registered with it.
+async fn register(app: &TestApp, name: &str, gpus: u32) -> (Client, WorkerId) {
+    let worker = as_token(app, WORKER);
+    let register = RegisterRequest { capacity: Capacity::idle_gpus(gpus, gpus, 24 << 30), ..cpu_worker(name) };
+    let id = worker.register(&register).await.unwrap().worker_id;
+    (worker, id)
+}
+
 fn attempt(job: &ClaimedJob) -> JobAttempt {
     JobAttempt { job_id: job.id, attempt: job.attempt }
 }
 
 #[tokio::test]
 async fn a_user_below_their_share_gets_the_gpus_of_preemptible_jobs_only() {
-    let app = TestApp::spawn_secure(
-        |config| {
-            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
-            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
-            config.min_runtime = Duration::ZERO;
-            config.reaper_interval = Duration::from_millis(100);
-        },
-        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
-    )
-    .await;
-    let worker = as_token(&app, WORKER);
-    let register = RegisterRequest { capacity: Capacity::idle_gpus(4, 4, 24 << 30), ..cpu_worker("box") };
-    let id: WorkerId = worker.register(&register).await.unwrap().worker_id;
+    let app = lab(|_| {}).await;
+    let (worker, id) = register(&app, "box", 4).await;
     // user-a: two jobs whose sweep forbids preemption, two that leave it to the server.
     app.submit("name: kept\ncommand: \"true\"\npreemptible: false\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n").await;
     app.submit("name: grid-a\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n").await;
@@ -88,19 +101,8 @@ async fn a_user_below_their_share_gets_the_gpus_of_preemptible_jobs_only() {
 
 #[tokio::test]
 async fn the_job_that_checkpointed_last_is_preempted_before_the_youngest() {
-    let app = TestApp::spawn_secure(
-        |config| {
-            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
-            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
-            config.min_runtime = Duration::ZERO;
-            config.reaper_interval = Duration::from_millis(100);
-        },
-        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
-    )
-    .await;
-    let worker = as_token(&app, WORKER);
-    let register = RegisterRequest { capacity: Capacity::idle_gpus(3, 3, 24 << 30), ..cpu_worker("box") };
-    let id: WorkerId = worker.register(&register).await.unwrap().worker_id;
+    let app = lab(|_| {}).await;
+    let (worker, id) = register(&app, "box", 3).await;
     app.submit("name: grid-a\ncommand: \"true\"\npreemptible: true\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n")
         .await;
     // Started one after the other: the first is the oldest.
@@ -135,18 +137,12 @@ async fn the_job_that_checkpointed_last_is_preempted_before_the_youngest() {
 
 #[tokio::test]
 async fn room_for_a_job_holding_a_worker_is_made_on_that_worker_alone() {
-    let app = TestApp::spawn_secure(
-        |config| {
-            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B}"), "test").unwrap();
-            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
-            // Long enough for the hold to be made before any job may be preempted (the
-            // reservation pass runs after the preemption pass in each reaper tick).
-            config.min_runtime = Duration::from_secs(4);
-            config.backfill_after = Duration::ZERO;
-            config.reaper_interval = Duration::from_millis(100);
-        },
-        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
-    )
+    let app = lab(|config| {
+        // Long enough for the hold to be made before any job may be preempted (the
+        // reservation pass runs after the preemption pass in each reaper tick).
+        config.min_runtime = Duration::from_secs(4);
+        config.backfill_after = Duration::ZERO;
+    })
     .await;
     let worker = as_token(&app, WORKER);
     let two_gpus = Capacity::idle_gpus(2, 2, 24 << 30);
@@ -202,16 +198,10 @@ async fn room_for_a_job_holding_a_worker_is_made_on_that_worker_alone() {
 #[tokio::test]
 async fn a_higher_priority_class_preempts_a_lower_one_whatever_the_shares_and_is_an_admins_to_give() {
     const BOSS: &str = "sched-boss-token-0123456";
-    let app = TestApp::spawn_secure(
-        |config| {
-            config.tokens.add_users(&format!("user-a:{USER_A},user-b:{USER_B},admin:boss:{BOSS}"), "test").unwrap();
-            config.tokens.add(Role::Worker, WORKER, "test").unwrap();
-            config.priority_classes = [("urgent".to_string(), 100), ("low".to_string(), -10)].into();
-            config.min_runtime = Duration::ZERO;
-            config.reaper_interval = Duration::from_millis(100);
-        },
-        ClientOptions { token: Some(USER_A.into()), ca_pem: None },
-    )
+    let app = lab(|config| {
+        config.tokens.add_users(&format!("admin:boss:{BOSS}"), "test").unwrap();
+        config.priority_classes = [("urgent".to_string(), 100), ("low".to_string(), -10)].into();
+    })
     .await;
     // Classes: unknown ones are refused, one above the default is an admin's to give, and
     // anyone may name one below it.
@@ -228,9 +218,7 @@ async fn a_higher_priority_class_preempts_a_lower_one_whatever_the_shares_and_is
     assert_eq!(app.client.sweep("later").await.unwrap().info.priority_class.as_deref(), Some("low"));
 
     // user-a and the admin hold two GPUs each of four: each at their share.
-    let worker = as_token(&app, WORKER);
-    let register = RegisterRequest { capacity: Capacity::idle_gpus(4, 4, 24 << 30), ..cpu_worker("box") };
-    let id: WorkerId = worker.register(&register).await.unwrap().worker_id;
+    let (worker, id) = register(&app, "box", 4).await;
     let boss = as_token(&app, BOSS);
     app.submit("name: grid-a\ncommand: \"true\"\npreemptible: true\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n").await;
     boss.submit("name: grid-boss\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1]}\n", &Default::default())
