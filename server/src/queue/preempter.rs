@@ -136,8 +136,9 @@ impl Queue {
             limit: total_gpus.saturating_mul(4).min(MAX_READ),
         };
         // A held worker's GPUs go to the job it is held for (decision 0080): room is made there
-        // for that job alone, and for that job nowhere else.
-        let holds = db::reservations::all(self.reader()).await?;
+        // for that job alone, and for that job nowhere else. (The holds as the claims see them:
+        // looked at every second, and stored by the reservation pass that runs after this one.)
+        let holds = self.shares.reservations.current();
         let may_free = |worker: WorkerId, job: JobId| match holds.iter().find(|hold| hold.job == job) {
             Some(hold) => hold.worker == worker,
             None => holds.iter().all(|hold| hold.worker != worker),
