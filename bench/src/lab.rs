@@ -9,10 +9,13 @@
 //! simulated in 10-second steps (no server, no processes: claim latency is `app-bench
 //! shares`'s). Prints each user's share of GPU time against an equal share over sliding
 //! 30-minute windows, queue waits, the GPUs idle while work waits, and the work preemption
-//! lost. Asserts nothing.
+//! lost. A preempted job stops as its worker stops it: right after its next checkpoint when
+//! that is due within half the grace (`checkpoint_wait`, decision 0088), else at once, losing
+//! what it did since its last one. Asserts nothing.
 
 use clap::Args;
 use shared::backfill::{self, Busy, Worker};
+use shared::checkpoint_wait;
 use shared::fair_share::{allot, Contender, Held, Policy};
 use shared::placement::Capacity;
 use shared::preemption::{plan, Cluster, Queued, Running};
@@ -40,6 +43,8 @@ pub(crate) const GPUS: u32 = 8;
 pub(crate) const CHECKPOINT: i64 = 5 * MIN;
 pub(crate) const MIN_RUNTIME: i64 = 10 * MIN;
 pub(crate) const BACKFILL_AFTER: i64 = 15 * MIN;
+/// The server's default `preempt_grace_secs`.
+pub(crate) const PREEMPT_GRACE: i64 = 2 * MIN;
 pub(crate) const USERS: [&str; 6] = ["ana", "ben", "cai", "dee", "eli", "fay"];
 
 /// A sweep: its user, when it arrives, how many jobs of how many GPUs and minutes.
@@ -78,6 +83,8 @@ pub(crate) struct Job {
     worker: usize,
     done: bool,
     preempted_at: Vec<i64>,
+    /// Ordered to stop: when it will (at its next checkpoint).
+    stop_at: Option<i64>,
     resources: Resources,
 }
 
@@ -97,6 +104,32 @@ impl Job {
     fn checkpointed(&self, now: i64) -> i64 {
         self.saved + self.started.map_or(0, |at| (now - at) / CHECKPOINT * CHECKPOINT)
     }
+
+    /// Ordered to stop at `now`: at once, or (as its worker would, seeing its last two saves)
+    /// one step after its next checkpoint when that is due within `wait` (half the grace).
+    fn order_stop(&mut self, now: i64, wait: i64, free: &mut [u32; WORKERS]) -> i64 {
+        self.preempted_at.push(now);
+        let saves: Vec<i64> = match self.started {
+            Some(at) => (1..=(now - at) / CHECKPOINT).map(|k| at + k * CHECKPOINT).collect(),
+            None => Vec::new(),
+        };
+        match (checkpoint_wait::wait_until(&saves, now, wait), saves.last()) {
+            (Some(_), Some(last)) => {
+                self.stop_at = Some(last + CHECKPOINT + STEP);
+                0
+            }
+            _ => self.stop(now, free),
+        }
+    }
+
+    /// Stops now: returns the GPU-ms lost since its last checkpoint.
+    fn stop(&mut self, now: i64, free: &mut [u32; WORKERS]) -> i64 {
+        let kept = self.checkpointed(now);
+        let lost = (self.progress(now) - kept) * i64::from(self.gpus);
+        (self.saved, self.started, self.stop_at) = (kept, None, None);
+        free[self.worker] += self.gpus;
+        lost
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +138,8 @@ enum Mode {
     Fair,
     FairReserve,
     FairPreemptReserve,
+    /// The same, each preempted job stopped at once (before decision 0088).
+    FairPreemptReserveAtOnce,
 }
 
 impl Mode {
@@ -114,6 +149,7 @@ impl Mode {
             Mode::Fair => "fair share at claim time",
             Mode::FairReserve => "fair share + reservations",
             Mode::FairPreemptReserve => "fair share + preemption + reservations",
+            Mode::FairPreemptReserveAtOnce => "the same, each preempted job stopped at once (before 2026-11-29)",
         }
     }
 }
@@ -159,6 +195,7 @@ pub(crate) fn jobs(seed: u64) -> Vec<Job> {
                 worker: 0,
                 done: false,
                 preempted_at: Vec::new(),
+                stop_at: None,
                 resources: Resources { gpus: Some(sweep.gpus), ..Resources::default() },
             });
         }
@@ -178,16 +215,20 @@ fn simulate(mode: Mode, seed: u64) -> Outcome {
     let mut held: BTreeMap<usize, (usize, Option<i64>)> = BTreeMap::new(); // worker -> (job, starts_at)
     let mut now = 0;
     while jobs.iter().any(|job| !job.done) && now < 24 * 60 * MIN {
-        // Jobs that end.
+        // Jobs that end, and jobs preempted that stop now (after their checkpoint).
         for job in jobs.iter_mut().filter(|job| job.started.is_some() && job.progress(now) >= job.work) {
             free[job.worker] += job.gpus;
-            (job.started, job.done) = (None, true);
+            (job.started, job.done, job.stop_at) = (None, true, None);
+        }
+        for job in jobs.iter_mut().filter(|job| job.stop_at.is_some_and(|at| at <= now)) {
+            lost += job.stop(now, &mut free);
         }
         let queued = |job: &Job| !job.done && job.started.is_none() && job.submitted <= now;
-        if mode == Mode::FairPreemptReserve {
-            preemptions += preempt(&mut jobs, &mut free, &usage, &policy, now, &mut lost);
+        if matches!(mode, Mode::FairPreemptReserve | Mode::FairPreemptReserveAtOnce) {
+            let wait = if mode == Mode::FairPreemptReserve { PREEMPT_GRACE / 2 } else { 0 };
+            preemptions += preempt(&mut jobs, &mut free, (&usage, &policy), (now, wait), &mut lost, &held);
         }
-        if matches!(mode, Mode::FairReserve | Mode::FairPreemptReserve) {
+        if mode != Mode::Fifo && mode != Mode::Fair {
             reserve(&jobs, &free, &mut held, now);
         }
         // Claims: each worker with free GPUs, in turn (`free` changes as they claim).
@@ -306,20 +347,22 @@ fn choose(
     allot(&[capacity], &contenders, policy).into_iter().map(|pick| per_user[users[pick.user]][pick.job]).collect()
 }
 
-/// One preemption pass: the orders `plan` gives, applied at once (the jobs save on SIGTERM
-/// only what their last checkpoint kept: the rest is lost); returns how many.
+/// One preemption pass: the orders `plan` gives, each job stopped as its worker would (the
+/// jobs save on SIGTERM only what their last checkpoint kept: the rest is lost); returns how
+/// many. As the server's pass: jobs ordered count as gone and their GPUs as free, and a held
+/// worker is freed only for the job it is held for, that job nowhere else (decision 0080).
 fn preempt(
     jobs: &mut [Job],
     free: &mut [u32; WORKERS],
-    usage: &[f64],
-    policy: &Policy,
-    now: i64,
+    (usage, policy): (&[f64], &Policy),
+    (now, wait): (i64, i64),
     lost: &mut i64,
+    held: &BTreeMap<usize, (usize, Option<i64>)>,
 ) -> usize {
     let running: Vec<Running<'_>> = jobs
         .iter()
         .enumerate()
-        .filter(|(_, job)| job.started.is_some())
+        .filter(|(_, job)| job.started.is_some() && job.stop_at.is_none())
         .map(|(i, job)| Running {
             job: i as u64,
             user: USERS[job.user],
@@ -337,14 +380,25 @@ fn preempt(
         jobs.iter().enumerate().filter(|(_, job)| !job.done && job.started.is_none() && job.submitted <= now)
     {
         if queues[job.user].len() < (GPUS as usize * WORKERS) {
-            let queued = Queued { job: i as u64, user: USERS[job.user], gpus: job.gpus, on: Vec::new(), class: 0 };
+            let on: Vec<u64> = match held.iter().find(|(_, (held_job, _))| *held_job == i) {
+                Some((worker, _)) => vec![*worker as u64],
+                None if held.is_empty() => Vec::new(),
+                None => (0..WORKERS).filter(|worker| !held.contains_key(worker)).map(|worker| worker as u64).collect(),
+            };
+            let on = if on.is_empty() && !held.is_empty() { vec![u64::MAX] } else { on };
+            let queued = Queued { job: i as u64, user: USERS[job.user], gpus: job.gpus, on, class: 0 };
             queues[job.user].push(queued);
         }
     }
     let waiting: Vec<&str> = queues.iter().filter_map(|queue| queue.first().map(|q| q.user)).collect();
     let usage_by: BTreeMap<&str, f64> = USERS.iter().zip(usage).map(|(user, usage)| (*user, *usage)).collect();
     let cluster = Cluster {
-        free: free.iter().enumerate().map(|(worker, gpus)| (worker as u64, *gpus)).collect(),
+        free: (0..WORKERS)
+            .map(|worker| {
+                let stopping = jobs.iter().filter(|job| job.stop_at.is_some() && job.worker == worker);
+                (worker as u64, free[worker] + stopping.map(|job| job.gpus).sum::<u32>())
+            })
+            .collect(),
         running,
         waiting,
         total_gpus: GPUS * WORKERS as u32,
@@ -354,13 +408,7 @@ fn preempt(
     let orders = plan(cluster, &queues, policy, now, MIN_RUNTIME);
     let stopped: BTreeSet<usize> = orders.iter().map(|order| order.job as usize).collect();
     for &i in &stopped {
-        let job = &mut jobs[i];
-        let kept = job.checkpointed(now);
-        *lost += (job.progress(now) - kept) * i64::from(job.gpus);
-        job.saved = kept;
-        job.started = None;
-        job.preempted_at.push(now);
-        free[job.worker] += job.gpus;
+        *lost += jobs[i].order_stop(now, wait, free);
     }
     stopped.len()
 }
@@ -440,7 +488,7 @@ pub async fn run(args: BenchLabArgs) -> anyhow::Result<()> {
         USERS.len(),
         args.seed
     );
-    for mode in [Mode::Fifo, Mode::Fair, Mode::FairReserve, Mode::FairPreemptReserve] {
+    for mode in [Mode::Fifo, Mode::Fair, Mode::FairReserve, Mode::FairPreemptReserve, Mode::FairPreemptReserveAtOnce] {
         print_outcome(mode.name(), &simulate(mode, args.seed));
     }
     Ok(())

@@ -2,7 +2,8 @@
 //! hours, the same seeded job lengths) through real processes, time compressed by `--speed`: a
 //! real server, four real workers of 8 fake GPUs each, and real jobs (a shell script that
 //! sleeps its length, saves its progress to `$APP_CHECKPOINT_DIR` every 5 simulated minutes,
-//! resumes from it, and on SIGTERM exits without saving, noting the work it loses). The
+//! resumes from it, and dies of SIGTERM, which it does not handle; each start and save goes to
+//! a ledger, and a preempted attempt lost the time from its last one to its end). The
 //! server's own settings are scaled too (`min_runtime_secs`, `preempt_grace_secs`,
 //! `backfill_after_secs`; the worker uploads checkpoints every second). Two policies, each in
 //! fresh processes: FIFO by priority (one user: the server as it runs without users) and the
@@ -21,21 +22,21 @@ use std::time::{Duration, Instant};
 
 const WORKER_TOKEN: &str = "lab-live-worker-token-0123456789";
 
-/// The job: `$1` = `INDEX_WORKMS`, `$2` = checkpoint every ms, `$3` = the file its losses go
-/// to, `$4` = its GPUs.
+/// The job: `$1` = `INDEX_WORKMS`, `$2` = checkpoint every ms, `$3` = the ledger its starts
+/// and saves go to (job, attempt, GPUs, Unix ms), `$4` = its GPUs. It does not handle SIGTERM
+/// (a handler would stop the worker from waiting for its next save, decision 0088).
 const JOB: &str = r#"#!/bin/bash
-work=${1#*_}; every=$2; lost=$3; gpus=$4
+work=${1#*_}; every=$2; ledger=$3; gpus=$4
 dir=${APP_CHECKPOINT_DIR:?}
 done_ms=0
 [ -f "$dir/progress" ] && done_ms=$(cat "$dir/progress")
-saved_at=$(date +%s%3N)
-trap 'echo "$gpus $(( $(date +%s%3N) - saved_at ))" >> "$lost"; exit 143' TERM
+echo "$APP_JOB_ID $APP_ATTEMPT $gpus $(date +%s%3N)" >> "$ledger"
 while [ "$done_ms" -lt "$work" ]; do
   step=$(( work - done_ms )); [ "$step" -gt "$every" ] && step=$every
-  sleep "$(printf '%d.%03d' $((step / 1000)) $((step % 1000)))" & wait $!
+  sleep "$(printf '%d.%03d' $((step / 1000)) $((step % 1000)))"
   done_ms=$(( done_ms + step ))
   echo "$done_ms" > "$dir/progress.tmp" && mv "$dir/progress.tmp" "$dir/progress"
-  saved_at=$(date +%s%3N)
+  echo "$APP_JOB_ID $APP_ATTEMPT $gpus $(date +%s%3N)" >> "$ledger"
 done
 "#;
 
@@ -113,8 +114,8 @@ async fn one_policy(fair: bool, args: &BenchLabArgs) -> anyhow::Result<Outcome> 
     let app = crate::app_binary()?;
     let script = dir.path().join("job.sh");
     std::fs::write(&script, JOB)?;
-    let lost_file = dir.path().join("lost");
-    std::fs::write(&lost_file, "")?;
+    let ledger = dir.path().join("ledger");
+    std::fs::write(&ledger, "")?;
     let secs = |simulated: i64| simulated as f64 / 1000.0 / speed;
     let mut settings = format!(
         "[server]\nheartbeat_secs = 0.5\nmin_runtime_secs = {}\npreempt_grace_secs = {}\nbackfill_after_secs = {}\n\
@@ -184,12 +185,12 @@ async fn one_policy(fair: bool, args: &BenchLabArgs) -> anyhow::Result<Outcome> 
             .map(|(index, work)| format!("\"{index}_{}\"", real(*work, speed).as_millis()))
             .collect();
         let yaml = format!(
-            "name: {user}-{number}\ncommand: bash {script} {{job}} {every} {lost} {gpus}\npreemptible: true\n\
+            "name: {user}-{number}\ncommand: bash {script} {{job}} {every} {ledger} {gpus}\npreemptible: true\n\
              timeout: {timeout}s\nresources: {{gpus: {gpus}}}\ngrid:\n  job: [{values}]\n",
             user = USERS[sweep.user],
             script = script.display(),
             every = real(CHECKPOINT, speed).as_millis(),
-            lost = lost_file.display(),
+            ledger = ledger.display(),
             gpus = sweep.gpus,
             timeout = real(sweep.timeout, speed).as_secs_f64().ceil(),
             values = values.join(", ")
@@ -249,6 +250,16 @@ async fn one_policy(fair: bool, args: &BenchLabArgs) -> anyhow::Result<Outcome> 
     // clock, Unix ms: taken against the same clock here).
     let now_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
     let mut waits = vec![Vec::new(); USERS.len()];
+    // Each attempt's last start or save (Unix ms), and its GPUs, from the ledger.
+    let mut kept: BTreeMap<(i64, u32), (i64, f64)> = BTreeMap::new();
+    for line in std::fs::read_to_string(&ledger)?.lines() {
+        let fields: Vec<i64> = line.split_whitespace().filter_map(|field| field.parse().ok()).collect();
+        if let [job, attempt, gpus, at] = fields[..] {
+            let last = kept.entry((job, attempt as u32)).or_insert((at, gpus as f64));
+            last.0 = last.0.max(at);
+        }
+    }
+    let (mut lost_gpu_ms, mut preemptions) = (0f64, 0usize);
     for (number, sweep) in plan.iter().enumerate() {
         let submitted = now_unix - submitted_at[number].elapsed().as_millis() as i64;
         let query = JobQuery {
@@ -257,17 +268,23 @@ async fn one_policy(fair: bool, args: &BenchLabArgs) -> anyhow::Result<Outcome> 
             ..Default::default()
         };
         for job in observer.jobs(&query).await?.jobs {
-            let first = observer.job_attempts(job.id).await?.iter().map(|attempt| attempt.started_at).min();
+            let attempts = observer.job_attempts(job.id).await?;
+            // A preempted attempt (requeued) lost the time from its last save to its end.
+            let preempted = |attempt: &&shared::api::AttemptInfo| {
+                attempt.reason.as_deref().is_some_and(|reason| reason.starts_with("preempted"))
+            };
+            for attempt in attempts.iter().filter(preempted) {
+                let (Some(ended), Some((saved, gpus))) = (attempt.ended_at, kept.get(&(job.id.get(), attempt.attempt)))
+                else {
+                    continue;
+                };
+                lost_gpu_ms += (ended - saved).max(0) as f64 * gpus;
+                preemptions += 1;
+            }
+            let first = attempts.iter().map(|attempt| attempt.started_at).min();
             let wait_real = first.unwrap_or(now_unix) - submitted;
             waits[sweep.user].push((wait_real.max(0) as f64 * speed) as i64);
         }
-    }
-    let losses = std::fs::read_to_string(&lost_file)?;
-    let (mut lost_gpu_ms, mut preemptions) = (0f64, 0usize);
-    for line in losses.lines() {
-        let mut parts = line.split_whitespace().map(|part| part.parse::<f64>().unwrap_or(0.0));
-        lost_gpu_ms += parts.next().unwrap_or(0.0) * parts.next().unwrap_or(0.0);
-        preemptions += 1;
     }
     let busy_gpu_ms = busy as f64 * step.as_secs_f64() * 1000.0;
     drop(processes);

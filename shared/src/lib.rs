@@ -8,6 +8,7 @@
 pub mod api;
 pub mod backfill;
 pub mod capabilities;
+pub mod checkpoint_wait;
 pub mod dotted;
 pub mod fair_share;
 pub mod history;

@@ -55,6 +55,8 @@ async fn a_preempted_script_saves_on_sigterm_and_its_next_attempt_resumes_from_t
         .unwrap_or_else(|| panic!("no clean stop in attempt 1's log:\n{first}"));
     assert!(second.contains("[app] resuming from the checkpoint of attempt 1"), "{second}");
     assert!(second.contains(&format!("resuming at epoch {} from attempt 1's checkpoint", saved + 1)), "{second}");
+    // It handles SIGTERM: signalled at once, not kept waiting for its next save (decision 0088).
+    assert!(!first.contains("next checkpoint"), "{first}");
     let attempts = client.job_attempts(job.id).await.unwrap();
     assert_eq!(attempts[0].status, JobStatus::Queued);
     assert_eq!(attempts[0].reason.as_deref(), Some("preempted by default"));
@@ -90,5 +92,58 @@ async fn a_job_that_ignores_sigterm_is_killed_after_the_grace_and_requeued_not_f
     .await;
     let second = log_of(&server, job.id, 2).await;
     assert!(second.contains("[app] no earlier attempt stored a checkpoint; attempt 2 starts from zero"), "{second}");
+    client.cancel_job(job.id).await.unwrap();
+}
+
+/// Saves its step every 4 s (to a file renamed into place) and nothing on SIGTERM, which it
+/// does not handle (it dies of it) or, with the argument `trap`, handles by saying so and
+/// exiting; says "half" midway between saves.
+const SAVES_EVERY_4_S: &str = r#"i=0
+[ -f "$APP_CHECKPOINT_DIR/step" ] && i=$(cat "$APP_CHECKPOINT_DIR/step") && echo "resumed at $i"
+[ "$1" = trap ] && trap 'echo "caught SIGTERM after save $i"; exit 0' TERM
+while true; do
+  sleep 2; echo "half $i"; sleep 2
+  i=$((i + 1)); echo "$i" > "$APP_CHECKPOINT_DIR/step.tmp"; mv "$APP_CHECKPOINT_DIR/step.tmp" "$APP_CHECKPOINT_DIR/step"
+  echo "saved $i"
+done
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_dies_of_sigterm_is_stopped_right_after_its_next_checkpoint_one_that_handles_it_at_once() {
+    // A grace of 10 s: the worker may wait up to 5 s for the next save (decision 0088).
+    let server = ServerProcess::start_with("lease_secs = 3\nheartbeat_secs = 0.5\npreempt_grace_secs = 10\n");
+    let _worker = WorkerProcess::start(&server.url, "box", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("saves.sh");
+    std::fs::write(&script, SAVES_EVERY_4_S).unwrap();
+    let client = server.client();
+    for (name, argument) in [("saver", ""), ("trapper", " trap")] {
+        let yaml = format!("name: {name}\ncommand: sh {}{argument}\nresources: {{gpus: 0}}\n", script.display());
+        client.submit(&yaml, &SubmitQuery::default()).await.unwrap();
+    }
+    let (job, trapper) = (running(&server, "saver", 1).await, running(&server, "trapper", 1).await);
+    // Two saves tell the worker the interval; midway to the third, the orders come.
+    for job in [&job, &trapper] {
+        wait_until("two saves and half an interval", Duration::from_secs(60), || async {
+            log_of(&server, job.id, 1).await.contains("half 2").then_some(())
+        })
+        .await;
+        client.preempt_job(job.id).await.unwrap();
+    }
+    // The one that handles SIGTERM hears it at once: before its third save.
+    running(&server, "trapper", 2).await;
+    let trapped = log_of(&server, trapper.id, 1).await;
+    assert!(trapped.contains("caught SIGTERM after save 2") && !trapped.contains("next checkpoint"), "{trapped}");
+    client.cancel_job(trapper.id).await.unwrap();
+    let second = running(&server, "saver", 2).await;
+    assert_eq!((second.retries_left, second.crash_count), (job.retries_left, 0));
+    let first = log_of(&server, job.id, 1).await;
+    // Stopped at once, it would have lost the 2 s since save 2, and resumed from it.
+    assert!(first.contains("saved 3") && first.contains("once the job's next checkpoint was written"), "{first}");
+    assert!(!first.contains("half 3"), "stopped right after save 3:\n{first}");
+    wait_until("attempt 2 resumes from save 3", Duration::from_secs(30), || async {
+        log_of(&server, job.id, 2).await.contains("resumed at 3").then_some(())
+    })
+    .await;
     client.cancel_job(job.id).await.unwrap();
 }

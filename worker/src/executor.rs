@@ -11,6 +11,7 @@ use crate::attempt_dirs::AttemptDirs;
 use crate::containment::Containment;
 use crate::guard::Guard;
 use crate::run_as::RunAs;
+use crate::saves::{self, Saves};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use shared::api::JobAttempt;
@@ -186,44 +187,65 @@ pub async fn run(
         }
     };
     tokio::pin!(deadline);
-    let mut stopped: Option<Outcome> = None;
-    let mut killed: Option<KillReason> = None;
-    let mut forced = false;
-    // The leader is not reaped before its group was killed (see `leader_exited`), so every
-    // signal below reaches the job's own group and never a stranger given the same number.
+    // Biased, exit first: a job that has just ended is not stopped after the fact (a
+    // preemption would throw away a finished run). A closed `stop` channel disables its branch
+    // (the pattern does not match); the others still end the wait.
     let exited = async {
+        // The leader is not reaped before its group was killed (see `leader_exited`), so every
+        // signal below reaches the job's own group and never a stranger given the same number.
         match group {
             Some(group) => leader_exited(group).await,
             None => std::future::pending().await,
         }
     };
-    // A closed `stop` channel disables its branch (the pattern does not match); the others
-    // still end the wait. Biased, exit first: a job that has just ended is not stopped after
-    // the fact (a preemption would throw away a finished run).
-    let waited = tokio::select! {
-        biased;
-        () = exited => None,
-        status = child.wait(), if group.is_none() => Some(status),
-        Some(reason) = stop.recv() => {
-            let (reason, grace) = match reason {
-                Stop::Cancel => (Some(KillReason::Cancelled), grace),
-                Stop::Lost => (Some(KillReason::LeaseLost), grace),
-                Stop::Abandon => (None, grace),
-                Stop::Preempt(preempt_grace) => (Some(KillReason::Preempted), preempt_grace),
-            };
-            killed = reason;
-            stopped = Some(killed.map_or(Outcome::Abandoned, KillReason::outcome));
+    tokio::pin!(exited);
+    // Its checkpoint saves, looked at while it runs: a preemption may wait for the next one.
+    let mut saves = Saves::default();
+    let mut looks = tokio::time::interval(saves::LOOK_EVERY);
+    looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut waiting: Option<SaveWait> = None;
+    let mut notes = Vec::new();
+    let next = loop {
+        let until = waiting.as_ref().map(|wait| wait.until);
+        tokio::select! {
+            biased;
+            () = &mut exited => break Next::Exited(None),
+            status = child.wait(), if group.is_none() => break Next::Exited(Some(status)),
+            Some(reason) = stop.recv() => match (reason, &waiting) {
+                // Each heartbeat repeats the order: the wait goes on.
+                (Stop::Preempt(_), Some(_)) => {}
+                (Stop::Preempt(preempt_grace), None) => match SaveWait::start(&saves, preempt_grace, group) {
+                    Some(wait) => waiting = Some(wait),
+                    None => break Next::Stop(Some(KillReason::Preempted), preempt_grace),
+                },
+                (Stop::Cancel, _) => break Next::Stop(Some(KillReason::Cancelled), grace),
+                (Stop::Lost, _) => break Next::Stop(Some(KillReason::LeaseLost), grace),
+                (Stop::Abandon, _) => break Next::Stop(None, grace),
+            },
+            _ = &mut deadline => break Next::Stop(Some(KillReason::TimedOut(timeout.unwrap_or_default().as_secs())), grace),
+            () = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {
+                if let Some(wait) = waiting.take() {
+                    notes.push(wait.note(false));
+                    break Next::Stop(Some(KillReason::Preempted), wait.grace_left());
+                }
+            }
+            _ = looks.tick() => {
+                saves.look(&dirs.checkpoint);
+                if let Some(wait) = waiting.take_if(|wait| saves.settled_after(wait.seen)) {
+                    notes.push(wait.note(true));
+                    break Next::Stop(Some(KillReason::Preempted), wait.grace_left());
+                }
+            }
+        }
+    };
+    let (waited, stopped, killed, forced) = match next {
+        Next::Exited(status) => (status, None, None, false),
+        Next::Stop(reason, grace) => {
             // A preemption's grace may be long: the worker shutting down meanwhile, or losing
             // the attempt, cuts it to the worker's own.
-            let cut = (killed == Some(KillReason::Preempted)).then_some((&mut stop, launch_grace));
-            forced = terminate(group, grace, cut).await;
-            None
-        }
-        _ = &mut deadline => {
-            killed = Some(KillReason::TimedOut(timeout.unwrap_or_default().as_secs()));
-            stopped = killed.map(KillReason::outcome);
-            forced = terminate(group, grace, None).await;
-            None
+            let cut = (reason == Some(KillReason::Preempted)).then_some((&mut stop, launch_grace));
+            let forced = terminate(group, grace, cut).await;
+            (None, Some(reason.map_or(Outcome::Abandoned, KillReason::outcome)), reason, forced)
         }
     };
     // Whatever the job left behind in its group goes with it (GPU memory is returned only
@@ -250,14 +272,11 @@ pub async fn run(
         }
     }
     let mut writer = writer;
-    let notes = match tokio::time::timeout(Duration::from_secs(2), &mut writer).await {
-        Ok(Ok(Some(note))) => vec![note],
-        Ok(_) => Vec::new(),
-        Err(_) => {
-            writer.abort();
-            Vec::new()
-        }
-    };
+    match tokio::time::timeout(Duration::from_secs(2), &mut writer).await {
+        Ok(Ok(Some(note))) => notes.push(note),
+        Ok(_) => {}
+        Err(_) => writer.abort(),
+    }
     let outcome = match (stopped, status) {
         (Some(outcome), _) => outcome,
         (None, Ok(status)) => Outcome::Exited { code: exit_code(status) },
@@ -270,6 +289,56 @@ pub async fn run(
         (_, outcome) => outcome,
     };
     Ended { outcome, killed, forced, notes }
+}
+
+/// How the wait for a job's end ended.
+enum Next {
+    /// It exited (with its status when its group is not watched).
+    Exited(Option<std::io::Result<std::process::ExitStatus>>),
+    /// The worker stops it: why (none: abandoned), and the grace from SIGTERM to SIGKILL.
+    Stop(Option<KillReason>, Duration),
+}
+
+/// A preemption waiting for the job's next checkpoint (decision 0088): at most half its grace,
+/// and SIGKILL still a grace after the order.
+struct SaveWait {
+    grace: Duration,
+    ordered: tokio::time::Instant,
+    until: tokio::time::Instant,
+    /// Saves seen before the order.
+    seen: u64,
+}
+
+impl SaveWait {
+    /// A wait, when the job's saves say its next is due within half the grace and none of its
+    /// processes handles SIGTERM (one that does acts on it at once: the built-in trainer and
+    /// the quick start's script save the epoch under way, and waiting would start another).
+    fn start(saves: &Saves, grace: Duration, group: Option<Pid>) -> Option<SaveWait> {
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = since_epoch.as_millis() as i64;
+        let wait_ms = (grace / 2).as_millis() as i64;
+        let deadline = shared::checkpoint_wait::wait_until(saves.times(), now, wait_ms)?;
+        if crate::job_processes::group_catches(group?.as_raw(), Signal::SIGTERM as i32) {
+            return None;
+        }
+        let ordered = tokio::time::Instant::now();
+        let until = ordered + Duration::from_millis(deadline.saturating_sub(now).max(0) as u64);
+        Some(SaveWait { grace, ordered, until, seen: saves.count() })
+    }
+
+    /// What is left of the grace for SIGTERM.
+    fn grace_left(&self) -> Duration {
+        self.grace.saturating_sub(self.ordered.elapsed())
+    }
+
+    fn note(&self, saved: bool) -> String {
+        let waited = self.ordered.elapsed().as_secs_f64();
+        if saved {
+            format!("preempted {waited:.1} s after the order, once the job's next checkpoint was written")
+        } else {
+            format!("preempted after waiting {waited:.1} s for the job's next checkpoint, which did not come")
+        }
+    }
 }
 
 /// The shell script of a job with a `setup:` line: the line, then (if it succeeded) a mark

@@ -41,6 +41,30 @@ pub fn group_has_live_members(group: i32) -> bool {
     })
 }
 
+/// Whether a live process of the process group `group` has a handler for `signal` (its
+/// `SigCgt` mask in `/proc/<pid>/status`): the job may act on it, rather than die of it.
+pub fn group_catches(group: i32, signal: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().filter(|name| name.bytes().all(|byte| byte.is_ascii_digit())) else {
+            return false;
+        };
+        let member = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| state_and_group(&stat))
+            .is_some_and(|(state, pgrp)| pgrp == group && state != 'Z' && state != 'X');
+        member && std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| catches(&status, signal))
+    })
+}
+
+/// Whether a `/proc/<pid>/status` text's `SigCgt` mask (hex, bit N-1 for signal N) holds `signal`.
+fn catches(status: &str, signal: i32) -> bool {
+    let Some(mask) = status.lines().find_map(|line| line.strip_prefix("SigCgt:")) else { return false };
+    let bit = u32::try_from(signal - 1).ok().filter(|bit| *bit < 64);
+    u64::from_str_radix(mask.trim(), 16).ok().zip(bit).is_some_and(|(mask, bit)| mask & (1 << bit) != 0)
+}
+
 /// The state letter and the process group of a `/proc/<pid>/stat` line. The command name (in
 /// parentheses) may hold spaces and parentheses itself: the fields start after the last `)`.
 fn state_and_group(stat: &str) -> Option<(char, i32)> {
@@ -78,6 +102,38 @@ mod tests {
         assert_eq!(attempt_in(block), Some(JobAttempt { job_id: JobId::new(12), attempt: 3 }));
         assert_eq!(attempt_in(b"APP_JOB_ID=12\0"), None);
         assert_eq!(attempt_in(b"APP_JOB_ID=x\0APP_ATTEMPT=1\0"), None);
+    }
+
+    #[test]
+    fn the_caught_signals_are_read_from_the_status_mask() {
+        let status = "Name:\tpython3\nSigIgn:\t0000000000001000\nSigCgt:\t0000000180004002\n";
+        assert!(catches(status, 15), "SIGTERM: bit 14");
+        assert!(catches(status, 2), "SIGINT: bit 1");
+        assert!(!catches(status, 13), "SIGPIPE is ignored, not caught");
+        assert!(!catches(status, 0) && !catches(status, 65), "no such signal");
+        assert!(!catches("Name:\tsh\n", 15), "no mask");
+    }
+
+    #[test]
+    fn a_group_catches_sigterm_while_a_member_traps_it() {
+        use std::os::unix::process::CommandExt;
+        let mut trapping = std::process::Command::new("sh")
+            .args(["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut plain = std::process::Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let trapping_group = trapping.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !group_catches(trapping_group, 15) {
+            assert!(std::time::Instant::now() < deadline, "the shell's trap was never seen");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!group_catches(plain.id() as i32, 15), "sleep dies of SIGTERM");
+        for child in [&mut trapping, &mut plain] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod metric_budget;
 pub mod reservations;
 pub mod results;
 pub mod run_as;
+pub mod saves;
 pub mod shipper;
 mod slots;
 pub mod visible;
