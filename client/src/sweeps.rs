@@ -45,6 +45,12 @@ impl Client {
     }
 
     /// Resumes a sweep its failing runs paused.
+    /// Moves a sweep to the priority class `class` (none: the default).
+    pub async fn set_sweep_class(&self, key: &str, class: Option<&str>) -> ClientResult<SetClassResponse> {
+        let request = SetClassRequest { priority_class: class.map(str::to_string) };
+        self.post(&format!("/api/sweeps/{}/class", encode(key)), &request).await
+    }
+
     pub async fn resume_sweep(&self, key: &str) -> ClientResult<ResumeResponse> {
         self.post(&format!("/api/sweeps/{}/resume", encode(key)), &()).await
     }

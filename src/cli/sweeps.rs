@@ -1,6 +1,7 @@
-//! `app sweeps ls`, `app sweeps rm SWEEP... [--yes]` and `app sweeps resume SWEEP...`: list
-//! sweeps, remove finished ones with their jobs' records and result files after a
-//! confirmation (or `--yes`), or resume sweeps their failing runs paused.
+//! `app sweeps ls`, `app sweeps rm SWEEP... [--yes]`, `app sweeps resume SWEEP...` and `app
+//! sweeps class SWEEP... --to CLASS | --default`: list sweeps, remove finished ones with their
+//! jobs' records and result files after a confirmation (or `--yes`), resume sweeps their
+//! failing runs paused, or move sweeps to another priority class.
 
 use super::{format, table, UrlArg};
 use anyhow::Context;
@@ -16,6 +17,25 @@ pub enum SweepsCommand {
     Rm(RmArgs),
     /// Resume sweeps their failing runs paused (`max_initial_failures`, `max_consecutive_failures`).
     Resume(ResumeArgs),
+    /// Move sweeps to another priority class (`[server.priority_classes]`): their queued jobs
+    /// are claimed, and their running ones preempted, by the new class's value.
+    Class(ClassArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("class").required(true).args(["to", "default"])))]
+pub struct ClassArgs {
+    /// The sweeps (ids or names).
+    #[arg(required = true, value_name = "SWEEP")]
+    pub sweeps: Vec<String>,
+    /// The class to move them to (above the default: an admin's to give).
+    #[arg(long, value_name = "CLASS")]
+    pub to: Option<String>,
+    /// Move them back to the default class (value 0).
+    #[arg(long)]
+    pub default: bool,
+    #[command(flatten)]
+    pub url: UrlArg,
 }
 
 #[derive(Debug, Args)]
@@ -53,7 +73,24 @@ pub async fn run(command: SweepsCommand) -> anyhow::Result<()> {
         SweepsCommand::Ls(args) => list(args).await,
         SweepsCommand::Rm(args) => remove(args).await,
         SweepsCommand::Resume(args) => resume(args).await,
+        SweepsCommand::Class(args) => class(args).await,
     }
+}
+
+async fn class(args: ClassArgs) -> anyhow::Result<()> {
+    let client = super::client(&args.url)?;
+    let mut out = std::io::stdout().lock();
+    for key in &args.sweeps {
+        let moved = client
+            .set_sweep_class(key, args.to.as_deref())
+            .await
+            .with_context(|| format!("moving sweep {key} to another priority class"))?;
+        match moved.priority_class {
+            Some(class) => writeln!(out, "{key} is in priority class {class} ({})", moved.value)?,
+            None => writeln!(out, "{key} is in the default priority class (0)")?,
+        }
+    }
+    Ok(())
 }
 
 async fn resume(args: ResumeArgs) -> anyhow::Result<()> {

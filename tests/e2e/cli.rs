@@ -175,6 +175,7 @@ fn each_verbs_help_shows_only_its_own_flags() {
         &["whoami"],
         &["sweeps", "rm"],
         &["sweeps", "ls"],
+        &["sweeps", "class"],
         &["train"],
         &["bench"],
     ];

@@ -251,6 +251,22 @@ fn a_finished_sweep_is_removed_with_its_results_after_confirmation_only() {
 }
 
 #[test]
+fn a_sweep_moves_between_priority_classes_the_server_has_and_no_others() {
+    let app = Embedded::start();
+    app.submit("queued", "name: queued\ncommand: sleep 60\ngrid:\n  i: [0]\n");
+    // The embedded server names no classes: any name is refused, saying so; the default is not.
+    let unknown = app.run(&["sweeps", "class", "queued", "--to", "urgent"]);
+    assert!(!unknown.status.success());
+    assert!(stderr(&unknown).contains("urgent"), "{}", stderr(&unknown));
+    let neither = app.run(&["sweeps", "class", "queued"]);
+    assert!(!neither.status.success() && stderr(&neither).contains("--to"), "{}", stderr(&neither));
+    let back = app.run(&["sweeps", "class", "queued", "--default"]);
+    assert!(back.status.success(), "{}", stderr(&back));
+    assert_eq!(stdout(&back).trim(), "queued is in the default priority class (0)");
+    app.run(&["cancel", "queued"]);
+}
+
+#[test]
 fn json_output_of_workers_results_logs_and_files_parses_and_logs_to_files_are_plain() {
     let app = Embedded::start();
     let yaml =

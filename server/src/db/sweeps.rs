@@ -92,6 +92,20 @@ pub async fn name_and_form_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Re
     })
 }
 
+/// Moves a sweep to a priority class: its name (none: the default) and value.
+pub async fn set_class(conn: impl Into<Conn<'_>>, id: SweepId, name: Option<&str>, value: i64) -> sql::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        sql::query("UPDATE sweeps SET priority_class = $1, class_value = $2 WHERE id = $3")
+            .bind(name)
+            .bind(value)
+            .bind(id.get())
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    })
+}
+
 /// The sweep's name and owner.
 pub async fn name_and_owner_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Result<(String, String)> {
     let mut conn = conn.into();

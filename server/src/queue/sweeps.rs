@@ -4,7 +4,7 @@ use super::{Change, Queue};
 use crate::auth::Caller;
 use crate::db::{self, now_ms};
 use crate::error::{ApiError, ApiResult};
-use shared::api::{CancelResponse, SweepDetail, SweepId, SweepInfo, Workspace};
+use shared::api::{CancelResponse, SetClassResponse, SweepDetail, SweepId, SweepInfo, Workspace};
 use shared::metric_check::MetricMissing;
 use shared::sweep::{ExpandOptions, Sweep};
 use std::sync::Arc;
@@ -31,13 +31,38 @@ impl Queue {
     /// The value of the priority class `sweep` names, as `caller` may submit it: 400 for a
     /// class the server does not have, 403 for one above the default from someone not an admin.
     pub fn class_of(&self, sweep: &Sweep, caller: &crate::auth::Caller) -> ApiResult<i64> {
-        let named = sweep.priority_class.as_deref();
+        self.class_value(sweep.priority_class.as_deref(), caller)
+    }
+
+    fn class_value(&self, named: Option<&str>, caller: &Caller) -> ApiResult<i64> {
         shared::fair_share::class_value(&self.config.priority_classes, named, caller.admin).map_err(|refused| {
             match refused {
                 shared::fair_share::ClassRefused::Unknown { .. } => ApiError::BadRequest(refused.to_string()),
                 shared::fair_share::ClassRefused::NotAdmin { .. } => ApiError::Forbidden(refused.to_string()),
             }
         })
+    }
+
+    /// Moves sweep `key` to the priority class `named` (none: the default), as its owner or an
+    /// admin may, and into a class above the default only as an admin (as at submission). Its
+    /// queued jobs are claimed by the new class from the next claim on, and its running ones
+    /// may be preempted by the classes above it.
+    pub async fn set_class(&self, caller: &Caller, key: &str, named: Option<String>) -> ApiResult<SetClassResponse> {
+        let sweep = self.find_sweep(key).await?;
+        super::owners::sweep(caller, &sweep.info)?;
+        let value = self.class_value(named.as_deref(), caller)?;
+        let (id, stored) = (sweep.info.id, named.clone());
+        self.write(move |tx| {
+            Box::pin(async move {
+                db::sweeps::set_class(tx.conn().await?, id, stored.as_deref(), value).await?;
+                tx.note(Change::Claimable);
+                tx.note(Change::Page);
+                Ok::<_, ApiError>(())
+            })
+        })
+        .await?;
+        tracing::info!(sweep = %sweep.info.name, class = ?named, value, by = %caller.name, "sweep moved to another priority class");
+        Ok(SetClassResponse { priority_class: named, value })
     }
 
     /// Stores a parsed sweep and its jobs in one transaction (a large sweep's first jobs, the

@@ -1,9 +1,10 @@
 //! `/api/sweeps`: submit (expanded here, on the server, in one transaction, owned by the
-//! caller), list (all, or one owner's), show, cancel, resume (a sweep its failing runs paused).
+//! caller), list (all, or one owner's), show, cancel, resume (a sweep its failing runs paused),
+//! and move to another priority class.
 
 use crate::auth::Caller;
 use crate::db;
-use crate::error::{ApiError, ApiPath, ApiQuery, ApiResult};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 use crate::queue;
 use crate::state::AppState;
 use axum::extract::rejection::StringRejection;
@@ -12,8 +13,8 @@ use axum::response::AppendHeaders;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use shared::api::{
-    CancelResponse, JobPreview, ResumeResponse, SearchPlan, SubmitQuery, SubmitResponse, SweepDetail, SweepInfo,
-    SweepQuery,
+    CancelResponse, JobPreview, ResumeResponse, SearchPlan, SetClassRequest, SetClassResponse, SubmitQuery,
+    SubmitResponse, SweepDetail, SweepInfo, SweepQuery,
 };
 use shared::names::check_sweep_name;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/sweeps/{sweep}", get(show))
         .route("/api/sweeps/{sweep}/cancel", post(cancel))
         .route("/api/sweeps/{sweep}/resume", post(resume))
+        .route("/api/sweeps/{sweep}/class", post(set_class))
 }
 
 async fn submit(
@@ -108,6 +110,15 @@ async fn cancel(
     ApiPath(key): ApiPath<String>,
 ) -> ApiResult<Json<CancelResponse>> {
     Ok(Json(state.queue.cancel_sweep(&caller, &key).await?))
+}
+
+async fn set_class(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(key): ApiPath<String>,
+    ApiJson(request): ApiJson<SetClassRequest>,
+) -> ApiResult<Json<SetClassResponse>> {
+    Ok(Json(state.queue.set_class(&caller, &key, request.priority_class).await?))
 }
 
 async fn resume(

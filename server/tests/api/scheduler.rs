@@ -249,3 +249,51 @@ async fn a_higher_priority_class_preempts_a_lower_one_whatever_the_shares_and_is
     let freed = worker.claim(id, &claim(1)).await.unwrap().jobs;
     assert_eq!(freed.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["rush"]);
 }
+
+#[tokio::test]
+async fn a_sweep_moved_between_classes_is_claimed_by_its_new_class_and_only_an_admin_moves_one_up() {
+    const BOSS: &str = "sched-boss-token-0123456";
+    let app = lab(|config| {
+        config.tokens.add_users(&format!("admin:boss:{BOSS}"), "test").unwrap();
+        config.priority_classes = [("urgent".to_string(), 100), ("low".to_string(), -10)].into();
+    })
+    .await;
+    let (user_b, boss) = (as_token(&app, USER_B), as_token(&app, BOSS));
+    app.submit("name: grid-a\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n").await;
+    user_b
+        .submit("name: grid-b\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n", &Default::default())
+        .await
+        .unwrap();
+    // Who may move what: the owner (or an admin), into a class above the default only an admin.
+    let others = user_b.set_sweep_class("grid-a", Some("low")).await.unwrap_err();
+    assert_eq!(others.status(), Some(403), "{others}");
+    assert!(others.to_string().contains("user-a"), "names the owner: {others}");
+    let up = app.client.set_sweep_class("grid-a", Some("urgent")).await.unwrap_err();
+    assert_eq!(up.status(), Some(403), "{up}");
+    let unknown = app.client.set_sweep_class("grid-a", Some("high")).await.unwrap_err();
+    assert_eq!(unknown.status(), Some(400), "{unknown}");
+    let missing = app.client.set_sweep_class("no-such-sweep", None).await.unwrap_err();
+    assert_eq!(missing.status(), Some(404), "{missing}");
+
+    let (worker, id) = register(&app, "box", 4).await;
+    let claim_one = || async {
+        let request = ClaimRequest { capacity: Capacity::idle_gpus(1, 1, 24 << 30), wait_ms: 0, reserve: 0 };
+        let jobs = worker.claim(id, &request).await.unwrap().jobs;
+        assert_eq!(jobs.len(), 1, "{jobs:?}");
+        jobs[0].sweep.clone()
+    };
+    // Both users at no usage: the tie goes to user-a, unless its sweep is in a lower class.
+    let moved = app.client.set_sweep_class("grid-a", Some("low")).await.unwrap();
+    assert_eq!((moved.priority_class.as_deref(), moved.value), (Some("low"), -10));
+    assert_eq!(app.client.sweep("grid-a").await.unwrap().info.priority_class.as_deref(), Some("low"));
+    assert_eq!(claim_one().await, "grid-b");
+    assert_eq!(claim_one().await, "grid-b", "a lower class waits though its user holds fewer GPUs");
+    // The admin moves it above everyone: its jobs go before grid-b's last.
+    let moved = boss.set_sweep_class("grid-a", Some("urgent")).await.unwrap();
+    assert_eq!(moved.value, 100);
+    assert_eq!(claim_one().await, "grid-a");
+    // And its owner may move it back down to the default.
+    let back = app.client.set_sweep_class("grid-a", None).await.unwrap();
+    assert_eq!((back.priority_class, back.value), (None, 0));
+    assert_eq!(app.client.sweep("grid-a").await.unwrap().info.priority_class, None);
+}

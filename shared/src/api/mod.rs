@@ -155,6 +155,21 @@ pub struct Paused {
     pub reason: String,
 }
 
+/// `POST /api/sweeps/{key}/class`: moves a sweep to another priority class.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetClassRequest {
+    /// The class's name; none: the default class (value 0).
+    #[serde(default)]
+    pub priority_class: Option<String>,
+}
+
+/// The class a sweep is in now, and its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetClassResponse {
+    pub priority_class: Option<String>,
+    pub value: i64,
+}
+
 /// `POST /api/sweeps/{key}/resume`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ResumeResponse {
