@@ -44,6 +44,18 @@ async fn register(app: &TestApp, name: &str, gpus: u32) -> (Client, WorkerId) {
     (worker, id)
 }
 
+/// An admin `boss`'s token.
+const BOSS: &str = "sched-boss-token-0123456";
+
+/// [`lab`] with the admin `boss` and the priority classes `urgent` (100) and `low` (-10).
+async fn lab_with_classes() -> TestApp {
+    lab(|config| {
+        config.tokens.add_users(&format!("admin:boss:{BOSS}"), "test").unwrap();
+        config.priority_classes = [("urgent".to_string(), 100), ("low".to_string(), -10)].into();
+    })
+    .await
+}
+
 fn attempt(job: &ClaimedJob) -> JobAttempt {
     JobAttempt { job_id: job.id, attempt: job.attempt }
 }
@@ -197,12 +209,7 @@ async fn room_for_a_job_holding_a_worker_is_made_on_that_worker_alone() {
 
 #[tokio::test]
 async fn a_higher_priority_class_preempts_a_lower_one_whatever_the_shares_and_is_an_admins_to_give() {
-    const BOSS: &str = "sched-boss-token-0123456";
-    let app = lab(|config| {
-        config.tokens.add_users(&format!("admin:boss:{BOSS}"), "test").unwrap();
-        config.priority_classes = [("urgent".to_string(), 100), ("low".to_string(), -10)].into();
-    })
-    .await;
+    let app = lab_with_classes().await;
     // Classes: unknown ones are refused, one above the default is an admin's to give, and
     // anyone may name one below it.
     let one_gpu = |name: &str, class: &str| {
@@ -252,12 +259,7 @@ async fn a_higher_priority_class_preempts_a_lower_one_whatever_the_shares_and_is
 
 #[tokio::test]
 async fn a_sweep_moved_between_classes_is_claimed_by_its_new_class_and_only_an_admin_moves_one_up() {
-    const BOSS: &str = "sched-boss-token-0123456";
-    let app = lab(|config| {
-        config.tokens.add_users(&format!("admin:boss:{BOSS}"), "test").unwrap();
-        config.priority_classes = [("urgent".to_string(), 100), ("low".to_string(), -10)].into();
-    })
-    .await;
+    let app = lab_with_classes().await;
     let (user_b, boss) = (as_token(&app, USER_B), as_token(&app, BOSS));
     app.submit("name: grid-a\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n").await;
     user_b
