@@ -105,14 +105,19 @@ impl Job {
         self.saved + self.started.map_or(0, |at| (now - at) / CHECKPOINT * CHECKPOINT)
     }
 
+    /// The checkpoints its attempt has saved by `now`.
+    fn saves(&self, now: i64) -> Vec<i64> {
+        match self.started {
+            Some(at) => (1..=(now - at) / CHECKPOINT).map(|k| at + k * CHECKPOINT).collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// Ordered to stop at `now`: at once, or (as its worker would, seeing its last two saves)
     /// one step after its next checkpoint when that is due within `wait` (half the grace).
     fn order_stop(&mut self, now: i64, wait: i64, free: &mut [u32; WORKERS]) -> i64 {
         self.preempted_at.push(now);
-        let saves: Vec<i64> = match self.started {
-            Some(at) => (1..=(now - at) / CHECKPOINT).map(|k| at + k * CHECKPOINT).collect(),
-            None => Vec::new(),
-        };
+        let saves = self.saves(now);
         match (checkpoint_wait::wait_until(&saves, now, wait), saves.last()) {
             (Some(_), Some(last)) => {
                 self.stop_at = Some(last + CHECKPOINT + STEP);
@@ -370,6 +375,9 @@ fn preempt(
             gpus: job.gpus,
             started_at: job.started.unwrap_or(now),
             checkpointed_at: job.last_checkpoint(now),
+            // As its worker tells them: the last save, and the interval once there are two.
+            saved_at: job.last_checkpoint(now),
+            save_every: (job.saves(now).len() >= 2).then_some(CHECKPOINT),
             preemptible: true,
             class: 0,
             preempted_at: job.preempted_at.clone(),
@@ -404,6 +412,7 @@ fn preempt(
         total_gpus: GPUS * WORKERS as u32,
         usage: usage_by,
         cpu_running: BTreeMap::new(),
+        save_wait: wait,
     };
     let orders = plan(cluster, &queues, policy, now, MIN_RUNTIME);
     let stopped: BTreeSet<usize> = orders.iter().map(|order| order.job as usize).collect();

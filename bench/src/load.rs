@@ -166,7 +166,11 @@ async fn heartbeats(
             _ = stop.wait_for(|stop| *stop) => return,
         }
         beat += 1;
-        let request = HeartbeatRequest { running: running.lock().unwrap().clone(), gpus: gpu_samples(args.gpus, beat) };
+        let request = HeartbeatRequest {
+            running: running.lock().unwrap().clone(),
+            gpus: gpu_samples(args.gpus, beat),
+            saves: Vec::new(),
+        };
         let started = Instant::now();
         let answered = client.heartbeat(worker_id, &request).await;
         let elapsed = started.elapsed().as_secs_f64() * 1e3;

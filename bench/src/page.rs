@@ -88,7 +88,7 @@ async fn fill(client: &Client, args: &BenchPageArgs) -> anyhow::Result<()> {
     }
     for tick in 0..720 {
         let gpus = gpu_samples(8, tick);
-        client.heartbeat(worker, &HeartbeatRequest { running: running.clone(), gpus }).await?;
+        client.heartbeat(worker, &HeartbeatRequest { running: running.clone(), gpus, saves: Vec::new() }).await?;
     }
     Ok(())
 }

@@ -44,13 +44,13 @@ impl Client {
         self.post(&format!("/api/sweeps/{}/cancel", encode(key)), &()).await
     }
 
-    /// Resumes a sweep its failing runs paused.
     /// Moves a sweep to the priority class `class` (none: the default).
     pub async fn set_sweep_class(&self, key: &str, class: Option<&str>) -> ClientResult<SetClassResponse> {
         let request = SetClassRequest { priority_class: class.map(str::to_string) };
         self.post(&format!("/api/sweeps/{}/class", encode(key)), &request).await
     }
 
+    /// Resumes a sweep its failing runs paused.
     pub async fn resume_sweep(&self, key: &str) -> ClientResult<ResumeResponse> {
         self.post(&format!("/api/sweeps/{}/resume", encode(key)), &()).await
     }

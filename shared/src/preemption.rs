@@ -34,6 +34,10 @@ pub struct Running<'a> {
     pub started_at: i64,
     /// When its attempt last stored a checkpoint (Unix ms), if it has.
     pub checkpointed_at: Option<i64>,
+    /// When its attempt last saved one, as its worker saw it (before the upload), and the
+    /// time between its last two saves (decision 0089).
+    pub saved_at: Option<i64>,
+    pub save_every: Option<i64>,
     pub preemptible: bool,
     /// Its sweep's priority class value (0: the default).
     pub class: i64,
@@ -65,9 +69,28 @@ pub struct Queued<'a> {
 
 impl Running<'_> {
     /// The work a preemption at `now` would lose: the time since its attempt's last
-    /// checkpoint, or since it started (a job that checkpoints on SIGTERM loses less).
+    /// checkpoint (saved or stored), or since it started (a job that checkpoints on SIGTERM
+    /// loses less).
     pub fn at_stake(&self, now: i64) -> i64 {
-        (now - self.checkpointed_at.map_or(self.started_at, |at| at.max(self.started_at))).max(0)
+        let last = [self.checkpointed_at, self.saved_at].into_iter().flatten().fold(self.started_at, i64::max);
+        (now - last).max(0)
+    }
+
+    /// The work a preemption at `now` would lose as its worker stops it: none when its next
+    /// save is due within `save_wait` (the worker waits for it, `checkpoint_wait`), else
+    /// [`Running::at_stake`].
+    pub fn loses(&self, now: i64, save_wait: i64) -> i64 {
+        let waited = match (self.saved_at, self.save_every) {
+            (Some(at), Some(every)) => {
+                crate::checkpoint_wait::wait_until(&[at.saturating_sub(every), at], now, save_wait).is_some()
+            }
+            _ => false,
+        };
+        if waited {
+            0
+        } else {
+            self.at_stake(now)
+        }
     }
 }
 
@@ -87,6 +110,8 @@ pub struct Cluster<'a> {
     /// Each user's running jobs without GPUs (not in `running`: they hold no GPU, but they
     /// count against `max_running`).
     pub cpu_running: BTreeMap<&'a str, u32>,
+    /// How long a preempted job's worker waits for its next save (half the grace, ms).
+    pub save_wait: i64,
 }
 
 /// The jobs to preempt for a need: on `worker`, the least work at stake first.
@@ -162,7 +187,8 @@ pub fn victims(
         // The lowest class first, then the least work lost (the time since a checkpoint, else
         // since the start: the youngest), then the youngest; ties by id, so the input's order
         // does not matter.
-        candidates.sort_by_key(|job| (job.class, job.at_stake(now), std::cmp::Reverse(job.started_at), job.job));
+        let wait = cluster.save_wait;
+        candidates.sort_by_key(|job| (job.class, job.loses(now, wait), std::cmp::Reverse(job.started_at), job.job));
         let (mut room, mut lost, mut chosen) = (free, 0i64, Vec::new());
         let mut left = held.clone();
         for job in candidates {
@@ -180,7 +206,7 @@ pub fn victims(
             }
             left.insert(job.user, remaining);
             room += job.gpus;
-            lost += job.at_stake(now) * i64::from(job.gpus);
+            lost += job.loses(now, wait) * i64::from(job.gpus);
             chosen.push(job.job);
         }
         if room < need.gpus || chosen.is_empty() {
@@ -263,6 +289,8 @@ pub fn plan<'a>(
                 gpus: queued.gpus,
                 started_at: now,
                 checkpointed_at: None,
+                saved_at: None,
+                save_every: None,
                 preemptible: false,
                 class: queued.class,
                 preempted_at: Vec::new(),
@@ -287,6 +315,8 @@ mod tests {
             gpus,
             started_at: NOW - age_min * 60_000,
             checkpointed_at: None,
+            saved_at: None,
+            save_every: None,
             preemptible: true,
             class: 0,
             preempted_at: Vec::new(),
@@ -299,7 +329,7 @@ mod tests {
         let running = (1..=8).map(|id| job(id, "user-a", (id - 1) / 4, 1, 10 + id as i64)).collect();
         let usage = BTreeMap::from([("user-a", 8.0 * 900.0)]);
         let free = BTreeMap::from([(0, 0), (1, 0)]);
-        Cluster { free, running, waiting: vec!["user-b"], total_gpus: 8, usage, cpu_running: BTreeMap::new() }
+        Cluster { free, running, waiting: vec!["user-b"], total_gpus: 8, usage, ..Cluster::default() }
     }
 
     #[test]
@@ -349,6 +379,28 @@ mod tests {
             victims(Need { user: "user-b", gpus: 3, on: &[], class: 0 }, &cluster, &Policy::default(), NOW, MIN)
                 .unwrap();
         assert_eq!(chosen, Victims { worker: 0, jobs: vec![4, 3, 1] }, "then the youngest");
+    }
+
+    #[test]
+    fn a_job_whose_next_save_its_worker_will_wait_for_goes_first_and_saves_count_as_checkpoints() {
+        const MINUTE: i64 = 60_000;
+        let mut cluster = busy();
+        cluster.save_wait = MINUTE;
+        // Job 4 stored a checkpoint a minute ago; job 6 saved 4.5 minutes ago, every 5
+        // minutes: its worker waits for the next, due in 30 s, and it loses nothing.
+        cluster.running[3].checkpointed_at = Some(NOW - MINUTE);
+        (cluster.running[5].saved_at, cluster.running[5].save_every) = (Some(NOW - 270_000), Some(5 * MINUTE));
+        assert_eq!((cluster.running[5].at_stake(NOW), cluster.running[5].loses(NOW, MINUTE)), (270_000, 0));
+        let need = Need { user: "user-b", gpus: 1, on: &[], class: 0 };
+        let chosen = victims(need, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 1, jobs: vec![6] });
+        // Its worker would not wait (none): job 4, which checkpointed last.
+        cluster.save_wait = 0;
+        let chosen = victims(need, &cluster, &Policy::default(), NOW, MIN).unwrap();
+        assert_eq!(chosen, Victims { worker: 0, jobs: vec![4] });
+        // A save its worker saw counts as a checkpoint though not yet uploaded.
+        cluster.running[0].saved_at = Some(NOW - 10_000);
+        assert_eq!(cluster.running[0].at_stake(NOW), 10_000);
     }
 
     #[test]

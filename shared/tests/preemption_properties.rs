@@ -28,6 +28,8 @@ fn cluster(sizes: &[u32], drawn: &[Drawn], usage: &[f64]) -> Cluster<'static> {
             gpus: *gpus,
             started_at: NOW - age * 60_000,
             checkpointed_at: None,
+            saved_at: None,
+            save_every: None,
             preemptible: *preemptible,
             class: 0,
             preempted_at: (0..*recent).map(|at| NOW - 60_000 * (at as i64 + 1)).collect(),

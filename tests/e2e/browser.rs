@@ -218,8 +218,11 @@ async fn ghost_claims_and_vanishes(server: &ServerProcess) -> shared::api::JobId
     assert_eq!(job.sweep, "web-requeue");
     let held = vec![JobAttempt { job_id: job.id, attempt: job.attempt }];
     for utilization in [30, 70, 90] {
-        let beat =
-            HeartbeatRequest { running: held.clone(), gpus: vec![ghost_reading(0, utilization), ghost_reading(1, 5)] };
+        let beat = HeartbeatRequest {
+            running: held.clone(),
+            gpus: vec![ghost_reading(0, utilization), ghost_reading(1, 5)],
+            saves: Vec::new(),
+        };
         client.heartbeat(ghost, &beat).await.unwrap();
         // Readings are stamped by the server as they arrive: let the clock move between them.
         let sent = std::time::Instant::now();

@@ -139,7 +139,7 @@ async fn metrics_describe_the_queue_after_a_sweep_and_pass_promtool() {
         power_watts: Some(215.5),
         at: 0,
     };
-    let beat = HeartbeatRequest { running: Vec::new(), gpus: vec![reading] };
+    let beat = HeartbeatRequest { running: Vec::new(), gpus: vec![reading], saves: Vec::new() };
     client.heartbeat(sensors.worker_id, &beat).await.unwrap();
     let (_, _, body) = scrape(&server.url, None, None).await;
     let a100 = [("worker", "sensors"), ("gpu", "3"), ("uuid", "GPU-5e1f0a2b"), ("model", "NVIDIA A100-SXM4-80GB")];

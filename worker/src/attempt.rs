@@ -130,8 +130,8 @@ pub async fn run(
     context: AttemptContext,
     job: ClaimedJob,
     gpus: Vec<(u32, String)>,
-    stop: mpsc::Receiver<Stop>,
-    stop_self: mpsc::Sender<Stop>,
+    (stop, stop_self): (mpsc::Receiver<Stop>, mpsc::Sender<Stop>),
+    saved: crate::saves::Latest,
     events: mpsc::Sender<AttemptEvent>,
 ) {
     let attempt = JobAttempt { job_id: job.id, attempt: job.attempt };
@@ -246,6 +246,7 @@ pub async fn run(
                         attempt,
                         slot,
                         run_as: run_as.as_deref(),
+                        saved: &saved,
                     };
                     executor::run(launch, log, stop, written).await
                 }

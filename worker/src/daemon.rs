@@ -147,6 +147,8 @@ struct Beats {
 struct Held {
     stop: mpsc::Sender<Stop>,
     started: Instant,
+    /// Its latest checkpoint save, for the next heartbeat.
+    saved: crate::saves::Latest,
 }
 
 /// Runs the worker until `stop` has been signalled and its jobs are done (first signal:

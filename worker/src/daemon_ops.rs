@@ -65,6 +65,13 @@ impl Daemon {
     }
 
     /// The attempts the server should keep leased to this worker: running and reserved.
+    /// The saves its running attempts made since the last heartbeat (each one's latest).
+    pub(super) fn saves(&self) -> Vec<shared::api::SaveNote> {
+        let latest = |held: &Held| held.saved.lock().ok().and_then(|mut latest| latest.take());
+        let saves = self.running.iter().filter_map(|(attempt, held)| Some((*attempt, latest(held)?)));
+        saves.map(|(attempt, (at, every_ms))| shared::api::SaveNote { attempt, at, every_ms }).collect()
+    }
+
     pub(super) fn held(&self) -> Vec<JobAttempt> {
         let reserved = self.reserve.iter().map(|(job, _)| JobAttempt { job_id: job.id, attempt: job.attempt });
         self.running.keys().copied().chain(reserved).collect()
@@ -164,7 +171,8 @@ impl Daemon {
         self.accounting.begin(attempt, &placement.gpus, now_ms());
         self.reservations.hold(attempt, job.resources.clone(), placement);
         let (stop, stopped) = mpsc::channel(4);
-        self.running.insert(attempt, Held { stop: stop.clone(), started: Instant::now() });
+        let saved = crate::saves::Latest::default();
+        self.running.insert(attempt, Held { stop: stop.clone(), started: Instant::now(), saved: saved.clone() });
         tracing::debug!(job = %job.id, attempt = job.attempt, sweep = %job.sweep, index = job.index, gpus = ?names, "starting");
         let context = AttemptContext {
             client: self.session.client.clone(),
@@ -182,7 +190,7 @@ impl Daemon {
             cpu_threads: self.cpu_threads,
             capture_dir: self.capture_dir.clone(),
         };
-        tokio::spawn(attempt::run(context, job, names, stopped, stop, self.events.clone()));
+        tokio::spawn(attempt::run(context, job, names, (stopped, stop), saved, self.events.clone()));
     }
 
     /// Reads the GPUs and whose processes use them, for the accounts of the running attempts.

@@ -114,7 +114,7 @@ impl Daemon {
         } else {
             Vec::new()
         };
-        let request = HeartbeatRequest { running: self.held(), gpus };
+        let request = HeartbeatRequest { running: self.held(), gpus, saves: self.saves() };
         // Processes that left jobs which have ended: killed, their zombies reaped.
         let (containment, running) = (self.containment.clone(), self.running.keys().copied().collect());
         tokio::spawn(async move { containment.sweep(&running).await });

@@ -92,6 +92,8 @@ pub struct Launch<'a> {
     pub slot: usize,
     /// The user the job runs as, when not the worker's.
     pub run_as: Option<&'a RunAs>,
+    /// Where its latest checkpoint save goes for the heartbeat.
+    pub saved: &'a saves::Latest,
 }
 
 /// How a job's process ended, and what is worth knowing beyond that.
@@ -114,8 +116,22 @@ pub async fn run(
     mut stop: mpsc::Receiver<Stop>,
     log_written: Arc<Notify>,
 ) -> Ended {
-    let Launch { command, setup, dirs, cwd, inherited, env, timeout, grace, guard, containment, attempt, slot, run_as } =
-        launch;
+    let Launch {
+        command,
+        setup,
+        dirs,
+        cwd,
+        inherited,
+        env,
+        timeout,
+        grace,
+        guard,
+        containment,
+        attempt,
+        slot,
+        run_as,
+        saved,
+    } = launch;
     let launch_grace = grace;
     let failed =
         |reason: String| Ended { outcome: Outcome::Error { reason }, killed: None, forced: false, notes: Vec::new() };
@@ -204,6 +220,8 @@ pub async fn run(
     let mut looks = tokio::time::interval(saves::LOOK_EVERY);
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut waiting: Option<SaveWait> = None;
+    // Saves told to the heartbeat so far.
+    let mut told = 0;
     let mut notes = Vec::new();
     let next = loop {
         let until = waiting.as_ref().map(|wait| wait.until);
@@ -214,24 +232,40 @@ pub async fn run(
             Some(reason) = stop.recv() => match (reason, &waiting) {
                 // Each heartbeat repeats the order: the wait goes on.
                 (Stop::Preempt(_), Some(_)) => {}
-                (Stop::Preempt(preempt_grace), None) => match SaveWait::start(&saves, preempt_grace, group) {
-                    Some(wait) => waiting = Some(wait),
-                    None => break Next::Stop(Some(KillReason::Preempted), preempt_grace),
-                },
+                (Stop::Preempt(preempt_grace), None) => {
+                    match SaveWait::start(&saves, preempt_grace, group, &dirs.checkpoint) {
+                        Some(wait) => waiting = Some(wait),
+                        None => break Next::Stop(Some(KillReason::Preempted), preempt_grace),
+                    }
+                }
                 (Stop::Cancel, _) => break Next::Stop(Some(KillReason::Cancelled), grace),
-                (Stop::Lost, _) => break Next::Stop(Some(KillReason::LeaseLost), grace),
-                (Stop::Abandon, _) => break Next::Stop(None, grace),
+                // The worker stopping, or the attempt lost, during a wait: a preemption still,
+                // with the worker's own grace.
+                (Stop::Lost | Stop::Abandon, Some(_)) => break Next::Stop(Some(KillReason::Preempted), grace),
+                (Stop::Lost, None) => break Next::Stop(Some(KillReason::LeaseLost), grace),
+                (Stop::Abandon, None) => break Next::Stop(None, grace),
             },
             _ = &mut deadline => break Next::Stop(Some(KillReason::TimedOut(timeout.unwrap_or_default().as_secs())), grace),
             () = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {
-                if let Some(wait) = waiting.take() {
-                    notes.push(wait.note(false));
-                    break Next::Stop(Some(KillReason::Preempted), wait.grace_left());
+                if let Some(wait) = waiting.as_mut() {
+                    // A save under way at the due time may take until half the grace.
+                    if wait.until < wait.most && saving(&saves, group, &dirs.checkpoint) {
+                        wait.until = wait.most;
+                    } else {
+                        notes.push(wait.note(false));
+                        break Next::Stop(Some(KillReason::Preempted), wait.grace_left());
+                    }
                 }
             }
             _ = looks.tick() => {
                 saves.look(&dirs.checkpoint);
-                if let Some(wait) = waiting.take_if(|wait| saves.settled_after(wait.seen)) {
+                if saves.settled_after(told) {
+                    told = saves.count();
+                    if let Ok(mut latest) = saved.lock() {
+                        *latest = saves.latest();
+                    }
+                }
+                if let Some(wait) = waiting.take_if(|wait| wait.written(&saves, group, &dirs.checkpoint)) {
                     notes.push(wait.note(true));
                     break Next::Stop(Some(KillReason::Preempted), wait.grace_left());
                 }
@@ -304,26 +338,50 @@ enum Next {
 struct SaveWait {
     grace: Duration,
     ordered: tokio::time::Instant,
+    /// When the next save is due, with a little slack; a save under way then stretches the
+    /// wait to `most`.
     until: tokio::time::Instant,
+    /// Half the grace after the order.
+    most: tokio::time::Instant,
     /// Saves seen before the order.
     seen: u64,
+    /// A save was under way at the order: its end is what the wait is for.
+    under_way: bool,
+}
+
+/// Whether the job is saving a checkpoint: its directory changed less than a second ago, or
+/// one of its processes holds a file under it open for writing.
+fn saving(saves: &Saves, group: Option<Pid>, dir: &Path) -> bool {
+    saves.under_way() || group.is_some_and(|group| crate::job_processes::writes_under(group.as_raw(), dir))
 }
 
 impl SaveWait {
-    /// A wait, when the job's saves say its next is due within half the grace and none of its
-    /// processes handles SIGTERM (one that does acts on it at once: the built-in trainer and
-    /// the quick start's script save the epoch under way, and waiting would start another).
-    fn start(saves: &Saves, grace: Duration, group: Option<Pid>) -> Option<SaveWait> {
+    /// A wait, when a save is under way or the job's saves say its next is due within half the
+    /// grace, and none of its processes handles SIGTERM (one that does acts on it at once: the
+    /// built-in trainer and the quick start's script save the epoch under way, and waiting
+    /// would start another).
+    fn start(saves: &Saves, grace: Duration, group: Option<Pid>, dir: &Path) -> Option<SaveWait> {
         let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let now = since_epoch.as_millis() as i64;
-        let wait_ms = (grace / 2).as_millis() as i64;
-        let deadline = shared::checkpoint_wait::wait_until(saves.times(), now, wait_ms)?;
+        let ordered = tokio::time::Instant::now();
+        let most = ordered + grace / 2;
+        let under_way = saving(saves, group, dir);
+        let until = if under_way {
+            most
+        } else {
+            let deadline = shared::checkpoint_wait::wait_until(saves.times(), now, (grace / 2).as_millis() as i64)?;
+            ordered + Duration::from_millis(deadline.saturating_sub(now).max(0) as u64)
+        };
         if crate::job_processes::group_catches(group?.as_raw(), Signal::SIGTERM as i32) {
             return None;
         }
-        let ordered = tokio::time::Instant::now();
-        let until = ordered + Duration::from_millis(deadline.saturating_sub(now).max(0) as u64);
-        Some(SaveWait { grace, ordered, until, seen: saves.count() })
+        Some(SaveWait { grace, ordered, until: until.min(most), most, seen: saves.count(), under_way })
+    }
+
+    /// Whether the save it waits for has been written: a new one (or the one under way at the
+    /// order) has ended, and nothing is being written now.
+    fn written(&self, saves: &Saves, group: Option<Pid>, dir: &Path) -> bool {
+        (self.under_way || saves.count() > self.seen) && !saving(saves, group, dir)
     }
 
     /// What is left of the grace for SIGTERM.
@@ -334,9 +392,9 @@ impl SaveWait {
     fn note(&self, saved: bool) -> String {
         let waited = self.ordered.elapsed().as_secs_f64();
         if saved {
-            format!("preempted {waited:.1} s after the order, once the job's next checkpoint was written")
+            format!("preempted {waited:.1} s after the order, once the job's checkpoint was written")
         } else {
-            format!("preempted after waiting {waited:.1} s for the job's next checkpoint, which did not come")
+            format!("preempted after waiting {waited:.1} s for the job's next checkpoint, which did not come or end")
         }
     }
 }
@@ -495,6 +553,7 @@ mod tests {
         let guard = Guard::start(None, None).unwrap();
         let containment = Containment::start(false);
         let (_stop, stopped) = mpsc::channel(1);
+        let saved = saves::Latest::default();
         let launch = Launch {
             command,
             setup: None,
@@ -509,6 +568,7 @@ mod tests {
             attempt: JobAttempt { job_id: shared::api::JobId::new(1), attempt: 1 },
             slot: 0,
             run_as: None,
+            saved: &saved,
         };
         run(launch, log, stopped, Arc::new(Notify::new())).await
     }

@@ -25,37 +25,48 @@ pub fn attribute(processes: Vec<GpuProcess>) -> Vec<Attributed> {
         .collect()
 }
 
-/// Whether process group `group` has a member that has not ended (zombies waiting to be
+/// The PIDs of the process group `group`'s members that have not ended (zombies waiting to be
 /// reaped do not count: they hold nothing and can do nothing).
-pub fn group_has_live_members(group: i32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().filter(|name| name.bytes().all(|byte| byte.is_ascii_digit())) else {
-            return false;
-        };
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| state_and_group(&stat))
-            .is_some_and(|(state, pgrp)| pgrp == group && state != 'Z' && state != 'X')
+fn members(group: i32) -> impl Iterator<Item = String> {
+    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    entries.filter_map(move |entry| {
+        let pid = entry.file_name().into_string().ok().filter(|name| name.bytes().all(|byte| byte.is_ascii_digit()))?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (state, pgrp) = state_and_group(&stat)?;
+        (pgrp == group && state != 'Z' && state != 'X').then_some(pid)
     })
+}
+
+/// Whether process group `group` has a member that has not ended.
+pub fn group_has_live_members(group: i32) -> bool {
+    members(group).next().is_some()
 }
 
 /// Whether a live process of the process group `group` has a handler for `signal` (its
 /// `SigCgt` mask in `/proc/<pid>/status`): the job may act on it, rather than die of it.
 pub fn group_catches(group: i32, signal: i32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().filter(|name| name.bytes().all(|byte| byte.is_ascii_digit())) else {
-            return false;
-        };
-        let member = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| state_and_group(&stat))
-            .is_some_and(|(state, pgrp)| pgrp == group && state != 'Z' && state != 'X');
-        member && std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| catches(&status, signal))
+    members(group)
+        .any(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| catches(&status, signal)))
+}
+
+/// Whether a live process of the group `group` holds a file under `dir` open for writing (a
+/// checkpoint being written).
+pub fn writes_under(group: i32, dir: &std::path::Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else { return false };
+    members(group).any(|pid| {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+        fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| target.starts_with(&dir))
+                && std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy()))
+                    .is_ok_and(|info| open_for_writing(&info))
+        })
     })
+}
+
+/// Whether a `/proc/<pid>/fdinfo/<fd>` text's `flags` (octal) open the file for writing.
+fn open_for_writing(fdinfo: &str) -> bool {
+    let flags = fdinfo.lines().find_map(|line| line.strip_prefix("flags:")).map(str::trim);
+    flags.and_then(|flags| u32::from_str_radix(flags, 8).ok()).is_some_and(|flags| flags & 0o3 != 0)
 }
 
 /// Whether a `/proc/<pid>/status` text's `SigCgt` mask (hex, bit N-1 for signal N) holds `signal`.
@@ -112,6 +123,37 @@ mod tests {
         assert!(!catches(status, 13), "SIGPIPE is ignored, not caught");
         assert!(!catches(status, 0) && !catches(status, 65), "no such signal");
         assert!(!catches("Name:\tsh\n", 15), "no mask");
+    }
+
+    #[test]
+    fn a_file_open_for_writing_under_a_directory_is_seen_and_closed_it_is_not() {
+        assert!(open_for_writing("pos:\t0\nflags:\t0100001\nmnt_id:\t25\n"), "O_WRONLY");
+        assert!(open_for_writing("flags:\t02\n"), "O_RDWR");
+        assert!(!open_for_writing("flags:\t0100000\n"), "read only");
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("deep").join("ckpt.pt");
+        std::fs::create_dir(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "old").unwrap();
+        let script = format!("exec 3>>{}; while :; do sleep 0.05; done", file.display());
+        let mut writer = std::process::Command::new("sh").args(["-c", &script]).process_group(0).spawn().unwrap();
+        let mut reader = std::process::Command::new("sh")
+            .args(["-c", &format!("exec 3<{}; while :; do sleep 0.05; done", file.display())])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !writes_under(writer.id() as i32, dir.path()) {
+            assert!(std::time::Instant::now() < deadline, "the open file was never seen");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100)); // the reader's shell has opened it
+        assert!(!writes_under(reader.id() as i32, dir.path()), "open for reading only");
+        assert!(!writes_under(writer.id() as i32, &std::env::temp_dir().join("elsewhere")), "another directory");
+        for child in [&mut writer, &mut reader] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     #[test]

@@ -1,24 +1,36 @@
 //! When a running job saves its checkpoints (decision 0088): the executor looks at
 //! `$APP_CHECKPOINT_DIR` every [`LOOK_EVERY`] and notes when the newest modification time of
-//! the directory and its top-level entries moves on. A save is a run of looks that each see a
-//! change (a large file written over several looks is one save), dated by the newest time at
-//! its end. A preemption then waits for the next save when the ones before it say it is due
-//! soon (`shared::checkpoint_wait`), and stops the job once the save has settled (a look
-//! that sees no further change).
+//! the directory and its top-level entries moves on (a file created in a top-level directory,
+//! as Hugging Face's `checkpoint-N/`, moves that directory's time too). A save is the changes
+//! seen until the directory has been quiet for [`QUIET_LOOKS`] looks (a second), dated by the
+//! newest time at its end. A preemption then waits for the next save when the ones before it
+//! say it is due soon (`shared::checkpoint_wait`), and stops the job once the save has
+//! settled: quiet for a second, and no process of the job holding a file under the directory
+//! open for writing (`job_processes::writes_under`, which sees a large file written in place
+//! deeper down).
 //!
-//! Only the top level is looked at, at most [`MOST_ENTRIES`] entries: a save that creates or
-//! replaces a file or a directory there is seen; one that rewrites a file deeper in place is
-//! not (the job is then stopped at once, as before). What was restored before the job started
-//! is the starting point, not a save.
+//! Only the top level's times are looked at, at most [`MOST_ENTRIES`] entries: a save that
+//! only rewrites a file deeper in place is not seen as a save (the job is then stopped at
+//! once, as before). What was restored before the job started is the starting point, not a
+//! save.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// An attempt's latest save (Unix ms) and the interval before it, put here by its executor as
+/// each save settles and taken by the worker's next heartbeat (the server's preemption pass
+/// prefers the jobs whose next save is due: decision 0089). A note lost with a failed
+/// heartbeat is replaced by the next save's.
+pub type Latest = Arc<Mutex<Option<(i64, Option<i64>)>>>;
 
 /// How often the directory is looked at.
 pub const LOOK_EVERY: Duration = Duration::from_millis(250);
 /// The most top-level entries looked at in one look.
 pub const MOST_ENTRIES: usize = 64;
+/// Looks without a change after which a save has ended.
+pub const QUIET_LOOKS: u32 = 4;
 /// The saves remembered (two give the interval).
 const KEPT: usize = 4;
 
@@ -33,8 +45,8 @@ pub struct Saves {
     times: Vec<i64>,
     /// Saves seen so far (not capped).
     count: u64,
-    /// The last look saw a change: a save may still be under way.
-    changing: bool,
+    /// Looks without a change since the last change.
+    quiet: u32,
 }
 
 impl Saves {
@@ -43,13 +55,13 @@ impl Saves {
     pub fn observe(&mut self, newest: Option<i64>) {
         if !self.looked {
             // The first look: what was there before (a restored checkpoint) is no save.
-            (self.looked, self.newest, self.changing) = (true, newest, false);
+            (self.looked, self.newest, self.quiet) = (true, newest, QUIET_LOOKS);
             return;
         }
         match newest {
             Some(newest) if self.newest.is_none_or(|seen| newest > seen) => {
                 self.newest = Some(newest);
-                if self.changing {
+                if self.under_way() {
                     if let Some(last) = self.times.last_mut() {
                         *last = newest;
                     }
@@ -60,10 +72,15 @@ impl Saves {
                     self.times.push(newest);
                     self.count += 1;
                 }
-                self.changing = true;
+                self.quiet = 0;
             }
-            _ => self.changing = false,
+            _ => self.quiet = self.quiet.saturating_add(1),
         }
+    }
+
+    /// Whether a save is under way: a change seen less than [`QUIET_LOOKS`] looks ago.
+    pub fn under_way(&self) -> bool {
+        self.count > 0 && self.quiet < QUIET_LOOKS
     }
 
     /// Looks at `dir` once.
@@ -81,16 +98,27 @@ impl Saves {
         self.count
     }
 
-    /// Whether a save beyond the first `count` has been seen and has settled.
+    /// The latest save, and the time since the one before (once there are two).
+    pub fn latest(&self) -> Option<(i64, Option<i64>)> {
+        match self.times[..] {
+            [.., previous, last] => Some((last, Some(last - previous))),
+            [last] => Some((last, None)),
+            [] => None,
+        }
+    }
+
+    /// Whether a save beyond the first `count` has been seen and the directory is quiet since.
     pub fn settled_after(&self, count: u64) -> bool {
-        self.count > count && !self.changing
+        self.count > count && !self.under_way()
     }
 }
 
 /// The newest modification time (Unix ms) of `dir` and its first [`MOST_ENTRIES`] entries;
 /// `None` when it cannot be read or is empty.
 fn newest_time(dir: &Path) -> Option<i64> {
-    let millis = |metadata: &std::fs::Metadata| metadata.mtime() * 1_000 + metadata.mtime_nsec() / 1_000_000;
+    let millis = |metadata: &std::fs::Metadata| {
+        metadata.mtime().saturating_mul(1_000).saturating_add(metadata.mtime_nsec() / 1_000_000)
+    };
     let mut entries = std::fs::read_dir(dir).ok()?.peekable();
     entries.peek()?;
     let mut newest = millis(&std::fs::symlink_metadata(dir).ok()?);
@@ -106,26 +134,38 @@ fn newest_time(dir: &Path) -> Option<i64> {
 mod tests {
     use super::*;
 
+    /// Takes in `newest` and then enough quiet looks for the save to end.
+    fn saved(saves: &mut Saves, newest: i64) {
+        saves.observe(Some(newest));
+        for _ in 0..QUIET_LOOKS {
+            saves.observe(Some(newest));
+        }
+    }
+
     #[test]
-    fn a_save_is_a_run_of_changes_dated_by_its_end_and_the_first_look_is_no_save() {
+    fn a_save_is_the_changes_until_a_quiet_second_dated_by_its_end_and_the_first_look_is_no_save() {
         let mut empty = Saves::default();
         empty.observe(None); // an empty directory at the start
-        empty.observe(Some(3_000));
-        empty.observe(Some(3_000));
+        saved(&mut empty, 3_000);
         assert_eq!(empty.times(), &[3_000], "the first file written is a save");
         let mut saves = Saves::default();
         saves.observe(Some(100)); // restored
         assert_eq!((saves.count(), saves.times()), (0, &[][..]));
         saves.observe(Some(100));
         saves.observe(Some(5_000)); // a save begins
-        assert!(!saves.settled_after(0), "under way");
-        saves.observe(Some(5_300)); // still writing
-        saves.observe(Some(5_300)); // done
+        assert!(!saves.settled_after(0) && saves.under_way(), "under way");
+        saves.observe(Some(5_000)); // a pause while it writes
+        saves.observe(Some(5_300)); // still writing: the same save
+        for _ in 1..QUIET_LOOKS {
+            saves.observe(Some(5_300));
+            assert!(!saves.settled_after(0), "quiet for less than a second");
+        }
+        saves.observe(Some(5_300));
         assert!(saves.settled_after(0));
-        assert_eq!((saves.count(), saves.times()), (1, &[5_300][..]));
-        saves.observe(Some(9_000));
-        saves.observe(Some(9_000));
+        assert_eq!((saves.count(), saves.times(), saves.latest()), (1, &[5_300][..], Some((5_300, None))));
+        saved(&mut saves, 9_000);
         assert_eq!(saves.times(), &[5_300, 9_000]);
+        assert_eq!(saves.latest(), Some((9_000, Some(3_700))));
         assert!(!saves.settled_after(2));
         saves.observe(None); // unreadable for a moment: nothing changes
         assert_eq!(saves.count(), 2);
@@ -136,8 +176,7 @@ mod tests {
         let mut saves = Saves::default();
         saves.observe(Some(0));
         for time in 1..=10 {
-            saves.observe(Some(time * 1_000));
-            saves.observe(Some(time * 1_000));
+            saved(&mut saves, time * 1_000);
         }
         assert_eq!((saves.count(), saves.times()), (10, &[7_000, 8_000, 9_000, 10_000][..]));
     }
@@ -153,8 +192,9 @@ mod tests {
         let file = std::fs::File::options().write(true).open(dir.path().join("a.pt")).unwrap();
         let later = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(first as u64 + 60_000);
         file.set_modified(later).unwrap(); // rewritten in place a minute later
-        saves.look(dir.path());
-        saves.look(dir.path());
+        for _ in 0..=QUIET_LOOKS {
+            saves.look(dir.path());
+        }
         assert_eq!(saves.times(), &[first + 60_000]);
         assert!(saves.settled_after(0));
     }

@@ -1,8 +1,9 @@
-//! `checkpoints`: the newest checkpoint of each job (see migrations/0005_code.sql).
+//! `checkpoints`: the newest checkpoint of each job (see migrations/0005_code.sql); and
+//! `job_saves`: the latest save each running job made, as its worker saw it (0019).
 
 use super::backend::{on_conn, on_exec, Conn, DbRow, Exec};
 use super::sql;
-use shared::api::{CheckpointInfo, JobId};
+use shared::api::{CheckpointInfo, JobId, SaveNote};
 
 /// Records `info` as the job's checkpoint, replacing the one before.
 pub async fn replace(conn: impl Into<Conn<'_>>, info: &CheckpointInfo) -> sql::Result<()> {
@@ -42,5 +43,27 @@ pub async fn get(executor: impl Into<Exec<'_>>, job: JobId) -> sql::Result<Optio
             })
         })
         .transpose()
+    })
+}
+
+/// Records the saves a worker's heartbeat told of (each attempt's latest), replacing what an
+/// attempt before told.
+pub async fn note_saves(conn: impl Into<Conn<'_>>, saves: &[SaveNote]) -> sql::Result<()> {
+    let mut conn = conn.into();
+    on_conn!(conn, |conn, engine| {
+        for save in saves {
+            sql::query(
+                "INSERT INTO job_saves (job_id, attempt, saved_at, every_ms) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt, saved_at = excluded.saved_at,
+                     every_ms = excluded.every_ms",
+            )
+            .bind(save.attempt.job_id.get())
+            .bind(i64::from(save.attempt.attempt))
+            .bind(save.at)
+            .bind(save.every_ms)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
     })
 }

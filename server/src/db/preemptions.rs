@@ -71,6 +71,10 @@ pub struct RunningJob {
     pub checkpointed: bool,
     /// When its running attempt stored its last checkpoint (Unix ms), if it has.
     pub checkpointed_at: Option<i64>,
+    /// When its running attempt last saved one, as its worker saw it, and the time between
+    /// its last two saves.
+    pub saved_at: Option<i64>,
+    pub save_every: Option<i64>,
     /// Its sweep's priority class value.
     pub class: i64,
     /// Its running attempt was ordered to stop already.
@@ -90,8 +94,11 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, since: i64) -> anyhow::Result
                     EXISTS (SELECT 1 FROM checkpoints c WHERE c.job_id = j.id) AS checkpointed,
                     (SELECT c.uploaded_at FROM checkpoints c WHERE c.job_id = j.id AND c.attempt = j.attempt)
                         AS checkpointed_at,
+                    v.saved_at, v.every_ms,
                     j.preempt_attempt
-             FROM jobs j{hint} JOIN sweeps s ON s.id = j.sweep_id WHERE j.status = 'running'"
+             FROM jobs j{hint} JOIN sweeps s ON s.id = j.sweep_id
+                 LEFT JOIN job_saves v ON v.job_id = j.id AND v.attempt = j.attempt
+             WHERE j.status = 'running'"
         ))
         .fetch_all(pool)
         .await?;
@@ -121,6 +128,8 @@ pub async fn running(pool: impl Into<PoolRef<'_>>, since: i64) -> anyhow::Result
                     preemptible: row.get_as::<Option<i64>>("preemptible")?.map(|flag| flag != 0),
                     checkpointed: row.get_as("checkpointed")?,
                     checkpointed_at: row.get_as("checkpointed_at")?,
+                    saved_at: row.get_as("saved_at")?,
+                    save_every: row.get_as("every_ms")?,
                     class: row.get_as("class_value")?,
                     ordered: row.get_as::<Option<i64>>("preempt_attempt")? == Some(attempt),
                     preempted_at: recent.iter().filter(|(job, _)| *job == id).map(|(_, at)| *at).collect(),

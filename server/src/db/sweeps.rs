@@ -92,17 +92,24 @@ pub async fn name_and_form_of(conn: impl Into<Conn<'_>>, id: SweepId) -> sql::Re
     })
 }
 
-/// Moves a sweep to a priority class: its name (none: the default) and value.
-pub async fn set_class(conn: impl Into<Conn<'_>>, id: SweepId, name: Option<&str>, value: i64) -> sql::Result<()> {
+/// Moves `owner`'s sweep `id` to a priority class: its name (none: the default) and value.
+/// False when no such sweep is `owner`'s (removed meanwhile).
+pub async fn set_class(
+    conn: impl Into<Conn<'_>>,
+    (id, owner): (SweepId, &str),
+    name: Option<&str>,
+    value: i64,
+) -> sql::Result<bool> {
     let mut conn = conn.into();
     on_conn!(conn, |conn, engine| {
-        sql::query("UPDATE sweeps SET priority_class = $1, class_value = $2 WHERE id = $3")
+        let done = sql::query("UPDATE sweeps SET priority_class = $1, class_value = $2 WHERE id = $3 AND owner = $4")
             .bind(name)
             .bind(value)
             .bind(id.get())
+            .bind(owner)
             .execute(&mut *conn)
             .await?;
-        Ok(())
+        Ok(done.rows_affected() == 1)
     })
 }
 

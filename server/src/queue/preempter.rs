@@ -1,6 +1,6 @@
 //! The scheduler's preemption pass (issue 29, item 3; decision 0079): when a user below their
 //! share waits and no free GPU fits their job, stop the preemptible jobs of users above theirs
-//! that lose least (decision 0084), never on a worker held for another job (0080). It reads the cluster from a reader (live workers' GPUs, running jobs, each
+//! that lose least (decisions 0084, 0089), never on a worker held for another job (0080). It reads the cluster from a reader (live workers' GPUs, running jobs, each
 //! waiting user's queue, usage as the fair share ranks it), lets `shared::preemption::plan`
 //! decide, and gives each order in one write; the worker's next heartbeat carries it.
 //!
@@ -118,6 +118,8 @@ impl Queue {
                 gpus: job.gpu_ids.len() as u32,
                 started_at: job.started_at,
                 checkpointed_at: job.checkpointed_at,
+                saved_at: job.saved_at,
+                save_every: job.save_every,
                 class: job.class,
                 preemptible: !shares_a_gpu(job)
                     && job.preemptible.unwrap_or(match default {
@@ -193,7 +195,9 @@ impl Queue {
         for job in running.iter().filter(|job| job.gpu_ids.is_empty()) {
             *cpu_running.entry(job.owner.as_str()).or_default() += 1;
         }
-        let cluster = Cluster { free, running: jobs, waiting: gpu_waiting, total_gpus, usage, cpu_running };
+        // A preempted job's worker waits up to half the grace for its next save (decision 0088).
+        let save_wait = (self.config.preempt_grace / 2).as_millis() as i64;
+        let cluster = Cluster { free, running: jobs, waiting: gpu_waiting, total_gpus, usage, cpu_running, save_wait };
         let min_runtime = self.config.min_runtime.as_millis() as i64;
         let orders = plan(cluster, &queues, self.shares.policy(), now, min_runtime);
         if orders.is_empty() {

@@ -44,20 +44,24 @@ impl Queue {
     }
 
     /// Moves sweep `key` to the priority class `named` (none: the default), as its owner or an
-    /// admin may, and into a class above the default only as an admin (as at submission). Its
+    /// admin may, and into a class above the default only as an admin (as at submission; an
+    /// owner may move their sweep to any class at or below the default, out of one an admin
+    /// put it in too). Its
     /// queued jobs are claimed by the new class from the next claim on, and its running ones
     /// may be preempted by the classes above it.
     pub async fn set_class(&self, caller: &Caller, key: &str, named: Option<String>) -> ApiResult<SetClassResponse> {
         let sweep = self.find_sweep(key).await?;
         super::owners::sweep(caller, &sweep.info)?;
         let value = self.class_value(named.as_deref(), caller)?;
-        let (id, stored) = (sweep.info.id, named.clone());
+        let (id, owner, stored, gone) = (sweep.info.id, sweep.info.owner.clone(), named.clone(), key.to_string());
         self.write(move |tx| {
             Box::pin(async move {
-                db::sweeps::set_class(tx.conn().await?, id, stored.as_deref(), value).await?;
+                if !db::sweeps::set_class(tx.conn().await?, (id, &owner), stored.as_deref(), value).await? {
+                    return Err(ApiError::NotFound(format!("sweep {gone}")));
+                }
                 tx.note(Change::Claimable);
                 tx.note(Change::Page);
-                Ok::<_, ApiError>(())
+                Ok(())
             })
         })
         .await?;

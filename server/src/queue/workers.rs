@@ -181,6 +181,12 @@ impl Queue {
                     tx.note(Change::Page);
                 }
                 let known: HashSet<JobAttempt> = held.iter().map(|held| held.attempt).collect();
+                // Saves of the attempts it still holds (for the preemption pass's choice).
+                let saves: Vec<_> =
+                    request.saves.iter().filter(|save| known.contains(&save.attempt)).copied().collect();
+                if !saves.is_empty() {
+                    db::checkpoints::note_saves(tx.conn().await?, &saves).await?;
+                }
                 let response = HeartbeatResponse {
                     cancel: held.iter().filter(|held| held.cancel).map(|held| held.attempt).collect(),
                     unknown: request.running.iter().filter(|attempt| !known.contains(attempt)).copied().collect(),

@@ -180,6 +180,7 @@ async fn a_jobs_gpu_view_has_the_readings_of_its_gpus_within_its_attempt_and_who
     let beat = |running: Vec<JobAttempt>, util: u32| HeartbeatRequest {
         running,
         gpus: vec![reading(0, util), reading(1, util + 1)],
+        saves: Vec::new(),
     };
     app.client.heartbeat(worker, &beat(vec![], 5)).await.unwrap();
     clock_past(now_ms()).await;

@@ -161,7 +161,7 @@ async fn claims_and_heartbeats_of_an_unregistered_worker_are_401_and_change_noth
     let error = app.client.claim(424_242.into(), &claim).await.unwrap_err();
     assert_eq!(error.status(), Some(401), "{error}");
     assert!(error.to_string().contains("register"), "{error}");
-    let beat = shared::api::HeartbeatRequest { running: Vec::new(), gpus: Vec::new() };
+    let beat = shared::api::HeartbeatRequest { running: Vec::new(), gpus: Vec::new(), saves: Vec::new() };
     assert_eq!(app.client.heartbeat(424_242.into(), &beat).await.unwrap_err().status(), Some(401));
     let queued = JobQuery { status: Some(shared::job::JobStatus::Queued), ..JobQuery::default() };
     assert_eq!(app.client.jobs(&queued).await.unwrap().total, 2);

@@ -110,7 +110,11 @@ async fn heartbeats_store_telemetry_read_back_per_worker() {
     let running = vec![JobAttempt { job_id: job.id, attempt: job.attempt }];
     let before = server::db::now_ms();
     for used in [1 << 30, 2 << 30] {
-        let request = HeartbeatRequest { running: running.clone(), gpus: vec![sample(0, used), sample(1, used)] };
+        let request = HeartbeatRequest {
+            running: running.clone(),
+            gpus: vec![sample(0, used), sample(1, used)],
+            saves: Vec::new(),
+        };
         app.client.heartbeat(worker, &request).await.unwrap();
     }
     let samples = app.client.telemetry("gpus-w").await.unwrap();
@@ -132,7 +136,7 @@ async fn telemetry_past_the_retention_window_is_pruned() {
     }
     let app = TestApp::spawn_with(|config| config.telemetry_retention = Duration::from_millis(300)).await;
     let worker = app.register("hot", 1).await;
-    let request = HeartbeatRequest { running: Vec::new(), gpus: vec![sample(0, 1), sample(1, 1)] };
+    let request = HeartbeatRequest { running: Vec::new(), gpus: vec![sample(0, 1), sample(1, 1)], saves: Vec::new() };
     app.client.heartbeat(worker, &request).await.unwrap();
     assert_eq!(app.client.telemetry("hot").await.unwrap().len(), 2);
     // Look at the table itself: the rows must be gone, not merely hidden by the read.

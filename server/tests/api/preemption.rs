@@ -32,7 +32,10 @@ fn as_token(app: &TestApp, token: &str) -> Client {
 }
 
 async fn heartbeat(worker: &Client, id: WorkerId, running: &[JobAttempt]) -> shared::api::HeartbeatResponse {
-    worker.heartbeat(id, &HeartbeatRequest { running: running.to_vec(), gpus: Vec::new() }).await.unwrap()
+    worker
+        .heartbeat(id, &HeartbeatRequest { running: running.to_vec(), gpus: Vec::new(), saves: Vec::new() })
+        .await
+        .unwrap()
 }
 
 #[tokio::test]

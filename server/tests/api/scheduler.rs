@@ -6,7 +6,9 @@
 
 use client::{Client, ClientOptions};
 use server::auth::Role;
-use shared::api::{ClaimRequest, ClaimedJob, HeartbeatRequest, JobAttempt, RegisterRequest, ReportRequest, WorkerId};
+use shared::api::{
+    ClaimRequest, ClaimedJob, HeartbeatRequest, JobAttempt, RegisterRequest, ReportRequest, SaveNote, WorkerId,
+};
 use shared::job::{JobStatus, Outcome};
 use shared::placement::Capacity;
 use std::time::Duration;
@@ -88,7 +90,7 @@ async fn a_user_below_their_share_gets_the_gpus_of_preemptible_jobs_only() {
         .submit("name: grid-b\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n", &Default::default())
         .await
         .unwrap();
-    let heartbeat = HeartbeatRequest { running: running.clone(), gpus: Vec::new() };
+    let heartbeat = HeartbeatRequest { running: running.clone(), gpus: Vec::new(), saves: Vec::new() };
     let told = wait_until("the pass orders a preemption", Duration::from_secs(20), || async {
         let told = worker.heartbeat(id, &heartbeat).await.unwrap();
         (!told.preempt.is_empty()).then_some(told)
@@ -138,13 +140,48 @@ async fn the_job_that_checkpointed_last_is_preempted_before_the_youngest() {
         .submit("name: grid-b\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0]}\n", &Default::default())
         .await
         .unwrap();
-    let heartbeat = HeartbeatRequest { running: jobs.iter().map(attempt).collect(), gpus: Vec::new() };
+    let heartbeat =
+        HeartbeatRequest { running: jobs.iter().map(attempt).collect(), gpus: Vec::new(), saves: Vec::new() };
     let told = wait_until("the pass orders a preemption", Duration::from_secs(20), || async {
         let told = worker.heartbeat(id, &heartbeat).await.unwrap();
         (!told.preempt.is_empty()).then_some(told)
     })
     .await;
     assert_eq!(told.preempt, [attempt(&jobs[0])], "not the youngest, {}", jobs[2].id);
+}
+
+#[tokio::test]
+async fn a_job_whose_worker_will_wait_for_its_next_save_goes_before_one_that_checkpointed_last() {
+    let app = lab(|_| {}).await;
+    let (worker, id) = register(&app, "box", 3).await;
+    app.submit("name: grid-a\ncommand: \"true\"\npreemptible: true\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2]}\n")
+        .await;
+    let claim = ClaimRequest { capacity: Capacity::idle_gpus(3, 3, 24 << 30), wait_ms: 0, reserve: 0 };
+    let jobs = worker.claim(id, &claim).await.unwrap().jobs;
+    assert_eq!(jobs.len(), 3);
+    // The first stores a checkpoint now; the second's worker saw it save 15 s ago, every 20 s:
+    // it will wait for the next (due in 5 s, within half the grace), losing nothing.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ckpt"), b"weights").unwrap();
+    let open = tokio::fs::File::open(dir.path().join("ckpt")).await.unwrap();
+    worker.upload_checkpoint(jobs[0].id, jobs[0].attempt, id, open).await.unwrap();
+    let save = SaveNote { attempt: attempt(&jobs[1]), at: server::db::now_ms() - 15_000, every_ms: Some(20_000) };
+    let running: Vec<JobAttempt> = jobs.iter().map(attempt).collect();
+    let told = HeartbeatRequest { running: running.clone(), gpus: Vec::new(), saves: vec![save] };
+    worker.heartbeat(id, &told).await.unwrap();
+
+    let user_b = as_token(&app, USER_B);
+    user_b
+        .submit("name: grid-b\ncommand: \"true\"\nresources: {gpus: 1}\ngrid: {i: [0]}\n", &Default::default())
+        .await
+        .unwrap();
+    let heartbeat = HeartbeatRequest { running, gpus: Vec::new(), saves: Vec::new() };
+    let ordered = wait_until("the pass orders a preemption", Duration::from_secs(20), || async {
+        let answer = worker.heartbeat(id, &heartbeat).await.unwrap();
+        (!answer.preempt.is_empty()).then_some(answer)
+    })
+    .await;
+    assert_eq!(ordered.preempt, [attempt(&jobs[1])], "not {} (checkpointed last)", jobs[0].id);
 }
 
 #[tokio::test]
@@ -194,7 +231,11 @@ async fn room_for_a_job_holding_a_worker_is_made_on_that_worker_alone() {
     let told = wait_until("the pass orders preemptions", Duration::from_secs(20), || async {
         let mut told = Vec::new();
         for (id, running) in ids.iter().zip(&jobs) {
-            let heartbeat = HeartbeatRequest { running: running.iter().map(attempt).collect(), gpus: Vec::new() };
+            let heartbeat = HeartbeatRequest {
+                running: running.iter().map(attempt).collect(),
+                gpus: Vec::new(),
+                saves: Vec::new(),
+            };
             told.extend(worker.heartbeat(*id, &heartbeat).await.unwrap().preempt);
         }
         (!told.is_empty()).then_some(told)
@@ -238,7 +279,8 @@ async fn a_higher_priority_class_preempts_a_lower_one_whatever_the_shares_and_is
     assert_eq!((grid_a.len(), running.len()), (2, 4), "{running:?}");
     // The admin's urgent job: user-a's (class 0) gives way though the admin is at its share.
     boss.submit(&one_gpu("rush", "urgent"), &Default::default()).await.unwrap();
-    let heartbeat = HeartbeatRequest { running: running.iter().map(attempt).collect(), gpus: Vec::new() };
+    let heartbeat =
+        HeartbeatRequest { running: running.iter().map(attempt).collect(), gpus: Vec::new(), saves: Vec::new() };
     let told = wait_until("the pass orders a preemption", Duration::from_secs(20), || async {
         let told = worker.heartbeat(id, &heartbeat).await.unwrap();
         (!told.preempt.is_empty()).then_some(told)

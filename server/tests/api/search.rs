@@ -224,7 +224,8 @@ async fn a_run_below_its_rungs_cutoff_is_stopped_early_through_the_cancel_path()
     }
     // The worker learns it at its next heartbeat, kills the run and reports the kill.
     let running = jobs.iter().map(|job| JobAttempt { job_id: job.id, attempt: job.attempt }).collect();
-    let beat = app.client.heartbeat(worker, &HeartbeatRequest { running, gpus: Vec::new() }).await.unwrap();
+    let beat =
+        app.client.heartbeat(worker, &HeartbeatRequest { running, gpus: Vec::new(), saves: Vec::new() }).await.unwrap();
     assert_eq!(beat.cancel, [JobAttempt { job_id: bad.id, attempt: bad.attempt }]);
     let killed = FinishRequest {
         outcome: Outcome::Killed { reason: "cancel requested".into() },

@@ -512,6 +512,20 @@ pub struct HeartbeatRequest {
     /// NVML readings of the worker's GPUs since the last heartbeat (stored as telemetry).
     #[serde(default)]
     pub gpus: Vec<GpuSample>,
+    /// Checkpoint saves its running jobs made since the last heartbeat (the latest of each),
+    /// as its executor saw them in `$APP_CHECKPOINT_DIR` (decision 0089).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub saves: Vec<SaveNote>,
+}
+
+/// A running attempt's latest checkpoint save, seen by its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SaveNote {
+    pub attempt: JobAttempt,
+    /// When it saved (Unix ms: the newest modification time in its checkpoint directory).
+    pub at: i64,
+    /// The time between its last two saves (ms), once it has saved twice in this attempt.
+    pub every_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
