@@ -150,8 +150,8 @@ pub fn may_preempt(job: &Running<'_>, now: i64, min_runtime_ms: i64) -> bool {
 
 /// The jobs to preempt so that `need` can start, or `None` when its user is not below their
 /// share or no worker can make the room. Among the workers that can, the one where the least
-/// GPUs are freed beyond the need, then the least work is lost (GPU-ms since the victims'
-/// checkpoints, [`Running::at_stake`]).
+/// GPUs are freed beyond the need, then the least work is lost (the victims' GPUs times
+/// [`Running::loses`]).
 pub fn victims(
     need: Need<'_>,
     cluster: &Cluster<'_>,
@@ -184,9 +184,9 @@ pub fn victims(
                 job.class < need.class || (job.class == need.class && within_share && rank_of(job.user) > needing)
             })
             .collect();
-        // The lowest class first, then the least work lost (the time since a checkpoint, else
-        // since the start: the youngest), then the youngest; ties by id, so the input's order
-        // does not matter.
+        // The lowest class first, then the least work lost (none when its worker will wait for
+        // its next save, else the time since a checkpoint, else since the start: the
+        // youngest), then the youngest; ties by id, so the input's order does not matter.
         let wait = cluster.save_wait;
         candidates.sort_by_key(|job| (job.class, job.loses(now, wait), std::cmp::Reverse(job.started_at), job.job));
         let (mut room, mut lost, mut chosen) = (free, 0i64, Vec::new());

@@ -132,7 +132,9 @@ async fn a_job_that_dies_of_sigterm_is_stopped_right_after_its_next_checkpoint_o
     running(&server, "trapper", 2).await;
     let trapped = log_of(&server, trapper.id, 1).await;
     assert!(
-        trapped.contains("caught SIGTERM after save 2") && !trapped.contains("checkpoint was written"),
+        trapped.contains("caught SIGTERM after save 2")
+            && !trapped.contains("checkpoint was written")
+            && !trapped.contains("next checkpoint"),
         "{trapped}"
     );
     client.cancel_job(trapper.id).await.unwrap();

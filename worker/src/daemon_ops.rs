@@ -64,7 +64,6 @@ impl Daemon {
         (capacity, reserve)
     }
 
-    /// The attempts the server should keep leased to this worker: running and reserved.
     /// The saves its running attempts made since the last heartbeat (each one's latest).
     pub(super) fn saves(&self) -> Vec<shared::api::SaveNote> {
         let latest = |held: &Held| held.saved.lock().ok().and_then(|mut latest| latest.take());
@@ -72,6 +71,7 @@ impl Daemon {
         saves.map(|(attempt, (at, every_ms))| shared::api::SaveNote { attempt, at, every_ms }).collect()
     }
 
+    /// The attempts the server should keep leased to this worker: running and reserved.
     pub(super) fn held(&self) -> Vec<JobAttempt> {
         let reserved = self.reserve.iter().map(|(job, _)| JobAttempt { job_id: job.id, attempt: job.attempt });
         self.running.keys().copied().chain(reserved).collect()

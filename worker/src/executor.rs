@@ -239,10 +239,9 @@ pub async fn run(
                     }
                 }
                 (Stop::Cancel, _) => break Next::Stop(Some(KillReason::Cancelled), grace),
-                // The worker stopping, or the attempt lost, during a wait: a preemption still,
-                // with the worker's own grace.
-                (Stop::Lost | Stop::Abandon, Some(_)) => break Next::Stop(Some(KillReason::Preempted), grace),
-                (Stop::Lost, None) => break Next::Stop(Some(KillReason::LeaseLost), grace),
+                (Stop::Lost, _) => break Next::Stop(Some(KillReason::LeaseLost), grace),
+                // The worker stopping during a wait: a preemption still, with its own grace.
+                (Stop::Abandon, Some(_)) => break Next::Stop(Some(KillReason::Preempted), grace),
                 (Stop::Abandon, None) => break Next::Stop(None, grace),
             },
             _ = &mut deadline => break Next::Stop(Some(KillReason::TimedOut(timeout.unwrap_or_default().as_secs())), grace),
@@ -258,7 +257,7 @@ pub async fn run(
                 }
             }
             _ = looks.tick() => {
-                saves.look(&dirs.checkpoint);
+                saves.look(&dirs.checkpoint, || writes_under(group, &dirs.checkpoint));
                 if saves.settled_after(told) {
                     told = saves.count();
                     if let Ok(mut latest) = saved.lock() {
@@ -349,15 +348,21 @@ struct SaveWait {
     under_way: bool,
 }
 
+/// Whether one of the job's processes holds a file under `dir` open for writing.
+fn writes_under(group: Option<Pid>, dir: &Path) -> bool {
+    group.is_some_and(|group| crate::job_processes::writes_under(group.as_raw(), dir))
+}
+
 /// Whether the job is saving a checkpoint: its directory changed less than a second ago, or
 /// one of its processes holds a file under it open for writing.
 fn saving(saves: &Saves, group: Option<Pid>, dir: &Path) -> bool {
-    saves.under_way() || group.is_some_and(|group| crate::job_processes::writes_under(group.as_raw(), dir))
+    saves.under_way() || writes_under(group, dir)
 }
 
 impl SaveWait {
-    /// A wait, when a save is under way or the job's saves say its next is due within half the
-    /// grace, and none of its processes handles SIGTERM (one that does acts on it at once: the
+    /// A wait, when the job's saves say its next is due within half the grace or (once it has
+    /// saved twice: a job that writes there all the time shows one endless save) a save is under
+    /// way, and none of its processes handles SIGTERM (one that does acts on it at once: the
     /// built-in trainer and the quick start's script save the epoch under way, and waiting
     /// would start another).
     fn start(saves: &Saves, grace: Duration, group: Option<Pid>, dir: &Path) -> Option<SaveWait> {
@@ -365,7 +370,10 @@ impl SaveWait {
         let now = since_epoch.as_millis() as i64;
         let ordered = tokio::time::Instant::now();
         let most = ordered + grace / 2;
-        let under_way = saving(saves, group, dir);
+        if grace / 2 < saves::LOOK_EVERY {
+            return None;
+        }
+        let under_way = saves.count() >= 2 && saving(saves, group, dir);
         let until = if under_way {
             most
         } else {
@@ -547,13 +555,17 @@ mod tests {
 
     /// Runs `command` to its end in an attempt under `root`, its log in `root/log`.
     async fn run_in(root: &Path, command: &str) -> Ended {
+        run_telling(root, command, &saves::Latest::default()).await
+    }
+
+    /// [`run_in`], its saves told to `saved`.
+    async fn run_telling(root: &Path, command: &str, saved: &saves::Latest) -> Ended {
         let dirs = AttemptDirs::at(root.join("attempt"));
         std::fs::create_dir_all(&dirs.cwd).unwrap();
         let log = std::fs::File::create(root.join("log")).unwrap();
         let guard = Guard::start(None, None).unwrap();
         let containment = Containment::start(false);
         let (_stop, stopped) = mpsc::channel(1);
-        let saved = saves::Latest::default();
         let launch = Launch {
             command,
             setup: None,
@@ -568,9 +580,24 @@ mod tests {
             attempt: JobAttempt { job_id: shared::api::JobId::new(1), attempt: 1 },
             slot: 0,
             run_as: None,
-            saved: &saved,
+            saved,
         };
         run(launch, log, stopped, Arc::new(Notify::new())).await
+    }
+
+    #[tokio::test]
+    async fn each_save_that_ends_is_put_where_the_next_heartbeat_takes_it() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("attempt").join("checkpoint");
+        let command = format!("mkdir -p {d}; echo 1 > {d}/a; sleep 1.6; echo 2 > {d}/b; sleep 1.6", d = dir.display());
+        let saved = saves::Latest::default();
+        let ended = run_telling(root.path(), &command, &saved).await;
+        assert!(matches!(ended.outcome, Outcome::Exited { code: 0 }), "{:?}", ended.outcome);
+        let (at, every) = saved.lock().unwrap().take().expect("the second save was told");
+        let written = std::fs::metadata(dir.join("b")).unwrap().modified().unwrap();
+        let written = written.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        assert!((written - at).abs() < 50, "dated by its file: {at} against {written}");
+        assert!(every.is_some_and(|every| (1_300..3_000).contains(&every)), "the interval since the first: {every:?}");
     }
 
     #[tokio::test]

@@ -126,7 +126,7 @@ mod tests {
     }
 
     #[test]
-    fn a_file_open_for_writing_under_a_directory_is_seen_and_closed_it_is_not() {
+    fn a_file_open_for_writing_under_a_directory_is_seen_and_one_open_for_reading_is_not() {
         assert!(open_for_writing("pos:\t0\nflags:\t0100001\nmnt_id:\t25\n"), "O_WRONLY");
         assert!(open_for_writing("flags:\t02\n"), "O_RDWR");
         assert!(!open_for_writing("flags:\t0100000\n"), "read only");
@@ -149,7 +149,9 @@ mod tests {
         }
         std::thread::sleep(std::time::Duration::from_millis(100)); // the reader's shell has opened it
         assert!(!writes_under(reader.id() as i32, dir.path()), "open for reading only");
-        assert!(!writes_under(writer.id() as i32, &std::env::temp_dir().join("elsewhere")), "another directory");
+        let sibling = dir.path().join("dee");
+        std::fs::create_dir(&sibling).unwrap();
+        assert!(!writes_under(writer.id() as i32, &sibling), "a directory whose name its path starts with");
         for child in [&mut writer, &mut reader] {
             child.kill().unwrap();
             child.wait().unwrap();

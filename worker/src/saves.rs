@@ -51,8 +51,9 @@ pub struct Saves {
 
 impl Saves {
     /// Takes in one look's newest modification time (`None`: the directory could not be read
-    /// or holds nothing).
-    pub fn observe(&mut self, newest: Option<i64>) {
+    /// or holds nothing); `writing` says whether a file under it is open for writing, asked
+    /// only when this look would end a save (which it then does not).
+    pub fn observe(&mut self, newest: Option<i64>, writing: impl FnOnce() -> bool) {
         if !self.looked {
             // The first look: what was there before (a restored checkpoint) is no save.
             (self.looked, self.newest, self.quiet) = (true, newest, QUIET_LOOKS);
@@ -74,6 +75,7 @@ impl Saves {
                 }
                 self.quiet = 0;
             }
+            _ if self.quiet.saturating_add(1) == QUIET_LOOKS && self.count > 0 && writing() => {}
             _ => self.quiet = self.quiet.saturating_add(1),
         }
     }
@@ -83,9 +85,9 @@ impl Saves {
         self.count > 0 && self.quiet < QUIET_LOOKS
     }
 
-    /// Looks at `dir` once.
-    pub fn look(&mut self, dir: &Path) {
-        self.observe(newest_time(dir));
+    /// Looks at `dir` once (`writing` as in [`Saves::observe`]).
+    pub fn look(&mut self, dir: &Path, writing: impl FnOnce() -> bool) {
+        self.observe(newest_time(dir), writing);
     }
 
     /// The saves' times, oldest first.
@@ -136,49 +138,66 @@ mod tests {
 
     /// Takes in `newest` and then enough quiet looks for the save to end.
     fn saved(saves: &mut Saves, newest: i64) {
-        saves.observe(Some(newest));
+        saves.observe(Some(newest), || false);
         for _ in 0..QUIET_LOOKS {
-            saves.observe(Some(newest));
+            saves.observe(Some(newest), || false);
         }
     }
 
     #[test]
     fn a_save_is_the_changes_until_a_quiet_second_dated_by_its_end_and_the_first_look_is_no_save() {
         let mut empty = Saves::default();
-        empty.observe(None); // an empty directory at the start
+        empty.observe(None, || false); // an empty directory at the start
         saved(&mut empty, 3_000);
         assert_eq!(empty.times(), &[3_000], "the first file written is a save");
         let mut saves = Saves::default();
-        saves.observe(Some(100)); // restored
+        saves.observe(Some(100), || false); // restored
         assert_eq!((saves.count(), saves.times()), (0, &[][..]));
-        saves.observe(Some(100));
-        saves.observe(Some(5_000)); // a save begins
+        saves.observe(Some(100), || false);
+        saves.observe(Some(5_000), || false); // a save begins
         assert!(!saves.settled_after(0) && saves.under_way(), "under way");
-        saves.observe(Some(5_000)); // a pause while it writes
-        saves.observe(Some(5_300)); // still writing: the same save
+        saves.observe(Some(5_000), || false); // a pause while it writes
+        saves.observe(Some(5_300), || false); // still writing: the same save
         for _ in 1..QUIET_LOOKS {
-            saves.observe(Some(5_300));
+            saves.observe(Some(5_300), || false);
             assert!(!saves.settled_after(0), "quiet for less than a second");
         }
-        saves.observe(Some(5_300));
+        saves.observe(Some(5_300), || false);
         assert!(saves.settled_after(0));
         assert_eq!((saves.count(), saves.times(), saves.latest()), (1, &[5_300][..], Some((5_300, None))));
         saved(&mut saves, 9_000);
         assert_eq!(saves.times(), &[5_300, 9_000]);
         assert_eq!(saves.latest(), Some((9_000, Some(3_700))));
         assert!(!saves.settled_after(2));
-        saves.observe(None); // unreadable for a moment: nothing changes
+        saves.observe(None, || false); // unreadable for a moment: nothing changes
         assert_eq!(saves.count(), 2);
     }
 
     #[test]
     fn only_the_last_few_saves_are_kept() {
         let mut saves = Saves::default();
-        saves.observe(Some(0));
+        saves.observe(Some(0), || false);
         for time in 1..=10 {
             saved(&mut saves, time * 1_000);
         }
         assert_eq!((saves.count(), saves.times()), (10, &[7_000, 8_000, 9_000, 10_000][..]));
+    }
+
+    #[test]
+    fn a_save_with_a_file_still_open_for_writing_has_not_ended() {
+        let mut saves = Saves::default();
+        saves.observe(Some(0), || false);
+        saves.observe(Some(1_000), || panic!("asked only when a save would end"));
+        for _ in 1..QUIET_LOOKS {
+            saves.observe(Some(1_000), || panic!("not yet"));
+        }
+        for _ in 0..10 {
+            saves.observe(Some(1_000), || true); // a large file still being written
+            assert!(saves.under_way());
+        }
+        saves.observe(Some(1_000), || false);
+        assert!(!saves.under_way() && saves.settled_after(0));
+        saves.observe(Some(1_000), || panic!("a quiet directory after the save: not asked again"));
     }
 
     #[test]
@@ -188,12 +207,12 @@ mod tests {
         std::fs::write(dir.path().join("a.pt"), "1").unwrap();
         let first = newest_time(dir.path()).expect("a file");
         let mut saves = Saves::default();
-        saves.look(dir.path());
+        saves.look(dir.path(), || false);
         let file = std::fs::File::options().write(true).open(dir.path().join("a.pt")).unwrap();
         let later = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(first as u64 + 60_000);
         file.set_modified(later).unwrap(); // rewritten in place a minute later
         for _ in 0..=QUIET_LOOKS {
-            saves.look(dir.path());
+            saves.look(dir.path(), || false);
         }
         assert_eq!(saves.times(), &[first + 60_000]);
         assert!(saves.settled_after(0));

@@ -181,9 +181,14 @@ impl Queue {
                     tx.note(Change::Page);
                 }
                 let known: HashSet<JobAttempt> = held.iter().map(|held| held.attempt).collect();
-                // Saves of the attempts it still holds (for the preemption pass's choice).
-                let saves: Vec<_> =
-                    request.saves.iter().filter(|save| known.contains(&save.attempt)).copied().collect();
+                // Saves of the attempts it still holds (for the preemption pass's choice), never
+                // later than now (a file's time is the worker's clock, or whatever the job set).
+                let saves: Vec<_> = request
+                    .saves
+                    .iter()
+                    .filter(|save| known.contains(&save.attempt))
+                    .map(|save| shared::api::SaveNote { at: save.at.min(now), ..*save })
+                    .collect();
                 if !saves.is_empty() {
                     db::checkpoints::note_saves(tx.conn().await?, &saves).await?;
                 }
