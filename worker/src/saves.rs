@@ -1,4 +1,5 @@
-//! When a running job saves its checkpoints (decision 0088): the executor looks at
+//! When a running job saves its checkpoints, and a preemption's wait for the next one
+//! ([`SaveWait`], decision 0088): the executor looks at
 //! `$APP_CHECKPOINT_DIR` every [`LOOK_EVERY`] and notes when the newest modification time of
 //! the directory and its top-level entries moves on (a file created in a top-level directory,
 //! as Hugging Face's `checkpoint-N/`, moves that directory's time too). A save is the changes
@@ -14,6 +15,7 @@
 //! once, as before). What was restored before the job started is the starting point, not a
 //! save.
 
+use nix::unistd::Pid;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -112,6 +114,81 @@ impl Saves {
     /// Whether a save beyond the first `count` has been seen and the directory is quiet since.
     pub fn settled_after(&self, count: u64) -> bool {
         self.count > count && !self.under_way()
+    }
+}
+
+/// A preemption waiting for the job's next checkpoint (decision 0088): at most half its grace,
+/// and SIGKILL still a grace after the order.
+pub struct SaveWait {
+    grace: Duration,
+    ordered: tokio::time::Instant,
+    /// When the next save is due, with a little slack; a save under way then stretches the
+    /// wait to `most`.
+    pub until: tokio::time::Instant,
+    /// Half the grace after the order.
+    pub most: tokio::time::Instant,
+    /// Saves seen before the order.
+    seen: u64,
+    /// A save was under way at the order: its end is what the wait is for.
+    under_way: bool,
+}
+
+/// Whether one of the job's processes holds a file under `dir` open for writing.
+pub fn writes_under(group: Option<Pid>, dir: &Path) -> bool {
+    group.is_some_and(|group| crate::job_processes::writes_under(group.as_raw(), dir))
+}
+
+/// Whether the job is saving a checkpoint: its directory changed less than a second ago, or
+/// one of its processes holds a file under it open for writing.
+pub fn saving(saves: &Saves, group: Option<Pid>, dir: &Path) -> bool {
+    saves.under_way() || writes_under(group, dir)
+}
+
+impl SaveWait {
+    /// A wait, when the job's saves say its next is due within half the grace or (once it has
+    /// saved twice: a job that writes there all the time shows one endless save) a save is under
+    /// way, and none of its processes handles SIGTERM (one that does acts on it at once: the
+    /// built-in trainer and the quick start's script save the epoch under way, and waiting
+    /// would start another).
+    pub fn start(saves: &Saves, grace: Duration, group: Option<Pid>, dir: &Path) -> Option<SaveWait> {
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = since_epoch.as_millis() as i64;
+        let ordered = tokio::time::Instant::now();
+        let most = ordered + grace / 2;
+        if grace / 2 < LOOK_EVERY {
+            return None;
+        }
+        let under_way = saves.count() >= 2 && saving(saves, group, dir);
+        let until = if under_way {
+            most
+        } else {
+            let deadline = shared::checkpoint_wait::wait_until(saves.times(), now, (grace / 2).as_millis() as i64)?;
+            ordered + Duration::from_millis(deadline.saturating_sub(now).max(0) as u64)
+        };
+        if crate::job_processes::group_catches(group?.as_raw(), nix::sys::signal::Signal::SIGTERM as i32) {
+            return None;
+        }
+        Some(SaveWait { grace, ordered, until: until.min(most), most, seen: saves.count(), under_way })
+    }
+
+    /// Whether the save it waits for has been written: a new one (or the one under way at the
+    /// order) has ended, and nothing is being written now.
+    pub fn written(&self, saves: &Saves, group: Option<Pid>, dir: &Path) -> bool {
+        (self.under_way || saves.count() > self.seen) && !saving(saves, group, dir)
+    }
+
+    /// What is left of the grace for SIGTERM.
+    pub fn grace_left(&self) -> Duration {
+        self.grace.saturating_sub(self.ordered.elapsed())
+    }
+
+    pub fn note(&self, saved: bool) -> String {
+        let waited = self.ordered.elapsed().as_secs_f64();
+        if saved {
+            format!("preempted {waited:.1} s after the order, once the job's checkpoint was written")
+        } else {
+            format!("preempted after waiting {waited:.1} s for the job's next checkpoint, which did not come or end")
+        }
     }
 }
 
