@@ -514,7 +514,8 @@ mod tests {
     async fn each_save_that_ends_is_put_where_the_next_heartbeat_takes_it() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("attempt").join("checkpoint");
-        let command = format!("mkdir -p {d}; echo 1 > {d}/a; sleep 1.6; echo 2 > {d}/b; sleep 1.6", d = dir.display());
+        let command =
+            format!("sleep 1; mkdir -p {d}; echo 1 > {d}/a; sleep 1.6; echo 2 > {d}/b; sleep 1.6", d = dir.display());
         let saved = saves::Latest::default();
         let ended = run_telling(root.path(), &command, &saved).await;
         assert!(matches!(ended.outcome, Outcome::Exited { code: 0 }), "{:?}", ended.outcome);
