@@ -144,13 +144,14 @@ impl Shares {
     }
 
     /// Whether a claim must go the fair way, as last seen: quotas are set, or several users
-    /// wait ([`keep_looking`] looks every second, a submission here at once).
+    /// wait ([`keep_looking`] looks every second, a submission here at once), or no look is
+    /// to be trusted (none yet, after a start: the claims there read who waits themselves).
     pub fn engaged(&self) -> bool {
         if self.has_quotas() {
             return true;
         }
         self.seen.lock().map_or(true, |seen| {
-            seen.waiting.len() > 1 || seen.looked.is_some_and(|at| at.elapsed() >= LOOK_TRUSTED_FOR)
+            seen.waiting.len() > 1 || seen.looked.is_none_or(|at| at.elapsed() >= LOOK_TRUSTED_FOR)
         })
     }
 
@@ -415,6 +416,7 @@ mod tests {
     #[test]
     fn a_look_begun_before_a_submission_keeps_its_owner_and_a_later_one_trusts_the_read() {
         let shares = Shares::new(Policy::default());
+        assert!(shares.engaged(), "before any look (a server just started): the fair way");
         let before = Instant::now();
         shares.submitted("user-b");
         assert_eq!(
