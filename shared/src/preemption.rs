@@ -80,16 +80,10 @@ impl Running<'_> {
     /// save is due within `save_wait` (the worker waits for it, `checkpoint_wait`), else
     /// [`Running::at_stake`].
     pub fn loses(&self, now: i64, save_wait: i64) -> i64 {
-        let waited = match (self.saved_at, self.save_every) {
-            (Some(at), Some(every)) => {
-                crate::checkpoint_wait::wait_until(&[at.saturating_sub(every), at], now, save_wait).is_some()
-            }
-            _ => false,
-        };
-        if waited {
-            0
-        } else {
-            self.at_stake(now)
+        let saves = self.saved_at.zip(self.save_every).map(|(at, every)| [at.saturating_sub(every), at]);
+        match saves.and_then(|saves| crate::checkpoint_wait::wait_until(&saves, now, save_wait)) {
+            Some(_) => 0,
+            None => self.at_stake(now),
         }
     }
 }

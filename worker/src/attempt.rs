@@ -11,6 +11,7 @@ use crate::collect::{Collector, Sources};
 use crate::config::WorkerConfig;
 use crate::executor::{self, Ended, Launch, Stop};
 use crate::guard::Guard;
+use crate::now_ms;
 use crate::results::{self, OutputFile};
 use crate::shipper::{append_local, ShipError, Shipper};
 use crate::workspace;
@@ -70,10 +71,6 @@ pub struct AttemptContext {
     pub cpu_threads: Option<u32>,
     /// The Python files that capture `wandb.log` (`collect::python`), when they could be written.
     pub capture_dir: Option<Arc<std::path::PathBuf>>,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|t| t.as_millis() as i64).unwrap_or(0)
 }
 
 /// Backoff for delivering something about an attempt: retried while the server is

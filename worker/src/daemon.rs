@@ -15,6 +15,7 @@ use crate::containment::Containment;
 use crate::executor::Stop;
 use crate::guard::Guard;
 use crate::inventory::GpuInventory;
+use crate::now_ms;
 use crate::reservations::{cpu_threads_per_job, default_max_jobs, Reservations};
 use crate::run_as::RunAs;
 use anyhow::Context;
@@ -292,10 +293,6 @@ async fn beat_answer(
         Some((_, handle)) => handle.await,
         None => std::future::pending().await,
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
 }
 
 fn backoff(failures: u32) -> Duration {

@@ -38,3 +38,8 @@ mod workspace;
 pub use config::WorkerConfig;
 pub use daemon::run;
 pub use inventory::{detect, GpuInventory};
+
+/// The time now, Unix ms (0 before 1970).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
+}

@@ -151,8 +151,7 @@ impl SaveWait {
     /// built-in trainer and the quick start's script save the epoch under way, and waiting
     /// would start another).
     pub fn start(saves: &Saves, grace: Duration, group: Option<Pid>, dir: &Path) -> Option<SaveWait> {
-        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let now = since_epoch.as_millis() as i64;
+        let now = crate::now_ms();
         let ordered = tokio::time::Instant::now();
         let most = ordered + grace / 2;
         if grace / 2 < LOOK_EVERY {
