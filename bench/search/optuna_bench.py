@@ -1,6 +1,8 @@
 """Optuna's side of `app-bench search`: the same problems, the same budgets, the same seeds.
 
 Usage: optuna_bench.py [SEEDS [FIRST_SEED]]
+OPTUNA_ONLY=branin,mixed5 runs only those problems (and no pruners); OPTUNA_GP=1 adds
+Optuna's GPSampler (it needs torch and scipy), OPTUNA_GP=only runs it alone.
 
 Writes JSON: {"search": {problem: {"tpe, 1 worker": [[true value of the best-reported trial
               after trial 1..100] per seed], ...}},
@@ -72,6 +74,38 @@ def mixed(x):
     return 1 + (math.log10(lr) + 3) ** 2 + 0.5 * (math.log10(wd) + 4) ** 2 + (n - 6) ** 2 / 10 + [0.0, 0.5, 1.0][kind] + [0.3, 0.0][act]
 
 
+def choices(x):
+    opt, lr, batch, dropout = x
+    return (
+        1
+        + [0.3, 0.0, 0.05][opt]
+        + 0.1 * (lr - [4, 2, 2][opt]) ** 2
+        + [0.1, 0.0, 0.05, 0.2][batch]
+        + [0.15, 0.05, 0.0, 0.05, 0.3][dropout]
+    )
+
+
+def choices_space(trial):
+    return [trial.suggest_categorical(name, list(range(n))) for name, n in (("opt", 3), ("lr", 6), ("batch", 4), ("dropout", 5))]
+
+
+WIDE_OFFSETS = [0.8, 0.35, 1.2, 0.0, 0.6, 0.25, 0.9, 0.45, 1.5, 0.15, 0.7, 0.3, 1.0, 0.5, 0.1]
+
+
+def wide_choice(x):
+    arch, lr, wd = x
+    shift = 0.5 * (arch % 3 - 1)
+    return 1 + WIDE_OFFSETS[arch] + (math.log10(lr) + 3 + shift) ** 2 + 0.5 * (math.log10(wd) + 4) ** 2
+
+
+def wide_choice_space(trial):
+    return [
+        trial.suggest_categorical("arch", list(range(15))),
+        trial.suggest_float("lr", 1e-5, 1e-1, log=True),
+        trial.suggest_float("wd", 1e-6, 1e-2, log=True),
+    ]
+
+
 def floats(names, low, high, log=False):
     return lambda trial: [trial.suggest_float(name, low, high, log=log) for name in names]
 
@@ -94,6 +128,8 @@ PROBLEMS = {
     "styblinski_tang8": (floats([f"x{j}" for j in range(8)], -5.0, 5.0), styblinski_tang, 0.0),
     "mixed5": (mixed_space, mixed, 0.0),
     "noisy_hartmann6": (floats([f"x{j}" for j in range(6)], 0.0, 1.0), hartmann6, 0.1),
+    "choices4": (choices_space, choices, 0.0),
+    "wide_choice": (wide_choice_space, wide_choice, 0.0),
 }
 
 
@@ -182,19 +218,29 @@ def main():
     seeds = range(first, first + count)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # GPSampler needs torch and scipy; without them it is left out (run.sh --gp installs them).
+    # OPTUNA_GP=only runs GPSampler alone (its hour apart from the others' minutes).
     configs = [("tpe", 1), ("tpe", 8), ("random", 1)]
     if os.environ.get("OPTUNA_GP") == "1":
         configs += [("gp", 1), ("gp", 8)]
+    if os.environ.get("OPTUNA_GP") == "only":
+        configs = [("gp", 1), ("gp", 8)]
+    only = [name for name in os.environ.get("OPTUNA_ONLY", "").split(",") if name]
+    unknown = [name for name in only if name not in PROBLEMS]
+    if unknown:
+        sys.exit(f"unknown problems {unknown}; known: {list(PROBLEMS)}")
     results = {
         "optuna_version": optuna.__version__,
+        "first_seed": first,
+        "seeds": count,
         "search": {
             problem: {
                 f"{sampler}, {workers} worker{'s' if workers > 1 else ''}": search(problem, sampler, workers, seeds)
                 for sampler, workers in configs
             }
             for problem in PROBLEMS
+            if not only or problem in only
         },
-        "pruning": {
+        "pruning": {} if only else {
             f"{name} (min {low})": pruning(make(low), seeds)
             for low in (1, 3)
             for name, make in (

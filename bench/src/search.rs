@@ -25,16 +25,26 @@ pub struct BenchSearchArgs {
     /// The first seed (seeds run from here).
     #[arg(long, default_value_t = 0)]
     pub first_seed: u64,
-    /// Optuna's results (JSON from bench/search/optuna_bench.py) to compare with.
+    /// Optuna's results (JSON from bench/search/optuna_bench.py) to compare with; may be
+    /// given again (GPSampler's run apart from TPE's): a figure comes from the first file
+    /// that has it.
     #[arg(long)]
-    pub optuna: Option<std::path::PathBuf>,
+    pub optuna: Vec<std::path::PathBuf>,
     /// Only these problems (comma separated: branin, hartmann6, rosenbrock4_log,
-    /// styblinski_tang8, mixed5, noisy_hartmann6); all by default.
+    /// styblinski_tang8, mixed5, noisy_hartmann6, choices4, wide_choice); all by default.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Time the refusal of hostile sweep files instead.
     #[arg(long)]
     pub hostile: bool,
+}
+
+/// How many seeds Optuna's results hold (files written before they said so): the length of
+/// one problem's curves.
+fn seeds_in(results: &Value) -> Option<u64> {
+    let problems = results["search"].as_object()?;
+    let configs = problems.values().next()?.as_object()?;
+    Some(configs.values().next()?.as_array()?.len() as u64)
 }
 
 const CONFIGS: usize = 81;
@@ -45,11 +55,12 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         hostile();
         return Ok(());
     }
-    let optuna: Option<Value> = match &args.optuna {
-        Some(path) => Some(serde_json::from_str(&std::fs::read_to_string(path)?)?),
-        None => None,
-    };
-    crate::search_table::print(args.first_seed..args.first_seed + args.seeds, optuna.as_ref(), &args.only);
+    let optuna = args
+        .optuna
+        .iter()
+        .map(|path| Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?))
+        .collect::<anyhow::Result<Vec<Value>>>()?;
+    crate::search_table::print(args.first_seed..args.first_seed + args.seeds, &optuna, &args.only);
     proposal_costs();
     println!();
     println!(
@@ -73,12 +84,14 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         let (saved, kept) = early_stopping(&rule, args.first_seed..args.first_seed + args.seeds);
         println!("{:<36} {:>13.1}% {:>15} of {:>3}", name, saved * 100.0, kept, args.seeds);
     }
-    if let Some(results) = &optuna {
+    for results in &optuna {
         if let Some(pruners) = results["pruning"].as_object() {
             for (name, figures) in pruners {
                 let saved = figures["saved"].as_f64().unwrap_or(f64::NAN);
                 let kept = figures["best_in_top3"].as_u64().unwrap_or(0);
-                println!("{:<36} {:>13.1}% {:>15} of {:>3}", format!("optuna {name}"), saved * 100.0, kept, args.seeds);
+                // Optuna's pruners over its own seeds, which may be more than app's here.
+                let seeds = results["seeds"].as_u64().or_else(|| seeds_in(results)).unwrap_or(args.seeds);
+                println!("{:<36} {:>13.1}% {:>15} of {:>3}", format!("optuna {name}"), saved * 100.0, kept, seeds);
             }
         }
     }

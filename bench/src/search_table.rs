@@ -31,13 +31,15 @@ pub struct Problem {
     noise: f64,
 }
 
-pub const PROBLEMS: [Problem; 6] = [
+pub const PROBLEMS: [Problem; 8] = [
     Problem { name: "branin", space: branin_space, truth: branin, noise: 0.0 },
     Problem { name: "hartmann6", space: unit_cube::<6>, truth: hartmann6, noise: 0.0 },
     Problem { name: "rosenbrock4_log", space: rosenbrock_space, truth: rosenbrock, noise: 0.0 },
     Problem { name: "styblinski_tang8", space: styblinski_space, truth: styblinski_tang, noise: 0.0 },
     Problem { name: "mixed5", space: mixed_space, truth: mixed, noise: 0.0 },
     Problem { name: "noisy_hartmann6", space: unit_cube::<6>, truth: hartmann6, noise: 0.1 },
+    Problem { name: "choices4", space: choices_space, truth: choices, noise: 0.0 },
+    Problem { name: "wide_choice", space: wide_choice_space, truth: wide_choice, noise: 0.0 },
 ];
 
 fn float(low: f64, high: f64, log: bool) -> Param {
@@ -100,6 +102,39 @@ fn mixed(x: &[f64]) -> f64 {
         + [0.3, 0.0][x[4] as usize]
 }
 
+/// Only categoricals, as a native sweep's value lists: optimizer (3), learning rate (6 listed
+/// values), batch size (4), dropout (5); 360 combinations, 18 one-hot dimensions.
+fn choices_space() -> Space {
+    Space { params: [3, 6, 4, 5].map(|choices| Param::Categorical { choices }).to_vec() }
+}
+
+/// 1 + {0.3, 0, 0.05}[opt] + 0.1 (lr - {4, 2, 2}[opt])² + {0.1, 0, 0.05, 0.2}[batch] +
+/// {0.15, 0.05, 0, 0.05, 0.3}[dropout]: the best learning rate depends on the optimizer; 1 at
+/// (1, 2, 1, 2).
+fn choices(x: &[f64]) -> f64 {
+    let [opt, lr, batch, dropout] = [x[0], x[1], x[2], x[3]].map(|index| index as usize);
+    1.0 + [0.3, 0.0, 0.05][opt]
+        + 0.1 * (lr as f64 - [4.0, 2.0, 2.0][opt]).powi(2)
+        + [0.1, 0.0, 0.05, 0.2][batch]
+        + [0.15, 0.05, 0.0, 0.05, 0.3][dropout]
+}
+
+/// A 15-choice categorical (an architecture) and two log-uniform floats (learning rate, weight
+/// decay): 17 one-hot dimensions.
+fn wide_choice_space() -> Space {
+    Space { params: vec![Param::Categorical { choices: 15 }, float(1e-5, 1e-1, true), float(1e-6, 1e-2, true)] }
+}
+
+const WIDE_OFFSETS: [f64; 15] = [0.8, 0.35, 1.2, 0.0, 0.6, 0.25, 0.9, 0.45, 1.5, 0.15, 0.7, 0.3, 1.0, 0.5, 0.1];
+
+/// 1 + offset[arch] + (log10 lr + 3 + ½ (arch mod 3 - 1))² + ½ (log10 wd + 4)²: each
+/// architecture has its own best learning rate; 1 at arch 3, lr = 10^-2.5, wd = 1e-4.
+fn wide_choice(x: &[f64]) -> f64 {
+    let arch = x[0] as usize;
+    let shift = 0.5 * ((arch % 3) as f64 - 1.0);
+    1.0 + WIDE_OFFSETS[arch] + (x[1].log10() + 3.0 + shift).powi(2) + 0.5 * (x[2].log10() + 4.0).powi(2)
+}
+
 /// A standard normal draw for run `trial` of `seed` (Box-Muller over two SplitMix64 draws).
 fn gaussian(seed: u64, trial: u64) -> f64 {
     let u1 = 1.0 - super::search::unit(seed, trial, 11);
@@ -141,8 +176,11 @@ pub fn curve(problem: &Problem, seed: u64, sampler: Option<Sampler>, workers: us
     at
 }
 
-/// (q1, median, q3) of `values`.
-pub fn quartiles(mut values: Vec<f64>) -> (f64, f64, f64) {
+/// (q1, median, q3).
+pub type Quartiles = (f64, f64, f64);
+
+/// The [`Quartiles`] of `values`.
+pub fn quartiles(mut values: Vec<f64>) -> Quartiles {
     values.sort_by(f64::total_cmp);
     let at = |q: f64| {
         let position = q * (values.len() - 1) as f64;
@@ -152,16 +190,28 @@ pub fn quartiles(mut values: Vec<f64>) -> (f64, f64, f64) {
     (at(0.25), at(0.5), at(0.75))
 }
 
-/// Optuna's figures for `problem` and `config` at `trials` runs, from the Python file's JSON:
-/// `{"search": {problem: {config: [[true best after run 1..100] per seed]}}}`.
-pub fn optuna_at(results: &Value, problem: &str, config: &str, trials: usize) -> Option<(f64, f64, f64)> {
-    let seeds = results["search"][problem][config].as_array()?;
-    let values: Option<Vec<f64>> = seeds.iter().map(|curve| curve.get(trials - 1)?.as_f64()).collect();
-    values.filter(|values| !values.is_empty()).map(quartiles)
+/// Optuna's figures for `problem` and `config` at `trials` runs over those of `seeds` its
+/// results have, and how many those are, from the Python file's JSON: `{"first_seed": N,
+/// "search": {problem: {config: [[true best after run 1..100] per seed from N]}}}`.
+pub fn optuna_at(
+    results: &Value,
+    problem: &str,
+    config: &str,
+    trials: usize,
+    seeds: &std::ops::Range<u64>,
+) -> Option<(Quartiles, usize)> {
+    let curves = results["search"][problem][config].as_array()?;
+    let first = results["first_seed"].as_u64().unwrap_or(0);
+    let values: Option<Vec<f64>> = seeds
+        .clone()
+        .filter_map(|seed| seed.checked_sub(first).and_then(|index| curves.get(index as usize)))
+        .map(|curve| curve.get(trials - 1)?.as_f64())
+        .collect();
+    values.filter(|values| !values.is_empty()).map(|values| (quartiles(values.clone()), values.len()))
 }
 
 /// Prints the table: per problem, a row per searcher, median [q1, q3] at each checkpoint.
-pub fn print(seeds: std::ops::Range<u64>, optuna: Option<&Value>, only: &[String]) {
+pub fn print(seeds: std::ops::Range<u64>, optuna: &[Value], only: &[String]) {
     let configs: [(&str, Option<Sampler>, usize); 7] = [
         ("app auto, 1 worker", Some(Sampler::Auto), 1),
         ("app auto, 8 workers", Some(Sampler::Auto), 8),
@@ -180,7 +230,7 @@ pub fn print(seeds: std::ops::Range<u64>, optuna: Option<&Value>, only: &[String
         let started = std::time::Instant::now();
         println!("{} ({})", problem.name, if problem.noise > 0.0 { "noise N(0, 0.1)" } else { "exact" });
         println!("  {:<30} {:>28} {:>28}", "searcher", "at 40 runs", "at 100 runs");
-        let show = |(q1, median, q3): (f64, f64, f64)| format!("{median:.4} [{q1:.4}, {q3:.4}]");
+        let show = |(q1, median, q3): Quartiles| format!("{median:.4} [{q1:.4}, {q3:.4}]");
         let space = (problem.space)();
         for (name, sampler, workers) in configs {
             // The model that proposes here: "app GP" on a categorical space is TPE.
@@ -195,13 +245,21 @@ pub fn print(seeds: std::ops::Range<u64>, optuna: Option<&Value>, only: &[String
             println!("  {:<30} {:>28} {:>28}", name, cells[0], cells[1]);
         }
         for config in theirs {
-            let cells: Vec<Option<(f64, f64, f64)>> = CHECKPOINTS
+            let cells: Vec<Option<(Quartiles, usize)>> = CHECKPOINTS
                 .iter()
-                .map(|trials| optuna.and_then(|results| optuna_at(results, problem.name, config, *trials)))
+                .map(|trials| {
+                    optuna.iter().find_map(|results| optuna_at(results, problem.name, config, *trials, &seeds))
+                })
                 .collect();
             if cells.iter().all(Option::is_some) {
-                let cells: Vec<String> = cells.into_iter().flatten().map(show).collect();
-                println!("  {:<30} {:>28} {:>28}", format!("optuna {config}"), cells[0], cells[1]);
+                let cells: Vec<(Quartiles, usize)> = cells.into_iter().flatten().collect();
+                // Fewer of the seeds than app's rows: said, as the medians are over fewer.
+                let name = match cells[0].1 as u64 == seeds.end - seeds.start {
+                    true => format!("optuna {config}"),
+                    false => format!("optuna {config} ({} seeds)", cells[0].1),
+                };
+                let cells: Vec<String> = cells.into_iter().map(|(figures, _)| show(figures)).collect();
+                println!("  {:<30} {:>28} {:>28}", name, cells[0], cells[1]);
             }
         }
         eprintln!("  ({} took {:.1?} for app's searches)", problem.name, started.elapsed());
@@ -217,6 +275,8 @@ mod tests {
         assert!((rosenbrock(&[1.0; 4])).abs() < 1e-12);
         assert!((styblinski_tang(&[-2.903534; 8]) + 39.16617 * 8.0).abs() < 1e-3);
         assert!((mixed(&[1e-3, 1e-4, 6.0, 0.0, 1.0]) - 1.0).abs() < 1e-12);
+        assert!((choices(&[1.0, 2.0, 1.0, 2.0]) - 1.0).abs() < 1e-12);
+        assert!((wide_choice(&[3.0, 10f64.powf(-2.5), 1e-4]) - 1.0).abs() < 1e-12);
         let draws: Vec<f64> = (0..4000).map(|trial| gaussian(3, trial)).collect();
         let mean = draws.iter().sum::<f64>() / 4000.0;
         let variance = draws.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 4000.0;

@@ -86,7 +86,7 @@ fn bayes_and_open_random_are_adaptive() {
     );
     assert_eq!(bayes.metric_target, Some(0.1));
     assert_eq!(bayes.count(), 0);
-    // One float: the GP proposes; with a categorical parameter, TPE does.
+    // The GP proposes, every third run TPE; a categorical parameter is one-hot in the GP.
     assert_eq!(bayes.search.describe(&bayes.space()).as_deref(), Some("adaptive (bayes, GP and TPE): up to 30 runs"));
     assert!(bayes.early_stop.is_some());
     let mixed = parse(
@@ -94,7 +94,14 @@ fn bayes_and_open_random_are_adaptive() {
          parameters: {lr: {min: 0.0001, max: 0.1}, opt: {values: [adam, sgd]}}\n",
     )
     .unwrap();
-    assert_eq!(mixed.search.describe(&mixed.space()).as_deref(), Some("adaptive (bayes, TPE): up to 30 runs"));
+    assert_eq!(mixed.search.describe(&mixed.space()).as_deref(), Some("adaptive (bayes, GP and TPE): up to 30 runs"));
+    let wide = parse(
+        "method: bayes\nprogram: t.py\nmetric: {name: loss}\nrun_cap: 30\n\
+         parameters: {arch: {values: [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p]}, opt: {values: [adam, sgd, lamb, lion, adamw]}}\n",
+    )
+    .unwrap();
+    // 16 + 5 one-hot dimensions are more than the GP models.
+    assert_eq!(wide.search.describe(&wide.space()).as_deref(), Some("adaptive (bayes, TPE): up to 30 runs"));
 }
 
 #[test]

@@ -241,8 +241,11 @@ fn the_auto_choice_gives_every_third_run_to_tpe_and_the_rest_to_the_gp() {
     let models: Vec<Sampler> = (0..6).map(|number| Sampler::Auto.for_run(&space, number)).collect();
     assert_eq!(models, [Sampler::Gp, Sampler::Gp, Sampler::Tpe, Sampler::Gp, Sampler::Gp, Sampler::Tpe]);
     assert!((0..6).all(|number| Sampler::Gp.for_run(&space, number) == Sampler::Gp), "forced GP is GP only");
+    // Categorical parameters are modelled one-hot, within the GP's dimensions (decision 0090).
     let categorical = Space { params: vec![Param::Categorical { choices: 3 }] };
-    assert!((0..6).all(|number| Sampler::Auto.for_run(&categorical, number) == Sampler::Tpe));
+    assert_eq!(Sampler::Auto.for_run(&categorical, 0), Sampler::Gp);
+    let wide = Space { params: vec![Param::Categorical { choices: 15 }, Param::Categorical { choices: 6 }] };
+    assert!((0..6).all(|number| Sampler::Auto.for_run(&wide, number) == Sampler::Tpe), "21 dimensions: TPE");
     // The proposals are the chosen model's, past the random start.
     let first = STARTUP_TRIALS as u64 + 6;
     let finished = run_branin(4, first);
@@ -284,7 +287,7 @@ fn a_categorical_parameter_is_modelled_one_hot_and_its_best_choice_found() {
     };
     let loss = |values: &[f64]| [1.0, 0.6, 0.0, 0.8][values[0] as usize] + (values[1] - 0.3).powi(2);
     assert_eq!(Sampler::Gp.resolve(&space), Sampler::Gp);
-    assert_eq!(Sampler::Auto.resolve(&space), Sampler::Tpe, "auto keeps TPE for categorical spaces");
+    assert_eq!(Sampler::Auto.resolve(&space), Sampler::Gp);
     for seed in 0..2 {
         let mut finished: Vec<Trial> = Vec::new();
         for number in 0..25 {

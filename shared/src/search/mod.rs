@@ -42,9 +42,9 @@ pub enum Search {
 /// The model a bayes sweep proposes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sampler {
-    /// By the space: for 1 to [`GP_MAX_DIMS`] integer and float parameters, the GP proposes
-    /// and every [`TPE_EVERY`]th run is TPE's; [`Sampler::Tpe`] otherwise, categorical
-    /// parameters included (W&B's `method: bayes`, native `search: bayes`).
+    /// By the space: where the GP models it (1 to [`GP_MAX_DIMS`] dimensions, a categorical
+    /// parameter counting one per choice), the GP proposes and every [`TPE_EVERY`]th run is
+    /// TPE's; [`Sampler::Tpe`] otherwise (W&B's `method: bayes`, native `search: bayes`).
     Auto,
     /// The tree-structured Parzen estimator (`search: tpe`).
     Tpe,
@@ -68,11 +68,6 @@ impl Sampler {
     pub fn resolve(self, space: &Space) -> Sampler {
         match self {
             Sampler::Tpe => Sampler::Tpe,
-            Sampler::Auto
-                if space.params.iter().any(|param| matches!(param, Param::Categorical { choices } if *choices > 1)) =>
-            {
-                Sampler::Tpe
-            }
             Sampler::Auto | Sampler::Gp if gp_sampler::models(space, GP_MAX_DIMS) => Sampler::Gp,
             Sampler::Auto | Sampler::Gp => Sampler::Tpe,
         }
