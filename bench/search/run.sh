@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# app's TPE, random search and early stopping side by side with Optuna's.
+# app's bayes (auto, TPE, GP), random search and early stopping side by side with Optuna's,
+# then app's auto choice through the real queue (a server and a worker) beside its functions.
 # Installs Optuna from PyPI into bench/search/.venv (once), runs Optuna on the problems of
 # bench/src/search_table.rs, then `app-bench search` with those results. Usage:
 #   bench/search/run.sh [--gp] [SEEDS]        (default 15)
@@ -39,8 +40,12 @@ echo "optuna $("$venv/bin/python" -c 'import optuna; print(optuna.__version__)')
 OPTUNA_GP="$gp" "$venv/bin/python" "$here/optuna_bench.py" "$seeds" > "$results.partial"
 mv "$results.partial" "$results"
 cd "$root"
-cargo build --release --quiet -p bench
+# app itself too: --queue runs it as the server and the worker.
+cargo build --release --quiet -p bench --bin app-bench
+cargo build --release --quiet --bin app
 target="${CARGO_TARGET_DIR:-target}"
 "$target/release/app-bench" search --seeds "$seeds" --optuna "$results"
+echo
+"$target/release/app-bench" search --queue --seeds "$seeds"
 echo
 "$target/release/app-bench" search --hostile

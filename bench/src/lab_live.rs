@@ -45,7 +45,7 @@ fn token(user: usize) -> String {
 }
 
 /// Processes killed when dropped.
-struct Processes(Vec<Child>);
+pub(crate) struct Processes(pub(crate) Vec<Child>);
 
 impl Drop for Processes {
     fn drop(&mut self) {
@@ -315,11 +315,11 @@ fn dir_kept(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn options(token: Option<String>) -> ClientOptions {
+pub(crate) fn options(token: Option<String>) -> ClientOptions {
     ClientOptions { token, ca_pem: None }
 }
 
-async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> anyhow::Result<()>
+pub(crate) async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> anyhow::Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

@@ -16,6 +16,7 @@ mod page;
 mod queue;
 mod replicas;
 mod search;
+mod search_queue;
 mod search_table;
 mod server;
 mod shares;
@@ -62,6 +63,9 @@ enum Bench {
     Shares(shares::BenchSharesArgs),
     /// The scheduling policies on a simulated lab: shares, waits, idle GPUs, work lost.
     Lab(lab::BenchLabArgs),
+    /// One run of `search --queue`'s sweeps, inside a job (not a benchmark).
+    #[command(hide = true)]
+    SearchRun(search_queue::SearchRunArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
             Bench::Replicas(args) => replicas::run(args).await,
             Bench::Shares(args) => shares::run(args).await,
             Bench::Lab(args) => lab::run(args).await,
+            Bench::SearchRun(args) => search_queue::search_run(&args),
         }
     });
     match outcome {

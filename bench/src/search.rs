@@ -37,6 +37,10 @@ pub struct BenchSearchArgs {
     /// Time the refusal of hostile sweep files instead.
     #[arg(long)]
     pub hostile: bool,
+    /// Run app's auto choice through a real server and worker instead, beside the proposal
+    /// functions' figures (`search_queue`).
+    #[arg(long)]
+    pub queue: bool,
 }
 
 /// How many seeds Optuna's results hold (files written before they said so): the length of
@@ -54,6 +58,9 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
     if args.hostile {
         hostile();
         return Ok(());
+    }
+    if args.queue {
+        return crate::search_queue::run(args.first_seed..args.first_seed + args.seeds, &args.only).await;
     }
     let optuna = args
         .optuna

@@ -28,7 +28,7 @@ pub struct Problem {
     space: fn() -> Space,
     truth: fn(&[f64]) -> f64,
     /// The standard deviation of the Gaussian noise on what a run reports.
-    noise: f64,
+    pub noise: f64,
 }
 
 pub const PROBLEMS: [Problem; 8] = [
@@ -41,6 +41,19 @@ pub const PROBLEMS: [Problem; 8] = [
     Problem { name: "choices4", space: choices_space, truth: choices, noise: 0.0 },
     Problem { name: "wide_choice", space: wide_choice_space, truth: wide_choice, noise: 0.0 },
 ];
+
+impl Problem {
+    pub fn space(&self) -> Space {
+        (self.space)()
+    }
+
+    /// Run `number` of a sweep seeded `seed` at `values`: what it reports (its true value and
+    /// the problem's noise) and its true value.
+    pub fn run(&self, values: &[f64], seed: u64, number: u64) -> (f64, f64) {
+        let truth = (self.truth)(values);
+        (truth + self.noise * gaussian(seed, number), truth)
+    }
+}
 
 fn float(low: f64, high: f64, log: bool) -> Param {
     Param::Float { low, high, log, step: None }
@@ -145,11 +158,21 @@ fn gaussian(seed: u64, trial: u64) -> f64 {
 /// The true value of the run that reported the best value, after each checkpoint, for one
 /// seed; `sampler` `None` is random search.
 pub fn curve(problem: &Problem, seed: u64, sampler: Option<Sampler>, workers: usize) -> Vec<f64> {
+    at_checkpoints(simulate(problem, seed, sampler, workers).1)
+}
+
+/// The runs [`curve`] makes, in index order.
+pub fn runs(problem: &Problem, seed: u64, sampler: Option<Sampler>, workers: usize) -> Vec<Vec<f64>> {
+    simulate(problem, seed, sampler, workers).0.into_iter().map(|trial| trial.values).collect()
+}
+
+/// The runs of one seed (they finish in index order, the oldest first) and their (reported,
+/// true) values.
+fn simulate(problem: &Problem, seed: u64, sampler: Option<Sampler>, workers: usize) -> (Vec<Trial>, Vec<(f64, f64)>) {
     let space = (problem.space)();
     let mut finished: Vec<Trial> = Vec::with_capacity(TRIALS);
     let mut in_flight: VecDeque<(u64, Vec<f64>)> = VecDeque::new();
-    let (mut best_reported, mut best_true) = (f64::INFINITY, f64::NAN);
-    let mut at = Vec::new();
+    let mut results = Vec::with_capacity(TRIALS);
     let mut next = 0u64;
     while finished.len() < TRIALS {
         while in_flight.len() < workers && (next as usize) < TRIALS {
@@ -163,13 +186,23 @@ pub fn curve(problem: &Problem, seed: u64, sampler: Option<Sampler>, workers: us
             next += 1;
         }
         let Some((number, values)) = in_flight.pop_front() else { break };
-        let truth = (problem.truth)(&values);
-        let reported = truth + problem.noise * gaussian(seed, number);
+        let (reported, truth) = problem.run(&values, seed, number);
+        results.push((reported, truth));
+        finished.push(Trial { values, metric: Some(reported) });
+    }
+    (finished, results)
+}
+
+/// The true value of the run that reported the best value so far, at each of [`CHECKPOINTS`]
+/// that many runs are in, from the runs' (reported, true) values in the order they finished.
+pub fn at_checkpoints(finished: impl IntoIterator<Item = (f64, f64)>) -> Vec<f64> {
+    let (mut best_reported, mut best_true) = (f64::INFINITY, f64::NAN);
+    let mut at = Vec::new();
+    for (count, (reported, truth)) in finished.into_iter().enumerate() {
         if reported < best_reported {
             (best_reported, best_true) = (reported, truth);
         }
-        finished.push(Trial { values, metric: Some(reported) });
-        if CHECKPOINTS.contains(&finished.len()) {
+        if CHECKPOINTS.contains(&(count + 1)) {
             at.push(best_true);
         }
     }

@@ -304,3 +304,27 @@ fn a_categorical_parameter_is_modelled_one_hot_and_its_best_choice_found() {
         assert!(on_best * 2 > model_runs.len(), "seed {seed}: the model's runs mostly take the best choice");
     }
 }
+
+#[test]
+fn each_categorical_parameter_s_choices_are_all_weighed_after_the_gradient_search() {
+    let float = Dimension { index: 0, low: 0.0, high: 1.0, log: false, discrete: false, choice: None };
+    let choice =
+        |choice| Dimension { index: 1, low: 0.0, high: 1.0, log: false, discrete: false, choice: Some(choice) };
+    let other = |choice| Dimension { index: 2, low: 0.0, high: 1.0, log: false, discrete: false, choice: Some(choice) };
+    let dims = vec![float, choice(0), choice(1), choice(2), choice(3), choice(4), other(0), other(1)];
+    // Choice 3 of the first parameter is best, but only with choice 1 of the second: one
+    // parameter at a time, the second round finds it.
+    let score = |point: &[f64]| {
+        let first = (1..6).find(|&dim| point[dim] == 1.0).unwrap() - 1;
+        let second = (6..8).find(|&dim| point[dim] == 1.0).unwrap() - 6;
+        let table = [[0.0, 0.5], [0.2, 0.4], [0.0, 0.0], [0.1, 3.0], [0.15, 0.0]];
+        table[first][second] - (point[0] - 0.3).powi(2)
+    };
+    let start = vec![0.3, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+    let (value, point) = best_choices(&dims, (score(&start), start), &score);
+    assert_eq!(point, vec![0.3, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]);
+    assert_eq!(value, 3.0);
+    // A space without categorical parameters is left as it is.
+    let (value, point) = best_choices(&dims[..1], (1.5, vec![0.7]), &|_: &[f64]| 9.0);
+    assert_eq!((value, point), (1.5, vec![0.7]));
+}
