@@ -240,7 +240,8 @@ def main():
             for problem in PROBLEMS
             if not only or problem in only
         },
-        "pruning": {} if only else {
+        # The pruners once, with TPE's run: not again with GPSampler's alone.
+        "pruning": {} if only or os.environ.get("OPTUNA_GP") == "only" else {
             f"{name} (min {low})": pruning(make(low), seeds)
             for low in (1, 3)
             for name, make in (

@@ -59,6 +59,7 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         hostile();
         return Ok(());
     }
+    anyhow::ensure!(args.seeds > 0, "--seeds must be at least 1");
     if args.queue {
         return crate::search_queue::run(args.first_seed..args.first_seed + args.seeds, &args.only).await;
     }

@@ -8,10 +8,11 @@
 //! its true value beside it. Runs are counted in the order they finished. Prints figures;
 //! asserts nothing.
 //!
-//! With one slot each proposal knows every result before it, so the queue's runs should be
-//! the functions' runs; "agree to" is the median number of first runs that are (to 1e-9 of
-//! each value; last digits differ, and a GP amplifies them). With 8 slots the order in which
-//! runs end is the queue's own, so the figures are a second measurement.
+//! With one slot each proposal knows every result before it, so the queue's runs are the
+//! functions' runs; "agree to" is the median number of first runs that are (to 1e-9 of each
+//! value: a GP amplifies any difference in the last digits, so a lower figure means the
+//! server's model saw something else). With 8 slots the order in which runs end is the
+//! queue's own, so the figures are a second measurement.
 
 use crate::lab_live::{options, wait_for, Processes};
 use crate::search_table::{at_checkpoints, quartiles, Quartiles, CHECKPOINTS, PROBLEMS, TRIALS};
@@ -95,7 +96,7 @@ pub async fn run(seeds: std::ops::Range<u64>, only: &[String]) -> anyhow::Result
     let program = std::env::current_exe()?.display().to_string();
     // The jobs' command line is split by the shell and quoted by YAML's single quotes.
     anyhow::ensure!(
-        !program.contains(|c: char| c.is_whitespace() || "'\"$`\\".contains(c)),
+        !program.contains(|c: char| c.is_whitespace() || "'\"$`\\;&|()<>*?~#!{}[]".contains(c)),
         "app-bench's path {program} would need quoting in a job's command; run it from another"
     );
     println!(
@@ -209,8 +210,7 @@ async fn through_queue(
 }
 
 /// How many of the first runs are the same in the queue and the functions, to 1e-9 of each
-/// value: the server reads values back from the stored parameters and keeps the finished
-/// runs in the order they ended, so its model may differ in the last digits, and that grows.
+/// value.
 fn agree(queue: &[Option<Vec<f64>>], functions: &[Option<Vec<f64>>]) -> usize {
     let close = |a: &f64, b: &f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-300);
     queue

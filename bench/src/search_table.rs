@@ -1,11 +1,12 @@
 //! The search comparison of `app-bench search` (issue 32): app's bayes (auto, TPE, GP) and
-//! random search on six problems, with 1 and 8 runs in flight, against Optuna's samplers when
+//! random search on eight problems, with 1 and 8 runs in flight, against Optuna's samplers when
 //! `bench/search/optuna_bench.py` gives their results on the same problems, seeds and noise.
 //!
 //! Problems (defined identically in the Python file): Branin, Hartmann-6, Rosenbrock-4 on a
 //! log-scaled range ([0.01, 10] each, log-uniform), Styblinski-Tang-8, a mixed space (two
-//! log-uniform floats, an integer, two categoricals) and Hartmann-6 with N(0, 0.1) noise on
-//! what a run reports. Each figure is the *true* value of the run that reported the best
+//! log-uniform floats, an integer, two categoricals), Hartmann-6 with N(0, 0.1) noise on
+//! what a run reports, four value lists (`choices4`) and a 15-choice categorical with two log
+//! floats (`wide_choice`). Each figure is the *true* value of the run that reported the best
 //! value so far (the one a researcher would pick), after 40 and 100 runs: median and
 //! quartiles over the seeds.
 //!
@@ -266,7 +267,7 @@ pub fn print(seeds: std::ops::Range<u64>, optuna: &[Value], only: &[String]) {
         let show = |(q1, median, q3): Quartiles| format!("{median:.4} [{q1:.4}, {q3:.4}]");
         let space = (problem.space)();
         for (name, sampler, workers) in configs {
-            // The model that proposes here: "app GP" on a categorical space is TPE.
+            // The model that proposes here: "app GP" on a space of more than 20 dimensions is TPE.
             let name = match sampler {
                 Some(sampler) if sampler != Sampler::Tpe => format!("{name} ({})", sampler.label(&space)),
                 _ => name.to_owned(),

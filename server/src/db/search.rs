@@ -141,7 +141,11 @@ pub async fn trials(conn: impl Into<Conn<'_>>, sweep_id: SweepId, metric: &str) 
     on_conn!(conn, |conn, engine| {
         let packed: Option<String> = sql::query_scalar(engine.pick(
             concat!(
-                "SELECT json_group_array(json_object('status', status, 'params', json(params), 'min', min, 'max', max,
+                // A REAL in SQLite's JSON has 15 digits; printed with 17 and read as a JSON
+                // number literal (kept as written), the model sees the value the run reported.
+                "SELECT json_group_array(json_object('status', status, 'params', json(params),
+                                             'min', CASE WHEN min IS NOT NULL THEN json(printf('%!.17g', min)) END,
+                                             'max', CASE WHEN max IS NOT NULL THEN json(printf('%!.17g', max)) END,
                                              'stopped', json(CASE WHEN stopped THEN 'true' ELSE 'false' END)))
          FROM (SELECT j.status, j.params, ",
                 trial_columns!(),
@@ -444,4 +448,37 @@ pub async fn state(pool: impl Into<PoolRef<'_>>, sweep_id: SweepId) -> anyhow::R
             notes: serde_json::from_str(&notes)?,
         }))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_run_s_parameters_and_metric_are_read_back_to_the_last_digit() {
+        let directory = tempfile::tempdir().unwrap();
+        let db = crate::db::Db::open(directory.path()).await.unwrap();
+        // 17 significant digits each: a 15-digit read (SQLite's JSON of a REAL) changes the
+        // metrics. The parameters are stored JSON, read back as written.
+        let setup = "INSERT INTO sweeps (id, name, form, source, job_count, created_at)
+                 VALUES (1, 's', 'wandb', '', 1, 0);
+             INSERT INTO jobs (id, sweep_id, idx, params, command, priority, created_at, status)
+                 VALUES (1, 1, 0, '{\"x\": 4.0917454777520743, \"lr\": 0.00025982485752028451}', 'true', 0, 0, 'succeeded'),
+                        (2, 1, 1, '{\"x\": 1e-300, \"lr\": 1}', 'true', 0, 0, 'succeeded'),
+                        (3, 1, 2, '{\"x\": 2, \"lr\": 1}', 'true', 0, 0, 'failed');
+             INSERT INTO job_metric_summaries (job_id, name, attempt, last_value, min_value, max_value, point_count)
+                 VALUES (1, 'loss', 0, 0.30000000000000004, 0.30000000000000004, 1234.5678901234567, 1),
+                        (2, 'loss', 0, -2.5e-310, -1e300, 5e-324, 1);";
+        db.sqlite_connection().unwrap().unwrap().execute_batch(setup).unwrap();
+        let mut reader = db.reader.acquire().await.unwrap();
+        let rows = trials(reader.conn(), SweepId::new(1), "loss").await.unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].params["x"].as_f64(), Some(4.0917454777520743));
+        assert_eq!(rows[0].params["lr"].as_f64(), Some(0.00025982485752028451));
+        assert_eq!((rows[0].min, rows[0].max), (Some(0.1 + 0.2), Some(1234.5678901234567)));
+        // Huge, subnormal and negative values too; a run with no metric has none.
+        assert_eq!((rows[1].min, rows[1].max), (Some(-1e300), Some(5e-324)));
+        assert_eq!(rows[1].params["x"].as_f64(), Some(1e-300));
+        assert_eq!((rows[2].min, rows[2].max, rows[2].status.as_str()), (None, None, "failed"));
+    }
 }

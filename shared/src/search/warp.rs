@@ -105,9 +105,10 @@ pub(crate) fn warp(values: &[f64]) -> Vec<f64> {
     sorted.sort_by(f64::total_cmp);
     if relative(&sorted) {
         // Box-Cox is scale-free: the metrics in units of the largest are as good as any. A λ
-        // that overflows on a metric its likelihood did not sample falls back to Yeo-Johnson.
+        // that overflows on a metric its likelihood did not sample (or whose spread does)
+        // falls back to Yeo-Johnson.
         let warped = most_normal(&unit, box_cox, f64::ln);
-        if warped.iter().all(|value| value.is_finite()) {
+        if warped.iter().all(|value| value.is_finite()) && spread(&warped).is_finite() {
             return warped;
         }
     }
