@@ -473,8 +473,8 @@ mod tests {
         let mut reader = db.reader.acquire().await.unwrap();
         let rows = trials(reader.conn(), SweepId::new(1), "loss").await.unwrap();
         assert_eq!(rows.len(), 3);
-        assert_eq!(rows[0].params["x"].as_f64(), Some(4.0917454777520743));
-        assert_eq!(rows[0].params["lr"].as_f64(), Some(0.00025982485752028451));
+        assert_eq!(rows[0].params["x"].as_f64(), Some(4.091745477752074));
+        assert_eq!(rows[0].params["lr"].as_f64(), Some(0.0002598248575202845));
         assert_eq!((rows[0].min, rows[0].max), (Some(0.1 + 0.2), Some(1234.5678901234567)));
         // Huge, subnormal and negative values too; a run with no metric has none.
         assert_eq!((rows[1].min, rows[1].max), (Some(-1e300), Some(5e-324)));
