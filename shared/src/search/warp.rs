@@ -9,12 +9,6 @@
 //! loss is near 0 or a reward crosses it is part of its shape. A metric far from 0 for its
 //! spread (a negative log-likelihood summed over a dataset) is centred on its median first:
 //! there every λ is nearly affine and would only lose digits.
-//!
-//! A positive metric whose middle half spans more than [`BOX_COX_DECADES`] powers of ten (a
-//! loss that is 0.01 in good runs and 100 in bad ones) is Box-Cox transformed instead, which
-//! can reach the logarithm: its differences are relative, and Yeo-Johnson, log-like only far
-//! from 0, would flatten the good runs' (decision 0090). A metric of one order of magnitude
-//! (Branin's valleys) keeps Yeo-Johnson, whose sharper log near 0 would make it all peaks.
 
 /// λ is searched on this grid (the likelihood is smooth in λ; a grid keeps it deterministic).
 const LAMBDAS: (f64, f64, usize) = (-2.0, 3.0, 100);
@@ -22,9 +16,6 @@ const LAMBDAS: (f64, f64, usize) = (-2.0, 3.0, 100);
 const LIKELIHOOD_POINTS: usize = 1000;
 /// A metric whose median is more standard deviations from 0 than this is centred first.
 const FAR_FROM_ZERO: f64 = 10.0;
-/// A positive metric whose upper quartile is more than 10 to this power times its lower one is
-/// Box-Cox transformed.
-const BOX_COX_DECADES: f64 = 1.5;
 
 /// The Yeo-Johnson transform of `value` with `lambda`: `((y + 1)^λ - 1) / λ` for `y ≥ 0`,
 /// `-((1 - y)^(2-λ) - 1) / (2 - λ)` below, and their logarithmic limits (written with
@@ -40,47 +31,13 @@ fn yeo_johnson(value: f64, lambda: f64) -> f64 {
     }
 }
 
-/// The Box-Cox transform of `value` (> 0) with `lambda`: `(y^λ - 1) / λ`, `ln y` at 0.
-fn box_cox(value: f64, lambda: f64) -> f64 {
-    match lambda.abs() < 1e-9 {
-        true => value.ln(),
-        false => (lambda * value.ln()).exp_m1() / lambda,
-    }
-}
-
-/// The log likelihood of `lambda` for `values` under `transform`: of a normal sample after the
-/// transform, with the transform's Jacobian (up to a constant). `jacobian` is Σ g(y) over the
-/// values, where the logarithm of the transform's slope at y is (λ - 1) g(y).
-fn log_likelihood(values: &[f64], lambda: f64, transform: fn(f64, f64) -> f64, jacobian: f64) -> f64 {
-    let transformed: Vec<f64> = values.iter().map(|value| transform(*value, lambda)).collect();
+/// The log likelihood of `lambda` for `values`: of a normal sample after the transform, with
+/// the transform's Jacobian (up to a constant).
+fn log_likelihood(values: &[f64], lambda: f64) -> f64 {
+    let transformed: Vec<f64> = values.iter().map(|value| yeo_johnson(*value, lambda)).collect();
     let variance = spread(&transformed).powi(2);
+    let jacobian: f64 = values.iter().map(|value| value.signum() * value.abs().ln_1p()).sum();
     -0.5 * values.len() as f64 * variance.ln() + (lambda - 1.0) * jacobian
-}
-
-/// `values` transformed by the λ of the grid under which they look most like a normal sample
-/// (the likelihood on at most [`LIKELIHOOD_POINTS`] of them, evenly spread), 1 if none is
-/// finite. `log_slope` is g above.
-fn most_normal(values: &[f64], transform: fn(f64, f64) -> f64, log_slope: fn(f64) -> f64) -> Vec<f64> {
-    let sample: Vec<f64> = match values.len() > LIKELIHOOD_POINTS {
-        true => (0..LIKELIHOOD_POINTS).map(|k| values[k * values.len() / LIKELIHOOD_POINTS]).collect(),
-        false => values.to_vec(),
-    };
-    let jacobian: f64 = sample.iter().map(|value| log_slope(*value)).sum();
-    let (low, high, steps) = LAMBDAS;
-    let lambda = (0..=steps)
-        .map(|k| low + (high - low) * k as f64 / steps as f64)
-        .map(|lambda| (lambda, log_likelihood(&sample, lambda, transform, jacobian)))
-        .filter(|(_, likelihood)| likelihood.is_finite())
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map_or(1.0, |(lambda, _)| lambda);
-    values.iter().map(|value| transform(*value, lambda)).collect()
-}
-
-/// Whether `sorted` (ascending) is a positive metric whose upper quartile is more than
-/// [`BOX_COX_DECADES`] powers of ten above its lower one: compared by ratios.
-fn relative(sorted: &[f64]) -> bool {
-    let quartile = |q: usize| sorted[(sorted.len() - 1) * q / 4];
-    !sorted.is_empty() && quartile(0) > 0.0 && quartile(3) > quartile(1) * 10f64.powf(BOX_COX_DECADES)
 }
 
 /// The population standard deviation.
@@ -101,25 +58,27 @@ pub(crate) fn warp(values: &[f64]) -> Vec<f64> {
         return values.to_vec();
     }
     let unit: Vec<f64> = values.iter().map(|value| value / largest).collect();
-    let mut sorted = unit.clone();
-    sorted.sort_by(f64::total_cmp);
-    if relative(&sorted) {
-        // Box-Cox is scale-free: the metrics in units of the largest are as good as any. A λ
-        // that overflows on a metric its likelihood did not sample (or whose spread does)
-        // falls back to Yeo-Johnson.
-        let warped = most_normal(&unit, box_cox, f64::ln);
-        if warped.iter().all(|value| value.is_finite()) && spread(&warped).is_finite() {
-            return warped;
-        }
-    }
     let scale = spread(&unit);
     if scale.is_nan() || scale <= 1e-12 {
         return values.to_vec();
     }
+    let mut sorted = unit.clone();
+    sorted.sort_by(f64::total_cmp);
     let median = sorted[sorted.len() / 2];
     let centre = if median.abs() > FAR_FROM_ZERO * scale { median } else { 0.0 };
     let scaled: Vec<f64> = unit.iter().map(|value| (value - centre) / scale).collect();
-    most_normal(&scaled, yeo_johnson, |value| value.signum() * value.abs().ln_1p())
+    let sample: Vec<f64> = match scaled.len() > LIKELIHOOD_POINTS {
+        true => (0..LIKELIHOOD_POINTS).map(|k| scaled[k * scaled.len() / LIKELIHOOD_POINTS]).collect(),
+        false => scaled.clone(),
+    };
+    let (low, high, steps) = LAMBDAS;
+    let lambda = (0..=steps)
+        .map(|k| low + (high - low) * k as f64 / steps as f64)
+        .map(|lambda| (lambda, log_likelihood(&sample, lambda)))
+        .filter(|(_, likelihood)| likelihood.is_finite())
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(1.0, |(lambda, _)| lambda);
+    scaled.iter().map(|value| yeo_johnson(*value, lambda)).collect()
 }
 
 #[cfg(test)]
@@ -161,42 +120,6 @@ mod tests {
         let scale = spread(&even);
         let linear = warped.iter().zip(&even).all(|(warped, value)| (warped - value / scale).abs() < 0.5);
         assert!(linear, "{warped:?}");
-    }
-
-    #[test]
-    fn a_positive_metric_over_decades_is_compared_by_ratios_and_one_over_a_decade_is_not() {
-        // Where the warped values of y and 2y differ, for a metric whose runs include both.
-        let gap = |values: &[f64], warped: &[f64], y: f64| {
-            let at = |target: f64| warped[values.iter().position(|value| *value == target).unwrap()];
-            at(2.0 * y) - at(y)
-        };
-        // A loss from 0.001 to 1000 (a learning rate's divergent corner): a run at 0.01 is
-        // as much better than one at 0.02 as 10 is than 20, as under the logarithm.
-        let mut decades: Vec<f64> = (0..60).map(|k| 10f64.powf(-3.0 + 6.0 * k as f64 / 59.0)).collect();
-        decades.extend([0.01, 0.02, 10.0, 20.0]);
-        let warped = warp(&decades);
-        assert!(strictly_increasing_with(&decades, &warped));
-        let ratio = gap(&decades, &warped, 0.01) / gap(&decades, &warped, 10.0);
-        assert!((ratio - 1.0).abs() < 0.05, "{ratio}");
-        // A metric of one decade (Branin's runs, 0.4 to 4 in the middle half) keeps its absolute
-        // differences: 2 to 4 is still a larger step than 0.4 to 0.8.
-        let mut decade: Vec<f64> = (0..60).map(|k| 0.2 + 20.0 * (k as f64 / 59.0).powi(2)).collect();
-        decade.extend([0.4, 0.8, 2.0, 4.0]);
-        let warped = warp(&decade);
-        assert!(strictly_increasing_with(&decade, &warped));
-        let ratio = gap(&decade, &warped, 0.4) / gap(&decade, &warped, 2.0);
-        assert!(ratio < 0.7, "{ratio}");
-        // Which metrics are compared by ratios: over 1.5 decades in the middle half, all > 0.
-        let spaced =
-            |low: f64, high: f64| -> Vec<f64> { (0..41).map(|k| low * (high / low).powf(k as f64 / 40.0)).collect() };
-        assert!(relative(&spaced(1e-3, 1e3)) && relative(&spaced(1.0, 2000.0)));
-        assert!(!relative(&spaced(1.0, 10.0)) && !relative(&spaced(1.0, 500.0)), "1.35 decades in the middle half");
-        assert!(!relative(&[-1.0, 1e-3, 1.0, 1e3]) && !relative(&[0.0, 1e-3, 1.0, 1e3]) && !relative(&[]));
-        assert!(!relative(&[1e-3, 1e3]), "two runs have one quartile");
-        // One non-positive run and the metric is not Box-Cox's: still finite and in order.
-        decades[0] = 0.0;
-        let warped = warp(&decades);
-        assert!(warped.iter().all(|value| value.is_finite()) && strictly_increasing_with(&decades, &warped));
     }
 
     #[test]
