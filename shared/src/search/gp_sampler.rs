@@ -186,7 +186,8 @@ pub(crate) fn prepare(space: &Space, maximize: bool, finished: &[Trial]) -> Opti
         return Some(Prepared::Random(reason));
     }
     let (points, values): (Vec<Vec<f64>>, Vec<f64>) = scored.into_iter().unzip();
-    let warped = super::warp::warp(&values);
+    let start = &values[..values.len().min(super::tpe::STARTUP_TRIALS)];
+    let warped = super::warp::warp(&values, super::warp::spans_decades(start));
     let (mean, spread) = moments(&warped);
     let standard: Vec<(Vec<f64>, f64)> =
         points.into_iter().zip(warped).map(|(point, value)| (point, (value - mean) / spread)).collect();

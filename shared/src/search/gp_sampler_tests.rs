@@ -1,6 +1,7 @@
 use super::*;
 use crate::search::problems::branin;
 use crate::search::tpe::STARTUP_TRIALS;
+use crate::search::warp;
 use proptest::prelude::*;
 
 /// Trial `number` from the GP alone, prepared for this one proposal; `None` when the GP does
@@ -327,4 +328,36 @@ fn each_categorical_parameter_s_choices_are_all_weighed_after_the_gradient_searc
     // A space without categorical parameters is left as it is.
     let (value, point) = best_choices(&dims[..1], (1.5, vec![0.7]), &|_: &[f64]| 9.0);
     assert_eq!((value, point), (1.5, vec![0.7]));
+}
+
+#[test]
+fn the_random_start_decides_whether_the_metric_is_compared_by_ratios() {
+    let space = Space { params: vec![Param::Float { low: 0.0, high: 1.0, log: false, step: None }] };
+    let trials = |metric: &dyn Fn(usize) -> f64| -> Vec<Trial> {
+        (0..30).map(|k| Trial { values: vec![k as f64 / 30.0], metric: Some(metric(k)) }).collect()
+    };
+    let seen = |trials: &[Trial]| match prepare(&space, false, trials) {
+        Some(Prepared::Model(fitted)) => fitted.standard.iter().map(|(_, value)| *value).collect::<Vec<f64>>(),
+        _ => panic!("the GP models one float"),
+    };
+    let standardized = |warped: Vec<f64>| {
+        let (mean, spread) = moments(&warped);
+        warped.iter().map(|value| (value - mean) / spread).collect::<Vec<f64>>()
+    };
+    // A loss the search drives towards 0: the random start within a decade, the later runs down
+    // to 1e-6. All thirty span decades, the first ten do not: compared by differences.
+    let converging = trials(&|k| if k < STARTUP_TRIALS { 1.0 + k as f64 / 3.0 } else { 10f64.powf(-0.3 * k as f64) });
+    let metrics: Vec<f64> = converging.iter().filter_map(|trial| trial.metric).collect();
+    assert!(warp::spans_decades(&metrics));
+    let (by_differences, by_ratios) = (warp::warp(&metrics, false), warp::warp(&metrics, true));
+    assert_ne!(by_differences, by_ratios);
+    assert_eq!(seen(&converging), standardized(by_differences));
+    // A random start from 1 to 1e4 (a divergent corner): compared by ratios from then on, even
+    // where the later runs alone would not be.
+    let diverging = trials(&|k| if k < STARTUP_TRIALS { 10f64.powf(0.45 * k as f64) } else { 2.0 + k as f64 / 30.0 });
+    let metrics: Vec<f64> = diverging.iter().filter_map(|trial| trial.metric).collect();
+    assert!(!warp::spans_decades(&metrics[STARTUP_TRIALS..]));
+    let (by_differences, by_ratios) = (warp::warp(&metrics, false), warp::warp(&metrics, true));
+    assert_ne!(by_differences, by_ratios);
+    assert_eq!(seen(&diverging), standardized(by_ratios));
 }
