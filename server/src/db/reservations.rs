@@ -38,20 +38,44 @@ pub async fn all(pool: impl Into<PoolRef<'_>>) -> sql::Result<Vec<Reservation>> 
 }
 
 /// Claimable jobs of more than one GPU queued since `before` (Unix ms) or earlier, in dispatch
-/// order, `limit` at most: those a reservation may be made for.
-pub async fn waited_long(pool: impl Into<PoolRef<'_>>, before: i64, limit: u32) -> anyhow::Result<Vec<Candidate>> {
+/// order, `limit` at most, and with `class` only those of that priority class: those a
+/// reservation may be made for.
+pub async fn waited_long(
+    pool: impl Into<PoolRef<'_>>,
+    before: i64,
+    limit: u32,
+    class: Option<i64>,
+) -> anyhow::Result<Vec<Candidate>> {
     let pool = pool.into();
     on_pool!(pool, |pool, engine| {
         let hint = engine.pick(" INDEXED BY jobs_queue", "");
+        let of_class = match class {
+            Some(_) => "AND (SELECT class_value FROM sweeps s WHERE s.id = jobs.sweep_id) = $3",
+            None => "AND $3 IS NULL",
+        };
         let rows = sql::query(&format!(
-            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, CAST(0 AS BIGINT) AS class_value FROM jobs{hint}
-             WHERE {CLAIMABLE} AND gpus > 1 AND created_at <= $1 ORDER BY {DISPATCH_ORDER} LIMIT $2"
+            "SELECT id, gpus, gpu_memory, exclusive, needs_trainer, timeout_secs, {CLASS_OF_JOB} FROM jobs{hint}
+             WHERE {CLAIMABLE} AND gpus > 1 AND created_at <= $1 {of_class} ORDER BY {DISPATCH_ORDER} LIMIT $2"
         ))
         .bind(before)
         .bind(limit)
+        .bind(class)
         .fetch_all(pool)
         .await?;
         rows.iter().map(Candidate::from_row).collect()
+    })
+}
+
+/// The highest priority class value of the sweeps with claimable jobs; `None` when none wait.
+pub async fn highest_waiting_class(pool: impl Into<PoolRef<'_>>) -> sql::Result<Option<i64>> {
+    let pool = pool.into();
+    on_pool!(pool, |pool, engine| {
+        sql::query_scalar(
+            "SELECT MAX(s.class_value) FROM sweeps s
+             WHERE EXISTS (SELECT 1 FROM jobs j WHERE j.sweep_id = s.id AND j.status = 'queued' AND j.held = 0)",
+        )
+        .fetch_one(pool)
+        .await
     })
 }
 

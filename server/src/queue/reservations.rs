@@ -4,6 +4,9 @@
 //! preemption pass): each claimable job of more than one GPU that has waited
 //! `backfill_after_secs` holds one healthy worker, the one where it could start soonest by the
 //! running jobs' timeouts (`shared::backfill`); the rows change only when the choice does.
+//! With priority classes, only jobs of the highest class that has claimable jobs hold one:
+//! higher-class work is claimed first and preempts lower classes, so a hold for a lower class
+//! would only keep it off the held worker.
 //!
 //! The claims ([`hold`], [`lend`]): a worker held for a job that fits it now gets that job
 //! first; otherwise its GPUs go to no one in the batch's choice (its job slots still take jobs
@@ -60,10 +63,17 @@ impl Queue {
         let before = now - self.config.backfill_after.as_millis() as i64;
         let running = db::preemptions::running(self.reader(), now).await?;
         let live = self.live_workers(&running, now).await?;
+        // With priority classes, only jobs of the highest class waiting hold workers: a hold
+        // for a lower one would keep higher-class work off the worker's freed GPUs.
+        let class = match self.config.priority_classes.is_empty() || live.is_empty() {
+            true => None,
+            false => db::reservations::highest_waiting_class(self.reader()).await?,
+        };
         // A few times the workers: jobs no worker can run are read and passed over.
+        let limit = live.len() as u32 * 4 + 16;
         let waited = match live.is_empty() {
             true => Vec::new(),
-            false => db::reservations::waited_long(self.reader(), before, live.len() as u32 * 4 + 16).await?,
+            false => db::reservations::waited_long(self.reader(), before, limit, class).await?,
         };
         if waited.is_empty() && current.is_empty() {
             return Ok(Vec::new());

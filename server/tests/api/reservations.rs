@@ -157,3 +157,35 @@ async fn a_held_worker_lends_under_quotas_and_never_past_one() {
     let lent = worker.claim(id, &claim(&small[1..])).await.unwrap().jobs;
     assert_eq!(lent.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["quick-a"]);
 }
+
+#[tokio::test]
+async fn a_worker_is_held_only_for_the_highest_class_waiting() {
+    const BOSS: &str = "lend-boss-token-01234567";
+    let (app, user_b, worker) = two_users(|config| {
+        config.tokens.add_users(&format!("admin:boss:{BOSS}"), "test").unwrap();
+        config.priority_classes = [("urgent".to_string(), 100)].into();
+    })
+    .await;
+    let (id, small) = held_box(&app, &user_b, &worker).await;
+    // The admin's urgent one-GPU job declares no timeout: a held GPU would never be lent to it.
+    let boss = Client::with_options(&app.url, &ClientOptions { token: Some(BOSS.into()), ca_pem: None }).unwrap();
+    let rush = "name: rush\ncommand: \"true\"\npriority_class: urgent\nresources: {gpus: 1}\n";
+    boss.submit(rush, &Default::default()).await.unwrap();
+    wait_until("the hold is let go while urgent work waits", Duration::from_secs(20), || async {
+        app.client.sweep("big").await.unwrap().info.reserved.is_none().then_some(())
+    })
+    .await;
+    // The GPU a small job frees goes to the urgent job, ahead of user-a's queued ones.
+    worker
+        .finish(id, &FinishRequest::outcome(small[0].id, small[0].attempt, Outcome::Exited { code: 0 }))
+        .await
+        .unwrap();
+    let claim = ClaimRequest { capacity: with_busy(&busy_with(&small[1..])), wait_ms: 0, reserve: 0 };
+    let freed = worker.claim(id, &claim).await.unwrap().jobs;
+    assert_eq!(freed.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["rush"]);
+    // No urgent work waits now: the large job holds the worker again.
+    wait_until("the large job holds the worker again", Duration::from_secs(20), || async {
+        app.client.sweep("big").await.unwrap().info.reserved
+    })
+    .await;
+}
