@@ -12,12 +12,13 @@
 //! GPUs idle while work waits. Asserts nothing.
 
 use crate::lab::{self, BenchLabArgs, Outcome, CHECKPOINT, GPUS, MIN, MIN_RUNTIME, STEP, USERS, WORKERS};
+use crate::processes::{options, wait_for, Processes};
 use anyhow::Context;
-use client::{Client, ClientOptions};
+use client::Client;
 use shared::api::{JobQuery, SubmitQuery};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const WORKER_TOKEN: &str = "lab-live-worker-token-0123456789";
@@ -42,18 +43,6 @@ done
 
 fn token(user: usize) -> String {
     format!("lab-live-{}-token-0123456789", USERS[user])
-}
-
-/// Processes killed when dropped.
-pub(crate) struct Processes(pub(crate) Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// A sweep of the trace: its user, when it is submitted (simulated ms), its jobs' GPUs,
@@ -137,20 +126,9 @@ async fn one_policy(fair: bool, args: &BenchLabArgs) -> anyhow::Result<Outcome> 
     settings.push_str(&format!("[worker]\ncheckpoint_secs = 1\nfake_gpus = \"{GPUS}x80GiB\"\nmax_jobs = {GPUS}\n"));
     let config = dir.path().join("app.toml");
     std::fs::write(&config, settings)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let url = format!("http://127.0.0.1:{port}");
     let log = |name: &str| std::fs::File::create(dir.path().join(format!("{name}.log")));
     let mut processes = Processes(Vec::new());
-    processes.0.push(
-        Command::new(&app)
-            .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&config)
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .stdout(Stdio::null())
-            .stderr(log("server")?)
-            .spawn()?,
-    );
+    let url = processes.server(&app, dir.path(), &["--config".as_ref(), config.as_os_str()])?;
     let observer = Client::with_options(&url, &options(fair.then(|| token(0))))?;
     wait_for(Duration::from_secs(30), || async { observer.health().await.is_ok() }).await?;
     for worker in 0..WORKERS {
@@ -311,23 +289,6 @@ fn dir_kept(dir: &Path) -> anyhow::Result<()> {
                 std::fs::copy(entry.path(), target.join(entry.file_name()))?;
             }
         }
-    }
-    Ok(())
-}
-
-pub(crate) fn options(token: Option<String>) -> ClientOptions {
-    ClientOptions { token, ca_pem: None }
-}
-
-pub(crate) async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        anyhow::ensure!(Instant::now() < deadline, "not ready within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
 }

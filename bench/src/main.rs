@@ -13,6 +13,7 @@ mod lab;
 mod lab_live;
 mod load;
 mod page;
+mod processes;
 mod queue;
 mod replicas;
 mod search;

@@ -14,7 +14,7 @@
 //! server's model saw something else). With 8 slots the order in which runs end is the
 //! queue's own, so the figures are a second measurement.
 
-use crate::lab_live::{options, wait_for, Processes};
+use crate::processes::{options, wait_for, Processes};
 use crate::search_table::{at_checkpoints, quartiles, Quartiles, CHECKPOINTS, PROBLEMS, TRIALS};
 use anyhow::Context;
 use client::Client;
@@ -148,18 +148,8 @@ async fn through_queue(
     let space = spec.space();
     let dir = tempfile::tempdir()?;
     let app = crate::app_binary()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let url = format!("http://127.0.0.1:{port}");
-    let log = |name: &str| std::fs::File::create(dir.path().join(format!("{name}.log")));
     let mut processes = Processes(Vec::new());
-    processes.0.push(
-        Command::new(&app)
-            .args(["--server-only", "--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(dir.path().join("data"))
-            .stdout(Stdio::null())
-            .stderr(log("server")?)
-            .spawn()?,
-    );
+    let url = processes.server(&app, dir.path(), &[])?;
     let client = Client::with_options(&url, &options(None))?;
     wait_for(Duration::from_secs(30), || async { client.health().await.is_ok() }).await?;
     processes.0.push(
@@ -176,7 +166,7 @@ async fn through_queue(
             ])
             .arg(dir.path().join("work"))
             .stdout(Stdio::null())
-            .stderr(log("worker")?)
+            .stderr(std::fs::File::create(dir.path().join("worker.log"))?)
             .spawn()?,
     );
     let mut measured = Measured { curves: Vec::new(), agree: Vec::new(), seconds: Vec::new() };
