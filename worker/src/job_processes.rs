@@ -49,22 +49,16 @@ pub fn group_catches(group: i32, signal: i32) -> bool {
         .any(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| catches(&status, signal)))
 }
 
-/// Whether a live process of the group `group` holds a file under `dir` open for writing and
-/// modified within `recent` (a checkpoint being written; a log kept open there and idle is not).
-pub fn writes_under(group: i32, dir: &std::path::Path, recent: std::time::Duration) -> bool {
+/// Whether a live process of the group `group` holds a file under `dir` open for writing (a
+/// checkpoint being written).
+pub fn writes_under(group: i32, dir: &std::path::Path) -> bool {
     let Ok(dir) = dir.canonicalize() else { return false };
-    let written_lately = |fd: &std::path::Path| {
-        // The link's metadata is the open file's, deleted or not.
-        let modified = std::fs::metadata(fd).and_then(|metadata| metadata.modified());
-        modified.is_ok_and(|modified| modified.elapsed().map_or(true, |age| age < recent))
-    };
     members(group).any(|pid| {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
         fds.flatten().any(|fd| {
             std::fs::read_link(fd.path()).is_ok_and(|target| target.starts_with(&dir))
                 && std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name().to_string_lossy()))
                     .is_ok_and(|info| open_for_writing(&info))
-                && written_lately(&fd.path())
         })
     })
 }
@@ -143,7 +137,7 @@ mod tests {
     }
 
     #[test]
-    fn a_file_open_for_writing_and_written_lately_under_a_directory_is_seen_and_one_open_for_reading_is_not() {
+    fn a_file_open_for_writing_under_a_directory_is_seen_and_one_open_for_reading_is_not() {
         assert!(open_for_writing("pos:\t0\nflags:\t0100001\nmnt_id:\t25\n"), "O_WRONLY");
         assert!(open_for_writing("flags:\t02\n"), "O_RDWR");
         assert!(!open_for_writing("flags:\t0100000\n"), "read only");
@@ -162,29 +156,16 @@ mod tests {
                 .unwrap(),
         );
         let (writer, reader) = (writer.0.id() as i32, reader.0.id() as i32);
-        let recent = std::time::Duration::from_secs(1);
-        // Written a moment ago (the test wrote it; the times are set, not waited for).
-        let touch = |ago: std::time::Duration| {
-            let file = std::fs::File::options().append(true).open(&file).unwrap();
-            file.set_modified(std::time::SystemTime::now() - ago).unwrap();
-        };
-        touch(std::time::Duration::ZERO);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !writes_under(writer, dir.path(), recent) {
+        while !writes_under(writer, dir.path()) {
             assert!(std::time::Instant::now() < deadline, "the open file was never seen");
             std::thread::sleep(std::time::Duration::from_millis(20));
-            touch(std::time::Duration::ZERO);
         }
         std::thread::sleep(std::time::Duration::from_millis(100)); // the reader's shell has opened it
-        assert!(!writes_under(reader, dir.path(), recent), "open for reading only");
+        assert!(!writes_under(reader, dir.path()), "open for reading only");
         let sibling = dir.path().join("dee");
         std::fs::create_dir(&sibling).unwrap();
-        assert!(!writes_under(writer, &sibling, recent), "a directory whose name its path starts with");
-        // Held open but not written for a minute (a log kept open there): no save under way.
-        touch(std::time::Duration::from_secs(60));
-        assert!(!writes_under(writer, dir.path(), recent), "open, idle");
-        touch(std::time::Duration::ZERO);
-        assert!(writes_under(writer, dir.path(), recent), "written again");
+        assert!(!writes_under(writer, &sibling), "a directory whose name its path starts with");
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! newest time at its end. A preemption then waits for the next save when the ones before it
 //! say it is due soon (`shared::checkpoint_wait`), and stops the job once the save has
 //! settled: quiet for a second, and no process of the job holding a file under the directory
-//! open for writing and written within that second (`job_processes::writes_under`, which sees
-//! a large file written in place deeper down, and not a log kept open there while idle).
+//! open for writing (`job_processes::writes_under`, which sees a large file written in place
+//! deeper down).
 //!
 //! Only the top level's times are looked at, at most [`MOST_ENTRIES`] entries: a save that
 //! only rewrites a file deeper in place is not seen as a save (the job is then stopped at
@@ -133,10 +133,9 @@ pub struct SaveWait {
     under_way: bool,
 }
 
-/// Whether one of the job's processes holds a file under `dir` open for writing, written within
-/// the quiet second that ends a save.
+/// Whether one of the job's processes holds a file under `dir` open for writing.
 pub fn writes_under(group: Option<Pid>, dir: &Path) -> bool {
-    group.is_some_and(|group| crate::job_processes::writes_under(group.as_raw(), dir, LOOK_EVERY * QUIET_LOOKS))
+    group.is_some_and(|group| crate::job_processes::writes_under(group.as_raw(), dir))
 }
 
 /// Whether the job is saving a checkpoint: its directory changed less than a second ago, or
