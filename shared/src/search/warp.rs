@@ -87,6 +87,12 @@ pub(crate) fn spans_decades(values: &[f64]) -> bool {
     !sorted.is_empty() && quartile(0) > 0.0 && quartile(3) > quartile(1) * 10f64.powf(BOX_COX_DECADES)
 }
 
+/// Whether `warped` orders the values as `values` do (`order` sorts `values`), no two apart
+/// made equal.
+fn keeps_order(values: &[f64], warped: &[f64], order: &[usize]) -> bool {
+    order.windows(2).all(|pair| values[pair[0]] == values[pair[1]] || warped[pair[0]] < warped[pair[1]])
+}
+
 /// The population standard deviation.
 pub(super) fn spread(values: &[f64]) -> f64 {
     let count = values.len().max(1) as f64;
@@ -110,17 +116,18 @@ pub(crate) fn warp(values: &[f64], by_ratios: bool) -> Vec<f64> {
     if scale.is_nan() || scale <= 1e-12 {
         return values.to_vec();
     }
-    let mut sorted = unit.clone();
-    sorted.sort_by(f64::total_cmp);
-    if by_ratios && sorted[0] > 0.0 {
+    let mut order: Vec<usize> = (0..unit.len()).collect();
+    order.sort_by(|&a, &b| unit[a].total_cmp(&unit[b]));
+    if by_ratios && unit[order[0]] > 0.0 {
         // Box-Cox is scale-free: the metrics in units of the largest are as good as any. A λ
-        // that overflows on a metric its likelihood did not sample falls back to Yeo-Johnson.
+        // that overflows on a metric its likelihood did not sample, or one that rounds the
+        // smallest metrics together, falls back to Yeo-Johnson.
         let warped = most_normal(&unit, box_cox, f64::ln);
-        if warped.iter().all(|value| value.is_finite()) {
+        if warped.iter().all(|value| value.is_finite()) && keeps_order(&unit, &warped, &order) {
             return warped;
         }
     }
-    let median = sorted[sorted.len() / 2];
+    let median = unit[order[order.len() / 2]];
     let centre = if median.abs() > FAR_FROM_ZERO * scale { median } else { 0.0 };
     let scaled: Vec<f64> = unit.iter().map(|value| (value - centre) / scale).collect();
     most_normal(&scaled, yeo_johnson, |value| value.signum() * value.abs().ln_1p())
@@ -209,6 +216,25 @@ mod tests {
         decades[0] = 0.0;
         let warped = warp(&decades, true);
         assert!(warped.iter().all(|value| value.is_finite()) && strictly_increasing_with(&decades, &warped));
+    }
+
+    #[test]
+    fn the_order_check_sees_runs_a_large_lambda_rounds_together() {
+        // Runs near the largest and two a billionth of it: λ = 3 would make both -1/3. (The
+        // likelihood, whose Jacobian weighs the tiny runs' logarithms, picks a small λ here:
+        // the check is a guard, and the warp keeps them apart either way.)
+        let mut values: Vec<f64> = (0..40).map(|k| 0.9 + 0.1 * k as f64 / 39.0).collect();
+        values.extend([1e-9, 2e-9]);
+        let order: Vec<usize> = {
+            let mut order: Vec<usize> = (0..values.len()).collect();
+            order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+            order
+        };
+        let rounded: Vec<f64> = values.iter().map(|value| box_cox(*value, 3.0)).collect();
+        assert!(!keeps_order(&values, &rounded, &order), "λ = 3 rounds 1e-9 and 2e-9 together");
+        let warped = warp(&values, true);
+        assert!(strictly_increasing_with(&values, &warped), "{warped:?}");
+        assert!(keeps_order(&values, &values, &order) && keeps_order(&[1.0, 1.0], &[5.0, 5.0], &[0, 1]));
     }
 
     #[test]
