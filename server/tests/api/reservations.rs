@@ -88,10 +88,17 @@ async fn two_users(tweak: impl FnOnce(&mut ServerConfig)) -> (TestApp, Client, C
         ClientOptions { token: Some(USER_A.into()), ca_pem: None },
     )
     .await;
-    let client =
-        |token: &str| Client::with_options(&app.url, &ClientOptions { token: Some(token.into()), ca_pem: None });
-    let (user_b, worker) = (client(USER_B).unwrap(), client(WORKER).unwrap());
+    let (user_b, worker) = (as_token(&app, USER_B), as_token(&app, WORKER));
     (app, user_b, worker)
+}
+
+fn as_token(app: &TestApp, token: &str) -> Client {
+    Client::with_options(&app.url, &ClientOptions { token: Some(token.into()), ca_pem: None }).unwrap()
+}
+
+/// The worker reports `job` ended well.
+async fn succeed(worker: &Client, id: WorkerId, job: &ClaimedJob) {
+    worker.finish(id, &FinishRequest::outcome(job.id, job.attempt, Outcome::Exited { code: 0 })).await.unwrap();
 }
 
 /// user-a's 10-minute jobs on `box` (4 GPUs) as many as `claim` gives, then user-b's 4-GPU job
@@ -126,10 +133,7 @@ async fn a_held_worker_lends_its_gpus_in_fair_share_order() {
         .submit("name: quick-b\ncommand: \"true\"\ntimeout: 1m\nresources: {gpus: 1}\n", &Default::default())
         .await
         .unwrap();
-    worker
-        .finish(id, &FinishRequest::outcome(small[0].id, small[0].attempt, Outcome::Exited { code: 0 }))
-        .await
-        .unwrap();
+    succeed(&worker, id, &small[0]).await;
     let claim = ClaimRequest { capacity: with_busy(&busy_with(&small[1..])), wait_ms: 0, reserve: 0 };
     let lent = worker.claim(id, &claim).await.unwrap().jobs;
     // user-a holds three GPUs, user-b none: the GPU goes to user-b.
@@ -150,10 +154,7 @@ async fn a_held_worker_lends_under_quotas_and_never_past_one() {
     // One GPU free, but user-a holds 3 of 3.
     assert!(worker.claim(id, &claim(&small)).await.unwrap().jobs.is_empty());
     // Two free once a job ends: one lent, as user-a then holds 3 again.
-    worker
-        .finish(id, &FinishRequest::outcome(small[0].id, small[0].attempt, Outcome::Exited { code: 0 }))
-        .await
-        .unwrap();
+    succeed(&worker, id, &small[0]).await;
     let lent = worker.claim(id, &claim(&small[1..])).await.unwrap().jobs;
     assert_eq!(lent.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["quick-a"]);
 }
@@ -168,7 +169,7 @@ async fn a_worker_is_held_only_for_the_highest_class_waiting() {
     .await;
     let (id, small) = held_box(&app, &user_b, &worker).await;
     // The admin's urgent one-GPU job declares no timeout: a held GPU would never be lent to it.
-    let boss = Client::with_options(&app.url, &ClientOptions { token: Some(BOSS.into()), ca_pem: None }).unwrap();
+    let boss = as_token(&app, BOSS);
     let rush = "name: rush\ncommand: \"true\"\npriority_class: urgent\nresources: {gpus: 1}\n";
     boss.submit(rush, &Default::default()).await.unwrap();
     wait_until("the hold is let go while urgent work waits", Duration::from_secs(20), || async {
@@ -176,10 +177,7 @@ async fn a_worker_is_held_only_for_the_highest_class_waiting() {
     })
     .await;
     // The GPU a small job frees goes to the urgent job, ahead of user-a's queued ones.
-    worker
-        .finish(id, &FinishRequest::outcome(small[0].id, small[0].attempt, Outcome::Exited { code: 0 }))
-        .await
-        .unwrap();
+    succeed(&worker, id, &small[0]).await;
     let claim = ClaimRequest { capacity: with_busy(&busy_with(&small[1..])), wait_ms: 0, reserve: 0 };
     let freed = worker.claim(id, &claim).await.unwrap().jobs;
     assert_eq!(freed.iter().map(|job| job.sweep.as_str()).collect::<Vec<_>>(), ["rush"]);
