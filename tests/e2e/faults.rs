@@ -37,6 +37,36 @@ fn sha256_hex(bytes: &[u8]) -> String {
     sha2::Sha256::digest(bytes).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
+/// Waits until every worker logged that a heartbeat failed (they beat every 0.5 s); on a
+/// timeout, the panic shows the end of each silent worker's log, which says where it was.
+async fn noticed_the_server_is_gone(workers: &[&WorkerProcess]) {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let silent: Vec<&&WorkerProcess> =
+            workers.iter().filter(|worker| !worker.log().contains("heartbeat failed")).collect();
+        if silent.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let tails: Vec<String> = silent
+                .iter()
+                .map(|worker| {
+                    let log = worker.log();
+                    let lines: Vec<&str> = log.lines().collect();
+                    format!(
+                        "--- {} (pid {}):\n{}",
+                        worker.name,
+                        worker.child.id(),
+                        lines[lines.len().saturating_sub(30)..].join("\n")
+                    )
+                })
+                .collect();
+            panic!("timed out after {LONG:?}: no failed heartbeat logged by\n{}", tails.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// SIGKILL, then waits for the process to be gone.
 fn kill_server(server: &mut ServerProcess) {
     signal(&server.child, "KILL");
@@ -123,14 +153,17 @@ async fn a_server_killed_mid_sweep_loses_and_duplicates_nothing_once_restarted()
         (server.client().jobs(&query).await.unwrap().total >= JOBS as u64 / 4).then_some(())
     })
     .await;
+    // A worker slow to start on a loaded machine could still be registering: it would retry
+    // its registration, never a heartbeat, and the wait below would wait for ever.
+    wait_until("every worker registered", LONG, || async {
+        (server.client().workers().await.ok()?.len() == workers.len()).then_some(())
+    })
+    .await;
     let running = server.jobs_of("crash").await.iter().filter(|job| job.status == JobStatus::Running).count();
     kill_server(&mut server);
     // Down until every worker has noticed (heartbeats every 0.5 s), so that all of them go
     // through their retry paths.
-    wait_until("every worker noticed the server is gone", LONG, || async {
-        workers.iter().all(|worker| worker.log().contains("heartbeat failed")).then_some(())
-    })
-    .await;
+    noticed_the_server_is_gone(&workers.iter().collect::<Vec<_>>()).await;
     server.restart();
     let jobs = finished(&server, "crash").await;
     assert_eq!(jobs.len(), JOBS);
@@ -240,10 +273,7 @@ async fn a_server_restart_during_a_long_poll_claim_leaves_the_worker_claiming_fr
     })
     .await;
     kill_server(&mut server);
-    wait_until("the worker noticed the server is gone", LONG, || async {
-        worker.log().contains("heartbeat failed").then_some(())
-    })
-    .await;
+    noticed_the_server_is_gone(&[&worker]).await;
     server.restart();
     server.submit("name: after-poll\ncommand: 'echo claimed > \"$APP_OUTPUT_DIR/claimed.txt\"'\n").await;
     let job = finished(&server, "after-poll").await.remove(0);
