@@ -1,11 +1,12 @@
 //! `app-bench lab`: the scheduling policies on a simulated lab (issue 29's measure). Four
 //! workers of 8 GPUs, six users whose sweeps arrive over two hours (a large grid first, small
 //! and long ones, 4-GPU and 8-GPU jobs), jobs that checkpoint every 5 minutes and declare a
-//! timeout of 1.5 times their nominal length. The same trace goes through four policies:
-//! today's dispatch order (FIFO by priority), the fair share at claim time
-//! (`shared::fair_share::allot`), that with reservations and backfill (`backfill`, after 15
-//! min, a quarter of the workers at most), and that with preemption too (`preemption::plan`,
-//! `min_runtime` 10 min). The decisions are the server's own pure functions; time is
+//! timeout of 1.5 times their nominal length (`--scale` makes them longer). The same trace
+//! goes through six policies: today's dispatch order (FIFO by priority), the fair share at
+//! claim time (`shared::fair_share::allot`), that with reservations and backfill (`backfill`,
+//! after 15 min, a quarter of the workers at most), that with preemption too
+//! (`preemption::plan`, `min_runtime` 10 min), the same with each stop at once, and the same
+//! with held workers drained at their jobs' next checkpoints (`drain::drains`). The decisions are the server's own pure functions; time is
 //! simulated in 10-second steps (no server, no processes: claim latency is `app-bench
 //! shares`'s). Prints each user's share of GPU time against an equal share over sliding
 //! 30-minute windows, queue waits, the GPUs idle while work waits, and the work preemption
@@ -16,6 +17,7 @@
 use clap::Args;
 use shared::backfill::{self, Busy, Worker};
 use shared::checkpoint_wait;
+use shared::drain::{drains, Hold};
 use shared::fair_share::{allot, Contender, Held, Policy};
 use shared::placement::Capacity;
 use shared::preemption::{plan, Cluster, Queued, Running};
@@ -27,6 +29,10 @@ pub struct BenchLabArgs {
     /// Seed of the jobs' lengths.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Every job's length and every arrival time this many times as long (the checkpoints
+    /// stay 5 minutes apart): 4 makes jobs of 12 minutes to 2 hours over 8 hours of arrivals.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=20))]
+    pub scale: i64,
     /// Run the trace through real processes instead (a server, 4 workers of 8 fake GPUs, real
     /// jobs that checkpoint), FIFO against fair share with preemption and reservations.
     #[arg(long)]
@@ -56,8 +62,9 @@ struct Sweep {
     minutes: i64,
 }
 
-/// Two hours of arrivals: a 300-job grid first, then the others.
-fn trace() -> Vec<Sweep> {
+/// Two hours of arrivals: a 300-job grid first, then the others; every length and arrival
+/// time `scale` times as long.
+fn trace(scale: i64) -> Vec<Sweep> {
     let mut sweeps = vec![
         Sweep { user: 0, at_min: 0, jobs: 300, gpus: 1, minutes: 8 },
         Sweep { user: 1, at_min: 10, jobs: 40, gpus: 1, minutes: 20 },
@@ -66,6 +73,9 @@ fn trace() -> Vec<Sweep> {
         Sweep { user: 5, at_min: 30, jobs: 6, gpus: 8, minutes: 25 },
     ];
     sweeps.extend((0..6).map(|k| Sweep { user: 3, at_min: 20 * k, jobs: 8, gpus: 1, minutes: 5 }));
+    for sweep in &mut sweeps {
+        (sweep.minutes, sweep.at_min) = (sweep.minutes * scale, sweep.at_min * scale);
+    }
     sweeps
 }
 
@@ -145,6 +155,9 @@ enum Mode {
     FairPreemptReserve,
     /// The same, each preempted job stopped at once (before decision 0088).
     FairPreemptReserveAtOnce,
+    /// Fair share, preemption and reservations, held workers drained at their jobs' saves
+    /// (decision 0092).
+    FairPreemptReserveDrain,
 }
 
 impl Mode {
@@ -155,6 +168,7 @@ impl Mode {
             Mode::FairReserve => "fair share + reservations",
             Mode::FairPreemptReserve => "fair share + preemption + reservations",
             Mode::FairPreemptReserveAtOnce => "the same, each preempted job stopped at once (before 2026-11-29)",
+            Mode::FairPreemptReserveDrain => "the same, held workers drained at their jobs' next checkpoints",
         }
     }
 }
@@ -182,10 +196,10 @@ impl Lcg {
     }
 }
 
-pub(crate) fn jobs(seed: u64) -> Vec<Job> {
+pub(crate) fn jobs(seed: u64, scale: i64) -> Vec<Job> {
     let mut random = Lcg(seed);
     let mut jobs = Vec::new();
-    for sweep in trace() {
+    for sweep in trace(scale) {
         for _ in 0..sweep.jobs {
             let work = (sweep.minutes as f64 * MIN as f64 * (0.8 + 0.4 * random.next())) as i64;
             jobs.push(Job {
@@ -210,8 +224,8 @@ pub(crate) fn jobs(seed: u64) -> Vec<Job> {
     jobs
 }
 
-fn simulate(mode: Mode, seed: u64) -> Outcome {
-    let mut jobs = jobs(seed);
+fn simulate(mode: Mode, seed: u64, scale: i64) -> Outcome {
+    let mut jobs = jobs(seed, scale);
     let policy = Policy::default();
     let mut free = [GPUS; WORKERS];
     let mut usage = vec![0.0f64; USERS.len()];
@@ -219,7 +233,7 @@ fn simulate(mode: Mode, seed: u64) -> Outcome {
     let (mut idle, mut waiting_gpu_steps, mut lost, mut total, mut preemptions) = (0u64, 0u64, 0i64, 0i64, 0usize);
     let mut held: BTreeMap<usize, (usize, Option<i64>)> = BTreeMap::new(); // worker -> (job, starts_at)
     let mut now = 0;
-    while jobs.iter().any(|job| !job.done) && now < 24 * 60 * MIN {
+    while jobs.iter().any(|job| !job.done) && now < 24 * 60 * MIN * scale {
         // Jobs that end, and jobs preempted that stop now (after their checkpoint).
         for job in jobs.iter_mut().filter(|job| job.started.is_some() && job.progress(now) >= job.work) {
             free[job.worker] += job.gpus;
@@ -229,9 +243,10 @@ fn simulate(mode: Mode, seed: u64) -> Outcome {
             lost += job.stop(now, &mut free);
         }
         let queued = |job: &Job| !job.done && job.started.is_none() && job.submitted <= now;
-        if matches!(mode, Mode::FairPreemptReserve | Mode::FairPreemptReserveAtOnce) {
-            let wait = if mode == Mode::FairPreemptReserve { PREEMPT_GRACE / 2 } else { 0 };
-            preemptions += preempt(&mut jobs, &mut free, (&usage, &policy), (now, wait), &mut lost, &held);
+        if matches!(mode, Mode::FairPreemptReserve | Mode::FairPreemptReserveAtOnce | Mode::FairPreemptReserveDrain) {
+            let wait = if mode == Mode::FairPreemptReserveAtOnce { 0 } else { PREEMPT_GRACE / 2 };
+            let draining = mode == Mode::FairPreemptReserveDrain;
+            preemptions += preempt(&mut jobs, &mut free, (&usage, &policy), (now, wait, draining), &mut lost, &held);
         }
         if mode != Mode::Fifo && mode != Mode::Fair {
             reserve(&jobs, &free, &mut held, now);
@@ -360,7 +375,7 @@ fn preempt(
     jobs: &mut [Job],
     free: &mut [u32; WORKERS],
     (usage, policy): (&[f64], &Policy),
-    (now, wait): (i64, i64),
+    (now, wait, draining): (i64, i64, bool),
     lost: &mut i64,
     held: &BTreeMap<usize, (usize, Option<i64>)>,
 ) -> usize {
@@ -414,12 +429,23 @@ fn preempt(
         cpu_running: BTreeMap::new(),
         save_wait: wait,
     };
-    let orders = plan(cluster, &queues, policy, now, MIN_RUNTIME);
+    let mut orders = plan(cluster.clone(), &queues, policy, now, MIN_RUNTIME);
+    if draining {
+        orders.extend(drains(&holds(jobs, held), cluster, &orders, now, MIN_RUNTIME));
+    }
     let stopped: BTreeSet<usize> = orders.iter().map(|order| order.job as usize).collect();
     for &i in &stopped {
         *lost += jobs[i].order_stop(now, wait, free);
     }
     stopped.len()
+}
+
+/// The holds `drain::drains` sees: each held worker whose job still waits.
+fn holds(jobs: &[Job], held: &BTreeMap<usize, (usize, Option<i64>)>) -> Vec<Hold> {
+    held.iter()
+        .filter(|(_, (job, _))| !jobs[*job].done && jobs[*job].started.is_none())
+        .map(|(&worker, &(job, _))| Hold { worker: worker as u64, job: job as u64, gpus: jobs[job].gpus, class: 0 })
+        .collect()
 }
 
 /// Holds a worker for each job of several GPUs queued longer than [`BACKFILL_AFTER`].
@@ -490,15 +516,24 @@ fn share_error(outcome: &Outcome) -> f64 {
 
 pub async fn run(args: BenchLabArgs) -> anyhow::Result<()> {
     if args.live {
+        anyhow::ensure!(args.scale == 1, "--scale is the simulation's alone: --live runs the trace as described");
         return crate::lab_live::run(&args).await;
     }
     println!(
-        "simulated lab: {WORKERS} workers x {GPUS} GPUs, {} users, 2 hours of arrivals (seed {})",
+        "simulated lab: {WORKERS} workers x {GPUS} GPUs, {} users, {} hours of arrivals (seed {})",
         USERS.len(),
+        2 * args.scale,
         args.seed
     );
-    for mode in [Mode::Fifo, Mode::Fair, Mode::FairReserve, Mode::FairPreemptReserve, Mode::FairPreemptReserveAtOnce] {
-        print_outcome(mode.name(), &simulate(mode, args.seed));
+    for mode in [
+        Mode::Fifo,
+        Mode::Fair,
+        Mode::FairReserve,
+        Mode::FairPreemptReserve,
+        Mode::FairPreemptReserveAtOnce,
+        Mode::FairPreemptReserveDrain,
+    ] {
+        print_outcome(mode.name(), &simulate(mode, args.seed, args.scale));
     }
     Ok(())
 }

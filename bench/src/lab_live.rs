@@ -57,7 +57,7 @@ struct Sweep {
 
 fn sweeps(seed: u64) -> Vec<Sweep> {
     let mut sweeps: Vec<Sweep> = Vec::new();
-    for job in lab::jobs(seed) {
+    for job in lab::jobs(seed, 1) {
         match sweeps.iter_mut().find(|sweep| sweep.user == job.user && sweep.at == job.submitted) {
             Some(sweep) => sweep.works.push(job.work),
             None => sweeps.push(Sweep {

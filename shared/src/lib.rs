@@ -10,6 +10,7 @@ pub mod backfill;
 pub mod capabilities;
 pub mod checkpoint_wait;
 pub mod dotted;
+pub mod drain;
 pub mod fair_share;
 pub mod history;
 pub mod job;

@@ -1,8 +1,11 @@
 //! The scheduler's preemption pass (issue 29, item 3; decision 0079): when a user below their
 //! share waits and no free GPU fits their job, stop the preemptible jobs of users above theirs
-//! that lose least (decisions 0084, 0089), never on a worker held for another job (0080). It reads the cluster from a reader (live workers' GPUs, running jobs, each
-//! waiting user's queue, usage as the fair share ranks it), lets `shared::preemption::plan`
-//! decide, and gives each order in one write; the worker's next heartbeat carries it.
+//! that lose least (decisions 0084, 0089), never on a worker held for another job (0080); and
+//! stop the jobs on a held worker at their next saves, so that it drains for its job (0092).
+//! It reads the cluster from a reader (live workers' GPUs, running jobs, each waiting user's
+//! queue, usage as the fair share ranks it), lets `shared::preemption::plan` and
+//! `shared::drain::drains` decide, and gives each order in one write; the worker's next
+//! heartbeat carries it.
 //!
 //! The reaper runs it (on PostgreSQL, the replica that leads), every second while jobs wait.
 //! Jobs ordered already count as gone, their GPUs as free: a pass never orders twice for one
@@ -13,6 +16,7 @@ use crate::config::Preemptible;
 use crate::db::{self, now_ms};
 use crate::error::ApiResult;
 use shared::api::{JobId, WorkerId, WorkerState};
+use shared::drain::{drains, Hold};
 use shared::placement::Capacity;
 use shared::preemption::{plan, Cluster, Queued, Running, GUARD_MS};
 use shared::sweep::Resources;
@@ -87,8 +91,12 @@ impl Queue {
             return Ok(Vec::new());
         }
         let running = db::preemptions::running(self.reader(), now - GUARD_MS).await?;
-        // Only the one waiting user runs: nobody to take GPUs from.
-        if running.iter().all(|job| waiting.len() == 1 && job.owner == waiting[0]) {
+        // (The holds as the claims see them: looked at every second, and stored by the
+        // reservation pass that runs after this one.)
+        let holds = self.shares.reservations.current();
+        // Only the one waiting user runs, and no worker drains for a held job: nobody to take
+        // GPUs from.
+        if holds.is_empty() && running.iter().all(|job| waiting.len() == 1 && job.owner == waiting[0]) {
             return Ok(Vec::new());
         }
         let live = self.live_workers(&running, now).await?;
@@ -138,9 +146,7 @@ impl Queue {
             limit: total_gpus.saturating_mul(4).min(MAX_READ),
         };
         // A held worker's GPUs go to the job it is held for (decision 0080): room is made there
-        // for that job alone, and for that job nowhere else. (The holds as the claims see them:
-        // looked at every second, and stored by the reservation pass that runs after this one.)
-        let holds = self.shares.reservations.current();
+        // for that job alone, and for that job nowhere else.
         let may_free = |worker: WorkerId, job: JobId| match holds.iter().find(|hold| hold.job == job) {
             Some(hold) => hold.worker == worker,
             None => holds.iter().all(|hold| hold.worker != worker),
@@ -199,7 +205,17 @@ impl Queue {
         let save_wait = (self.config.preempt_grace / 2).as_millis() as i64;
         let cluster = Cluster { free, running: jobs, waiting: gpu_waiting, total_gpus, usage, cpu_running, save_wait };
         let min_runtime = self.config.min_runtime.as_millis() as i64;
-        let orders = plan(cluster, &queues, self.shares.policy(), now, min_runtime);
+        // Each held worker whose job was read drains at its jobs' next saves (decision 0092).
+        let draining: Vec<Hold> = holds
+            .iter()
+            .filter_map(|hold| {
+                let queued = queues.iter().flatten().find(|queued| queued.job == hold.job.get() as u64)?;
+                let worker = hold.worker.get() as u64;
+                Some(Hold { worker, job: queued.job, gpus: queued.gpus, class: queued.class })
+            })
+            .collect();
+        let mut orders = plan(cluster.clone(), &queues, self.shares.policy(), now, min_runtime);
+        orders.extend(drains(&draining, cluster, &orders, now, min_runtime));
         if orders.is_empty() {
             return Ok(Vec::new());
         }

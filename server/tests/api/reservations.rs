@@ -6,9 +6,12 @@
 use client::{Client, ClientOptions};
 use server::auth::Role;
 use server::config::ServerConfig;
-use shared::api::{ClaimRequest, ClaimedJob, FinishRequest, RegisterRequest, WorkerId};
+use shared::api::{
+    ClaimRequest, ClaimedJob, FinishRequest, HeartbeatRequest, JobAttempt, RegisterRequest, ReportRequest, SaveNote,
+    WorkerId,
+};
 use shared::fair_share::Quota;
-use shared::job::Outcome;
+use shared::job::{JobStatus, Outcome};
 use shared::placement::Capacity;
 use std::time::Duration;
 use testkit::{cpu_worker, wait_until, TestApp};
@@ -186,4 +189,80 @@ async fn a_worker_is_held_only_for_the_highest_class_waiting() {
         app.client.sweep("big").await.unwrap().info.reserved
     })
     .await;
+}
+
+/// user-a's heartbeat for `jobs` on `id`, telling the saves its worker saw: each `(job, saved
+/// ms ago, every ms)`; the jobs it is told to preempt.
+async fn beat(worker: &Client, id: WorkerId, jobs: &[&ClaimedJob], saves: &[(&ClaimedJob, i64, i64)]) -> Vec<i64> {
+    let attempt = |job: &ClaimedJob| JobAttempt { job_id: job.id, attempt: job.attempt };
+    let now = server::db::now_ms();
+    let saves =
+        saves.iter().map(|(job, ago, every)| SaveNote { attempt: attempt(job), at: now - ago, every_ms: Some(*every) });
+    let heartbeat = HeartbeatRequest {
+        running: jobs.iter().map(|job| attempt(job)).collect(),
+        gpus: Vec::new(),
+        saves: saves.collect(),
+    };
+    let mut told: Vec<i64> =
+        worker.heartbeat(id, &heartbeat).await.unwrap().preempt.iter().map(|at| at.job_id.get()).collect();
+    told.sort_unstable();
+    told
+}
+
+#[tokio::test]
+async fn a_held_worker_drains_at_its_jobs_next_saves_once_they_make_the_room() {
+    let (app, user_b, worker) = two_users(|config| {
+        config.min_runtime = Duration::ZERO;
+        config.reaper_interval = Duration::from_millis(100);
+    })
+    .await;
+    let register = RegisterRequest { capacity: Capacity::idle_gpus(4, 4, 24 << 30), ..cpu_worker("box") };
+    let id = worker.register(&register).await.unwrap().worker_id;
+    let yaml = "name: small\ncommand: \"true\"\npreemptible: true\ntimeout: 1h\nresources: {gpus: 1}\ngrid: {i: [0, 1, 2, 3]}\n";
+    app.submit(yaml).await;
+    let small =
+        worker.claim(id, &ClaimRequest { capacity: with_busy(&[]), wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
+    assert_eq!(small.len(), 4);
+    let all: Vec<&ClaimedJob> = small.iter().collect();
+    // Two save every 20 s and are due in 5 (within the worker's wait: half the 120 s grace);
+    // one saves every 10 minutes, due in 8; the last never saved.
+    let saves = [(&small[0], 15_000, 20_000), (&small[1], 15_000, 20_000), (&small[2], 120_000, 600_000)];
+    assert!(beat(&worker, id, &all, &saves).await.is_empty());
+    // user-b's 4-GPU job is above user-b's share (2 of 4): only the hold makes room for it.
+    user_b.submit("name: big\ncommand: \"true\"\nresources: {gpus: 4}\n", &Default::default()).await.unwrap();
+    wait_until("the big job holds the worker", Duration::from_secs(20), || async {
+        app.client.sweep("big").await.unwrap().info.reserved
+    })
+    .await;
+    // The job that never saved stands between the free GPUs and the need: stopping the
+    // others would only leave their GPUs idle, so no pass (ten a second) stops any.
+    let deadline = std::time::Instant::now() + Duration::from_millis(1_500);
+    while std::time::Instant::now() < deadline {
+        assert_eq!(beat(&worker, id, &all, &[]).await, Vec::<i64>::new());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // It ends: the two due now are stopped for big, the third only once its save is due.
+    succeed(&worker, id, &small[3]).await;
+    let due = wait_until("the pass drains the held worker", Duration::from_secs(20), || async {
+        let told = beat(&worker, id, &all[..3], &[]).await;
+        (!told.is_empty()).then_some(told)
+    })
+    .await;
+    assert_eq!(due, [small[0].id.get(), small[1].id.get()]);
+    let now_due = [(&small[2], 599_000, 600_000)];
+    let third = wait_until("the third is stopped at its save", Duration::from_secs(20), || async {
+        let told = beat(&worker, id, &all[..3], &now_due).await;
+        told.contains(&small[2].id.get()).then_some(told)
+    })
+    .await;
+    assert_eq!(third.len(), 3, "{third:?}");
+    // Stopped, they go back to the queue; big gets the worker.
+    for job in &small[..3] {
+        let report = ReportRequest { worker_id: id, attempt: job.attempt, outcome: Outcome::Preempted };
+        assert_eq!(worker.report(job.id, &report).await.unwrap().status, JobStatus::Queued);
+        let reason = app.client.job_attempts(job.id).await.unwrap()[0].reason.clone();
+        assert_eq!(reason.as_deref(), Some("preempted for user-b's sweep big"));
+    }
+    let next = worker.claim(id, &ClaimRequest { capacity: with_busy(&[]), wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
+    assert_eq!(next.first().map(|job| (job.sweep.as_str(), job.placement.gpus.len())), Some(("big", 4)), "{next:?}");
 }
