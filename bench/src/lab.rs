@@ -265,8 +265,10 @@ fn simulate(mode: Mode, seed: u64, scale: i64) -> Outcome {
                     room -= jobs[job].gpus;
                     held.remove(&worker);
                 } else if queued(&jobs[job]) {
-                    // Lent only to jobs that end before the held one could start.
-                    for (index, candidate) in jobs.iter().enumerate() {
+                    // Lent only to jobs that end before the held one could start, and not while
+                    // jobs there are stopping for it (as the server's reservation pass, 0092).
+                    let stopping = jobs.iter().any(|other| other.worker == worker && other.stop_at.is_some());
+                    for (index, candidate) in jobs.iter().enumerate().filter(|_| !stopping) {
                         if queued(candidate)
                             && candidate.gpus <= room
                             && backfill::may_backfill(Some((candidate.timeout / 1000) as u64), now, starts_at)
@@ -431,7 +433,7 @@ fn preempt(
     };
     let mut orders = plan(cluster.clone(), &queues, policy, now, MIN_RUNTIME);
     if draining {
-        orders.extend(drains(&holds(jobs, held), cluster, &orders, now, MIN_RUNTIME));
+        orders.extend(drains(&holds(jobs, held), cluster, &orders, policy, now, MIN_RUNTIME));
     }
     let stopped: BTreeSet<usize> = orders.iter().map(|order| order.job as usize).collect();
     for &i in &stopped {
@@ -441,10 +443,13 @@ fn preempt(
 }
 
 /// The holds `drain::drains` sees: each held worker whose job still waits.
-fn holds(jobs: &[Job], held: &BTreeMap<usize, (usize, Option<i64>)>) -> Vec<Hold> {
+fn holds(jobs: &[Job], held: &BTreeMap<usize, (usize, Option<i64>)>) -> Vec<Hold<'static>> {
     held.iter()
         .filter(|(_, (job, _))| !jobs[*job].done && jobs[*job].started.is_none())
-        .map(|(&worker, &(job, _))| Hold { worker: worker as u64, job: job as u64, gpus: jobs[job].gpus, class: 0 })
+        .map(|(&worker, &(job, _))| {
+            let user = USERS[jobs[job].user];
+            Hold { worker: worker as u64, job: job as u64, user, gpus: jobs[job].gpus, class: 0 }
+        })
         .collect()
 }
 

@@ -6,81 +6,115 @@
 //! not be waited for: one stopped right after its next save loses nothing (its worker waits
 //! for that save, decision 0088) and resumes from it elsewhere.
 //!
-//! So the pass stops the jobs on a held worker whose next save is due within the worker's
-//! wait, or was just taken (they lose next to nothing), as long as the jobs it may stop that way, now or at their later
-//! saves, make room for the held job with the GPUs already free. Each must be preemptible, of
-//! a class no higher than the held job's, past `min_runtime`, and not preempted twice within
-//! the hour ([`may_preempt`]). A job that does not checkpoint, or that may not be stopped,
+//! So the pass stops the jobs on a held worker at their saves: each right after a save (its
+//! worker waits for it; or at once when its last one was just taken, within a tenth of its
+//! interval and 10 s), at the last save it makes before the held job could start, so that
+//! the GPUs it frees stand idle as little as possible. That start is when the jobs there that
+//! may be stopped this way, taken in the order of their next saves, make room for the held
+//! job with the GPUs already free. Each must be preemptible, of one GPU (a job of several
+//! could itself take the hold once requeued), of a class no higher than the held job's, past
+//! `min_runtime`, not preempted twice within the hour ([`may_preempt`]), and have a save
+//! interval its worker has seen. A job that does not checkpoint, or that may not be stopped,
 //! is waited for as before; while it stands between the free GPUs and the need, nothing is
-//! stopped, since those stops would free GPUs only to leave them idle.
+//! stopped, since those stops would free GPUs only to leave them idle. Nor is anything
+//! stopped for a held job its owner's quota holds back (the claims would not start it).
 
+use crate::fair_share::{admits, Held, Policy};
 use crate::preemption::{may_preempt, Cluster, Order, Running};
 
 /// A worker held for a queued job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hold {
+pub struct Hold<'a> {
     pub worker: u64,
     pub job: u64,
-    /// The GPUs the held job needs, and its priority class.
+    /// The held job's owner, the GPUs it needs, and its priority class.
+    pub user: &'a str,
     pub gpus: u32,
     pub class: i64,
 }
 
-/// Whether `job` is one a drain may stop at one of its saves: it may be preempted on its own
-/// account, is of a class no higher than the held one, and its worker has seen it save at a
-/// known interval (its next save can be waited for).
-fn stoppable_at_a_save(job: &Running<'_>, hold: &Hold, now: i64, min_runtime_ms: i64) -> bool {
-    job.class <= hold.class
-        && job.saved_at.is_some()
-        && job.save_every.is_some_and(|every| every > 0)
-        && may_preempt(job, now, min_runtime_ms)
+/// The save interval of `job` when a drain may stop it at one of its saves: it may be
+/// preempted on its own account, holds one GPU, is of a class no higher than the held one, and
+/// its worker has seen it save at a known interval.
+fn stoppable_at_a_save(job: &Running<'_>, hold: &Hold<'_>, now: i64, min_runtime_ms: i64) -> Option<i64> {
+    let every = job.save_every.filter(|every| *every > 0)?;
+    let fits = job.gpus == 1 && job.class <= hold.class && job.saved_at.is_some();
+    (fits && may_preempt(job, now, min_runtime_ms)).then_some(every)
 }
 
-/// Whether stopping `job` now loses next to nothing: its worker will wait for its next save
-/// (none lost), or its last one was just taken (a tenth of its interval at most, as
-/// `checkpoint_wait` counts "just").
-fn loses_next_to_nothing(job: &Running<'_>, cluster: &Cluster<'_>, now: i64) -> bool {
-    let just = job.save_every.map_or(0, |every| (every / 10).max(crate::checkpoint_wait::MIN_SLACK_MS));
-    job.loses(now, cluster.save_wait) == 0 || job.saved_at.is_some_and(|at| now - at <= just)
+/// When stopping `job` (saving every `every` ms) next loses next to nothing, and whether that
+/// is now: its last save when that was just taken (a tenth of its interval, as
+/// `checkpoint_wait` counts "just", and 10 s at most), its next save when its worker would wait for it (due
+/// within the cluster's `save_wait`), else its next save by its interval.
+fn next_stop(job: &Running<'_>, every: i64, cluster: &Cluster<'_>, now: i64) -> (i64, bool) {
+    let saved = job.saved_at.unwrap_or(job.started_at);
+    // (At most 10 s: what a stop then loses.)
+    let just = (every / 10).clamp(crate::checkpoint_wait::MIN_SLACK_MS, 10_000);
+    if now - saved <= just {
+        return (saved, true);
+    }
+    if job.loses(now, cluster.save_wait) == 0 {
+        // (Late within its slack, it is due now.)
+        return ((saved + every).max(now), true);
+    }
+    (saved + ((now - saved) + every - 1) / every * every, false)
 }
 
-/// The stops that drain `hold`'s worker now: the jobs there whose next save is due within the
-/// cluster's `save_wait` (the fewest GPUs left over first, then the youngest), until the held
-/// job would fit. None when it fits already, or when the jobs that could be stopped at a save
+/// The stops that drain `hold`'s worker now (see the module's text): none when the held job
+/// fits already, its owner's quota holds it back, or the jobs that could be stopped at a save
 /// never make room for it.
-pub fn drain(hold: &Hold, cluster: &Cluster<'_>, now: i64, min_runtime_ms: i64) -> Vec<Order> {
+pub fn drain(hold: &Hold<'_>, cluster: &Cluster<'_>, policy: &Policy, now: i64, min_runtime_ms: i64) -> Vec<Order> {
     let free = cluster.free.get(&hold.worker).copied().unwrap_or(0);
     if free >= hold.gpus {
         return Vec::new();
     }
-    let there: Vec<&Running<'_>> =
-        cluster.running.iter().filter(|job| job.worker == hold.worker && job.gpus > 0).collect();
-    let stoppable: Vec<&Running<'_>> =
-        there.iter().copied().filter(|job| stoppable_at_a_save(job, hold, now, min_runtime_ms)).collect();
-    if free + stoppable.iter().map(|job| job.gpus).sum::<u32>() < hold.gpus {
+    let cpu = Held { gpus: 0, running: cluster.cpu_running.get(hold.user).copied().unwrap_or(0) };
+    let held = cluster
+        .running
+        .iter()
+        .filter(|job| job.user == hold.user)
+        .fold(cpu, |held, job| Held { gpus: held.gpus + job.gpus, running: held.running + 1 });
+    if admits(hold.user, held, hold.gpus, policy).is_err() {
         return Vec::new();
     }
-    let mut due: Vec<&Running<'_>> =
-        stoppable.into_iter().filter(|job| loses_next_to_nothing(job, cluster, now)).collect();
-    due.sort_by_key(|job| (std::cmp::Reverse(job.started_at), job.job));
+    // Each job there that may be stopped at a save: when next, whether that is now, its interval.
+    let mut stops: Vec<(i64, bool, i64, &Running<'_>)> = cluster
+        .running
+        .iter()
+        .filter(|job| job.worker == hold.worker && job.gpus > 0)
+        .filter_map(|job| {
+            let every = stoppable_at_a_save(job, hold, now, min_runtime_ms)?;
+            let (at, now_due) = next_stop(job, every, cluster, now);
+            Some((at, now_due, every, job))
+        })
+        .collect();
+    stops.sort_by_key(|(at, _, _, job)| (*at, std::cmp::Reverse(job.started_at), job.job));
     let mut room = free;
-    let mut orders = Vec::new();
-    for job in due {
+    let mut needed = Vec::new();
+    for stop in stops {
         if room >= hold.gpus {
             break;
         }
-        room += job.gpus;
-        orders.push(Order { job: job.job, for_job: hold.job });
+        room += stop.3.gpus;
+        needed.push(stop);
     }
-    orders
+    let Some(&(complete, ..)) = needed.last().filter(|_| room >= hold.gpus) else { return Vec::new() };
+    // A job due now whose following save still comes before the room is complete is stopped
+    // at that one instead: it works on meanwhile rather than leave its GPU idle.
+    needed
+        .into_iter()
+        .filter(|(at, now_due, every, _)| *now_due && at + every > complete)
+        .map(|(_, _, _, job)| Order { job: job.job, for_job: hold.job })
+        .collect()
 }
 
 /// The stops that drain each of `holds`' workers, on `cluster` as the `ordered` stops
 /// (`preemption::plan`'s, made first) leave it: their jobs gone, their GPUs free.
 pub fn drains(
-    holds: &[Hold],
+    holds: &[Hold<'_>],
     mut cluster: Cluster<'_>,
     ordered: &[Order],
+    policy: &Policy,
     now: i64,
     min_runtime_ms: i64,
 ) -> Vec<Order> {
@@ -90,12 +124,13 @@ pub fn drains(
             *cluster.free.entry(gone.worker).or_default() += gone.gpus;
         }
     }
-    holds.iter().flat_map(|hold| drain(hold, &cluster, now, min_runtime_ms)).collect()
+    holds.iter().flat_map(|hold| drain(hold, &cluster, policy, now, min_runtime_ms)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fair_share::Quota;
     use std::collections::BTreeMap;
 
     const MIN: i64 = 60_000;
@@ -104,8 +139,8 @@ mod tests {
     const WAIT: i64 = MIN;
     const MIN_RUNTIME: i64 = 10 * MIN;
 
-    /// A one-GPU job on worker 0 that started `age` minutes ago and saves every 5 minutes, the
-    /// last time `since_save` minutes ago (`None`: it never saved).
+    /// A one-GPU job of `ana`'s on worker 0 that started `age` minutes ago and saves every 5
+    /// minutes, the last time `since_save` minutes ago (`None`: it never saved).
     fn job(id: u64, age: i64, since_save: Option<i64>) -> Running<'static> {
         Running {
             job: id,
@@ -132,45 +167,107 @@ mod tests {
         }
     }
 
-    const HOLD: Hold = Hold { worker: 0, job: 99, gpus: 8, class: 0 };
+    /// Worker 0 held for `fay`'s job of 8 GPUs.
+    const HOLD: Hold<'static> = Hold { worker: 0, job: 99, user: "fay", gpus: 8, class: 0 };
 
-    fn stopped(orders: &[Order]) -> Vec<u64> {
-        orders.iter().map(|order| order.job).collect()
+    /// The jobs stopped at `now` for [`HOLD`], sorted.
+    fn stopped_at(free: u32, running: Vec<Running<'static>>, now: i64) -> Vec<u64> {
+        let mut jobs: Vec<u64> = drain(&HOLD, &cluster(free, running), &Policy::default(), now, MIN_RUNTIME)
+            .iter()
+            .inspect(|order| assert_eq!(order.for_job, 99))
+            .map(|order| order.job)
+            .collect();
+        jobs.sort_unstable();
+        jobs
+    }
+
+    fn stopped(free: u32, running: Vec<Running<'static>>) -> Vec<u64> {
+        stopped_at(free, running, NOW)
     }
 
     #[test]
-    fn jobs_whose_next_save_is_due_within_the_wait_are_stopped_for_the_held_job() {
-        // 5 GPUs free; three jobs there: one saves within the minute, two later.
+    fn each_job_is_stopped_at_its_last_save_before_the_room_is_complete() {
+        // 5 GPUs free; three jobs there, due in 1, 3 and 4 minutes: the room is complete in 4.
+        // The first is due now and saves next after that: stopped now.
         let running = vec![job(1, 20, Some(4)), job(2, 30, Some(1)), job(3, 40, Some(2))];
-        let orders = drain(&HOLD, &cluster(5, running.clone()), NOW, MIN_RUNTIME);
-        assert_eq!(orders, vec![Order { job: 1, for_job: 99 }], "the one due now, for the held job");
-        // Four minutes on, the other two are due: they are stopped too (the first counted gone).
-        let later = NOW + 3 * MIN;
-        assert_eq!(stopped(&drain(&HOLD, &cluster(6, running[1..].to_vec()), later, MIN_RUNTIME)), vec![2, 3]);
+        assert_eq!(stopped(5, running.clone()), [1]);
+        // Three minutes on, with the first gone, the other two are due: both stop.
+        assert_eq!(stopped_at(6, running[1..].to_vec(), NOW + 3 * MIN), [2, 3]);
+        // A job saving every minute, due now, and one due in 5 minutes: the first saves again
+        // before the room is complete, so it works on until its last save before then.
+        let mut often = job(1, 20, None);
+        (often.saved_at, often.save_every) = (Some(NOW - 50_000), Some(MIN));
+        let seldom = Running { save_every: Some(10 * MIN), ..job(2, 30, Some(5)) };
+        assert_eq!(stopped(6, vec![often.clone(), seldom.clone()]), Vec::<u64>::new());
+        let later = NOW + 270_000; // `often` saved 20 s before, `seldom` is due in 30 s.
+        often.saved_at = Some(NOW + 250_000);
+        assert_eq!(stopped_at(6, vec![often, seldom], later), [1, 2]);
+    }
+
+    #[test]
+    fn a_save_a_little_late_is_due_now() {
+        // Every 5 minutes, the last 5:10 ago: 10 s late, within the slack: due now, and the
+        // other job's save (in 4 minutes) completes the room after it saves again.
+        let late = Running { saved_at: Some(NOW - 310_000), ..job(1, 20, Some(5)) };
+        assert_eq!(stopped(6, vec![late.clone(), job(2, 30, Some(1))]), [1]);
+        // 40 s late, past the slack (30 s): its next save is extrapolated, 4:20 on; not now.
+        let later = Running { saved_at: Some(NOW - 340_000), ..late };
+        assert_eq!(stopped(6, vec![later, job(2, 30, Some(1))]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_save_just_taken_counts_as_now_for_ten_seconds_at_most() {
+        // Saved 5 s ago, every 5 minutes: stopped at once (losing 5 s).
+        let mut just = job(1, 20, None);
+        (just.saved_at, just.save_every) = (Some(NOW - 5_000), Some(5 * MIN));
+        assert_eq!(stopped(7, vec![just.clone()]), [1]);
+        // Saved 20 s ago: not "just" (it would lose 20 s); due in 4:40, not now.
+        just.saved_at = Some(NOW - 20_000);
+        assert_eq!(stopped(7, vec![just]), Vec::<u64>::new());
     }
 
     #[test]
     fn nothing_is_stopped_while_a_job_that_cannot_be_waited_for_blocks_the_room() {
         // Three jobs with saves due, one that never saved: stopping the three leaves 7 of 8.
         let blocked = vec![job(1, 20, Some(4)), job(2, 30, Some(4)), job(3, 40, Some(4)), job(4, 50, None)];
-        assert!(drain(&HOLD, &cluster(4, blocked.clone()), NOW, MIN_RUNTIME).is_empty());
+        assert_eq!(stopped(4, blocked.clone()), Vec::<u64>::new());
         // Young (under min_runtime), not preemptible, preempted twice this hour, of a higher
-        // class: each blocks alike.
-        let mut young = job(4, 5, Some(4));
-        young.started_at = NOW - 5 * MIN;
-        let mut pinned = job(4, 50, Some(4));
-        pinned.preemptible = false;
-        let mut churned = job(4, 50, Some(4));
-        churned.preempted_at = vec![NOW - 30 * MIN, NOW - 20 * MIN];
-        let mut urgent = job(4, 50, Some(4));
-        urgent.class = 1;
-        for blocker in [young, pinned, churned, urgent] {
+        // class, of two GPUs (itself a job that could hold a worker): each blocks alike.
+        let young = job(4, 5, Some(4));
+        let pinned = Running { preemptible: false, ..job(4, 50, Some(4)) };
+        let churned = Running { preempted_at: vec![NOW - 30 * MIN, NOW - 20 * MIN], ..job(4, 50, Some(4)) };
+        let urgent = Running { class: 1, ..job(4, 50, Some(4)) };
+        let wide = Running { gpus: 2, ..job(4, 50, Some(4)) };
+        for (free, blocker) in [(4, young), (4, pinned), (4, churned), (4, urgent), (3, wide)] {
             let mut running = blocked[..3].to_vec();
             running.push(blocker.clone());
-            assert!(drain(&HOLD, &cluster(4, running), NOW, MIN_RUNTIME).is_empty(), "{blocker:?}");
+            assert_eq!(stopped(free, running), Vec::<u64>::new(), "{blocker:?}");
         }
         // Without the blocker, the room is there: all three stop.
-        assert_eq!(stopped(&drain(&HOLD, &cluster(5, blocked[..3].to_vec()), NOW, MIN_RUNTIME)), vec![1, 2, 3]);
+        assert_eq!(stopped(5, blocked[..3].to_vec()), [1, 2, 3]);
+    }
+
+    #[test]
+    fn only_what_the_held_job_needs_is_stopped_and_nothing_once_it_fits_or_past_its_quota() {
+        // Six free, four due at once: two stop (the youngest), the held job then fits.
+        let running = vec![job(1, 20, Some(4)), job(2, 30, Some(4)), job(3, 40, Some(4)), job(4, 50, Some(4))];
+        assert_eq!(stopped(6, running.clone()), [1, 2]);
+        assert_eq!(stopped(8, running.clone()), Vec::<u64>::new(), "it fits");
+        // Jobs on another worker, or without GPUs, are never stopped for it.
+        let elsewhere: Vec<Running<'static>> =
+            running.iter().cloned().map(|job| Running { worker: 1, ..job }).collect();
+        assert_eq!(stopped(6, elsewhere), Vec::<u64>::new());
+        let cpu: Vec<Running<'static>> = running.iter().cloned().map(|job| Running { gpus: 0, ..job }).collect();
+        assert_eq!(stopped(6, cpu), Vec::<u64>::new());
+        // fay holds 4 GPUs on worker 1 and may hold 8: her job would not start, nothing stops.
+        let mut quota = running.clone();
+        quota.push(Running { user: "fay", worker: 1, gpus: 4, preemptible: false, ..job(9, 30, None) });
+        let policy = Policy {
+            quotas: BTreeMap::from([("fay".to_string(), Quota { max_gpus: Some(8), max_running: None })]),
+            ..Policy::default()
+        };
+        assert!(drain(&HOLD, &cluster(6, quota.clone()), &policy, NOW, MIN_RUNTIME).is_empty());
+        assert_eq!(drain(&HOLD, &cluster(6, quota), &Policy::default(), NOW, MIN_RUNTIME).len(), 2);
     }
 
     #[test]
@@ -179,23 +276,10 @@ mod tests {
         // three more make room, not four.
         let running = vec![job(1, 20, Some(4)), job(2, 30, Some(4)), job(3, 40, Some(4)), job(4, 50, Some(4))];
         let planned = [Order { job: 1, for_job: 7 }];
-        let stops = drains(&[HOLD], cluster(4, running.clone()), &planned, NOW, MIN_RUNTIME);
-        assert_eq!(stopped(&stops), vec![2, 3, 4]);
-        assert_eq!(stopped(&drains(&[HOLD], cluster(4, running), &[], NOW, MIN_RUNTIME)), vec![1, 2, 3, 4]);
-    }
-
-    #[test]
-    fn only_what_the_held_job_needs_is_stopped_and_nothing_once_it_fits() {
-        // Six free, four due: two stop (the youngest), the held job then fits.
-        let running = vec![job(1, 20, Some(4)), job(2, 30, Some(4)), job(3, 40, Some(4)), job(4, 50, Some(4))];
-        assert_eq!(stopped(&drain(&HOLD, &cluster(6, running.clone()), NOW, MIN_RUNTIME)), vec![1, 2]);
-        assert!(drain(&HOLD, &cluster(8, running.clone()), NOW, MIN_RUNTIME).is_empty(), "it fits");
-        // Jobs on another worker, or without GPUs, are never stopped for it.
-        let elsewhere: Vec<Running<'static>> =
-            running.iter().cloned().map(|job| Running { worker: 1, ..job }).collect();
-        assert!(drain(&HOLD, &cluster(6, elsewhere), NOW, MIN_RUNTIME).is_empty());
-        // A job that last saved 2 minutes ago is due in 3, past the wait: not now.
-        let later = vec![job(1, 20, Some(2)), job(2, 30, Some(2))];
-        assert!(drain(&HOLD, &cluster(6, later), NOW, MIN_RUNTIME).is_empty());
+        let policy = Policy::default();
+        let ids = |orders: Vec<Order>| orders.iter().map(|order| order.job).collect::<Vec<u64>>();
+        let stops = drains(&[HOLD], cluster(4, running.clone()), &planned, &policy, NOW, MIN_RUNTIME);
+        assert_eq!(ids(stops), [2, 3, 4]);
+        assert_eq!(ids(drains(&[HOLD], cluster(4, running), &[], &policy, NOW, MIN_RUNTIME)), [1, 2, 3, 4]);
     }
 }

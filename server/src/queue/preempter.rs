@@ -210,12 +210,12 @@ impl Queue {
             .iter()
             .filter_map(|hold| {
                 let queued = queues.iter().flatten().find(|queued| queued.job == hold.job.get() as u64)?;
-                let worker = hold.worker.get() as u64;
-                Some(Hold { worker, job: queued.job, gpus: queued.gpus, class: queued.class })
+                let (worker, user) = (hold.worker.get() as u64, queued.user);
+                Some(Hold { worker, job: queued.job, user, gpus: queued.gpus, class: queued.class })
             })
             .collect();
         let mut orders = plan(cluster.clone(), &queues, self.shares.policy(), now, min_runtime);
-        orders.extend(drains(&draining, cluster, &orders, now, min_runtime));
+        orders.extend(drains(&draining, cluster, &orders, self.shares.policy(), now, min_runtime));
         if orders.is_empty() {
             return Ok(Vec::new());
         }

@@ -3,7 +3,8 @@
 //! The pass ([`Queue::reserve_for_large_jobs`], run by the reaper's leader beside the
 //! preemption pass): each claimable job of more than one GPU that has waited
 //! `backfill_after_secs` holds one healthy worker, the one where it could start soonest by the
-//! running jobs' timeouts (`shared::backfill`); the rows change only when the choice does.
+//! running jobs' timeouts (`shared::backfill`), unknown while jobs there are ordered to stop
+//! for it (decision 0092: nothing is lent then); the rows change only when the choice does.
 //! With priority classes, only jobs of the highest class that has claimable jobs hold one:
 //! higher-class work is claimed first and preempts lower classes, so a hold for a lower class
 //! would only keep it off the held worker.
@@ -115,6 +116,10 @@ impl Queue {
                 None => choose(&able, need, now),
             };
             let Some((worker, starts_at)) = chosen else { continue };
+            // Jobs there ordered to stop (drained for it, decision 0092, or preempted for it):
+            // their GPUs are its as they free, lent to no one, so the start is left unknown.
+            let stopping = running.iter().any(|job| job.ordered && job.worker == Some(worker as i64));
+            let starts_at = starts_at.filter(|_| !stopping);
             workers.retain(|w| w.worker != worker);
             wanted.push(Reservation { job: job.id, worker: WorkerId::new(worker as i64), gpus: need, starts_at });
         }

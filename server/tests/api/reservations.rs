@@ -210,7 +210,7 @@ async fn beat(worker: &Client, id: WorkerId, jobs: &[&ClaimedJob], saves: &[(&Cl
 }
 
 #[tokio::test]
-async fn a_held_worker_drains_at_its_jobs_next_saves_once_they_make_the_room() {
+async fn a_held_worker_drains_at_its_jobs_last_saves_before_the_room_is_complete() {
     let (app, user_b, worker) = two_users(|config| {
         config.min_runtime = Duration::ZERO;
         config.reaper_interval = Duration::from_millis(100);
@@ -224,38 +224,48 @@ async fn a_held_worker_drains_at_its_jobs_next_saves_once_they_make_the_room() {
         worker.claim(id, &ClaimRequest { capacity: with_busy(&[]), wait_ms: 0, reserve: 0 }).await.unwrap().jobs;
     assert_eq!(small.len(), 4);
     let all: Vec<&ClaimedJob> = small.iter().collect();
-    // Two save every 20 s and are due in 5 (within the worker's wait: half the 120 s grace);
-    // one saves every 10 minutes, due in 8; the last never saved.
-    let saves = [(&small[0], 15_000, 20_000), (&small[1], 15_000, 20_000), (&small[2], 120_000, 600_000)];
-    assert!(beat(&worker, id, &all, &saves).await.is_empty());
+    // Every heartbeat tells the saves as of its own time (a loaded machine's delays move
+    // nothing): two save every 20 s and are due in 5 s (within the worker's wait, half the
+    // 120 s grace); the third saves every 10 minutes and is due in 1 s, or in 8 minutes; the
+    // last never saved.
+    let often = [(&small[0], 15_000, 20_000), (&small[1], 15_000, 20_000)];
+    let with_third = |ago: i64| [often[0], often[1], (&small[2], ago, 600_000)];
+    assert!(beat(&worker, id, &all, &with_third(599_000)).await.is_empty());
     // user-b's 4-GPU job is above user-b's share (2 of 4): only the hold makes room for it.
     user_b.submit("name: big\ncommand: \"true\"\nresources: {gpus: 4}\n", &Default::default()).await.unwrap();
-    wait_until("the big job holds the worker", Duration::from_secs(20), || async {
+    let hold = wait_until("the big job holds the worker", Duration::from_secs(20), || async {
         app.client.sweep("big").await.unwrap().info.reserved
     })
     .await;
-    // The job that never saved stands between the free GPUs and the need: stopping the
-    // others would only leave their GPUs idle, so no pass (ten a second) stops any.
-    let deadline = std::time::Instant::now() + Duration::from_millis(1_500);
-    while std::time::Instant::now() < deadline {
-        assert_eq!(beat(&worker, id, &all, &[]).await, Vec::<i64>::new());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(hold.starts_at.is_some(), "known by the running jobs' timeouts: {hold:?}");
+    // No pass (ten a second) stops any job while it would not bring the start closer:
+    // (1) the job that never saved stands between the free GPUs and the need, though the three
+    // others are due; (2) once it ended, the third's save is 8 minutes away, and the two due
+    // now will save again before then.
+    for (phase, jobs, third_ago) in [(1, &all[..], 599_000), (2, &all[..3], 120_000)] {
+        if phase == 2 {
+            succeed(&worker, id, &small[3]).await;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_millis(1_500);
+        while std::time::Instant::now() < deadline {
+            assert_eq!(beat(&worker, id, jobs, &with_third(third_ago)).await, Vec::<i64>::new(), "phase {phase}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
-    // It ends: the two due now are stopped for big, the third only once its save is due.
-    succeed(&worker, id, &small[3]).await;
-    let due = wait_until("the pass drains the held worker", Duration::from_secs(20), || async {
-        let told = beat(&worker, id, &all[..3], &[]).await;
+    // The third's save is due: all three are stopped at their saves, for big.
+    let stopped = wait_until("the pass drains the held worker", Duration::from_secs(20), || async {
+        let told = beat(&worker, id, &all[..3], &with_third(599_000)).await;
         (!told.is_empty()).then_some(told)
     })
     .await;
-    assert_eq!(due, [small[0].id.get(), small[1].id.get()]);
-    let now_due = [(&small[2], 599_000, 600_000)];
-    let third = wait_until("the third is stopped at its save", Duration::from_secs(20), || async {
-        let told = beat(&worker, id, &all[..3], &now_due).await;
-        told.contains(&small[2].id.get()).then_some(told)
+    assert_eq!(stopped, small[..3].iter().map(|job| job.id.get()).collect::<Vec<_>>());
+    // While they stop, nothing is lent there: the hold's start, known by the timeouts until
+    // now, reads as unknown.
+    wait_until("the hold's start reads as unknown", Duration::from_secs(20), || async {
+        let hold = app.client.sweep("big").await.unwrap().info.reserved?;
+        hold.starts_at.is_none().then_some(())
     })
     .await;
-    assert_eq!(third.len(), 3, "{third:?}");
     // Stopped, they go back to the queue; big gets the worker.
     for job in &small[..3] {
         let report = ReportRequest { worker_id: id, attempt: job.attempt, outcome: Outcome::Preempted };
