@@ -246,7 +246,8 @@ fn simulate(mode: Mode, seed: u64, scale: i64) -> Outcome {
         if matches!(mode, Mode::FairPreemptReserve | Mode::FairPreemptReserveAtOnce | Mode::FairPreemptReserveDrain) {
             let wait = if mode == Mode::FairPreemptReserveAtOnce { 0 } else { PREEMPT_GRACE / 2 };
             let draining = mode == Mode::FairPreemptReserveDrain;
-            preemptions += preempt(&mut jobs, &mut free, (&usage, &policy), (now, wait, draining), &mut lost, &held);
+            preemptions +=
+                preempt(&mut jobs, &mut free, (&usage, &policy), (now, wait, draining), &mut lost, &mut held);
         }
         if mode != Mode::Fifo && mode != Mode::Fair {
             reserve(&jobs, &free, &mut held, now);
@@ -265,10 +266,8 @@ fn simulate(mode: Mode, seed: u64, scale: i64) -> Outcome {
                     room -= jobs[job].gpus;
                     held.remove(&worker);
                 } else if queued(&jobs[job]) {
-                    // Lent only to jobs that end before the held one could start, and not while
-                    // jobs there are stopping for it (as the server's reservation pass, 0092).
-                    let stopping = jobs.iter().any(|other| other.worker == worker && other.stop_at.is_some());
-                    for (index, candidate) in jobs.iter().enumerate().filter(|_| !stopping) {
+                    // Lent only to jobs that end before the held one could start.
+                    for (index, candidate) in jobs.iter().enumerate() {
                         if queued(candidate)
                             && candidate.gpus <= room
                             && backfill::may_backfill(Some((candidate.timeout / 1000) as u64), now, starts_at)
@@ -379,7 +378,7 @@ fn preempt(
     (usage, policy): (&[f64], &Policy),
     (now, wait, draining): (i64, i64, bool),
     lost: &mut i64,
-    held: &BTreeMap<usize, (usize, Option<i64>)>,
+    held: &mut BTreeMap<usize, (usize, Option<i64>)>,
 ) -> usize {
     let running: Vec<Running<'_>> = jobs
         .iter()
@@ -433,7 +432,15 @@ fn preempt(
     };
     let mut orders = plan(cluster.clone(), &queues, policy, now, MIN_RUNTIME);
     if draining {
-        orders.extend(drains(&holds(jobs, held), cluster, &orders, policy, now, MIN_RUNTIME));
+        let (drained, completes) = drains(&holds(jobs, held), cluster, &orders, policy, now, MIN_RUNTIME);
+        orders.extend(drained);
+        // As the server's reservation pass: a drained hold starts no later than its room is
+        // complete, and only jobs that end by then borrow its GPUs.
+        for (job, complete) in completes {
+            for (_, starts_at) in held.values_mut().filter(|(held_job, _)| *held_job as u64 == job) {
+                *starts_at = Some(starts_at.map_or(complete, |at| at.min(complete)));
+            }
+        }
     }
     let stopped: BTreeSet<usize> = orders.iter().map(|order| order.job as usize).collect();
     for &i in &stopped {

@@ -33,40 +33,53 @@ pub struct Hold<'a> {
     pub class: i64,
 }
 
-/// The save interval of `job` when a drain may stop it at one of its saves: it may be
-/// preempted on its own account, holds one GPU, is of a class no higher than the held one, and
-/// its worker has seen it save at a known interval.
-fn stoppable_at_a_save(job: &Running<'_>, hold: &Hold<'_>, now: i64, min_runtime_ms: i64) -> Option<i64> {
-    let every = job.save_every.filter(|every| *every > 0)?;
-    let fits = job.gpus == 1 && job.class <= hold.class && job.saved_at.is_some();
-    (fits && may_preempt(job, now, min_runtime_ms)).then_some(every)
+/// The longest save interval a drain plans with: a day (a worker's heartbeat tells it, so it
+/// is bounded before any arithmetic).
+const MAX_EVERY_MS: i64 = 86_400_000;
+
+/// When a drain may stop `job` at one of its saves: its last save (now at the latest) and
+/// its interval. It may be preempted on its own account,
+/// holds one GPU, is of a class no higher than the held one, and its worker has seen it save
+/// at an interval of at most a day, the last time no longer ago than that interval and its
+/// slack (a job whose saves stopped is one that cannot be waited for).
+fn saves_of(job: &Running<'_>, hold: &Hold<'_>, now: i64, min_runtime_ms: i64) -> Option<(i64, i64)> {
+    let every = job.save_every.filter(|every| (1..=MAX_EVERY_MS).contains(every))?;
+    // (Bounded, so that nothing below overflows; a save older than its interval and slack
+    // makes the job one that cannot be waited for anyway.)
+    let saved = job.saved_at?.clamp(now.saturating_sub(2 * MAX_EVERY_MS), now);
+    let slack = (every / 10).max(crate::checkpoint_wait::MIN_SLACK_MS);
+    let fits = job.gpus == 1 && job.class <= hold.class && now - saved <= every + slack;
+    (fits && may_preempt(job, now, min_runtime_ms)).then_some((saved, every))
 }
 
-/// When stopping `job` (saving every `every` ms) next loses next to nothing, and whether that
-/// is now: its last save when that was just taken (a tenth of its interval, as
-/// `checkpoint_wait` counts "just", and 10 s at most), its next save when its worker would wait for it (due
-/// within the cluster's `save_wait`), else its next save by its interval.
-fn next_stop(job: &Running<'_>, every: i64, cluster: &Cluster<'_>, now: i64) -> (i64, bool) {
-    let saved = job.saved_at.unwrap_or(job.started_at);
+/// When stopping a job that last saved at `saved`, every `every` ms, next loses next to
+/// nothing, and whether that is now: its last save when that was just taken (a tenth of its
+/// interval, as `checkpoint_wait` counts "just", between 1 and 10 s), else its next save, due
+/// now when its worker would wait for it (within the cluster's `save_wait`, or a little late).
+fn next_stop(job: &Running<'_>, (saved, every): (i64, i64), cluster: &Cluster<'_>, now: i64) -> (i64, bool) {
     // (At most 10 s: what a stop then loses.)
     let just = (every / 10).clamp(crate::checkpoint_wait::MIN_SLACK_MS, 10_000);
     if now - saved <= just {
         return (saved, true);
     }
-    if job.loses(now, cluster.save_wait) == 0 {
-        // (Late within its slack, it is due now.)
-        return ((saved + every).max(now), true);
-    }
-    (saved + ((now - saved) + every - 1) / every * every, false)
+    ((saved + every).max(now), job.loses(now, cluster.save_wait) == 0)
 }
 
-/// The stops that drain `hold`'s worker now (see the module's text): none when the held job
-/// fits already, its owner's quota holds it back, or the jobs that could be stopped at a save
-/// never make room for it.
-pub fn drain(hold: &Hold<'_>, cluster: &Cluster<'_>, policy: &Policy, now: i64, min_runtime_ms: i64) -> Vec<Order> {
+/// What a drain decides for one hold: the stops to order now, and when the room for the held
+/// job is complete if the jobs there are stopped at their saves (`None`: they never make it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drain {
+    pub orders: Vec<Order>,
+    pub complete: Option<i64>,
+}
+
+/// The drain of `hold`'s worker now (see the module's text): nothing when the held job fits
+/// already, its owner's quota holds it back, or the jobs that could be stopped at a save never
+/// make room for it.
+pub fn drain(hold: &Hold<'_>, cluster: &Cluster<'_>, policy: &Policy, now: i64, min_runtime_ms: i64) -> Drain {
     let free = cluster.free.get(&hold.worker).copied().unwrap_or(0);
     if free >= hold.gpus {
-        return Vec::new();
+        return Drain::default();
     }
     let cpu = Held { gpus: 0, running: cluster.cpu_running.get(hold.user).copied().unwrap_or(0) };
     let held = cluster
@@ -75,7 +88,7 @@ pub fn drain(hold: &Hold<'_>, cluster: &Cluster<'_>, policy: &Policy, now: i64, 
         .filter(|job| job.user == hold.user)
         .fold(cpu, |held, job| Held { gpus: held.gpus + job.gpus, running: held.running + 1 });
     if admits(hold.user, held, hold.gpus, policy).is_err() {
-        return Vec::new();
+        return Drain::default();
     }
     // Each job there that may be stopped at a save: when next, whether that is now, its interval.
     let mut stops: Vec<(i64, bool, i64, &Running<'_>)> = cluster
@@ -83,9 +96,9 @@ pub fn drain(hold: &Hold<'_>, cluster: &Cluster<'_>, policy: &Policy, now: i64, 
         .iter()
         .filter(|job| job.worker == hold.worker && job.gpus > 0)
         .filter_map(|job| {
-            let every = stoppable_at_a_save(job, hold, now, min_runtime_ms)?;
-            let (at, now_due) = next_stop(job, every, cluster, now);
-            Some((at, now_due, every, job))
+            let saves = saves_of(job, hold, now, min_runtime_ms)?;
+            let (at, now_due) = next_stop(job, saves, cluster, now);
+            Some((at, now_due, saves.1, job))
         })
         .collect();
     stops.sort_by_key(|(at, _, _, job)| (*at, std::cmp::Reverse(job.started_at), job.job));
@@ -98,18 +111,20 @@ pub fn drain(hold: &Hold<'_>, cluster: &Cluster<'_>, policy: &Policy, now: i64, 
         room += stop.3.gpus;
         needed.push(stop);
     }
-    let Some(&(complete, ..)) = needed.last().filter(|_| room >= hold.gpus) else { return Vec::new() };
+    let Some(&(complete, ..)) = needed.last().filter(|_| room >= hold.gpus) else { return Drain::default() };
     // A job due now whose following save still comes before the room is complete is stopped
     // at that one instead: it works on meanwhile rather than leave its GPU idle.
-    needed
+    let orders = needed
         .into_iter()
         .filter(|(at, now_due, every, _)| *now_due && at + every > complete)
         .map(|(_, _, _, job)| Order { job: job.job, for_job: hold.job })
-        .collect()
+        .collect();
+    Drain { orders, complete: Some(complete) }
 }
 
-/// The stops that drain each of `holds`' workers, on `cluster` as the `ordered` stops
-/// (`preemption::plan`'s, made first) leave it: their jobs gone, their GPUs free.
+/// The drains of each of `holds`' workers, on `cluster` as the `ordered` stops
+/// (`preemption::plan`'s, made first) leave it: their jobs gone, their GPUs free. Returns the
+/// stops to order, and each held job's room's completion where the drain makes one.
 pub fn drains(
     holds: &[Hold<'_>],
     mut cluster: Cluster<'_>,
@@ -117,14 +132,20 @@ pub fn drains(
     policy: &Policy,
     now: i64,
     min_runtime_ms: i64,
-) -> Vec<Order> {
+) -> (Vec<Order>, Vec<(u64, i64)>) {
     for order in ordered {
         if let Some(at) = cluster.running.iter().position(|job| job.job == order.job) {
             let gone = cluster.running.remove(at);
             *cluster.free.entry(gone.worker).or_default() += gone.gpus;
         }
     }
-    holds.iter().flat_map(|hold| drain(hold, &cluster, policy, now, min_runtime_ms)).collect()
+    let (mut orders, mut completes) = (Vec::new(), Vec::new());
+    for hold in holds {
+        let drain = drain(hold, &cluster, policy, now, min_runtime_ms);
+        orders.extend(drain.orders);
+        completes.extend(drain.complete.map(|complete| (hold.job, complete)));
+    }
+    (orders, completes)
 }
 
 #[cfg(test)]
@@ -173,6 +194,7 @@ mod tests {
     /// The jobs stopped at `now` for [`HOLD`], sorted.
     fn stopped_at(free: u32, running: Vec<Running<'static>>, now: i64) -> Vec<u64> {
         let mut jobs: Vec<u64> = drain(&HOLD, &cluster(free, running), &Policy::default(), now, MIN_RUNTIME)
+            .orders
             .iter()
             .inspect(|order| assert_eq!(order.for_job, 99))
             .map(|order| order.job)
@@ -210,9 +232,30 @@ mod tests {
         // other job's save (in 4 minutes) completes the room after it saves again.
         let late = Running { saved_at: Some(NOW - 310_000), ..job(1, 20, Some(5)) };
         assert_eq!(stopped(6, vec![late.clone(), job(2, 30, Some(1))]), [1]);
-        // 40 s late, past the slack (30 s): its next save is extrapolated, 4:20 on; not now.
+        // 40 s late, past the slack (30 s): its saves stopped; it blocks the room.
         let later = Running { saved_at: Some(NOW - 340_000), ..late };
-        assert_eq!(stopped(6, vec![later, job(2, 30, Some(1))]), Vec::<u64>::new());
+        assert_eq!(stopped(6, vec![later.clone(), job(2, 30, Some(1))]), Vec::<u64>::new());
+        let drained = drain(
+            &HOLD,
+            &cluster(6, vec![later, job(2, 30, Some(1)), job(3, 30, Some(4))]),
+            &Policy::default(),
+            NOW,
+            MIN_RUNTIME,
+        );
+        assert_eq!(drained.complete, Some(NOW + 4 * MIN), "made by the other two");
+    }
+
+    #[test]
+    fn the_drain_says_when_the_room_is_complete_and_bounds_what_workers_tell() {
+        let running = vec![job(1, 20, Some(4)), job(2, 30, Some(1)), job(3, 40, Some(2))];
+        let drained = drain(&HOLD, &cluster(5, running), &Policy::default(), NOW, MIN_RUNTIME);
+        assert_eq!(drained.complete, Some(NOW + 4 * MIN));
+        // Absurd saves from a hostile worker: no overflow, nothing planned from them.
+        for (saved_at, every) in [(i64::MIN, i64::MAX), (i64::MAX, 1), (NOW, i64::MAX), (NOW - MIN, -5), (0, 0)] {
+            let odd = Running { saved_at: Some(saved_at), save_every: Some(every), ..job(1, 20, None) };
+            let drained = drain(&HOLD, &cluster(7, vec![odd]), &Policy::default(), NOW, MIN_RUNTIME);
+            assert!(drained.complete.is_none_or(|at| (NOW - 10 * MIN..=NOW + 86_400_000).contains(&at)), "{drained:?}");
+        }
     }
 
     #[test]
@@ -266,8 +309,8 @@ mod tests {
             quotas: BTreeMap::from([("fay".to_string(), Quota { max_gpus: Some(8), max_running: None })]),
             ..Policy::default()
         };
-        assert!(drain(&HOLD, &cluster(6, quota.clone()), &policy, NOW, MIN_RUNTIME).is_empty());
-        assert_eq!(drain(&HOLD, &cluster(6, quota), &Policy::default(), NOW, MIN_RUNTIME).len(), 2);
+        assert_eq!(drain(&HOLD, &cluster(6, quota.clone()), &policy, NOW, MIN_RUNTIME), Drain::default());
+        assert_eq!(drain(&HOLD, &cluster(6, quota), &Policy::default(), NOW, MIN_RUNTIME).orders.len(), 2);
     }
 
     #[test]
@@ -277,7 +320,7 @@ mod tests {
         let running = vec![job(1, 20, Some(4)), job(2, 30, Some(4)), job(3, 40, Some(4)), job(4, 50, Some(4))];
         let planned = [Order { job: 1, for_job: 7 }];
         let policy = Policy::default();
-        let ids = |orders: Vec<Order>| orders.iter().map(|order| order.job).collect::<Vec<u64>>();
+        let ids = |(orders, _): (Vec<Order>, _)| orders.iter().map(|order: &Order| order.job).collect::<Vec<u64>>();
         let stops = drains(&[HOLD], cluster(4, running.clone()), &planned, &policy, NOW, MIN_RUNTIME);
         assert_eq!(ids(stops), [2, 3, 4]);
         assert_eq!(ids(drains(&[HOLD], cluster(4, running), &[], &policy, NOW, MIN_RUNTIME)), [1, 2, 3, 4]);

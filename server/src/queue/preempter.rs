@@ -83,6 +83,8 @@ impl Queue {
     /// One pass: gives the orders the plan makes; returns the jobs ordered to stop.
     pub async fn preempt_for_shares(&self) -> ApiResult<Vec<JobId>> {
         let now = now_ms();
+        // (A pass that ends early drains nothing: no hold starts sooner for it.)
+        self.shares.reservations.drained(Vec::new());
         let waiting = {
             let mut reader = self.reader().acquire().await?;
             db::shares::waiting_owners(reader.conn()).await?
@@ -215,7 +217,10 @@ impl Queue {
             })
             .collect();
         let mut orders = plan(cluster.clone(), &queues, self.shares.policy(), now, min_runtime);
-        orders.extend(drains(&draining, cluster, &orders, self.shares.policy(), now, min_runtime));
+        let (drained, completes) = drains(&draining, cluster, &orders, self.shares.policy(), now, min_runtime);
+        orders.extend(drained);
+        let completes = completes.into_iter().map(|(job, at)| (JobId::new(job as i64), at)).collect();
+        self.shares.reservations.drained(completes);
         if orders.is_empty() {
             return Ok(Vec::new());
         }

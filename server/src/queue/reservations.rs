@@ -3,8 +3,8 @@
 //! The pass ([`Queue::reserve_for_large_jobs`], run by the reaper's leader beside the
 //! preemption pass): each claimable job of more than one GPU that has waited
 //! `backfill_after_secs` holds one healthy worker, the one where it could start soonest by the
-//! running jobs' timeouts (`shared::backfill`), unknown while jobs there are ordered to stop
-//! for it (decision 0092: nothing is lent then); the rows change only when the choice does.
+//! running jobs' timeouts (`shared::backfill`), or sooner when the preemption pass drains
+//! that worker for it (decision 0092); the rows change only when the choice does.
 //! With priority classes, only jobs of the highest class that has claimable jobs hold one:
 //! higher-class work is claimed first and preempts lower classes, so a hold for a lower class
 //! would only keep it off the held worker.
@@ -34,9 +34,23 @@ const BACKFILL_CANDIDATES: u32 = 64;
 #[derive(Default)]
 pub(super) struct Reservations {
     seen: Mutex<Arc<Vec<Reservation>>>,
+    /// When the last preemption pass's drains complete each held job's room (decision 0092):
+    /// the pass that holds (run next, on the same replica) starts the job no later.
+    drained: Mutex<Vec<(JobId, i64)>>,
 }
 
 impl Reservations {
+    pub fn drained(&self, completes: Vec<(JobId, i64)>) {
+        if let Ok(mut drained) = self.drained.lock() {
+            *drained = completes;
+        }
+    }
+
+    fn drain_completes(&self, job: JobId) -> Option<i64> {
+        let drained = self.drained.lock().ok()?;
+        drained.iter().find(|(held, _)| *held == job).map(|(_, complete)| *complete)
+    }
+
     pub fn current(&self) -> Arc<Vec<Reservation>> {
         self.seen.lock().map(|seen| seen.clone()).unwrap_or_default()
     }
@@ -116,10 +130,12 @@ impl Queue {
                 None => choose(&able, need, now),
             };
             let Some((worker, starts_at)) = chosen else { continue };
-            // Jobs there ordered to stop (drained for it, decision 0092, or preempted for it):
-            // their GPUs are its as they free, lent to no one, so the start is left unknown.
-            let stopping = running.iter().any(|job| job.ordered && job.worker == Some(worker as i64));
-            let starts_at = starts_at.filter(|_| !stopping);
+            // Drained (decision 0092), it starts when its room is complete, if that is sooner:
+            // only jobs that end before then borrow the GPUs the drain frees.
+            let starts_at = match self.shares.reservations.drain_completes(job.id) {
+                Some(complete) => Some(starts_at.map_or(complete, |at| at.min(complete))),
+                None => starts_at,
+            };
             workers.retain(|w| w.worker != worker);
             wanted.push(Reservation { job: job.id, worker: WorkerId::new(worker as i64), gpus: need, starts_at });
         }

@@ -244,6 +244,9 @@ async fn a_held_worker_drains_at_its_jobs_last_saves_before_the_room_is_complete
     // now will save again before then.
     for (phase, jobs, third_ago) in [(1, &all[..], 599_000), (2, &all[..3], 120_000)] {
         if phase == 2 {
+            // (The third's save as phase 2 has it before the fourth ends: no pass between the
+            // two sees the three due with room for them.)
+            beat(&worker, id, &all, &with_third(third_ago)).await;
             succeed(&worker, id, &small[3]).await;
         }
         let deadline = std::time::Instant::now() + Duration::from_millis(1_500);
@@ -252,6 +255,15 @@ async fn a_held_worker_drains_at_its_jobs_last_saves_before_the_room_is_complete
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    // Meanwhile big starts when the drain completes its room (the third's save, 8 minutes
+    // away), not when the jobs' one-hour timeouts end: only jobs that end by then borrow GPUs.
+    let by_timeouts = hold.starts_at.unwrap();
+    wait_until("the hold starts when the drain completes", Duration::from_secs(20), || async {
+        let at = app.client.sweep("big").await.unwrap().info.reserved?.starts_at?;
+        let complete = server::db::now_ms() + 480_000;
+        ((complete - at).abs() < 30_000 && at < by_timeouts - 1_800_000).then_some(())
+    })
+    .await;
     // The third's save is due: all three are stopped at their saves, for big.
     let stopped = wait_until("the pass drains the held worker", Duration::from_secs(20), || async {
         let told = beat(&worker, id, &all[..3], &with_third(599_000)).await;
@@ -259,13 +271,6 @@ async fn a_held_worker_drains_at_its_jobs_last_saves_before_the_room_is_complete
     })
     .await;
     assert_eq!(stopped, small[..3].iter().map(|job| job.id.get()).collect::<Vec<_>>());
-    // While they stop, nothing is lent there: the hold's start, known by the timeouts until
-    // now, reads as unknown.
-    wait_until("the hold's start reads as unknown", Duration::from_secs(20), || async {
-        let hold = app.client.sweep("big").await.unwrap().info.reserved?;
-        hold.starts_at.is_none().then_some(())
-    })
-    .await;
     // Stopped, they go back to the queue; big gets the worker.
     for job in &small[..3] {
         let report = ReportRequest { worker_id: id, attempt: job.attempt, outcome: Outcome::Preempted };
