@@ -34,6 +34,9 @@ pub struct BenchSearchArgs {
     /// styblinski_tang8, mixed5, noisy_hartmann6, choices4, wide_choice); all by default.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Decimals of the figures printed (more tell medians that agree to 4 apart).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=9))]
+    pub digits: u8,
     /// Time the refusal of hostile sweep files instead.
     #[arg(long)]
     pub hostile: bool,
@@ -68,7 +71,7 @@ pub async fn run(args: BenchSearchArgs) -> anyhow::Result<()> {
         .iter()
         .map(|path| Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?))
         .collect::<anyhow::Result<Vec<Value>>>()?;
-    crate::search_table::print(args.first_seed..args.first_seed + args.seeds, &optuna, &args.only);
+    crate::search_table::print(args.first_seed..args.first_seed + args.seeds, &optuna, &args.only, args.digits);
     proposal_costs();
     println!();
     println!(

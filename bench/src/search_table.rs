@@ -245,7 +245,7 @@ pub fn optuna_at(
 }
 
 /// Prints the table: per problem, a row per searcher, median [q1, q3] at each checkpoint.
-pub fn print(seeds: std::ops::Range<u64>, optuna: &[Value], only: &[String]) {
+pub fn print(seeds: std::ops::Range<u64>, optuna: &[Value], only: &[String], digits: u8) {
     let configs: [(&str, Option<Sampler>, usize); 7] = [
         ("app auto, 1 worker", Some(Sampler::Auto), 1),
         ("app auto, 8 workers", Some(Sampler::Auto), 8),
@@ -264,7 +264,8 @@ pub fn print(seeds: std::ops::Range<u64>, optuna: &[Value], only: &[String]) {
         let started = std::time::Instant::now();
         println!("{} ({})", problem.name, if problem.noise > 0.0 { "noise N(0, 0.1)" } else { "exact" });
         println!("  {:<30} {:>28} {:>28}", "searcher", "at 40 runs", "at 100 runs");
-        let show = |(q1, median, q3): Quartiles| format!("{median:.4} [{q1:.4}, {q3:.4}]");
+        let d = usize::from(digits);
+        let show = |(q1, median, q3): Quartiles| format!("{median:.d$} [{q1:.d$}, {q3:.d$}]");
         let space = (problem.space)();
         for (name, sampler, workers) in configs {
             // The model that proposes here: "app GP" on a space of more than 20 dimensions is TPE.

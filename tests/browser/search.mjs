@@ -63,7 +63,7 @@ try {
   await page.locator('button[data-action="dry-run"]').click();
   const summary = page.locator('.preview .summary-line strong[data-adaptive="true"]');
   await summary.waitFor();
-  check((await summary.innerText()) === 'adaptive (bayes, GP and TPE): up to 5 runs', `the dry run says: ${await summary.innerText()}`);
+  check((await summary.innerText()) === 'adaptive (bayes, GP): up to 5 runs', `the dry run says: ${await summary.innerText()}`);
   check((await page.locator('.preview .early-stop').innerText()).startsWith('early stopping (hyperband): at steps 3, 9'), 'and how runs stop');
   check((await page.locator('.preview-table tbody tr').count()) === 5, 'it shows the first 5 runs');
   await page.screenshot({ path: path.join(outDir, 'submit-adaptive.png'), fullPage: true });

@@ -72,7 +72,7 @@ async fn a_bayes_sweep_makes_its_runs_as_workers_claim_up_to_its_run_cap() {
     let submitted = app.submit(&bayes("tpe", Some(3), 1)).await;
     assert_eq!(submitted.count, 0, "nothing is built up front");
     let plan = submitted.search.unwrap();
-    assert_eq!(plan.adaptive.as_deref(), Some("adaptive (bayes, GP and TPE): up to 3 runs"));
+    assert_eq!(plan.adaptive.as_deref(), Some("adaptive (bayes, GP): up to 3 runs"));
     let state = app.client.sweep("tpe").await.unwrap().search.unwrap();
     assert_eq!((state.method, state.proposed, state.open), (SearchMethod::Bayes, 0, true));
 
@@ -308,7 +308,7 @@ async fn a_dry_run_shows_the_first_runs_of_an_adaptive_sweep() {
     let app = TestApp::spawn().await;
     let query = SubmitQuery { dry_run: true, ..SubmitQuery::default() };
     let answer = app.client.submit(&bayes("look", Some(4), 2), &query).await.unwrap();
-    assert_eq!(answer.search.unwrap().adaptive.as_deref(), Some("adaptive (bayes, GP and TPE): up to 4 runs"));
+    assert_eq!(answer.search.unwrap().adaptive.as_deref(), Some("adaptive (bayes, GP): up to 4 runs"));
     assert_eq!(answer.preview.iter().map(|job| job.index).collect::<Vec<_>>(), [0, 1, 2, 3]);
     // They are the runs the sweep then makes.
     app.submit(&bayes("look", Some(4), 2)).await;

@@ -126,7 +126,11 @@ mod tests {
              early_terminate: {type: hyperband, min_iter: 2, eta: 3}\ncommand: [echo, '${args}']\n",
         )
         .unwrap();
-        assert_eq!(bayes.adaptive.as_deref(), Some("adaptive (bayes, GP and TPE): up to 20 runs"));
+        assert_eq!(
+            bayes.adaptive.as_deref(),
+            Some("adaptive (bayes, GP): up to 20 runs"),
+            "one dimension: the GP alone"
+        );
         assert_eq!(bayes.run_cap, Some(20));
         let early = bayes.early_stop.unwrap();
         assert!(

@@ -140,6 +140,12 @@ fn dimensions(space: &Space, most: usize) -> Option<Vec<Dimension>> {
     (dimensions.len() <= most).then_some(dimensions)
 }
 
+/// The dimensions the GP would search in `space` (a categorical parameter one per choice),
+/// however many.
+pub fn dimension_count(space: &Space) -> usize {
+    dimensions(space, usize::MAX).map_or(0, |dims| dims.len())
+}
+
 /// Whether the GP models `space`: 1 to `max_dims` searched dimensions (a categorical parameter
 /// counting one per choice).
 pub fn models(space: &Space, max_dims: usize) -> bool {

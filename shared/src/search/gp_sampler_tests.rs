@@ -236,20 +236,32 @@ fn integer_runs_are_not_made_again_when_the_best_lies_between_two_values() {
 }
 
 #[test]
-fn the_auto_choice_gives_every_third_run_to_tpe_and_the_rest_to_the_gp() {
+fn the_auto_choice_gives_every_third_run_to_tpe_from_three_dimensions() {
     use crate::search::{propose_by, Sampler, TPE_EVERY};
-    let space = branin_space();
+    // Two dimensions: the GP alone (decision 0093).
+    let branin = branin_space();
+    assert!((0..6).all(|number| Sampler::Auto.for_run(&branin, number) == Sampler::Gp));
+    assert_eq!(Sampler::Auto.label(&branin), "GP");
+    // Three: every third run is TPE's.
+    let mut space = branin_space();
+    space.params.push(Param::Int { low: 0, high: 9 });
     let models: Vec<Sampler> = (0..6).map(|number| Sampler::Auto.for_run(&space, number)).collect();
     assert_eq!(models, [Sampler::Gp, Sampler::Gp, Sampler::Tpe, Sampler::Gp, Sampler::Gp, Sampler::Tpe]);
+    assert_eq!(Sampler::Auto.label(&space), "GP and TPE");
     assert!((0..6).all(|number| Sampler::Gp.for_run(&space, number) == Sampler::Gp), "forced GP is GP only");
-    // Categorical parameters are modelled one-hot, within the GP's dimensions (decision 0090).
-    let categorical = Space { params: vec![Param::Categorical { choices: 3 }] };
-    assert_eq!(Sampler::Auto.for_run(&categorical, 0), Sampler::Gp);
+    assert_eq!(Sampler::Gp.label(&space), "GP");
+    // Categorical parameters are modelled one-hot, a dimension per choice (decision 0090).
+    let categorical = |choices| Space { params: vec![Param::Categorical { choices }] };
+    assert_eq!([0, 2].map(|number| Sampler::Auto.for_run(&categorical(3), number)), [Sampler::Gp, Sampler::Tpe]);
+    assert_eq!([0, 2].map(|number| Sampler::Auto.for_run(&categorical(2), number)), [Sampler::Gp, Sampler::Gp]);
     let wide = Space { params: vec![Param::Categorical { choices: 15 }, Param::Categorical { choices: 6 }] };
     assert!((0..6).all(|number| Sampler::Auto.for_run(&wide, number) == Sampler::Tpe), "21 dimensions: TPE");
     // The proposals are the chosen model's, past the random start.
     let first = STARTUP_TRIALS as u64 + 6;
-    let finished = run_branin(4, first);
+    let mut finished = run_branin(4, first);
+    for (trial, number) in finished.iter_mut().zip(0..) {
+        trial.values.push(f64::from(number % 10));
+    }
     for number in first..first + TPE_EVERY {
         let auto = propose_by(Sampler::Auto, &space, false, &finished, &[], 4, number).values;
         let expected = match Sampler::Auto.for_run(&space, number) {
