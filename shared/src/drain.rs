@@ -38,10 +38,10 @@ pub struct Hold<'a> {
 const MAX_EVERY_MS: i64 = 86_400_000;
 
 /// When a drain may stop `job` at one of its saves: its last save (now at the latest) and
-/// its interval. It may be preempted on its own account,
-/// holds one GPU, is of a class no higher than the held one, and its worker has seen it save
-/// at an interval of at most a day, the last time no longer ago than that interval and its
-/// slack (a job whose saves stopped is one that cannot be waited for).
+/// its interval. It may be preempted on its own account, holds one GPU, is of a class no
+/// higher than the held one, and its worker has seen it save at an interval of at most a day,
+/// the last time no longer ago than that interval and its slack (a job whose saves stopped is
+/// one that cannot be waited for).
 fn saves_of(job: &Running<'_>, hold: &Hold<'_>, now: i64, min_runtime_ms: i64) -> Option<(i64, i64)> {
     let every = job.save_every.filter(|every| (1..=MAX_EVERY_MS).contains(every))?;
     // (Bounded, so that nothing below overflows; a save older than its interval and slack
