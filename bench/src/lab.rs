@@ -6,9 +6,10 @@
 //! claim time (`shared::fair_share::allot`), that with reservations and backfill (`backfill`,
 //! after 15 min, a quarter of the workers at most), that with preemption too
 //! (`preemption::plan`, `min_runtime` 10 min), the same with each stop at once, and the same
-//! with held workers drained at their jobs' next checkpoints (`drain::drains`). The decisions are the server's own pure functions; time is
-//! simulated in 10-second steps (no server, no processes: claim latency is `app-bench
-//! shares`'s). Prints each user's share of GPU time against an equal share over sliding
+//! with held workers drained at their jobs' next checkpoints (`drain::drains`). The decisions
+//! are the server's own pure functions; time is simulated in 10-second steps (no server, no
+//! processes: claim latency is `app-bench shares`'s). Prints each user's share of GPU time
+//! against an equal share over sliding
 //! 30-minute windows, queue waits, the GPUs idle while work waits, and the work preemption
 //! lost. A preempted job stops as its worker stops it: right after its next checkpoint when
 //! that is due within half the grace (`checkpoint_wait`, decision 0088), else at once, losing
@@ -434,8 +435,10 @@ fn preempt(
     if draining {
         let (drained, completes) = drains(&holds(jobs, held), cluster, &orders, policy, now, MIN_RUNTIME);
         orders.extend(drained);
-        // As the server's reservation pass: a drained hold starts no later than its room is
-        // complete, and only jobs that end by then borrow its GPUs.
+        // A drained hold starts no later than its room is complete, and only jobs that end by
+        // then borrow its GPUs. (The server's reservation pass computes the start again each
+        // pass, and a borrower can make the room incomplete again, decision 0092; here a
+        // hold's start, set when it is made, only comes sooner.)
         for (job, complete) in completes {
             for (_, starts_at) in held.values_mut().filter(|(held_job, _)| *held_job as u64 == job) {
                 *starts_at = Some(starts_at.map_or(complete, |at| at.min(complete)));

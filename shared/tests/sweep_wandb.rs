@@ -86,8 +86,9 @@ fn bayes_and_open_random_are_adaptive() {
     );
     assert_eq!(bayes.metric_target, Some(0.1));
     assert_eq!(bayes.count(), 0);
-    // The GP proposes, every third run TPE; a categorical parameter is one-hot in the GP.
-    assert_eq!(bayes.search.describe(&bayes.space()).as_deref(), Some("adaptive (bayes, GP and TPE): up to 30 runs"));
+    // One dimension: the GP alone; from three, every third run is TPE's, and a categorical
+    // parameter is one-hot in the GP, a dimension per choice (lr and two choices: three).
+    assert_eq!(bayes.search.describe(&bayes.space()).as_deref(), Some("adaptive (bayes, GP): up to 30 runs"));
     assert!(bayes.early_stop.is_some());
     let mixed = parse(
         "method: bayes\nprogram: t.py\nmetric: {name: loss}\nrun_cap: 30\n\

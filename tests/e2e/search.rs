@@ -70,8 +70,9 @@ async fn a_bayes_sweep_runs_exactly_run_cap_jobs_homes_in_and_is_reproducible() 
     all_finished(&server, "after", 2).await;
     assert_eq!(server.jobs_of("quad").await.len(), 30, "run_cap bounds the sweep");
 
-    // The first 10 runs are random; TPE keeps exploring after them, so its runs sit nearer the
-    // optimum than the random start's rather than all on it.
+    // The first 10 runs are random; the model (the GP alone on this 2-D bowl, decision 0093)
+    // keeps exploring after them, so its runs sit nearer the optimum than the random start's
+    // rather than all on it.
     let random_start = median(first[..10].iter().map(distance).collect());
     let model = median(first[20..].iter().map(distance).collect());
     assert!(model < random_start, "later runs sit nearer the optimum: {model} against {random_start} at random");

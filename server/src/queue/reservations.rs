@@ -36,19 +36,20 @@ pub(super) struct Reservations {
     seen: Mutex<Arc<Vec<Reservation>>>,
     /// When the last preemption pass's drains complete each held job's room (decision 0092):
     /// the pass that holds (run next, on the same replica) starts the job no later.
-    drained: Mutex<Vec<(JobId, i64)>>,
+    drained: Mutex<Vec<(JobId, WorkerId, i64)>>,
 }
 
 impl Reservations {
-    pub fn drained(&self, completes: Vec<(JobId, i64)>) {
+    pub fn drained(&self, completes: Vec<(JobId, WorkerId, i64)>) {
         if let Ok(mut drained) = self.drained.lock() {
             *drained = completes;
         }
     }
 
-    fn drain_completes(&self, job: JobId) -> Option<i64> {
+    /// When the drain of `worker` completes `job`'s room (a hold moved elsewhere has none).
+    fn drain_completes(&self, job: JobId, worker: WorkerId) -> Option<i64> {
         let drained = self.drained.lock().ok()?;
-        drained.iter().find(|(held, _)| *held == job).map(|(_, complete)| *complete)
+        drained.iter().find(|(held, on, _)| (*held, *on) == (job, worker)).map(|(_, _, complete)| *complete)
     }
 
     pub fn current(&self) -> Arc<Vec<Reservation>> {
@@ -132,7 +133,7 @@ impl Queue {
             let Some((worker, starts_at)) = chosen else { continue };
             // Drained (decision 0092), it starts when its room is complete, if that is sooner:
             // only jobs that end before then borrow the GPUs the drain frees.
-            let starts_at = match self.shares.reservations.drain_completes(job.id) {
+            let starts_at = match self.shares.reservations.drain_completes(job.id, WorkerId::new(worker as i64)) {
                 Some(complete) => Some(starts_at.map_or(complete, |at| at.min(complete))),
                 None => starts_at,
             };

@@ -259,6 +259,7 @@ async fn a_held_worker_drains_at_its_jobs_last_saves_before_the_room_is_complete
     // away), not when the jobs' one-hour timeouts end: only jobs that end by then borrow GPUs.
     let by_timeouts = hold.starts_at.unwrap();
     wait_until("the hold starts when the drain completes", Duration::from_secs(20), || async {
+        beat(&worker, id, &all[..3], &with_third(120_000)).await;
         let at = app.client.sweep("big").await.unwrap().info.reserved?.starts_at?;
         let complete = server::db::now_ms() + 480_000;
         ((complete - at).abs() < 30_000 && at < by_timeouts - 1_800_000).then_some(())

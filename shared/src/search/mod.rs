@@ -58,8 +58,8 @@ pub enum Sampler {
 /// The most searched parameters the GP models; beyond, its fit costs more than its gain.
 pub const GP_MAX_DIMS: usize = 20;
 
-/// Of [`Sampler::Auto`]'s runs on a space the GP models, each run whose number is one below a
-/// multiple of this is TPE's. TPE's per-parameter densities find the good region of each
+/// Of [`Sampler::Auto`]'s runs on a space the GP models in [`TPE_FROM_DIMS`] dimensions or
+/// more, each run whose number is one below a multiple of this is TPE's. TPE's per-parameter densities find the good region of each
 /// parameter on its own, where the GP's expected improvement keeps refining one basin or
 /// probing the box's corners; the GP then models TPE's runs like its own (decision 0082).
 pub const TPE_EVERY: u64 = 3;
