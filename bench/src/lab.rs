@@ -439,8 +439,8 @@ fn preempt(
         // then borrow its GPUs. (The server's reservation pass computes the start again each
         // pass, and a borrower can make the room incomplete again, decision 0092; here a
         // hold's start, set when it is made, only comes sooner.)
-        for (job, complete) in completes {
-            for (_, starts_at) in held.values_mut().filter(|(held_job, _)| *held_job as u64 == job) {
+        for (hold, complete) in completes {
+            if let Some((_, starts_at)) = held.get_mut(&(hold.worker as usize)) {
                 *starts_at = Some(starts_at.map_or(complete, |at| at.min(complete)));
             }
         }

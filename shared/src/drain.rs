@@ -124,15 +124,15 @@ pub fn drain(hold: &Hold<'_>, cluster: &Cluster<'_>, policy: &Policy, now: i64, 
 
 /// The drains of each of `holds`' workers, on `cluster` as the `ordered` stops
 /// (`preemption::plan`'s, made first) leave it: their jobs gone, their GPUs free. Returns the
-/// stops to order, and each held job's room's completion where the drain makes one.
-pub fn drains(
-    holds: &[Hold<'_>],
+/// stops to order, and each hold's room's completion where the drain makes one.
+pub fn drains<'a>(
+    holds: &[Hold<'a>],
     mut cluster: Cluster<'_>,
     ordered: &[Order],
     policy: &Policy,
     now: i64,
     min_runtime_ms: i64,
-) -> (Vec<Order>, Vec<(u64, i64)>) {
+) -> (Vec<Order>, Vec<(Hold<'a>, i64)>) {
     for order in ordered {
         if let Some(at) = cluster.running.iter().position(|job| job.job == order.job) {
             let gone = cluster.running.remove(at);
@@ -143,7 +143,7 @@ pub fn drains(
     for hold in holds {
         let drain = drain(hold, &cluster, policy, now, min_runtime_ms);
         orders.extend(drain.orders);
-        completes.extend(drain.complete.map(|complete| (hold.job, complete)));
+        completes.extend(drain.complete.map(|complete| (*hold, complete)));
     }
     (orders, completes)
 }

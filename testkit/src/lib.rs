@@ -22,7 +22,17 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(25);
 
 /// Polls `check` until it gives `Some`, or panics after `timeout` naming `what`.
-pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_until_or(timeout, check, || format!("waiting until {what}")).await
+}
+
+/// [`wait_until`] whose panic says what `explain` tells at the timeout (the state that kept
+/// the wait going, read only then).
+pub async fn wait_until_or<T, F, Fut>(timeout: Duration, mut check: F, explain: impl FnOnce() -> String) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -32,7 +42,9 @@ where
         if let Some(value) = check().await {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting until {what}");
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} {}", explain());
+        }
         tokio::time::sleep(POLL).await;
     }
 }

@@ -10,7 +10,7 @@ use shared::job::{JobStatus, Outcome};
 use shared::placement::{Capacity, GpuSlot};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use testkit::{alive, signal, wait_exit, wait_until, ServerProcess, WorkerProcess};
+use testkit::{alive, signal, wait_exit, wait_until, wait_until_or, ServerProcess, WorkerProcess};
 
 /// Generous: these run in parallel with each other on small machines.
 const LONG: Duration = Duration::from_secs(90);
@@ -40,31 +40,17 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// Waits until every worker logged that a heartbeat failed (they beat every 0.5 s); on a
 /// timeout, the panic shows the end of each silent worker's log, which says where it was.
 async fn noticed_the_server_is_gone(workers: &[&WorkerProcess]) {
-    let deadline = Instant::now() + LONG;
-    loop {
-        let silent: Vec<&&WorkerProcess> =
-            workers.iter().filter(|worker| !worker.log().contains("heartbeat failed")).collect();
-        if silent.is_empty() {
-            return;
-        }
-        if Instant::now() >= deadline {
-            let tails: Vec<String> = silent
-                .iter()
-                .map(|worker| {
-                    let log = worker.log();
-                    let lines: Vec<&str> = log.lines().collect();
-                    format!(
-                        "--- {} (pid {}):\n{}",
-                        worker.name,
-                        worker.child.id(),
-                        lines[lines.len().saturating_sub(30)..].join("\n")
-                    )
-                })
-                .collect();
-            panic!("timed out after {LONG:?}: no failed heartbeat logged by\n{}", tails.join("\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let silent = || workers.iter().filter(|worker| !worker.log().contains("heartbeat failed"));
+    let tails = || {
+        let tail = |worker: &&WorkerProcess| {
+            let log = worker.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let last = lines[lines.len().saturating_sub(30)..].join("\n");
+            format!("--- {} (pid {}):\n{last}", worker.name, worker.child.id())
+        };
+        format!("with no failed heartbeat logged by\n{}", silent().map(tail).collect::<Vec<_>>().join("\n"))
+    };
+    wait_until_or(LONG, || async { silent().next().is_none().then_some(()) }, tails).await;
 }
 
 /// SIGKILL, then waits for the process to be gone.

@@ -219,10 +219,9 @@ impl Queue {
         let mut orders = plan(cluster.clone(), &queues, self.shares.policy(), now, min_runtime);
         let (drained, completes) = drains(&draining, cluster, &orders, self.shares.policy(), now, min_runtime);
         orders.extend(drained);
-        let held_on = |job: u64| holds.iter().find(|hold| hold.job.get() as u64 == job).map(|hold| hold.worker);
         let completes =
-            completes.into_iter().filter_map(|(job, at)| Some((JobId::new(job as i64), held_on(job)?, at))).collect();
-        self.shares.reservations.drained(completes);
+            completes.iter().map(|(hold, at)| (JobId::new(hold.job as i64), WorkerId::new(hold.worker as i64), *at));
+        self.shares.reservations.drained(completes.collect());
         if orders.is_empty() {
             return Ok(Vec::new());
         }
